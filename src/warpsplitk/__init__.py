@@ -1,0 +1,40 @@
+"""warpsplitk: warp split-K BF16 GEMM kernels for the decode step of LLMs.
+
+``out[M, N] = x[M, K] @ W[N, K]^T`` for M <= 32, streaming W from HBM.
+
+    from warpsplitk import PreparedWarpSplitK, default_tactic
+    prepared = PreparedWarpSplitK(weight, {m: default_tactic(m, n, k) for m in (1, 8)})
+    prepared.run(x, out)   # graph-capturable, one launch
+"""
+
+from .tactics import (
+    WarpSplitKTactic,
+    all_tactics,
+    check_tactic,
+    ctas_per_sm,
+    default_tactic,
+    legal_tactics,
+)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "PreparedWarpSplitK": ("prepared", "PreparedWarpSplitK"),
+    "compile_warp_splitk": ("compile", "compile_warp_splitk"),
+    "compile_for_arch": ("compile", "compile_for_arch"),
+    "emulate": ("emulate", "emulate"),
+}
+
+
+def __getattr__(name):
+    # torch and the CuTe DSL load on first use, so the tactic model stays light
+    if name in _LAZY:
+        import importlib
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f".{module}", __name__), attr)
+    raise AttributeError(f"module 'warpsplitk' has no attribute {name!r}")
+
+
+__all__ = ["WarpSplitKTactic", "check_tactic", "default_tactic", "legal_tactics", "all_tactics",
+           "ctas_per_sm", "PreparedWarpSplitK", "compile_warp_splitk", "compile_for_arch",
+           "emulate", "__version__"]

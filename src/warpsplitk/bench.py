@@ -1,0 +1,146 @@
+"""Benchmark: warpsplitk against torch.matmul (cuBLAS) and the HBM floor.
+
+Both run in the same process with the method of ``timing.py``. The floor is
+weight bytes over peak bandwidth, both the datasheet peak and the read
+bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+
+from . import shapes as shape_table
+from . import timing
+from .tactics import WarpSplitKTactic, default_tactic
+
+DATASHEET_TBPS = {"NVIDIA H200": 4.8, "NVIDIA H100 80GB HBM3": 3.35}
+DEFAULT_MS = (1, 4, 8, 16, 32)
+
+
+@dataclass
+class BenchRow:
+    n: int
+    k: int
+    m: int
+    tactic: str
+    source: str  # "plan" or "default"
+    ours_us: float
+    ours_spread: float
+    default_us: float | None
+    cublas_us: float
+    cublas_spread: float
+    floor_us: float
+    floor_measured_us: float
+
+    @property
+    def speedup(self):
+        return self.cublas_us / self.ours_us
+
+    @property
+    def weight_tbps(self):
+        return self.n * self.k * 2 / (self.ours_us * 1e-6) / 1e12
+
+
+def _environment():
+    import torch
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+           "gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    try:
+        import importlib.metadata as md
+        env["cutlass_dsl"] = md.version("nvidia-cutlass-dsl")
+    except Exception:  # pragma: no cover - a bundle without metadata
+        env["cutlass_dsl"] = "unknown"
+    from . import __version__
+    env["warpsplitk"] = __version__
+    return env
+
+
+def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=True):
+    """Rows for one ``[n, k]`` weight; ``tactic_for(m)`` -> (tactic, source)."""
+    import torch
+
+    from .prepared import PreparedWarpSplitK
+
+    copies = timing.copies_for(n * k * 2)
+    weights = timing.random_weights(n, k, copies, "cuda", seed=seed)
+    chosen = {m: tactic_for(m) for m in ms}
+    tactics = {m: t for m, (t, _) in chosen.items()}
+    defaults = {m: default_tactic(m, n, k) for m in ms}
+    prepared = [PreparedWarpSplitK(w, tactics) for w in weights]
+    prepared_default = ([PreparedWarpSplitK(w, defaults) for w in weights]
+                        if include_default and defaults != tactics else None)
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ours = timing.time_calls([lambda p=p: p.run(x, out) for p in prepared])
+        if check:
+            ref = (x.double() @ weights[-1].double().t())
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            if not err < 1e-2 or torch.isnan(out).any():
+                raise RuntimeError(f"N={n} K={k} M={m}: relative error {err:.3g} (or NaN) after timing")
+        default_us = None
+        if prepared_default is not None:
+            default_us = timing.time_calls([lambda p=p: p.run(x, out) for p in prepared_default]).median_us
+        elif include_default:
+            default_us = ours.median_us
+        cublas = timing.time_calls([lambda w=w: torch.matmul(x, w.t(), out=out) for w in weights])
+        rows.append((m, ours, default_us, cublas))
+    del prepared, prepared_default, weights
+    torch.cuda.empty_cache()
+    return [(m, chosen[m], o, d, c) for m, o, d, c in rows]
+
+
+def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=print):
+    """Benchmark every (shape, M); returns (environment, rows)."""
+    import torch
+    env = _environment()
+    if read_tbps is None:
+        read_tbps = timing.measured_read_bandwidth() / 1e12
+    env["read_TBps"] = round(read_tbps, 3)
+    sheet = DATASHEET_TBPS.get(torch.cuda.get_device_name(), 4.8)
+    env["datasheet_TBps"] = sheet
+    rows = []
+    for n, k in shapes:
+        def tactic_for(m, n=n, k=k):
+            if plan is not None:
+                t = plan.lookup(n, k, m)
+                if t is not None:
+                    return t, "plan"
+            return default_tactic(m, n, k), "default"
+        for m, (tactic, source), ours, default_us, cublas in bench_shape(n, k, ms, tactic_for):
+            weight_bytes = n * k * 2
+            row = BenchRow(n, k, m, tactic.short(), source, round(ours.median_us, 3),
+                           round(ours.spread, 3), None if default_us is None else round(default_us, 3),
+                           round(cublas.median_us, 3), round(cublas.spread, 3),
+                           round(weight_bytes / (sheet * 1e12) * 1e6, 3),
+                           round(weight_bytes / (read_tbps * 1e12) * 1e6, 3))
+            rows.append(row)
+            progress(format_row(row))
+    return env, rows
+
+
+HEADER = (f"{'N':>6} {'K':>6} {'M':>3} {'tactic':>16} {'ours us':>8} {'default':>8} "
+          f"{'cuBLAS':>8} {'speedup':>7} {'TB/s':>5} {'%floor':>6}")
+
+
+def format_row(r: BenchRow) -> str:
+    default = f"{r.default_us:8.2f}" if r.default_us is not None else f"{'-':>8}"
+    return (f"{r.n:>6} {r.k:>6} {r.m:>3} {r.tactic:>16} {r.ours_us:8.2f} {default} "
+            f"{r.cublas_us:8.2f} {r.speedup:7.2f} {r.weight_tbps:5.2f} "
+            f"{100 * r.floor_measured_us / r.ours_us:5.0f}%")
+
+
+def write_json(path, env, rows):
+    with open(path, "w") as f:
+        json.dump({"environment": env, "method": timing.__doc__.strip(),
+                   "rows": [asdict(r) | {"speedup": round(r.speedup, 3),
+                                         "weight_TBps": round(r.weight_tbps, 3)} for r in rows]},
+                  f, indent=1)
+
+
+def default_shapes():
+    return [(s["n"], s["k"]) for s in shape_table.load()["shapes"]]

@@ -1,0 +1,166 @@
+"""Compiling the kernel: for a GPU (cached, thread-safe) and for a target arch on a CPU.
+
+``compile_warp_splitk`` is what :class:`PreparedWarpSplitK` uses: one code per
+(device, N, K, tactic, bias), dynamic M, PDL on. ``compile_for_arch`` builds
+the same kernel against fake tensors for ``sm_90a`` or ``sm_100a`` without a
+GPU and reports its PTX, CUBIN and resources; CI uses it to audit every
+tactic family.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+from dataclasses import dataclass
+
+from .tactics import MAX_M, WarpSplitKTactic, check_tactic
+
+SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
+_lock = threading.Lock()
+
+
+def _cute():
+    import cutlass
+    import cutlass.cute as cute
+    return cutlass, cute
+
+
+def _fake_args(n, k, has_bias):
+    """Fake tensors with the layouts ``run`` passes: packed row-major, 32 B aligned, M dynamic."""
+    cutlass, cute = _cute()
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+    m = cute.sym_int()
+    bf16 = cutlass.BFloat16
+    weight = make_fake_compact_tensor(bf16, (n, k), stride_order=(1, 0), assumed_align=32)
+    x = make_fake_compact_tensor(bf16, (m, k), stride_order=(1, 0), assumed_align=32)
+    bias = make_fake_compact_tensor(bf16, (n,), assumed_align=32)
+    out = make_fake_compact_tensor(bf16, (m, n), stride_order=(1, 0), assumed_align=32)
+    return weight, x, bias, out, make_fake_stream()
+
+
+def _build(n, k, tactic, has_bias, use_pdl, options=None):
+    check_tactic(tactic, n, k)
+    _, cute = _cute()
+    from .kernel import WarpSplitKKernel
+    kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl)
+    args = _fake_args(n, k, has_bias)
+    if options:
+        return cute.compile(kernel, *args, options=options)
+    return cute.compile(kernel, *args)
+
+
+@functools.cache
+def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl):
+    import torch
+    with torch.cuda.device(device_index):
+        return _build(n, k, tactic, has_bias, use_pdl)
+
+
+def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTactic, *,
+                        has_bias: bool = False, use_pdl: bool = True):
+    """Compiled code for an ``[n, k]`` weight on CUDA device ``device_index``.
+
+    Dynamic M (1..32 rows of x and out); PDL on. Cached per argument tuple and
+    safe to call from several threads (a shape is compiled once). The
+    compiled callable takes ``(weight, x, bias, out, stream)`` CuTe views.
+    """
+    check_tactic(tactic, n, k)
+    with _lock:
+        return _compile_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl))
+
+
+# ------------------------------------------------------------ CPU path
+
+
+@dataclass
+class CompileReport:
+    arch: str
+    n: int
+    k: int
+    tactic: WarpSplitKTactic
+    threads: int
+    smem_bytes: int
+    registers: int | None
+    spill_bytes: int | None
+    local_bytes: int | None
+    ptx: str
+    cubin: bytes | None
+
+    def summary(self) -> str:
+        t = self.tactic
+        return (f"{self.arch} N={self.n} K={self.k} tactic=({t.short()}) threads={self.threads} "
+                f"smem={self.smem_bytes} B registers={self.registers} "
+                f"spills={self.spill_bytes} local={self.local_bytes}")
+
+
+def _set_arch(arch):
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch!r}")
+    os.environ["CUTE_DSL_ARCH"] = arch
+
+
+def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_90a", *,
+                     has_bias: bool = False, use_pdl: bool = True) -> CompileReport:
+    """Compile for ``arch`` with no GPU; returns PTX, CUBIN and the resource usage.
+
+    The CuTe DSL reads ``CUTE_DSL_ARCH`` when it compiles, so calls for
+    different archs are serialised.
+    """
+    with _lock:
+        previous = os.environ.get("CUTE_DSL_ARCH")
+        _set_arch(arch)
+        try:
+            compiled = _build(n, k, tactic, has_bias, use_pdl, options="--keep-ptx --keep-cubin")
+        finally:
+            if previous is None:
+                os.environ.pop("CUTE_DSL_ARCH", None)
+            else:
+                os.environ["CUTE_DSL_ARCH"] = previous
+    ptx_text = compiled.artifacts.PTX
+    if isinstance(ptx_text, bytes):
+        ptx_text = ptx_text.decode()
+    cubin = compiled.artifacts.CUBIN
+    registers, spills, local = cubin_resources(cubin) if cubin else (None, None, None)
+    return CompileReport(arch, n, k, tactic, tactic.threads, tactic.smem_bytes, registers, spills,
+                         local, ptx_text, cubin)
+
+
+def cubin_resources(cubin: bytes):
+    """(registers per thread, local frame bytes, stack bytes) of the kernel in ``cubin``.
+
+    Read from the ELF: registers from the ``.nv.info.<kernel>`` attribute
+    EIATTR_REGCOUNT, local memory from the ``.nv.local`` section size and
+    the stack-size attributes (spills land there).
+    """
+    from .elf import read_resources
+    return read_resources(cubin)
+
+
+#: What the PTX of every tactic must contain (regex, why).
+PTX_AUDIT = (
+    (r"cp\.async\.cg\.shared\.global\.L2::cache_hint", "hinted weight copies"),
+    (r"createpolicy\.fractional\.L2::evict_first", "run-time evict_first policy"),
+    (r"ldmatrix\.sync\.aligned\.m8n8\.x4", "ldmatrix x4 fragment loads"),
+    (r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", "BF16 tensor-core MMA"),
+    (r"mbarrier\.try_wait\.parity", "ring waits"),
+    (r"cp\.async\.mbarrier\.arrive\.noinc", "copy completion on the ring"),
+    (r"griddepcontrol\.wait", "PDL wait before reading x"),
+    (r"griddepcontrol\.launch_dependents", "PDL early launch of the next kernel"),
+)
+PTX_FORBIDDEN = (
+    (r"\bld\.local|\bst\.local", "local memory (a register array indexed at run time)"),
+)
+
+
+def audit_ptx(ptx_text: str) -> list[str]:
+    """Problems with a kernel's PTX: required instructions missing, forbidden ones present."""
+    problems = [f"missing {why} ({pattern})" for pattern, why in PTX_AUDIT
+                if not re.search(pattern, ptx_text)]
+    problems += [f"found {why} ({pattern})" for pattern, why in PTX_FORBIDDEN
+                 if re.search(pattern, ptx_text)]
+    return problems
+
+
+__all__ = ["compile_warp_splitk", "compile_for_arch", "CompileReport", "audit_ptx", "MAX_M"]

@@ -1,0 +1,290 @@
+"""A NumPy model of the kernel's data movement, built on ``layout.py``.
+
+It does what the CTA does, thread by thread and lane by lane, with the same
+address functions the kernel traces: every loader thread's 16-byte copies
+into the swizzled ring stages, every lane's ``ldmatrix.x4`` row address and
+the registers it receives, ``mma.sync.m16n8k16``'s fragment semantics, the
+split-K reduction through the padded shared buffer and the epilogue's
+vector stores. If an offset in ``layout.py`` is wrong, the result here is
+wrong; if the result here equals ``x @ W^T`` exactly on integer inputs, the
+offsets are a correct mapping.
+
+The bank-conflict and coverage checks at the bottom read the same functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import layout
+from .tactics import MAX_M, WarpSplitKTactic, check_tactic
+
+# ----------------------------------------------------------- primitives
+
+
+def ldmatrix_x4(smem: np.ndarray, lane_offsets) -> np.ndarray:
+    """Registers ``[lane, matrix, 2]`` of ``ldmatrix.sync.m8n8.x4.b16``.
+
+    Lane ``8 j + r`` gives the address of row ``r`` of matrix ``j`` (8
+    consecutive elements); lane ``t`` receives elements ``2 (t % 4)`` and
+    ``+1`` of row ``t // 4`` of each matrix.
+    """
+    regs = np.empty((layout.WARP, 4, 2), dtype=smem.dtype)
+    for lane in range(layout.WARP):
+        for j in range(4):
+            row_start = lane_offsets[8 * j + lane // 4]
+            first = row_start + 2 * (lane % 4)
+            regs[lane, j] = smem[first:first + 2]
+    return regs
+
+
+def mma_m16n8k16(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``d = A @ B + C`` with operands given as per-lane registers.
+
+    a: ``[lane, 4, 2]`` (a0..a3), b: ``[lane, 2, 2]`` (b0, b1),
+    c: ``[lane, 4]`` FP32 (c0..c3). Lane ``l`` has group ``g = l // 4`` and
+    ``q = l % 4``: a0 = A[g, 2q:2q+2], a1 = A[g+8, 2q:], a2 = A[g, 2q+8:],
+    a3 = A[g+8, 2q+8:]; b0 = B[2q:2q+2, g], b1 = B[2q+8:2q+10, g];
+    c0, c1 = C[g, 2q], C[g, 2q+1]; c2, c3 = C[g+8, 2q], C[g+8, 2q+1].
+    """
+    A = np.zeros((16, 16), dtype=np.float32)
+    B = np.zeros((16, 8), dtype=np.float32)
+    C = np.zeros((16, 8), dtype=np.float32)
+    for lane in range(layout.WARP):
+        g, q = lane // 4, lane % 4
+        A[g, 2 * q:2 * q + 2] = a[lane, 0]
+        A[g + 8, 2 * q:2 * q + 2] = a[lane, 1]
+        A[g, 2 * q + 8:2 * q + 10] = a[lane, 2]
+        A[g + 8, 2 * q + 8:2 * q + 10] = a[lane, 3]
+        B[2 * q:2 * q + 2, g] = b[lane, 0]
+        B[2 * q + 8:2 * q + 10, g] = b[lane, 1]
+        C[g, 2 * q:2 * q + 2] = c[lane, 0:2]
+        C[g + 8, 2 * q:2 * q + 2] = c[lane, 2:4]
+    D = (A @ B + C).astype(np.float32)
+    d = np.empty((layout.WARP, 4), dtype=np.float32)
+    for lane in range(layout.WARP):
+        g, q = lane // 4, lane % 4
+        d[lane, 0:2] = D[g, 2 * q:2 * q + 2]
+        d[lane, 2:4] = D[g + 8, 2 * q:2 * q + 2]
+    return d
+
+
+def round_bf16(values: np.ndarray) -> np.ndarray:
+    """FP32 -> BF16 (round to nearest even) -> FP32, as ``cvt.rn.bf16x2.f32``."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    nan = np.isnan(values)
+    out = rounded.view(np.float32).copy()
+    out[nan] = np.nan
+    return out
+
+
+# ------------------------------------------------------------ the CTA
+
+
+def _load_stage(ring, stage_base, source_rows, k_tile_index, rows, k_tile, threads, writes=None):
+    """Every loader thread's copies of one K tile. ``source_rows[row]`` is the
+    global row (None: past M, zero-filled without a read)."""
+    for thread in range(threads):
+        for copy in range(layout.copies_per_thread(rows, k_tile, threads)):
+            row, col = layout.loader_copy(thread, copy, k_tile, threads)
+            dst = stage_base + layout.swizzle(row, col, k_tile)
+            src = source_rows[row]
+            if src is None:
+                ring[dst:dst + layout.CHUNK] = 0
+            else:
+                start = k_tile_index * k_tile + col
+                ring[dst:dst + layout.CHUNK] = src[start:start + layout.CHUNK]
+            if writes is not None:
+                writes[dst:dst + layout.CHUNK] += 1
+
+
+def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=False):
+    """Output vectors ``{(token, first_weight_row): 8 FP32}`` one CTA stores."""
+    t = tactic
+    m, k = x.shape
+    k_tiles = k // t.k_tile
+    a_stage = t.output_tile * t.k_tile
+    b_stage = t.token_tile * t.k_tile
+    a_ring = np.full(t.stages * a_stage, np.nan, dtype=np.float32)
+    b_ring = np.full(t.stages * b_stage, np.nan, dtype=np.float32)
+    a_threads = layout.A_LOADER_WARPS * layout.WARP
+    b_threads = t.b_loader_warps * layout.WARP
+    weight_rows = [weight[tile_n * t.output_tile + r] for r in range(t.output_tile)]
+    token_rows = []
+    for r in range(t.token_tile):
+        token = tile_t * t.token_tile + r
+        token_rows.append(x[token] if token < m else None)
+    m_iters = t.output_tile // layout.MMA_M
+    n_iters = t.token_tile // layout.MMA_N
+    steps = layout.k_steps(t.k_tile)
+    acc = np.zeros((layout.COMPUTE_WARPS, m_iters, n_iters, layout.WARP, 4), dtype=np.float32)
+    lanes = range(layout.WARP)
+    for i in range(k_tiles):
+        stage, _ = layout.ring_slot(i, t.stages)
+        a_writes = np.zeros(a_stage, dtype=np.int64) if check_coverage else None
+        b_writes = np.zeros(b_stage, dtype=np.int64) if check_coverage else None
+        a_view = a_ring[stage * a_stage:(stage + 1) * a_stage]
+        b_view = b_ring[stage * b_stage:(stage + 1) * b_stage]
+        a_view[:] = np.nan  # a stale stage must not hide a missed copy
+        b_view[:] = np.nan
+        _load_stage(a_view, 0, weight_rows, i, t.output_tile, t.k_tile, a_threads, a_writes)
+        _load_stage(b_view, 0, token_rows, i, t.token_tile, t.k_tile, b_threads, b_writes)
+        if check_coverage:
+            if not (np.all(a_writes == 1) and np.all(b_writes == 1)):
+                raise AssertionError(f"stage of K tile {i}: elements written "
+                                     f"{sorted(set(a_writes) | set(b_writes))} times, expected once")
+        for warp in range(layout.COMPUTE_WARPS):
+            for p in range(steps // 2):
+                b_regs = [ldmatrix_x4(b_view, [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile)
+                                               for lane in lanes])
+                          for ni in range(n_iters)]
+                for half in range(2):
+                    s = 2 * p + half
+                    for mi in range(m_iters):
+                        a_regs = ldmatrix_x4(a_view, [layout.a_fragment_offset(lane, warp, mi, s, t.k_tile)
+                                                      for lane in lanes])
+                        for ni in range(n_iters):
+                            b_step = b_regs[ni][:, 2 * half:2 * half + 2]
+                            acc[warp, mi, ni] = mma_m16n8k16(a_regs, b_step, acc[warp, mi, ni])
+    # split-K reduction through the padded buffer
+    words = layout.COMPUTE_WARPS * t.token_tile * layout.reduction_row_words(t.output_tile)
+    red = np.full(words, np.nan, dtype=np.float32)
+    for warp in range(layout.COMPUTE_WARPS):
+        for mi in range(m_iters):
+            for ni in range(n_iters):
+                for lane in lanes:
+                    for reg in range(4):
+                        row, token = layout.accumulator_coords(lane, mi, ni, reg)
+                        off = layout.reduction_offset(warp, token, row, t.output_tile, t.token_tile)
+                        red[off] = acc[warp, mi, ni, lane, reg]
+    stores = {}
+    vectors = t.token_tile * t.output_tile // layout.CHUNK
+    for thread in range(layout.COMPUTE_WARPS * layout.WARP):
+        token, row = layout.epilogue_coords(thread % vectors, t.output_tile)
+        total = np.zeros(layout.CHUNK, dtype=np.float32)
+        for warp in range(layout.COMPUTE_WARPS):
+            off = layout.reduction_offset(warp, token, row, t.output_tile, t.token_tile)
+            total = (total + red[off:off + layout.CHUNK]).astype(np.float32)
+        global_token = tile_t * t.token_tile + token
+        if thread < vectors and global_token < m:
+            n0 = tile_n * t.output_tile + row
+            if bias is not None:
+                total = (total + bias[n0:n0 + layout.CHUNK]).astype(np.float32)
+            key = (global_token, n0)
+            if key in stores:
+                raise AssertionError(f"output vector {key} stored twice")
+            stores[key] = total
+    return stores
+
+
+def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, round_output=True,
+            check_coverage=False) -> np.ndarray:
+    """What the kernel writes for ``out = x @ weight.T (+ bias)``, as float32.
+
+    ``round_output`` applies the kernel's final BF16 rounding; without it the
+    FP32 sums come back (exact for small-integer inputs). Raises if any output
+    element is written twice or not at all.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    weight = np.asarray(weight, dtype=np.float32)
+    m, k = x.shape
+    n, k_w = weight.shape
+    if k != k_w:
+        raise ValueError(f"x has K={k} but weight has K={k_w}")
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"M must be in 1..{MAX_M}, got {m}")
+    check_tactic(tactic, n, k)
+    bias = None if bias is None else np.asarray(bias, dtype=np.float32)
+    out = np.full((m, n), np.nan, dtype=np.float32)
+    written = np.zeros((m, n), dtype=np.int64)
+    for tile_n in range(n // tactic.output_tile):
+        for tile_t in range(-(-m // tactic.token_tile)):
+            stores = emulate_cta(x, weight, tactic, tile_n, tile_t, bias,
+                                 check_coverage=check_coverage)
+            for (token, n0), values in stores.items():
+                out[token, n0:n0 + layout.CHUNK] = values
+                written[token, n0:n0 + layout.CHUNK] += 1
+    if not np.all(written == 1):
+        raise AssertionError("output elements written "
+                             f"{sorted(set(written.ravel().tolist()))} times, expected once")
+    return round_bf16(out) if round_output else out
+
+
+# ------------------------------------------------------- bank checks
+
+
+BANKS = 32
+
+
+def _banks(byte_address, nbytes):
+    return [(byte_address // 4 + w) % BANKS for w in range(nbytes // 4)]
+
+
+def conflict_free(byte_addresses, nbytes) -> bool:
+    """True if one shared-memory wavefront serves all these accesses: the
+    words they touch fall in distinct banks (same-word broadcasts aside)."""
+    seen = {}
+    for address in byte_addresses:
+        for w in range(nbytes // 4):
+            word = address // 4 + w
+            bank = word % BANKS
+            if seen.setdefault(bank, word) != word:
+                return False
+    return True
+
+
+def ldmatrix_phases(lane_offsets_elements):
+    """The four 8-lane phases of an ``ldmatrix.x4``: each reads 8 rows of 16 B."""
+    return [[lane_offsets_elements[8 * j + r] * layout.ELEMENT_BYTES for r in range(8)]
+            for j in range(4)]
+
+
+def copy_store_phases(rows, k_tile, threads, copy):
+    """Quarter-warp phases (8 threads x 16 B) of one cp.async copy round."""
+    phases = []
+    for first in range(0, threads, 8):
+        group = []
+        for thread in range(first, first + 8):
+            row, col = layout.loader_copy(thread, copy, k_tile, threads)
+            group.append(layout.swizzle(row, col, k_tile) * layout.ELEMENT_BYTES)
+        phases.append(group)
+    return phases
+
+
+def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
+    """Every shared-memory access pattern of the tactic that needs more than
+    one wavefront per phase; empty when the layout is conflict-free."""
+    t = tactic
+    problems = []
+    lanes = range(layout.WARP)
+    for rows, threads, name in ((t.output_tile, layout.A_LOADER_WARPS * layout.WARP, "A copy"),
+                                (t.token_tile, t.b_loader_warps * layout.WARP, "B copy")):
+        for copy in range(layout.copies_per_thread(rows, t.k_tile, threads)):
+            for phase in copy_store_phases(rows, t.k_tile, threads, copy):
+                if not conflict_free(phase, 16):
+                    problems.append(f"{name} round {copy}: {phase}")
+    for warp in range(layout.COMPUTE_WARPS):
+        for s in range(layout.k_steps(t.k_tile)):
+            for mi in range(t.output_tile // layout.MMA_M):
+                offs = [layout.a_fragment_offset(lane, warp, mi, s, t.k_tile) for lane in lanes]
+                for phase in ldmatrix_phases(offs):
+                    if not conflict_free(phase, 16):
+                        problems.append(f"A ldmatrix warp {warp} step {s} m {mi}: {phase}")
+        for p in range(layout.k_steps(t.k_tile) // 2):
+            for ni in range(t.token_tile // layout.MMA_N):
+                offs = [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile) for lane in lanes]
+                for phase in ldmatrix_phases(offs):
+                    if not conflict_free(phase, 16):
+                        problems.append(f"B ldmatrix warp {warp} pair {p} n {ni}: {phase}")
+        for mi in range(t.output_tile // layout.MMA_M):
+            for ni in range(t.token_tile // layout.MMA_N):
+                for reg in range(4):
+                    addrs = []
+                    for lane in lanes:
+                        row, token = layout.accumulator_coords(lane, mi, ni, reg)
+                        addrs.append(4 * layout.reduction_offset(warp, token, row, t.output_tile,
+                                                                 t.token_tile))
+                    if not conflict_free(addrs, 4):
+                        problems.append(f"reduction store warp {warp} m {mi} n {ni} reg {reg}")
+    return problems

@@ -1,0 +1,255 @@
+"""The warp split-K BF16 GEMM for decode, in the CuTe DSL.
+
+``out[M, N] = x[M, K] @ weight[N, K]^T (+ bias)`` for M <= 32.
+
+One CTA owns ``output_tile`` weight rows and ``token_tile`` token rows and
+walks all of K through two shared-memory rings of ``stages`` slots:
+
+* warps 0-3, the compute warps: each owns one quarter of every stage's K
+  slice, so all four consume every stage at once and accumulate
+  ``mma.sync.m16n8k16`` partial sums of the whole output tile (warp
+  split-K). At the end the partials meet in a padded shared buffer and the
+  128 compute threads add them in warp order (bitwise reproducible) and
+  store BF16.
+* warps 4-5 stream the weight with 16-byte ``cp.async.cg`` copies carrying an
+  L2 evict_first policy: the weight is read once, the activations are read by
+  every CTA of a row of tiles, so the weight must not push them out of L2.
+* warps 6(-7) stream the activations; rows past M are zero-filled, never read.
+
+Each stage has three mbarriers: ``full_a`` / ``full_b`` complete when a
+stage's copies land (``cp.async.mbarrier.arrive.noinc`` by every loader
+thread) and ``empty`` when the four compute warps are done with it.
+
+PDL: the weight does not depend on the previous kernel in the stream, so the
+weight loaders start at once and issue their first tile before the barriers
+even exist. Only the activation loaders ``griddepcontrol.wait``; they let the
+next kernel launch (``launch_dependents``) once their last tile is issued.
+The compute warps write ``out`` after consuming activation tiles, hence after
+the previous grid has completed: the PDL overlap is safe for chained
+projections. (A weight rewritten by the kernel right before is not ordered;
+decode weights are constants.)
+
+The compute loop is unrolled over the static K-tile count, so every ring
+slot, parity and stage offset is a constant and every ``ldmatrix`` address is
+a per-lane register plus an immediate.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from . import layout, ptx
+from .tactics import WarpSplitKTactic
+
+_BYTES = layout.ELEMENT_BYTES
+
+
+class WarpSplitKKernel:
+    """One compiled kernel per (N, K, tactic, bias?, PDL?); M is dynamic."""
+
+    def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
+                 use_pdl: bool = True, min_blocks_per_sm: int = 0):
+        self.tactic = tactic
+        self.n, self.k = n, k
+        self.has_bias = has_bias
+        self.use_pdl = use_pdl
+        t = tactic
+        self.k_tiles = k // t.k_tile
+        self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages)
+        self.a_threads = layout.A_LOADER_WARPS * layout.WARP
+        self.b_threads = t.b_loader_warps * layout.WARP
+        self.compute_threads = layout.COMPUTE_WARPS * layout.WARP
+        self.threads = t.threads
+        # 0 leaves ptxas free: a `.minnctapersm` hint made it spill (ptxas 13.4)
+        # at register counts it otherwise reached without spilling.
+        self.min_blocks_per_sm = min_blocks_per_sm
+
+    # ------------------------------------------------------------ launch
+
+    @cute.jit
+    def __call__(self, weight: cute.Tensor, x: cute.Tensor, bias: cute.Tensor,
+                 out: cute.Tensor, stream):
+        t = self.tactic
+        m = x.shape[0]
+        token_tiles = (m + (t.token_tile - 1)) // t.token_tile
+        self.kernel(weight, x, bias, out).launch(
+            grid=[self.n // t.output_tile, token_tiles, 1],
+            block=[self.threads, 1, 1],
+            smem=self.smem.total,
+            stream=stream,
+            use_pdl=self.use_pdl,
+            min_blocks_per_mp=self.min_blocks_per_sm,
+            # rings over L1: cp.async.cg bypasses L1 anyway
+            preferred_smem_carveout=100,
+        )
+
+    # ------------------------------------------------------------ kernel
+
+    @cute.kernel
+    def kernel(self, weight: cute.Tensor, x: cute.Tensor, bias: cute.Tensor, out: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        tile_n, tile_t, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        m = x.shape[0]
+        storage = cutlass.utils.SmemAllocator().allocate_array(
+            cutlass.Int8, self.smem.total, byte_alignment=1024)
+        smem = storage.toint()
+        first_a_warp = layout.COMPUTE_WARPS
+        first_b_warp = first_a_warp + layout.A_LOADER_WARPS
+        is_a_loader = warp >= first_a_warp and warp < first_b_warp
+
+        # The weight does not depend on the previous kernel: tile 0 is in
+        # flight before the barriers exist. Plain cp.async here (see ptx.py).
+        if is_a_loader:
+            self.issue_weight_tile(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, 0,
+                                   Int64(0), hinted=False)
+        if tidx == 0:
+            self.init_barriers(smem)
+        ptx.named_barrier(0, self.threads)
+
+        if warp < first_a_warp:
+            self.compute(smem, tidx, warp, tile_n, tile_t, m, bias, out)
+        elif is_a_loader:
+            self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n)
+        else:
+            self.activation_loader(smem, x, tidx - first_b_warp * layout.WARP, tile_t, m)
+
+    # ----------------------------------------------------- trace helpers
+    # Plain Python: not rewritten by the DSL's preprocessor, so their loops
+    # unroll at trace time and their branches are trace-time constants.
+
+    def init_barriers(self, smem):
+        for stage in range(self.tactic.stages):
+            ptx.mbarrier_init(smem + self.smem.full_a + stage * layout.MBARRIER_BYTES, self.a_threads)
+            ptx.mbarrier_init(smem + self.smem.full_b + stage * layout.MBARRIER_BYTES, self.b_threads)
+            ptx.mbarrier_init(smem + self.smem.empty + stage * layout.MBARRIER_BYTES,
+                              layout.COMPUTE_WARPS)
+        ptx.fence_mbarrier_init()
+
+    def _barrier(self, smem, region, stage):
+        return smem + region + stage * layout.MBARRIER_BYTES
+
+    def issue_weight_tile(self, smem, weight, thread, tile_n, k_tile_index, policy, hinted):
+        t = self.tactic
+        stage, _ = layout.ring_slot(k_tile_index, t.stages)
+        base = weight.iterator.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
+        for copy in range(layout.copies_per_thread(t.output_tile, t.k_tile, self.a_threads)):
+            row, col = layout.loader_copy(thread, copy, t.k_tile, self.a_threads)
+            dst = (smem + self.smem.a_ring + stage * self.smem.a_stage_bytes
+                   + layout.swizzle(row, col, t.k_tile) * _BYTES)
+            src = base + Int64((row * self.k + col) * _BYTES) + k_tile_index * t.k_tile * _BYTES
+            if hinted:
+                ptx.cp_async_16_hinted(dst, src, policy)
+            else:
+                ptx.cp_async_16(dst, src)
+
+    def weight_loader(self, smem, weight, thread, tile_n):
+        t = self.tactic
+        policy = ptx.l2_policy_evict_first()
+        for i in range(self.k_tiles):
+            stage, _ = layout.ring_slot(i, t.stages)
+            if i > 0:
+                parity = layout.empty_parity(i, t.stages)
+                if parity is not None:
+                    ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity)
+                self.issue_weight_tile(smem, weight, thread, tile_n, i, policy, hinted=True)
+            ptx.cp_async_mbarrier_arrive_noinc(self._barrier(smem, self.smem.full_a, stage))
+        ptx.cp_async_wait_all()
+
+    def activation_loader(self, smem, x, thread, tile_t, m):
+        t = self.tactic
+        copies = layout.copies_per_thread(t.token_tile, t.k_tile, self.b_threads)
+        x_base = x.iterator.toint()
+        first_token = tile_t * t.token_tile
+        if cutlass.const_expr(self.use_pdl):
+            ptx.griddepcontrol_wait()
+        for i in range(self.k_tiles):
+            stage, _ = layout.ring_slot(i, t.stages)
+            parity = layout.empty_parity(i, t.stages)
+            if parity is not None:
+                ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity)
+            for copy in range(copies):
+                row, col = layout.loader_copy(thread, copy, t.k_tile, self.b_threads)
+                token = first_token + row
+                valid = token < m
+                # A row past M reads nothing (src-size 0) and points at row 0,
+                # so no address outside x is ever formed. Recomputed per tile
+                # rather than held: a register per copy would cap residency.
+                src = x_base + Int64(cutlass.select_(valid, token, Int32(0)) * (self.k * _BYTES)
+                                     + (col + i * t.k_tile) * _BYTES)
+                dst = (smem + self.smem.b_ring + stage * self.smem.b_stage_bytes
+                       + layout.swizzle(row, col, t.k_tile) * _BYTES)
+                ptx.cp_async_16_zfill(dst, src, cutlass.select_(valid, Int32(16), Int32(0)))
+            ptx.cp_async_mbarrier_arrive_noinc(self._barrier(smem, self.smem.full_b, stage))
+        if cutlass.const_expr(self.use_pdl):
+            ptx.griddepcontrol_launch_dependents()
+        ptx.cp_async_wait_all()
+
+    def compute(self, smem, tidx, warp, tile_n, tile_t, m, bias, out):
+        t = self.tactic
+        lane = tidx % layout.WARP
+        m_iters = t.output_tile // layout.MMA_M
+        n_iters = t.token_tile // layout.MMA_N
+        steps = layout.k_steps(t.k_tile)
+        pairs = steps // 2
+        # per-lane fragment addresses, computed once; stage offsets are immediates
+        a_addr = [[smem + self.smem.a_ring
+                   + layout.a_fragment_offset(lane, warp, mi, s, t.k_tile) * _BYTES
+                   for s in range(steps)] for mi in range(m_iters)]
+        b_addr = [[smem + self.smem.b_ring
+                   + layout.b_fragment_offset(lane, warp, ni, p, t.k_tile) * _BYTES
+                   for p in range(pairs)] for ni in range(n_iters)]
+        zero = Float32(0.0)
+        acc = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)]
+        for i in range(self.k_tiles):
+            stage, parity = layout.ring_slot(i, t.stages)
+            ptx.mbarrier_wait(self._barrier(smem, self.smem.full_a, stage), parity)
+            ptx.mbarrier_wait(self._barrier(smem, self.smem.full_b, stage), parity)
+            a_off = stage * self.smem.a_stage_bytes
+            b_off = stage * self.smem.b_stage_bytes
+            # K steps in pairs: one ldmatrix.x4 brings B of two steps for 8 tokens
+            for p in range(pairs):
+                b = [ptx.ldmatrix_x4(b_addr[ni][p] + b_off) for ni in range(n_iters)]
+                for half in range(2):
+                    s = 2 * p + half
+                    for mi in range(m_iters):
+                        a = ptx.ldmatrix_x4(a_addr[mi][s] + a_off)
+                        for ni in range(n_iters):
+                            b_step = (b[ni][2 * half], b[ni][2 * half + 1])
+                            acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
+            ptx.syncwarp()
+            ptx.mbarrier_arrive_lane0(self._barrier(smem, self.smem.empty, stage), lane)
+
+        # split-K reduction: partials to shared, then a fixed-order sum
+        red = smem + self.smem.reduction
+        for mi in range(m_iters):
+            for ni in range(n_iters):
+                for reg in range(4):
+                    row, token = layout.accumulator_coords(lane, mi, ni, reg)
+                    offset = layout.reduction_offset(warp, token, row, t.output_tile, t.token_tile)
+                    ptx.st_shared_f32(red + offset * 4, acc[mi][ni][reg])
+        ptx.named_barrier(1, self.compute_threads)
+        vectors = t.token_tile * t.output_tile // layout.CHUNK
+        # threads past the tile's vectors read a valid slot and store nothing
+        thread = tidx % vectors
+        token, row = layout.epilogue_coords(thread, t.output_tile)
+        total = [Float32(0.0)] * layout.CHUNK
+        for w in range(layout.COMPUTE_WARPS):
+            offset = layout.reduction_offset(w, token, row, t.output_tile, t.token_tile)
+            part = (ptx.ld_shared_v4_f32(red + offset * 4)
+                    + ptx.ld_shared_v4_f32(red + (offset + 4) * 4))
+            total = part if w == 0 else [total[j] + part[j] for j in range(layout.CHUNK)]
+        global_token = tile_t * t.token_tile + token
+        n_index = tile_n * t.output_tile + row
+        store = (cutlass.select_(tidx < vectors, Int32(1), Int32(0))
+                 * cutlass.select_(global_token < m, Int32(1), Int32(0)))
+        if cutlass.const_expr(self.has_bias):
+            b_vals = ptx.ld_global_bf16x8_as_f32(
+                bias.iterator.toint() + Int64(n_index * _BYTES), store)
+            total = [total[j] + b_vals[j] for j in range(layout.CHUNK)]
+        words = [ptx.pack_bf16x2(total[2 * j], total[2 * j + 1]) for j in range(4)]
+        address = (out.iterator.toint()
+                   + Int64(global_token) * (self.n * _BYTES) + Int64(n_index * _BYTES))
+        ptx.st_global_v4_b32_if(address, words, store)

@@ -1,0 +1,188 @@
+"""Address math of the warp split-K kernel, in plain integer arithmetic.
+
+Every function here is written with ``+ - * // % ^`` only, so the same code
+runs on Python ``int`` (the NumPy emulator, the tests, the bank-conflict
+checks) and on the CuTe DSL's ``Int32`` (the kernel, at trace time). There is
+exactly one definition of where a byte goes; the emulator proves it and the
+kernel uses it.
+
+Conventions
+-----------
+The kernel computes ``out^T[N, M] = W[N, K] @ x[M, K]^T`` tile by tile, so in
+``mma.sync.m16n8k16`` terms the *weight* is operand A (16 weight rows x 16 K)
+and the *activations* are operand B (16 K x 8 tokens). One CTA owns
+``output_tile`` weight rows and ``token_tile`` token rows; every shared stage
+holds a ``[rows, k_tile]`` BF16 tile of each operand, rows of ``k_tile``
+elements (256 or 512 bytes). All offsets below are in BF16 elements unless
+the name says bytes or words.
+
+The swizzle XORs the 16-byte chunk index inside a row with ``row % 8``. A row
+is a multiple of 128 bytes, so without it the 8 rows an ``ldmatrix`` phase
+reads would all start in bank 0; with it, the 8 rows' chunks land in 8
+distinct 16-byte bank groups, and 8 consecutive chunks of one row (one
+quarter-warp of ``cp.async`` stores) stay in distinct groups too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: mma.sync shape (rows of A, columns of B, K), BF16 inputs, FP32 accumulators.
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+#: compute warps; each owns one quarter of every stage's K slice.
+COMPUTE_WARPS = 4
+#: weight (operand A) loader warps.
+A_LOADER_WARPS = 2
+WARP = 32
+#: BF16 elements per 16-byte cp.async / ldmatrix row.
+CHUNK = 8
+ELEMENT_BYTES = 2
+#: FP32 words of padding per row of the split-K reduction buffer: makes the
+#: accumulator stores of a warp hit 32 distinct banks (see reduction_offset).
+REDUCTION_PAD = 4
+MBARRIER_BYTES = 8
+#: shared memory the kernel's regions are aligned to.
+REGION_ALIGN = 128
+
+
+def swizzle(row, col, k_tile):
+    """Element offset of logical ``(row, col)`` in a swizzled ``[rows, k_tile]`` stage."""
+    return row * k_tile + (col ^ ((row % 8) * CHUNK))
+
+
+# ---------------------------------------------------------------- loaders
+
+
+def copies_per_thread(rows, k_tile, threads):
+    """16-byte copies one loader thread issues per stage of a ``[rows, k_tile]`` tile."""
+    return rows * k_tile // (CHUNK * threads)
+
+
+def loader_copy(thread, copy, k_tile, threads):
+    """Logical ``(row, col)`` of copy ``copy`` of loader thread ``thread``.
+
+    Consecutive threads take consecutive 16-byte chunks of a row, so a warp's
+    global reads are whole 128-byte lines; each further copy moves all
+    threads on by ``threads * 8`` elements (a whole number of rows).
+    """
+    linear = thread * CHUNK + copy * threads * CHUNK
+    return linear // k_tile, linear % k_tile
+
+
+# -------------------------------------------------------- fragment loads
+
+
+def k_steps(k_tile):
+    """m16n8k16 steps per compute warp per stage (its K quarter / 16)."""
+    return k_tile // COMPUTE_WARPS // MMA_K
+
+
+def a_fragment_offset(lane, warp, m_iter, step, k_tile):
+    """Element offset of lane's ``ldmatrix.x4`` row address for operand A (weight).
+
+    The four 8x8 matrices are (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+    (rows 0-7, k 8-15), (rows 8-15, k 8-15) of the 16x16 block at weight row
+    ``16 * m_iter`` and K column ``16 * step`` of this warp's quarter: in that
+    order they are exactly the a0..a3 registers of m16n8k16.
+    """
+    row = lane % 16 + m_iter * MMA_M
+    col = (lane // 16) * CHUNK + step * MMA_K + warp * (k_tile // COMPUTE_WARPS)
+    return swizzle(row, col, k_tile)
+
+
+def b_fragment_offset(lane, warp, n_iter, pair, k_tile):
+    """Element offset of lane's ``ldmatrix.x4`` row address for operand B (activations).
+
+    Matrix ``j = lane // 8`` is tokens ``8 * n_iter .. +7`` at K columns
+    ``8 j .. 8 j + 7`` of the 32-wide K pair ``pair``: registers 0, 1 are
+    b0, b1 of k-step ``2 * pair`` and registers 2, 3 those of ``2 * pair + 1``.
+    """
+    row = lane % 8 + n_iter * MMA_N
+    col = (lane // 8) * CHUNK + pair * 2 * MMA_K + warp * (k_tile // COMPUTE_WARPS)
+    return swizzle(row, col, k_tile)
+
+
+# ------------------------------------------------------ split-K reduction
+
+
+def reduction_row_words(output_tile):
+    """FP32 words per token row of one warp's partial tile."""
+    return output_tile + REDUCTION_PAD
+
+
+def reduction_offset(warp, token, weight_row, output_tile, token_tile):
+    """Word offset of a partial sum in the ``[warp][token][weight_row]`` buffer."""
+    row_words = reduction_row_words(output_tile)
+    return (warp * token_tile + token) * row_words + weight_row
+
+
+def accumulator_coords(lane, m_iter, n_iter, reg):
+    """(weight row, token) of accumulator register ``reg`` (0..3) of m16n8k16 block
+    ``(m_iter, n_iter)``: c0, c1 are row ``lane // 4`` and c2, c3 row ``+ 8``;
+    the odd registers are the next token."""
+    weight_row = m_iter * MMA_M + lane // 4 + (reg // 2) * 8
+    token = n_iter * MMA_N + (lane % 4) * 2 + reg % 2
+    return weight_row, token
+
+
+def epilogue_coords(thread, output_tile):
+    """(token, first weight row) of the 8 outputs compute thread ``thread`` sums
+    and stores as one 16-byte vector; threads past ``token_tile * output_tile / 8``
+    have none."""
+    chunks_per_token = output_tile // CHUNK
+    return thread // chunks_per_token, (thread % chunks_per_token) * CHUNK
+
+
+# ---------------------------------------------------------- shared memory
+
+
+def _align(value, alignment):
+    return (value + alignment - 1) // alignment * alignment
+
+
+@dataclass(frozen=True)
+class SmemPlan:
+    """Byte offsets of the kernel's shared-memory regions."""
+
+    a_stage_bytes: int
+    b_stage_bytes: int
+    a_ring: int
+    b_ring: int
+    reduction: int
+    full_a: int  # stages mbarriers: weight stage landed
+    full_b: int  # stages mbarriers: activation stage landed
+    empty: int  # stages mbarriers: stage consumed by the 4 compute warps
+    total: int
+
+
+def smem_plan(output_tile, token_tile, k_tile, stages):
+    """Where the two rings, the reduction buffer and the mbarriers live."""
+    a_stage = output_tile * k_tile * ELEMENT_BYTES
+    b_stage = token_tile * k_tile * ELEMENT_BYTES
+    a_ring = 0
+    b_ring = _align(a_ring + stages * a_stage, REGION_ALIGN)
+    reduction = _align(b_ring + stages * b_stage, REGION_ALIGN)
+    reduction_bytes = COMPUTE_WARPS * token_tile * reduction_row_words(output_tile) * 4
+    barriers = _align(reduction + reduction_bytes, REGION_ALIGN)
+    full_a = barriers
+    full_b = full_a + stages * MBARRIER_BYTES
+    empty = full_b + stages * MBARRIER_BYTES
+    total = empty + stages * MBARRIER_BYTES
+    return SmemPlan(a_stage, b_stage, a_ring, b_ring, reduction, full_a, full_b, empty, total)
+
+
+# ------------------------------------------------------------- the ring
+
+
+def ring_slot(k_tile_index, stages):
+    """(stage, parity) of K tile ``k_tile_index``: the full barrier of that stage
+    completes its phase ``parity`` when the tile has landed."""
+    return k_tile_index % stages, (k_tile_index // stages) % 2
+
+
+def empty_parity(k_tile_index, stages):
+    """Parity a loader waits on before refilling a stage for ``k_tile_index``
+    (``None`` for the first ``stages`` tiles, whose stages start empty)."""
+    if k_tile_index < stages:
+        return None
+    return (k_tile_index // stages - 1) % 2

@@ -1,0 +1,163 @@
+"""``PreparedWarpSplitK``: a weight validated and compiled for, ready to run.
+
+Everything slow happens in ``__init__`` (validation, one compile per distinct
+tactic); ``run`` checks its arguments cheaply and launches once, with no
+allocation, no host synchronisation and no compilation, so it is safe inside
+CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .compile import compile_warp_splitk
+from .tactics import MAX_M, WarpSplitKTactic, check_tactic
+
+ALIGN_BYTES = 32
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _stream_handle(device):
+    from cuda.bindings import driver
+    torch = _torch()
+    return driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _view(tensor, dynamic_m=False):
+    """CuTe view of a packed row-major CUDA tensor (32 B aligned); with
+    ``dynamic_m`` its first extent is a run-time value, as compiled."""
+    from cutlass.cute.runtime import from_dlpack
+    view = from_dlpack(tensor, assumed_align=ALIGN_BYTES)
+    if dynamic_m:
+        view = view.mark_compact_shape_dynamic(mode=0, stride_order=tensor.dim_order())
+    return view
+
+
+def _describe(t):
+    return (f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device} "
+            f"strides {tuple(t.stride())}")
+
+
+def _check_packed(name, t, shape, device):
+    """ValueError unless ``t`` is a packed row-major BF16 CUDA tensor of ``shape``
+    on ``device``, 32-byte aligned."""
+    torch = _torch()
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if t.dtype != torch.bfloat16:
+        raise ValueError(f"{name} must be bfloat16, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    packed = (1,) if len(shape) == 1 else (shape[1], 1)
+    if len(shape) == 2 and shape[0] == 1:
+        ok = t.stride()[1] == 1  # a single row: its row stride is irrelevant
+    else:
+        ok = tuple(t.stride()) == packed
+    if not ok:
+        raise ValueError(f"{name} must be packed row-major (strides {packed}), got {_describe(t)}")
+    if t.data_ptr() % ALIGN_BYTES:
+        raise ValueError(f"{name} must be {ALIGN_BYTES}-byte aligned, its address is "
+                         f"{t.data_ptr() % ALIGN_BYTES} bytes past a boundary")
+
+
+def _span(t):
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _overlap(a, b):
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+class PreparedWarpSplitK:
+    """``out[M, N] = x[M, K] @ weight[N, K]^T (+ bias)`` for M <= 32, a tactic per M.
+
+    weight: packed row-major BF16 ``[N, K]`` on a CUDA device, 32-byte
+        aligned; kept by reference (it must not be changed or freed while
+        prepared code may run).
+    tactics: ``{M: WarpSplitKTactic}`` for the Ms ``run`` will see (1..32);
+        Ms that share a tactic share one compiled kernel.
+    bias: optional BF16 ``[N]``, added in FP32 before the final rounding.
+
+    Raises ``ValueError`` for anything the kernel cannot run.
+    """
+
+    def __init__(self, weight, tactics: Mapping[int, WarpSplitKTactic], bias=None):
+        torch = _torch()
+        if not isinstance(weight, torch.Tensor):
+            raise ValueError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+        if weight.device.type != "cuda":
+            raise ValueError(f"weight must be on a CUDA device, got {weight.device}")
+        if weight.dim() != 2:
+            raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+        n, k = weight.shape
+        _check_packed("weight", weight, (n, k), weight.device)
+        if not isinstance(tactics, Mapping) or not tactics:
+            raise ValueError("tactics must be a non-empty mapping {M: WarpSplitKTactic}")
+        for m, tactic in tactics.items():
+            if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= MAX_M:
+                raise ValueError(f"tactics are keyed by M in 1..{MAX_M}, got key {m!r}")
+            try:
+                check_tactic(tactic, n, k)
+            except ValueError as error:
+                raise ValueError(f"tactic for M={m}: {error}") from None
+        if bias is not None:
+            _check_packed("bias", bias, (n,), weight.device)
+        self.weight = weight
+        self.bias = bias
+        self.n, self.k = n, k
+        self.device = weight.device
+        self.tactics = dict(sorted(tactics.items()))
+        index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
+        has_bias = bias is not None
+        by_tactic = {t: compile_warp_splitk(index, n, k, t, has_bias=has_bias)
+                     for t in set(self.tactics.values())}
+        self.codes = {m: by_tactic[t] for m, t in self.tactics.items()}
+        with torch.cuda.device(index):
+            self._weight_view = _view(weight)
+            # Without a bias the kernel never reads its bias argument, but the
+            # compiled signature has one: a resident [N] placeholder fills it.
+            self._bias_tensor = bias if has_bias else torch.empty(n, dtype=torch.bfloat16,
+                                                                   device=weight.device)
+            self._bias_view = _view(self._bias_tensor)
+
+    @property
+    def ms(self):
+        return tuple(self.tactics)
+
+    def run(self, x, out):
+        """Launch on the current stream of x's device; returns ``out``.
+
+        x: packed row-major BF16 ``[M, K]``; out: packed row-major BF16
+        ``[M, N]``, not overlapping x or the weight; both 32-byte aligned,
+        on the weight's device. ``ValueError`` for bad arguments and
+        ``KeyError`` for an M with no prepared tactic, before any launch.
+        """
+        torch = _torch()
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise ValueError(f"x must be a 2-D torch.Tensor [M, K], got "
+                             f"{_describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        m = x.shape[0]
+        code = self.codes.get(m)
+        if code is None:
+            raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(self.tactics)}")
+        _check_packed("x", x, (m, self.k), self.device)
+        _check_packed("out", out, (m, self.n), self.device)
+        if _overlap(out, x) or _overlap(out, self.weight):
+            raise ValueError("out must not overlap x or the weight")
+        code(self._weight_view, _view(x, dynamic_m=True), self._bias_view,
+             _view(out, dynamic_m=True), _stream_handle(self.device))
+        return out
+
+    __call__ = run
+
+    def __repr__(self):
+        plan = ", ".join(f"{m}: ({t.short()})" for m, t in self.tactics.items())
+        return (f"PreparedWarpSplitK(N={self.n}, K={self.k}, device={self.device}, "
+                f"bias={self.bias is not None}, tactics={{{plan}}})")

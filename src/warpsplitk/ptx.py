@@ -1,0 +1,233 @@
+"""Inline-PTX building blocks of the kernel.
+
+Each helper emits one PTX instruction (or a tiny fixed sequence) on raw
+addresses: 32-bit shared-window addresses and 64-bit global addresses. The
+kernel keeps every address computation in its own hands (through
+``layout.py``), so what the emulator proves is what the PTX does.
+"""
+
+from __future__ import annotations
+
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+
+def _asm(result_type, operands, text, constraints, loc, ip, side_effects=True):
+    return llvm.inline_asm(
+        result_type,
+        [o.ir_value(loc=loc, ip=ip) for o in operands],
+        text,
+        constraints,
+        has_side_effects=side_effects,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+def _struct(element_type, count):
+    return llvm.StructType.get_literal([element_type] * count)
+
+
+def _unpack(struct_value, element_type, count, wrap, loc, ip):
+    return [wrap(llvm.extractvalue(element_type, struct_value, [i], loc=loc, ip=ip))
+            for i in range(count)]
+
+
+# ------------------------------------------------------------ copies
+
+
+@dsl_user_op
+def l2_policy_evict_first(*, loc=None, ip=None):
+    """A 64-bit L2 policy: evict_first for all of an access (fraction 1.0).
+
+    Made at run time on purpose: fed the equivalent constant, ptxas 13.0
+    encodes the hinted LDGSTS with an invalid odd uniform-register descriptor.
+    """
+    return Int64(_asm(Int64.mlir_type, [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;",
+                      "=l", loc, ip, side_effects=False))
+
+
+@dsl_user_op
+def cp_async_16_hinted(dst, src, policy, *, loc=None, ip=None):
+    """16-byte ``cp.async.cg`` global->shared carrying an L2 cache-policy hint."""
+    _asm(None, [Int32(dst), Int64(src), Int64(policy)],
+         "cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;", "r,l,l", loc, ip)
+
+
+@dsl_user_op
+def cp_async_16(dst, src, *, loc=None, ip=None):
+    """16-byte ``cp.async.cg`` global->shared, no hint (the pre-barrier prologue)."""
+    _asm(None, [Int32(dst), Int64(src)], "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", loc, ip)
+
+
+@dsl_user_op
+def cp_async_16_zfill(dst, src, src_bytes, *, loc=None, ip=None):
+    """16-byte ``cp.async.cg`` that reads ``src_bytes`` (16 or 0) and zero-fills the rest.
+
+    With 0 nothing is read from global memory: rows past M are never touched.
+    """
+    _asm(None, [Int32(dst), Int64(src), Int32(src_bytes)],
+         "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r", loc, ip)
+
+
+@dsl_user_op
+def cp_async_mbarrier_arrive_noinc(barrier, *, loc=None, ip=None):
+    """Arrive on ``barrier`` once all this thread's earlier cp.async have landed.
+
+    ``.noinc``: the arrival is one of the barrier's expected count, so the
+    barrier is initialised with the number of loader threads.
+    """
+    _asm(None, [Int32(barrier)], "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", "r", loc, ip)
+
+
+@dsl_user_op
+def cp_async_wait_all(*, loc=None, ip=None):
+    """Keep a loader thread alive until its copies have landed."""
+    _asm(None, [], "cp.async.wait_all;", "~{memory}", loc, ip)
+
+
+# --------------------------------------------------------- mbarriers
+
+
+@dsl_user_op
+def mbarrier_init(barrier, count, *, loc=None, ip=None):
+    _asm(None, [Int32(barrier), Int32(count)], "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r", loc, ip)
+
+
+@dsl_user_op
+def mbarrier_wait(barrier, parity, *, loc=None, ip=None):
+    """Spin (with the hardware's suspend hint) until phase ``parity`` of ``barrier`` completed."""
+    _asm(None, [Int32(barrier), Int32(parity)],
+         "{\n.reg .pred P1;\nWSK_WAIT_${:uid}:\n"
+         "mbarrier.try_wait.parity.shared::cta.b64 P1, [$0], $1;\n"
+         "@!P1 bra WSK_WAIT_${:uid};\n}",
+         "r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def mbarrier_arrive_lane0(barrier, lane, *, loc=None, ip=None):
+    """Lane 0 of the warp arrives on ``barrier`` (release: orders the warp's earlier
+    shared reads, which a preceding ``bar.warp.sync`` gathers)."""
+    _asm(None, [Int32(barrier), Int32(lane)],
+         "{\n.reg .pred P1;\nsetp.eq.u32 P1, $1, 0;\n"
+         "@P1 mbarrier.arrive.shared::cta.b64 _, [$0];\n}",
+         "r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def syncwarp(*, loc=None, ip=None):
+    _asm(None, [], "bar.warp.sync -1;", "~{memory}", loc, ip)
+
+
+@dsl_user_op
+def named_barrier(barrier_id, threads, *, loc=None, ip=None):
+    _asm(None, [], f"bar.sync {int(barrier_id)}, {int(threads)};", "~{memory}", loc, ip)
+
+
+@dsl_user_op
+def fence_mbarrier_init(*, loc=None, ip=None):
+    _asm(None, [], "fence.mbarrier_init.release.cluster;", "~{memory}", loc, ip)
+
+
+# --------------------------------------------------------------- PDL
+
+
+@dsl_user_op
+def griddepcontrol_wait(*, loc=None, ip=None):
+    """Block until the previous grid in the stream has completed and flushed."""
+    _asm(None, [], "griddepcontrol.wait;", "~{memory}", loc, ip)
+
+
+@dsl_user_op
+def griddepcontrol_launch_dependents(*, loc=None, ip=None):
+    """Let the next grid in the stream start launching (its prologue overlaps our tail)."""
+    _asm(None, [], "griddepcontrol.launch_dependents;", "~{memory}", loc, ip)
+
+
+# ------------------------------------------------------- tensor cores
+
+
+@dsl_user_op
+def ldmatrix_x4(address, *, loc=None, ip=None):
+    """Four 8x8 b16 matrices; lane ``8 j + r`` gives row ``r`` of matrix ``j``."""
+    i32 = Int32.mlir_type
+    res = _asm(_struct(i32, 4), [Int32(address)],
+               "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
+               "=r,=r,=r,=r,r", loc, ip)
+    return _unpack(res, i32, 4, Int32, loc, ip)
+
+
+@dsl_user_op
+def mma_m16n8k16_bf16(a, b, c, *, loc=None, ip=None):
+    """``d = a @ b + c`` on one m16n8k16 block, BF16 in, FP32 accumulate."""
+    f32 = Float32.mlir_type
+    res = _asm(_struct(f32, 4), [*a, *b, *c],
+               "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", loc, ip, side_effects=False)
+    return _unpack(res, f32, 4, Float32, loc, ip)
+
+
+# --------------------------------------------------------- epilogue
+
+
+@dsl_user_op
+def st_shared_f32(address, value, *, loc=None, ip=None):
+    _asm(None, [Int32(address), Float32(value)], "st.shared.f32 [$0], $1;", "r,f", loc, ip)
+
+
+@dsl_user_op
+def ld_shared_v4_f32(address, *, loc=None, ip=None):
+    f32 = Float32.mlir_type
+    res = _asm(_struct(f32, 4), [Int32(address)], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];",
+               "=f,=f,=f,=f,r", loc, ip)
+    return _unpack(res, f32, 4, Float32, loc, ip)
+
+
+@dsl_user_op
+def ld_global_bf16x8_as_f32(address, predicate, *, loc=None, ip=None):
+    """Eight BF16 (one 16-byte load, if ``predicate``) widened to FP32; zeros otherwise."""
+    i32 = Int32.mlir_type
+    res = _asm(_struct(i32, 4), [Int64(address), Int32(predicate)],
+               "{\n.reg .pred P1;\nsetp.ne.u32 P1, $5, 0;\n"
+               "mov.b32 $0, 0;\nmov.b32 $1, 0;\nmov.b32 $2, 0;\nmov.b32 $3, 0;\n"
+               "@P1 ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];\n}",
+               "=r,=r,=r,=r,l,r", loc, ip)
+    words = _unpack(res, i32, 4, Int32, loc, ip)
+    out = []
+    for w in words:
+        out.append(bf16_low_to_f32(w, loc=loc, ip=ip))
+        out.append(bf16_high_to_f32(w, loc=loc, ip=ip))
+    return out
+
+
+@dsl_user_op
+def bf16_low_to_f32(word, *, loc=None, ip=None):
+    return Float32(_asm(Float32.mlir_type, [Int32(word)], "shl.b32 $0, $1, 16;", "=f,r", loc, ip,
+                        side_effects=False))
+
+
+@dsl_user_op
+def bf16_high_to_f32(word, *, loc=None, ip=None):
+    return Float32(_asm(Float32.mlir_type, [Int32(word)], "and.b32 $0, $1, 0xffff0000;", "=f,r",
+                        loc, ip, side_effects=False))
+
+
+@dsl_user_op
+def pack_bf16x2(lo, hi, *, loc=None, ip=None):
+    """Round two FP32 to nearest-even BF16, ``lo`` in the low half."""
+    return Int32(_asm(Int32.mlir_type, [Float32(hi), Float32(lo)], "cvt.rn.bf16x2.f32 $0, $1, $2;",
+                      "=r,f,f", loc, ip, side_effects=False))
+
+
+@dsl_user_op
+def st_global_v4_b32_if(address, words, predicate, *, loc=None, ip=None):
+    """16-byte store of four words, only if ``predicate`` is non-zero."""
+    _asm(None, [Int64(address), *[Int32(w) for w in words], Int32(predicate)],
+         "{\n.reg .pred P1;\nsetp.ne.u32 P1, $5, 0;\n"
+         "@P1 st.global.v4.b32 [$0], {$1, $2, $3, $4};\n}",
+         "l,r,r,r,r,r,~{memory}", loc, ip)

@@ -1,0 +1,243 @@
+"""Tactics: the compile-time shape of one warp split-K kernel, and its rules.
+
+Pure Python: importable and checkable on a machine with neither a GPU nor
+the CuTe DSL.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from . import layout
+
+OUTPUT_TILES = (16, 32)
+TOKEN_TILES = (8, 16, 32)
+K_TILES = (128, 256)
+MAX_STAGES = 16
+B_LOADER_WARPS = (1, 2)
+#: K tiles per CTA at most: the compute loop is fully unrolled over them.
+MAX_K_TILES = 64
+MAX_M = 32
+#: Dynamic shared memory a block may opt into on sm_90 and sm_100.
+SMEM_PER_BLOCK = 227 * 1024
+#: Shared memory of one SM, and what the driver reserves per resident block.
+SMEM_PER_SM = 228 * 1024
+SMEM_RESERVED_PER_BLOCK = 1024
+THREADS_PER_SM = 2048
+REGISTERS_PER_SM = 65536
+BLOCKS_PER_SM = 32
+DEFAULT_SM_COUNT = 132
+
+
+@dataclass(frozen=True, order=True)
+class WarpSplitKTactic:
+    """Compile-time parameters of one warp split-K kernel.
+
+    output_tile: weight rows (output columns) per CTA, 16 or 32.
+    token_tile: token rows per CTA, 8, 16 or 32; ``ceil(M / token_tile)`` CTAs
+        share each weight tile.
+    k_tile: K elements per pipeline stage, 128 or 256.
+    stages: depth of the shared-memory rings, 1..16.
+    b_loader_warps: warps that load activations, 1 or 2.
+    """
+
+    output_tile: int = 16
+    token_tile: int = 8
+    k_tile: int = 128
+    stages: int = 4
+    b_loader_warps: int = 1
+
+    @property
+    def threads(self) -> int:
+        warps = layout.COMPUTE_WARPS + layout.A_LOADER_WARPS + self.b_loader_warps
+        return warps * layout.WARP
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of one CTA: both rings, reduction buffer, mbarriers."""
+        return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages).total
+
+    def short(self) -> str:
+        """``o,t,k,s,b`` as the CLI takes it."""
+        return (f"{self.output_tile},{self.token_tile},{self.k_tile},"
+                f"{self.stages},{self.b_loader_warps}")
+
+    @classmethod
+    def parse(cls, text: str) -> "WarpSplitKTactic":
+        """Inverse of :meth:`short`."""
+        try:
+            fields = [int(v) for v in text.split(",")]
+        except ValueError:
+            fields = []
+        if len(fields) != 5:
+            raise ValueError(
+                "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
+                f"b_loader_warps', got {text!r}")
+        return cls(*fields)
+
+
+def _field_error(name, value, allowed):
+    return ValueError(f"warp split-K tactic: {name} must be one of {allowed}, got {value!r}")
+
+
+def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
+    """Raise ``ValueError`` naming the first rule ``tactic`` breaks for an ``[n, k]`` weight."""
+    if not isinstance(tactic, WarpSplitKTactic):
+        raise ValueError(f"expected a WarpSplitKTactic, got {type(tactic).__name__}")
+    if tactic.output_tile not in OUTPUT_TILES:
+        raise _field_error("output_tile", tactic.output_tile, OUTPUT_TILES)
+    if tactic.token_tile not in TOKEN_TILES:
+        raise _field_error("token_tile", tactic.token_tile, TOKEN_TILES)
+    if tactic.k_tile not in K_TILES:
+        raise _field_error("k_tile", tactic.k_tile, K_TILES)
+    if not isinstance(tactic.stages, int) or not 1 <= tactic.stages <= MAX_STAGES:
+        raise ValueError(f"warp split-K tactic: stages must be in 1..{MAX_STAGES}, "
+                         f"got {tactic.stages!r}")
+    if tactic.b_loader_warps not in B_LOADER_WARPS:
+        raise _field_error("b_loader_warps", tactic.b_loader_warps, B_LOADER_WARPS)
+    if not isinstance(n, int) or n <= 0 or n % tactic.output_tile:
+        raise ValueError(f"warp split-K: N must be a positive multiple of output_tile "
+                         f"{tactic.output_tile}, got N={n!r}")
+    if not isinstance(k, int) or k <= 0 or k % tactic.k_tile:
+        raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
+                         f"{tactic.k_tile}, got K={k!r}")
+    k_tiles = k // tactic.k_tile
+    if k_tiles > MAX_K_TILES:
+        raise ValueError(f"warp split-K: K={k} is {k_tiles} tiles of {tactic.k_tile}; "
+                         f"the unrolled compute loop takes at most {MAX_K_TILES} "
+                         f"(K <= {MAX_K_TILES * tactic.k_tile})")
+    if tactic.stages > k_tiles:
+        raise ValueError(f"warp split-K: stages={tactic.stages} exceeds the {k_tiles} "
+                         f"K tiles of K={k} (k_tile {tactic.k_tile})")
+    if tactic.stages == 1 and k_tiles > 1:
+        raise ValueError(f"warp split-K: a one-stage ring serialises load and compute; "
+                         f"K={k} spans {k_tiles} tiles, use stages >= 2")
+    smem = tactic.smem_bytes
+    if smem > SMEM_PER_BLOCK:
+        raise ValueError(f"warp split-K: tactic {tactic.short()} needs {smem} B of shared "
+                         f"memory, over the {SMEM_PER_BLOCK} B a block may use")
+
+
+def is_legal(tactic: WarpSplitKTactic, n: int, k: int) -> bool:
+    try:
+        check_tactic(tactic, n, k)
+    except ValueError:
+        return False
+    return True
+
+
+def all_tactics():
+    """Every tactic of the kernel's space, legal for some shape or not."""
+    for o, t, kt, s, b in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES,
+                                            range(1, MAX_STAGES + 1), B_LOADER_WARPS):
+        yield WarpSplitKTactic(o, t, kt, s, b)
+
+
+def legal_tactics(m: int, n: int, k: int) -> list[WarpSplitKTactic]:
+    """The tuning space for one shape: legal tactics whose token tile is no
+    larger than needed to cover ``m`` in one tile (a bigger tile only loads
+    zeros)."""
+    _check_m(m)
+    need = min(t for t in TOKEN_TILES if t >= m)
+    return [t for t in all_tactics() if t.token_tile <= need and is_legal(t, n, k)]
+
+
+def _check_m(m):
+    if not isinstance(m, int) or not 1 <= m <= MAX_M:
+        raise ValueError(f"warp split-K: M must be in 1..{MAX_M}, got {m!r}")
+
+
+# ------------------------------------------------------- occupancy model
+
+
+#: Registers per thread as ptxas 13.x allots them (the CTA's maximum over its
+#: warp roles), measured by ``warpsplitk compile`` for sm_90a; the kernel's
+#: launch caps registers so that these hold (see kernel.py).
+def register_estimate(tactic: WarpSplitKTactic) -> int:
+    acc = (tactic.output_tile // 16) * (tactic.token_tile // 8) * 4
+    return 64 if acc <= 16 else 96
+
+
+def ctas_per_sm(tactic: WarpSplitKTactic) -> int:
+    """CTAs of this tactic one SM holds at once (shared memory, threads, registers)."""
+    by_smem = SMEM_PER_SM // (tactic.smem_bytes + SMEM_RESERVED_PER_BLOCK)
+    by_threads = THREADS_PER_SM // tactic.threads
+    by_regs = REGISTERS_PER_SM // (register_estimate(tactic) * tactic.threads)
+    return max(0, min(by_smem, by_threads, by_regs, BLOCKS_PER_SM))
+
+
+def grid_ctas(tactic: WarpSplitKTactic, m: int, n: int) -> int:
+    return (n // tactic.output_tile) * -(-m // tactic.token_tile)
+
+
+def waves(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int = DEFAULT_SM_COUNT) -> float:
+    """Grid CTAs over the CTAs the whole GPU holds at once."""
+    return grid_ctas(tactic, m, n) / (sm_count * max(1, ctas_per_sm(tactic)))
+
+
+def _device_sm_count():
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    except Exception:  # pragma: no cover - torch missing or broken
+        pass
+    return DEFAULT_SM_COUNT
+
+
+#: Weight bytes one SM should have in flight to keep HBM busy: Little's law
+#: with ~4.3 TB/s over 132 SMs and ~1 us of load latency is ~33 KB; a
+#: margin over it covers the L2 evict and the tail of the ring.
+IN_FLIGHT_TARGET = 48 * 1024
+
+
+def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
+    """A tactic from the occupancy model; legal for every M in 1..32, N a
+    multiple of 16 and K a multiple of 128 up to 64 * 256.
+
+    - token_tile: the smallest tile that holds all M tokens, so the weight is
+      read from HBM once and x once per weight tile;
+    - k_tile: 256 when K allows (fewer barrier round trips per byte), else 128;
+    - output_tile: 32 when there are 32 tokens and the 32-row tiles still give
+      every SM a CTA (it halves the activation re-reads per weight byte),
+      else 16 for more CTAs;
+    - stages: enough that the CTAs one SM holds keep IN_FLIGHT_TARGET bytes of
+      weight in flight, capped by K's tile count and shared memory;
+    - b_loader_warps: 2 when the activation tile is 16 tokens or more.
+    """
+    _check_m(m)
+    if sm_count is None:
+        sm_count = _device_sm_count()
+    if not isinstance(n, int) or n <= 0 or n % 16:
+        raise ValueError(f"warp split-K: N must be a positive multiple of 16, got {n!r}")
+    if not isinstance(k, int) or k <= 0 or k % 128 or k > MAX_K_TILES * 256:
+        raise ValueError(f"warp split-K: K must be a positive multiple of 128 up to "
+                         f"{MAX_K_TILES * 256}, got {k!r}")
+    token_tile = min(t for t in TOKEN_TILES if t >= m)
+    k_tile = 256 if k % 256 == 0 and (k // 256 >= 2 or k // 128 > MAX_K_TILES) else 128
+    if k // k_tile > MAX_K_TILES:
+        k_tile = 256
+    output_tile = 32 if (token_tile == 32 and n % 32 == 0 and n // 32 >= sm_count) else 16
+    b_warps = 2 if token_tile >= 16 else 1
+    k_tiles = k // k_tile
+    if k_tiles == 1:
+        return WarpSplitKTactic(output_tile, token_tile, k_tile, 1, b_warps)
+    ctas = grid_ctas(WarpSplitKTactic(output_tile, token_tile, k_tile, 2, b_warps), m, n)
+    wanted_per_sm = max(1, -(-ctas // sm_count))
+
+    # When the grid covers only part of the GPU, the SMs that work must each
+    # pull a larger share of HBM bandwidth, so they need more bytes in flight.
+    target = IN_FLIGHT_TARGET * sm_count // min(sm_count, ctas)
+
+    def in_flight(tactic):
+        resident = min(ctas_per_sm(tactic), wanted_per_sm)
+        return resident * (tactic.stages - 1) * tactic.output_tile * k_tile * layout.ELEMENT_BYTES
+
+    candidates = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
+                  for s in range(2, min(k_tiles, MAX_STAGES) + 1)]
+    candidates = [t for t in candidates if is_legal(t, n, k)]
+    enough = [t for t in candidates if in_flight(t) >= target]
+    if enough:
+        return enough[0]  # the shallowest ring that reaches the target
+    return max(candidates, key=lambda t: (in_flight(t), -t.stages))

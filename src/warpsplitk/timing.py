@@ -1,0 +1,94 @@
+"""The one timing method, shared by the benchmark and the tuner.
+
+Calls run back to back inside one CUDA graph, each on its own copy of the
+weight; the copies together are at least ``L2_MULTIPLE`` times the L2, so
+every call streams its weight from HBM as it would in a model (where the
+other layers' weights have pushed it out). The graph is replayed several
+times, each replay timed by CUDA events; the result is the median per-call
+time and the spread of the replays.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+L2_MULTIPLE = 3
+MIN_COPIES = 2
+REPLAYS = 7
+#: enough calls per graph that launch gaps and event resolution vanish
+MIN_CALLS = 64
+
+
+@dataclass
+class Timing:
+    median_us: float
+    min_us: float
+    max_us: float
+    calls: int
+
+    @property
+    def spread(self) -> float:
+        return (self.max_us - self.min_us) / self.median_us if self.median_us else 0.0
+
+
+def l2_bytes(device=None) -> int:
+    import torch
+    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 50 * 2**20))
+
+
+def copies_for(weight_bytes: int, device=None) -> int:
+    """Weight copies that total at least ``L2_MULTIPLE`` x L2."""
+    return max(MIN_COPIES, math.ceil(L2_MULTIPLE * l2_bytes(device) / max(1, weight_bytes)))
+
+
+def random_weights(n, k, copies, device, seed=0):
+    """``copies`` independent random BF16 ``[n, k]`` weights (never zeros)."""
+    import torch
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return [torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) for _ in range(copies)]
+
+
+def time_calls(calls, replays: int = REPLAYS, warmup: int = 2) -> Timing:
+    """Median per-call time of ``calls`` (zero-argument callables, one kernel
+    each, all on the current stream) captured back to back in one graph."""
+    import torch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:  # warm: module load, lazy init, first-touch
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    reps = max(1, math.ceil(MIN_CALLS / len(calls)))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            for call in calls:
+                call()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) * 1e3 / (reps * len(calls)))
+    del graph
+    return Timing(statistics.median(per_call), min(per_call), max(per_call), reps * len(calls))
+
+
+def measured_read_bandwidth(gib: float = 2.0) -> float:
+    """Bytes per second of a large read-only pass (a sum over ``gib`` GiB)."""
+    import torch
+    n = int(gib * 2**30) // 4
+    data = torch.rand(n, device="cuda", dtype=torch.float32)
+    out = torch.empty((), device="cuda", dtype=torch.float32)
+    timing = time_calls([lambda: torch.sum(data, out=out)], replays=5)
+    del data
+    return n * 4 / (timing.median_us * 1e-6)

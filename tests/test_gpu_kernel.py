@@ -1,0 +1,129 @@
+"""The kernel on a real GPU: correctness over the shape table and more, graphs, bad input."""
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic, legal_tactics
+from warpsplitk.shapes import load
+
+pytestmark = pytest.mark.gpu
+
+MS = (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32)
+EXTRA_SHAPES = [(256, 16384), (16, 1024), (4096, 4096), (112, 640), (8192, 1024)]
+SHAPES = [(s["n"], s["k"]) for s in load()["shapes"]] + EXTRA_SHAPES
+
+
+def rel_err(out, x, w, bias=None):
+    ref = x.double() @ w.double().t()
+    if bias is not None:
+        ref += bias.double()
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def check(prepared, m, n, k, w, bias=None):
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    prepared.run(x, out)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any(), "unwritten (NaN) outputs left"
+    err = rel_err(out, x, w, bias)
+    assert err < 1e-2, err
+    first = out.clone()
+    prepared.run(x, out)
+    torch.cuda.synchronize()
+    assert torch.equal(first, out), "repeated run differs"
+    return err
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_default_tactics(n, k):
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    prepared = PreparedWarpSplitK(w, {m: default_tactic(m, n, k) for m in MS})
+    for m in MS:
+        check(prepared, m, n, k, w)
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_random_legal_tactics(n, k):
+    rng = random.Random(n * 100003 + k)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    for m in rng.sample(MS, 3):
+        tactic = rng.choice(legal_tactics(m, n, k))
+        prepared = PreparedWarpSplitK(w, {m: tactic})
+        check(prepared, m, n, k, w)
+
+
+def test_bias():
+    n, k = 1024, 2048
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    prepared = PreparedWarpSplitK(w, {m: default_tactic(m, n, k) for m in MS}, bias=bias)
+    for m in MS:
+        check(prepared, m, n, k, w, bias)
+
+
+def test_graph_capture_and_replay_with_new_values():
+    n, k = 2048, 7168
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    prepared = PreparedWarpSplitK(w, {m: default_tactic(m, n, k) for m in (1, 8, 32)})
+    for m in (1, 8, 32):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        prepared.run(x, out)  # warm
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            prepared.run(x, out)
+        for _ in range(3):
+            x.copy_(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert not torch.isnan(out).any()
+            assert rel_err(out, x, w) < 1e-2
+
+
+def test_bad_input_refused_before_launch():
+    n, k = 256, 1024
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    prepared = PreparedWarpSplitK(w, {8: default_tactic(8, n, k)})
+    x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((8, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    big = torch.zeros(8 * k + 64, device="cuda", dtype=torch.bfloat16)
+    bad = [
+        (x.float(), out, ValueError),
+        (x.cpu(), out, ValueError),
+        (x[:, :k // 2], out, ValueError),
+        (torch.randn(k, 8, device="cuda", dtype=torch.bfloat16).t(), out, ValueError),
+        (big[1:1 + 8 * k].view(8, k), out, ValueError),  # misaligned by 2 bytes
+        (big[8:8 + 8 * k].view(8, k), out, ValueError),  # misaligned by 16 bytes
+        (x, out[:, :n // 2], ValueError),
+        (x, out.float(), ValueError),
+        (x[:7], out[:7], KeyError),
+        (x.view(-1), out, ValueError),
+    ]
+    for bx, bo, error in bad:
+        before = out.clone()
+        with pytest.raises(error):
+            prepared.run(bx, bo)
+        torch.cuda.synchronize()
+        assert torch.equal(out.isnan(), before.isnan())
+
+
+def test_prepare_refuses_bad_weight():
+    w = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
+    t = WarpSplitKTactic(16, 8, 128, 4, 1)
+    with pytest.raises(ValueError):
+        PreparedWarpSplitK(w.float(), {1: t})
+    with pytest.raises(ValueError):
+        PreparedWarpSplitK(w.t(), {1: t})
+    with pytest.raises(ValueError):
+        PreparedWarpSplitK(w.cpu(), {1: t})
+    with pytest.raises(ValueError):
+        PreparedWarpSplitK(w, {33: t})
+    with pytest.raises(ValueError):
+        PreparedWarpSplitK(w[:, :1000], {1: t})
+    with pytest.raises(ValueError):
+        PreparedWarpSplitK(w, {1: WarpSplitKTactic(16, 8, 128, 16, 1)})
