@@ -49,6 +49,54 @@ def _cmd_bench(args):
     return 0
 
 
+def _cmd_tune(args):
+    from .tune import tune
+    shapes = shape_table.parse_shapes(args.shapes) if args.shapes else \
+        [(s["n"], s["k"]) for s in shape_table.load()["shapes"]]
+    ms = shape_table.parse_ms(args.m)
+    plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
+                progress=lambda line: print(line, flush=True))
+    plan.save(args.output)
+    print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
+    return 0
+
+
+def _cmd_plan(args):
+    from . import layout
+    from .decode import DecodePlan, builtin_plan, load_plan
+    from .tactics import ctas_per_sm, grid_ctas, register_estimate, waves
+    if args.plan == "none":
+        plan, source = DecodePlan(), "default heuristic"
+    elif args.plan:
+        plan, source = load_plan(args.plan), args.plan
+    else:
+        try:
+            plan, source = builtin_plan("h200"), "built-in H200 plan"
+        except FileNotFoundError:
+            plan, source = DecodePlan(), "default heuristic"
+    table = shape_table.load(args.shapes)
+    ms = shape_table.parse_ms(args.m)
+    print(f"# tactics from {source}; {args.arch}, {args.sm_count} SMs; floor at "
+          f"{args.tbps} TB/s; registers {'compiled here' if args.compile else 'from the model'}")
+    print(f"{'projection':<34} {'N':>5} {'K':>5} {'M':>3} {'tactic':>15} {'CTAs':>5} {'waves':>5} "
+          f"{'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'floor us':>8}")
+    for shape in table["shapes"]:
+        n, k = shape["n"], shape["k"]
+        for m in ms:
+            tactic = plan.lookup(n, k, m) or default_tactic(m, n, k, sm_count=args.sm_count)
+            if args.compile:
+                from .compile import compile_for_arch
+                regs = compile_for_arch(n, k, tactic, args.arch).registers
+            else:
+                regs = register_estimate(tactic)
+            name = f"{shape.get('model', '')} {shape.get('projection', '')}".strip()[:34]
+            print(f"{name:<34} {n:>5} {k:>5} {m:>3} {tactic.short():>15} "
+                  f"{grid_ctas(tactic, m, n):>5} {waves(tactic, m, n, args.sm_count):>5.2f} "
+                  f"{ctas_per_sm(tactic):>6} {tactic.smem_bytes:>7} {regs:>4} "
+                  f"{n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6):>8.2f}")
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="warpsplitk", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +119,25 @@ def main(argv=None):
     p.add_argument("--json", help="write rows and environment here")
     p.add_argument("--plot", help="write a PNG plot here")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("tune", help="measure tactics on this GPU and write a decode plan")
+    p.add_argument("--shapes", nargs="*", help="N,K pairs or .json shape tables (default: built-in)")
+    p.add_argument("--m", default="1-32")
+    p.add_argument("-o", "--output", required=True, help="plan JSON to write")
+    p.add_argument("--log", default="tune-log.jsonl", help="every measured candidate (JSON lines)")
+    p.add_argument("--fresh", action="store_true", help="ignore measurements already in the log")
+    p.set_defaults(func=_cmd_tune)
+
+    p = sub.add_parser("plan", help="show tactics, occupancy and the HBM floor per shape (no GPU)")
+    p.add_argument("--plan", help="plan JSON ('none': the default heuristic; default: built-in H200)")
+    p.add_argument("--shapes", help="shape table JSON (default: built-in)")
+    p.add_argument("--m", default="1,8,16,24,32", help="M buckets to show")
+    p.add_argument("--arch", default="sm_90a", choices=("sm_90a", "sm_100a"))
+    p.add_argument("--sm-count", type=int, default=132)
+    p.add_argument("--tbps", type=float, default=4.8, help="peak HBM TB/s for the floor")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="registers from the model instead of compiling each tactic")
+    p.set_defaults(func=_cmd_plan)
 
     args = parser.parse_args(argv)
     try:

@@ -58,6 +58,16 @@ def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl):
         return _build(n, k, tactic, has_bias, use_pdl)
 
 
+def device_arch(device_index: int) -> str:
+    """The arch the kernel is built for on a CUDA device: sm_90a or sm_100a."""
+    import torch
+    major, minor = torch.cuda.get_device_capability(device_index)
+    arch = f"sm_{major}{minor}a"
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"warp split-K runs on {SUPPORTED_ARCHS}, device {device_index} is {arch}")
+    return arch
+
+
 def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTactic, *,
                         has_bias: bool = False, use_pdl: bool = True):
     """Compiled code for an ``[n, k]`` weight on CUDA device ``device_index``.
@@ -68,6 +78,8 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
     """
     check_tactic(tactic, n, k)
     with _lock:
+        # build for the device's own arch-specific target (sm_90a / sm_100a)
+        os.environ.setdefault("CUTE_DSL_ARCH", device_arch(int(device_index)))
         return _compile_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl))
 
 

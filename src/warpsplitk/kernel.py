@@ -93,7 +93,7 @@ class WarpSplitKKernel:
         tile_n, tile_t, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         m = x.shape[0]
-        storage = cutlass.utils.SmemAllocator().allocate_array(
+        storage = cutlass.memory.SmemAllocator().allocate_array(
             cutlass.Int8, self.smem.total, byte_alignment=1024)
         smem = storage.toint()
         first_a_warp = layout.COMPUTE_WARPS

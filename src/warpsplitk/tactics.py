@@ -151,12 +151,24 @@ def _check_m(m):
 # ------------------------------------------------------- occupancy model
 
 
-#: Registers per thread as ptxas 13.x allots them (the CTA's maximum over its
-#: warp roles), measured by ``warpsplitk compile`` for sm_90a; the kernel's
-#: launch caps registers so that these hold (see kernel.py).
+#: Registers per thread ptxas 13.4 allots each tactic family for sm_90a (the
+#: CTA's maximum over its warp roles; the most over stage counts 2..16),
+#: measured with ``warpsplitk compile``. Keyed (output_tile, token_tile,
+#: k_tile, b_loader_warps). Feeds the residency model only.
+MEASURED_REGISTERS = {
+    (16, 8, 128, 1): 34, (16, 8, 128, 2): 34, (16, 8, 256, 1): 54, (16, 8, 256, 2): 48,
+    (16, 16, 128, 1): 40, (16, 16, 128, 2): 34, (16, 16, 256, 1): 88, (16, 16, 256, 2): 58,
+    (16, 32, 128, 1): 80, (16, 32, 128, 2): 58, (16, 32, 256, 1): 182, (16, 32, 256, 2): 64,
+    (32, 8, 128, 1): 52, (32, 8, 128, 2): 48, (32, 8, 256, 1): 108, (32, 8, 256, 2): 80,
+    (32, 16, 128, 1): 54, (32, 16, 128, 2): 48, (32, 16, 256, 1): 128, (32, 16, 256, 2): 106,
+    (32, 32, 128, 1): 88, (32, 32, 128, 2): 80, (32, 32, 256, 1): 182, (32, 32, 256, 2): 106,
+}
+
+
 def register_estimate(tactic: WarpSplitKTactic) -> int:
-    acc = (tactic.output_tile // 16) * (tactic.token_tile // 8) * 4
-    return 64 if acc <= 16 else 96
+    key = (tactic.output_tile, tactic.token_tile, tactic.k_tile, tactic.b_loader_warps)
+    # registers are allocated in units of 8 per thread
+    return -(-MEASURED_REGISTERS.get(key, 128) // 8) * 8
 
 
 def ctas_per_sm(tactic: WarpSplitKTactic) -> int:
@@ -186,24 +198,21 @@ def _device_sm_count():
     return DEFAULT_SM_COUNT
 
 
-#: Weight bytes one SM should have in flight to keep HBM busy: Little's law
-#: with ~4.3 TB/s over 132 SMs and ~1 us of load latency is ~33 KB; a
-#: margin over it covers the L2 evict and the tail of the ring.
-IN_FLIGHT_TARGET = 48 * 1024
-
-
 def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
     """A tactic from the occupancy model; legal for every M in 1..32, N a
     multiple of 16 and K a multiple of 128 up to 64 * 256.
 
     - token_tile: the smallest tile that holds all M tokens, so the weight is
       read from HBM once and x once per weight tile;
-    - k_tile: 256 when K allows (fewer barrier round trips per byte), else 128;
-    - output_tile: 32 when there are 32 tokens and the 32-row tiles still give
-      every SM a CTA (it halves the activation re-reads per weight byte),
-      else 16 for more CTAs;
-    - stages: enough that the CTAs one SM holds keep IN_FLIGHT_TARGET bytes of
-      weight in flight, capped by K's tile count and shared memory;
+    - k_tile: 256 when K allows (half the barrier round trips per byte), else 128;
+    - output_tile: 32 when there are more than 16 tokens and 32-row tiles
+      still give every SM a CTA (it halves the activation re-reads per weight
+      byte), else 16 for more CTAs;
+    - stages: the grid needs ``r = ceil(CTAs / SMs)`` CTAs resident per SM to
+      run in one wave; take the deepest ring with which exactly ``r`` fit.
+      Deeper rings put more weight bytes in flight per SM, and a ring that
+      leaves no room for an (r+1)-th CTA stops the block scheduler from
+      doubling CTAs up on some SMs while others idle;
     - b_loader_warps: 2 when the activation tile is 16 tokens or more.
     """
     _check_m(m)
@@ -216,28 +225,18 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
                          f"{MAX_K_TILES * 256}, got {k!r}")
     token_tile = min(t for t in TOKEN_TILES if t >= m)
     k_tile = 256 if k % 256 == 0 and (k // 256 >= 2 or k // 128 > MAX_K_TILES) else 128
-    if k // k_tile > MAX_K_TILES:
-        k_tile = 256
     output_tile = 32 if (token_tile == 32 and n % 32 == 0 and n // 32 >= sm_count) else 16
     b_warps = 2 if token_tile >= 16 else 1
     k_tiles = k // k_tile
     if k_tiles == 1:
         return WarpSplitKTactic(output_tile, token_tile, k_tile, 1, b_warps)
-    ctas = grid_ctas(WarpSplitKTactic(output_tile, token_tile, k_tile, 2, b_warps), m, n)
-    wanted_per_sm = max(1, -(-ctas // sm_count))
-
-    # When the grid covers only part of the GPU, the SMs that work must each
-    # pull a larger share of HBM bandwidth, so they need more bytes in flight.
-    target = IN_FLIGHT_TARGET * sm_count // min(sm_count, ctas)
-
-    def in_flight(tactic):
-        resident = min(ctas_per_sm(tactic), wanted_per_sm)
-        return resident * (tactic.stages - 1) * tactic.output_tile * k_tile * layout.ELEMENT_BYTES
-
     candidates = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
                   for s in range(2, min(k_tiles, MAX_STAGES) + 1)]
     candidates = [t for t in candidates if is_legal(t, n, k)]
-    enough = [t for t in candidates if in_flight(t) >= target]
-    if enough:
-        return enough[0]  # the shallowest ring that reaches the target
-    return max(candidates, key=lambda t: (in_flight(t), -t.stages))
+    ctas = grid_ctas(candidates[0], m, n)
+    wanted = -(-ctas // sm_count)
+    fitting = [t for t in candidates if ctas_per_sm(t) >= wanted]
+    if fitting:
+        return fitting[-1]  # the deepest ring that still lets the grid run in one wave
+    # more than one wave whatever the ring: the most CTAs per SM, then the deepest ring
+    return max(candidates, key=lambda t: (ctas_per_sm(t), t.stages))

@@ -1,0 +1,138 @@
+"""Decode plans: per-shape, per-M tactics chosen ahead of time by measurement.
+
+A plan is a versioned JSON file::
+
+    {"format": "warpsplitk-plan", "version": 1,
+     "meta": {"gpu": ..., "sm_count": ..., "warpsplitk": ..., "cutlass_dsl": ...,
+              "method": ..., "created": ...},
+     "shapes": [{"n": N, "k": K, "entries": {"M": {"tactic": "o,t,k,s,b", "us": t}}}]}
+
+``load_plan`` validates every entry with ``check_tactic``: a bad or stale
+file is an error naming the entry, never a silent fallback. Lookups for
+shapes the plan lacks fall back to ``default_tactic`` and say so once.
+``prepare`` compiles everything a weight needs before any graph capture.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from dataclasses import dataclass, field
+from importlib import resources
+
+from .tactics import MAX_M, WarpSplitKTactic, check_tactic, default_tactic
+
+PLAN_FORMAT = "warpsplitk-plan"
+PLAN_VERSION = 1
+
+
+@dataclass
+class DecodePlan:
+    meta: dict = field(default_factory=dict)
+    #: {(n, k): {m: (tactic, measured_us or None)}}
+    entries: dict = field(default_factory=dict)
+    _warned: set = field(default_factory=set, repr=False, compare=False)
+
+    def lookup(self, n: int, k: int, m: int) -> WarpSplitKTactic | None:
+        hit = self.entries.get((n, k), {}).get(m)
+        return None if hit is None else hit[0]
+
+    def tactic_for(self, n: int, k: int, m: int, sm_count: int | None = None) -> WarpSplitKTactic:
+        tactic = self.lookup(n, k, m)
+        if tactic is not None:
+            return tactic
+        if (n, k) not in self._warned:
+            self._warned.add((n, k))
+            have = "no entry" if (n, k) not in self.entries else f"no entry for M={m}"
+            warnings.warn(f"decode plan has {have} for N={n}, K={k}: using default_tactic",
+                          stacklevel=2)
+        return default_tactic(m, n, k, sm_count)
+
+    def set(self, n, k, m, tactic, us=None):
+        check_tactic(tactic, n, k)
+        self.entries.setdefault((n, k), {})[m] = (tactic, us)
+
+    def to_json(self) -> dict:
+        shapes = []
+        for (n, k), by_m in sorted(self.entries.items()):
+            shapes.append({"n": n, "k": k, "entries": {
+                str(m): {"tactic": t.short(), "us": us} for m, (t, us) in sorted(by_m.items())}})
+        return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "meta": self.meta, "shapes": shapes}
+
+    def save(self, path):
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+
+
+def plan_from_json(data, source="plan") -> DecodePlan:
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise ValueError(f"{source}: not a warpsplitk plan (format must be {PLAN_FORMAT!r})")
+    if data.get("version") != PLAN_VERSION:
+        raise ValueError(f"{source}: plan version {data.get('version')!r}, this warpsplitk reads "
+                         f"version {PLAN_VERSION}")
+    plan = DecodePlan(meta=dict(data.get("meta", {})))
+    for i, shape in enumerate(data.get("shapes", [])):
+        try:
+            n, k, entries = shape["n"], shape["k"], shape["entries"]
+        except (KeyError, TypeError):
+            raise ValueError(f"{source}: shapes[{i}] needs 'n', 'k' and 'entries'") from None
+        for key, entry in entries.items():
+            where = f"{source}: N={n} K={k} M={key}"
+            try:
+                m = int(key)
+            except ValueError:
+                raise ValueError(f"{where}: M must be an integer") from None
+            if not 1 <= m <= MAX_M:
+                raise ValueError(f"{where}: M must be in 1..{MAX_M}")
+            try:
+                tactic = WarpSplitKTactic.parse(entry["tactic"])
+                check_tactic(tactic, n, k)
+            except (KeyError, TypeError):
+                raise ValueError(f"{where}: entry needs a 'tactic'") from None
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+            plan.entries.setdefault((n, k), {})[m] = (tactic, entry.get("us"))
+    return plan
+
+
+def load_plan(path) -> DecodePlan:
+    """Read and validate a plan file."""
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not valid JSON ({error})") from None
+    return plan_from_json(data, str(path))
+
+
+def builtin_plan(name: str = "h200") -> DecodePlan:
+    """A plan shipped with the package (measured on that GPU)."""
+    text = resources.files("warpsplitk").joinpath(f"data/plan-{name}.json").read_text()
+    return plan_from_json(json.loads(text), f"built-in plan {name!r}")
+
+
+def prepare(weight, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), bias=None):
+    """A ``PreparedWarpSplitK`` for ``weight`` with the plan's tactic for each M
+    in ``ms`` (the default heuristic where the plan has none), all compiled now."""
+    from .prepared import PreparedWarpSplitK
+    n, k = weight.shape
+    plan = plan if plan is not None else DecodePlan()
+    tactics = {m: plan.tactic_for(n, k, m) for m in ms}
+    return PreparedWarpSplitK(weight, tactics, bias=bias)
+
+
+def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), progress=print):
+    """Prepare every weight of ``{name: weight}`` before graph capture; reports
+    progress and the total compile time. Returns ``{name: PreparedWarpSplitK}``."""
+    start = time.perf_counter()
+    prepared = {}
+    for i, (name, weight) in enumerate(weights.items(), 1):
+        t0 = time.perf_counter()
+        prepared[name] = prepare(weight, plan, ms)
+        if progress:
+            progress(f"[{i}/{len(weights)}] {name} {tuple(weight.shape)} "
+                     f"{time.perf_counter() - t0:.1f} s")
+    if progress:
+        progress(f"prepared {len(weights)} weights in {time.perf_counter() - start:.1f} s")
+    return prepared

@@ -1,0 +1,184 @@
+"""The tuner: measure a pruned set of tactics per (shape, M) and write a plan.
+
+Pruning, before anything is measured:
+
+* M buckets: a tactic's time depends on M through the token tiles only, and
+  rows past M cost the same shared-memory work as real ones, so M is
+  measured at 1 and at the top of each 8-token bucket (8, 16, 24, 32); every
+  M in 2..8 takes the M=8 winner, 9..16 the M=16 winner, and so on;
+* token_tile: the smallest tile covering M, or half of it (two token tiles
+  that each re-read the weight tile from L2) when that is still >= 8;
+* b_loader_warps: 1 for 8-token tiles, 2 above (one warp issues twice the
+  copies of two, and never won a measurement);
+* stages, per (output_tile, token_tile, k_tile): the grid needs
+  ``r = ceil(CTAs / SMs)`` resident CTAs per SM for one wave; the deepest
+  ring that fits r per SM and the deepest that fits r + 1 (when no ring
+  fits r, the one with the most CTAs per SM);
+* k_tile 128 only where 256 cannot give two tiles;
+* the default heuristic's own choice is always a candidate.
+
+Each candidate is compiled, checked against an fp64 reference, and timed exactly
+as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
+Candidates that fail to compile or are wrong are dropped and reported.
+Every measurement is appended to a JSON-lines log; with ``resume`` a rerun
+skips what the log already holds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+from . import timing
+from .decode import DecodePlan
+from .tactics import (
+    DEFAULT_SM_COUNT,
+    MAX_STAGES,
+    TOKEN_TILES,
+    WarpSplitKTactic,
+    ctas_per_sm,
+    default_tactic,
+    grid_ctas,
+    is_legal,
+)
+
+REPRESENTATIVE_MS = (1, 8, 16, 24, 32)
+
+
+def representative(m: int) -> int:
+    """The measured M whose winner serves ``m``."""
+    return 1 if m == 1 else min(r for r in REPRESENTATIVE_MS if r >= m)
+
+
+def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> list[WarpSplitKTactic]:
+    cover = min(t for t in TOKEN_TILES if t >= m)
+    token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
+    found = {default_tactic(m, n, k, sm_count)}
+    for token_tile in token_tiles:
+        b_warps = 1 if token_tile == 8 else 2
+        for output_tile in (16, 32):
+            for k_tile in (128, 256):
+                family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
+                          for s in range(1, MAX_STAGES + 1)]
+                family = [t for t in family if is_legal(t, n, k)]
+                if not family:
+                    continue
+                if k_tile == 128 and k % 256 == 0 and k // 256 >= 2:
+                    continue  # 256-wide tiles reach the same depth with half the barriers
+                wanted = math.ceil(grid_ctas(family[0], m, n) / sm_count)
+                fits_any = False
+                for r in (wanted, wanted + 1):
+                    fitting = [t for t in family if ctas_per_sm(t) >= r]
+                    if fitting:
+                        found.add(fitting[-1])
+                        fits_any = True
+                if not fits_any:  # several waves whatever the ring: most resident, deepest
+                    found.add(max(family, key=lambda t: (ctas_per_sm(t), t.stages)))
+    return sorted(found)
+
+
+def _log_key(n, k, m, tactic):
+    return f"{n},{k},{m},{tactic.short()}"
+
+
+def _read_log(path):
+    done = {}
+    if path and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    rec = json.loads(line)
+                    done[rec["key"]] = rec
+    return done
+
+
+def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
+         check=True) -> DecodePlan:
+    """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU."""
+    import torch
+
+    from . import __version__
+    from .compile import compile_warp_splitk
+    from .prepared import _stream_handle, _view
+
+    device = torch.cuda.current_device()
+    if sm_count is None:
+        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    reps = sorted({representative(m) for m in ms})
+    work = {(n, k, r): candidates(r, n, k, sm_count) for n, k in shapes for r in reps}
+    done = _read_log(log_path) if resume else {}
+    progress(f"{sum(len(v) for v in work.values())} candidates to measure, "
+             f"{len({(n, k, t) for (n, k, _), ts in work.items() for t in ts})} distinct kernels")
+    log = open(log_path, "a") if log_path else None
+    stream = _stream_handle(torch.device("cuda", device))
+    best = {}
+    try:
+        for n, k in shapes:
+            copies = timing.copies_for(n * k * 2)
+            weights = timing.random_weights(n, k, copies, "cuda", seed=n * 7 + k)
+            weight_views = [_view(w) for w in weights]
+            bias_view = _view(torch.empty(n, device="cuda", dtype=torch.bfloat16))
+            for r in reps:
+                x = torch.randn(r, k, device="cuda", dtype=torch.bfloat16)
+                out = torch.empty(r, n, device="cuda", dtype=torch.bfloat16)
+                x_view, out_view = _view(x, dynamic_m=True), _view(out, dynamic_m=True)
+                ref = x.double() @ weights[-1].double().t()
+                for tactic in work[(n, k, r)]:
+                    key = _log_key(n, k, r, tactic)
+                    rec = done.get(key)
+                    if rec is None:
+                        rec = {"key": key, "n": n, "k": k, "m": r, "tactic": tactic.short()}
+                        try:
+                            code = compile_warp_splitk(device, n, k, tactic)
+                        except Exception as error:
+                            rec.update(ok=False, error=f"compile: {error}")
+                        else:
+                            out.fill_(float("nan"))
+                            code(weight_views[-1], x_view, bias_view, out_view, stream)
+                            torch.cuda.synchronize()
+                            err = ((out.double() - ref).norm() / ref.norm()).item()
+                            if check and not err < 1e-2:
+                                rec.update(ok=False, error=f"relative error {err:.3g}")
+                            else:
+                                t = timing.time_calls([
+                                    lambda wv=wv, c=code: c(wv, x_view, bias_view, out_view, stream)
+                                    for wv in weight_views])
+                                rec.update(ok=True, us=round(t.median_us, 3),
+                                           spread=round(t.spread, 3), rel_err=err)
+                        if log:
+                            log.write(json.dumps(rec) + "\n")
+                            log.flush()
+                    if not rec.get("ok"):
+                        progress(f"dropped {key}: {rec.get('error')}")
+                        continue
+                    current = best.get((n, k, r))
+                    if current is None or rec["us"] < current[1]:
+                        best[(n, k, r)] = (tactic, rec["us"])
+                winner = best.get((n, k, r))
+                progress(f"N={n:>6} K={k:>6} M={r:>2}: {len(work[(n, k, r)])} candidates, best "
+                         f"{winner[0].short() if winner else '-'} "
+                         f"{winner[1] if winner else float('nan'):.2f} us")
+            del weights, weight_views
+            torch.cuda.empty_cache()
+    finally:
+        if log:
+            log.close()
+    try:
+        import importlib.metadata as md
+        dsl = md.version("nvidia-cutlass-dsl")
+    except Exception:  # pragma: no cover
+        dsl = "unknown"
+    plan = DecodePlan(meta={
+        "gpu": torch.cuda.get_device_name(device), "sm_count": sm_count,
+        "warpsplitk": __version__, "cutlass_dsl": dsl, "torch": torch.__version__,
+        "method": "warpsplitk tune: " + " ".join(timing.__doc__.split()),
+        "representative_ms": list(REPRESENTATIVE_MS),
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+    for n, k in shapes:
+        for m in ms:
+            hit = best.get((n, k, representative(m)))
+            if hit is not None:
+                plan.set(n, k, m, hit[0], hit[1] if representative(m) == m else None)
+    return plan
