@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import tempfile
 import threading
 from dataclasses import dataclass
 
@@ -124,7 +125,10 @@ def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_9
         previous = os.environ.get("CUTE_DSL_ARCH")
         _set_arch(arch)
         try:
-            compiled = _build(n, k, tactic, has_bias, use_pdl, options="--keep-ptx --keep-cubin")
+            # the DSL writes the kept PTX/CUBIN files too: keep them out of the cwd
+            with tempfile.TemporaryDirectory(prefix="warpsplitk-") as dump:
+                compiled = _build(n, k, tactic, has_bias, use_pdl,
+                                  options=f"--keep-ptx --keep-cubin --dump-dir={dump}")
         finally:
             if previous is None:
                 os.environ.pop("CUTE_DSL_ARCH", None)

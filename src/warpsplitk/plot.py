@@ -1,0 +1,64 @@
+"""The benchmark plot: speedup over cuBLAS and share of the HBM speed of light."""
+
+from __future__ import annotations
+
+import json
+
+
+def _rows(source):
+    if isinstance(source, str):
+        with open(source) as f:
+            data = json.load(f)
+        return data["rows"], data.get("environment", {})
+    return source, {}
+
+
+def plot_rows(rows, env, path):
+    """Two panels over shapes (x) with one line per M: speedup vs cuBLAS, and
+    % of the floor (weight bytes / the read bandwidth measured in the run)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r if isinstance(r, dict) else r.__dict__ | {"speedup": r.speedup} for r in rows]
+    shapes = sorted({(r["n"], r["k"]) for r in rows}, key=lambda s: s[0] * s[1])
+    ms = sorted({r["m"] for r in rows})
+    index = {s: i for i, s in enumerate(shapes)}
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7.5), sharex=True)
+    for m in ms:
+        sel = sorted((r for r in rows if r["m"] == m), key=lambda r: index[(r["n"], r["k"])])
+        xs = [index[(r["n"], r["k"])] for r in sel]
+        top.plot(xs, [r["cublas_us"] / r["ours_us"] for r in sel], marker="o", label=f"M={m}")
+        bottom.plot(xs, [100 * r["floor_measured_us"] / r["ours_us"] for r in sel], marker="o",
+                    label=f"M={m}")
+    top.axhline(1.0, color="grey", lw=1)
+    top.set_ylabel("speedup over torch.matmul")
+    bottom.set_ylabel("% of HBM speed of light")
+    bottom.set_ylim(0, 100)
+    bottom.set_xticks(range(len(shapes)))
+    bottom.set_xticklabels([f"{n}x{k}\n{n * k * 2 / 2**20:.1f} MB" for n, k in shapes],
+                           rotation=60, fontsize=7)
+    top.legend(ncol=len(ms), fontsize=8)
+    title = f"warpsplitk on {env.get('gpu', 'GPU')}"
+    if env.get("read_TBps"):
+        title += f" (floor: weight bytes / {env['read_TBps']} TB/s measured read)"
+    top.set_title(title)
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(description="plot a warpsplitk bench JSON")
+    p.add_argument("json")
+    p.add_argument("png")
+    args = p.parse_args(argv)
+    rows, env = _rows(args.json)
+    plot_rows(rows, env, args.png)
+
+
+if __name__ == "__main__":
+    main()
