@@ -12,8 +12,9 @@ Pruning, before anything is measured:
   copies of two, and never won a measurement);
 * stages, per (output_tile, token_tile, k_tile): the grid needs
   ``r = ceil(CTAs / SMs)`` resident CTAs per SM for one wave; the deepest
-  ring that fits r per SM and the deepest that fits r + 1 (when no ring
-  fits r, the one with the most CTAs per SM);
+  rings that fit r, r + 1 and 2r per SM (room beside a running grid lets
+  the next kernel's CTAs start under PDL; when no ring fits r, the one with
+  the most CTAs per SM);
 * k_tile 128 only where 256 cannot give two tiles;
 * the default heuristic's own choice is always a candidate.
 
@@ -69,7 +70,7 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> list
                     continue  # 256-wide tiles reach the same depth with half the barriers
                 wanted = math.ceil(grid_ctas(family[0], m, n) / sm_count)
                 fits_any = False
-                for r in (wanted, wanted + 1):
+                for r in sorted({wanted, wanted + 1, 2 * wanted}):
                     fitting = [t for t in family if ctas_per_sm(t) >= r]
                     if fitting:
                         found.add(fitting[-1])
