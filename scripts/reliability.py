@@ -1,0 +1,173 @@
+"""Reliability runs on a GPU: sanitizer cases, soak, determinism across processes.
+
+    python3 scripts/reliability.py cases --subset all|rotate [--json OUT]
+        Every tactic family (output_tile x token_tile x k_tile x
+        b_loader_warps) with a one-stage ring (K = k_tile), a ring shorter
+        than the K-tile count and a ring equal to it; M = 1, token_tile - 1,
+        token_tile, token_tile + 1 (where <= 32) and 32; each case launched
+        twice back to back on one stream (the PDL path: the second grid's
+        weight prologue overlaps the first) and checked against fp64.
+        Meant to run under compute-sanitizer (scripts/sanitize.sh); 'rotate'
+        takes one ring variant per family (for the slower tools).
+    python3 scripts/reliability.py soak [--projections 64] [--replays 100000]
+        A captured graph of a decode-layer-like chain of projections (each
+        output feeds the next input, PDL on), replayed many times; outputs
+        checked against a reference at intervals, memory use recorded.
+    python3 scripts/reliability.py digest
+        SHA-256 of outputs for fixed seeds: run twice in two processes, the
+        digests must match (bitwise determinism across processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import sys
+import time
+
+import torch
+
+from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic
+from warpsplitk.tactics import B_LOADER_WARPS, K_TILES, OUTPUT_TILES, TOKEN_TILES
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def family_cases(subset):
+    cases = []
+    families = list(itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS))
+    for index, (o, t, kt, b) in enumerate(families):
+        rings = [(1, kt), (2, 3 * kt), (3, 3 * kt)]  # one stage; shorter than K; equal to K
+        if subset == "rotate":
+            rings = [rings[index % 3]]
+        for stages, k in rings:
+            ms = sorted({1, max(1, t - 1), t, min(32, t + 1), 32})
+            cases.append((WarpSplitKTactic(o, t, kt, stages, b), 2 * o, k, ms))
+    return cases
+
+
+def run_cases(subset):
+    torch.manual_seed(0)
+    results = []
+    for tactic, n, k, ms in family_cases(subset):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        prepared = PreparedWarpSplitK(w, {m: tactic for m in ms})
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            out2 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            prepared.run(x, out)
+            prepared.run(x, out2)  # back to back: PDL overlap with the first
+            torch.cuda.synchronize()
+            ref = x.double() @ w.double().t()
+            ok = (not torch.isnan(out).any().item() and rel_err(out, ref) < 1e-2
+                  and torch.equal(out, out2))
+            results.append({"tactic": tactic.short(), "n": n, "k": k, "m": m, "ok": ok})
+            if not ok:
+                print(f"FAIL {tactic.short()} N={n} K={k} M={m}", flush=True)
+    bad = [r for r in results if not r["ok"]]
+    print(f"{len(results)} cases, {len(bad)} wrong", flush=True)
+    return results, bad
+
+
+def soak(projections, replays, check_every):
+    """A chain: h_{i+1} = x_i @ W_i^T with N_i = K_{i+1}, like a stack of layers."""
+    torch.manual_seed(1)
+    dims = [7168, 2112, 1536, 7168, 4224, 1152, 3072, 7168]  # multiples of 128
+    layers = []
+    for i in range(projections):
+        k, n = dims[i % len(dims)], dims[(i + 1) % len(dims)]
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        layers.append((w, n, k))
+    m = 8
+    x0 = torch.randn(m, layers[0][2], device="cuda", dtype=torch.bfloat16)
+    prepared = [PreparedWarpSplitK(w, {m: default_tactic(m, n, k)}) for w, n, k in layers]
+    outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _, n, _ in layers]
+
+    def chain():
+        h = x0
+        for p, out in zip(prepared, outs):
+            p.run(h, out)
+            h = out
+
+    chain()
+    torch.cuda.synchronize()
+    expected = [o.clone() for o in outs]
+    # the chain's reference: each layer checked against fp64 on its actual input
+    h = x0
+    worst = 0.0
+    for (w, _, _), out in zip(layers, expected):
+        worst = max(worst, rel_err(out, h.double() @ w.double().t()))
+        h = out
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    mem0 = torch.cuda.memory_allocated()
+    drift = 0
+    checks = 0
+    start = time.perf_counter()
+    for i in range(1, replays + 1):
+        graph.replay()
+        if i % check_every == 0 or i == replays:
+            torch.cuda.synchronize()
+            checks += 1
+            drift += sum(not torch.equal(a, b) for a, b in zip(outs, expected))
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    result = {"projections": projections, "replays": replays, "checks": checks,
+              "outputs_differing": drift, "worst_rel_err_vs_fp64": worst,
+              "memory_allocated_before": mem0, "memory_allocated_after": torch.cuda.memory_allocated(),
+              "seconds": round(elapsed, 2), "us_per_replay": round(elapsed / replays * 1e6, 2)}
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def digest():
+    torch.manual_seed(123)
+    h = hashlib.sha256()
+    for n, k in ((2112, 7168), (4608, 1536), (768, 128)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for m in (1, 9, 32):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            PreparedWarpSplitK(w, {m: default_tactic(m, n, k)}).run(x, out)
+            torch.cuda.synchronize()
+            h.update(out.view(torch.int16).cpu().numpy().tobytes())
+    print(h.hexdigest(), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("cases")
+    c.add_argument("--subset", default="all", choices=("all", "rotate"))
+    c.add_argument("--json")
+    s = sub.add_parser("soak")
+    s.add_argument("--projections", type=int, default=64)
+    s.add_argument("--replays", type=int, default=100_000)
+    s.add_argument("--check-every", type=int, default=10_000)
+    s.add_argument("--json")
+    sub.add_parser("digest")
+    args = p.parse_args()
+    if args.cmd == "cases":
+        results, bad = run_cases(args.subset)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f)
+        return 1 if bad else 0
+    if args.cmd == "soak":
+        result = soak(args.projections, args.replays, args.check_every)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f)
+        return 1 if result["outputs_differing"] or result["worst_rel_err_vs_fp64"] >= 1e-2 else 0
+    digest()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
