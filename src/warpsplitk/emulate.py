@@ -159,22 +159,25 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
                         off = layout.reduction_offset(warp, token, row, t.output_tile, t.token_tile)
                         red[off] = acc[warp, mi, ni, lane, reg]
     stores = {}
-    vectors = t.token_tile * t.output_tile // layout.CHUNK
-    for thread in range(layout.COMPUTE_WARPS * layout.WARP):
-        token, row = layout.epilogue_coords(thread % vectors, t.output_tile)
-        total = np.zeros(layout.CHUNK, dtype=np.float32)
-        for warp in range(layout.COMPUTE_WARPS):
-            off = layout.reduction_offset(warp, token, row, t.output_tile, t.token_tile)
-            total = (total + red[off:off + layout.CHUNK]).astype(np.float32)
-        global_token = tile_t * t.token_tile + token
-        if thread < vectors and global_token < m:
-            n0 = tile_n * t.output_tile + row
-            if bias is not None:
-                total = (total + bias[n0:n0 + layout.CHUNK]).astype(np.float32)
-            key = (global_token, n0)
-            if key in stores:
-                raise AssertionError(f"output vector {key} stored twice")
-            stores[key] = total
+    vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
+    threads = layout.COMPUTE_WARPS * layout.WARP
+    for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile)):
+        for thread in range(threads):
+            vector = round_ * threads + thread
+            token, row = layout.epilogue_coords(vector % vectors, t.output_tile)
+            total = np.zeros(layout.CHUNK, dtype=np.float32)
+            for warp in range(layout.COMPUTE_WARPS):
+                off = layout.reduction_offset(warp, token, row, t.output_tile, t.token_tile)
+                total = (total + red[off:off + layout.CHUNK]).astype(np.float32)
+            global_token = tile_t * t.token_tile + token
+            if vector < vectors and global_token < m:
+                n0 = tile_n * t.output_tile + row
+                if bias is not None:
+                    total = (total + bias[n0:n0 + layout.CHUNK]).astype(np.float32)
+                key = (global_token, n0)
+                if key in stores:
+                    raise AssertionError(f"output vector {key} stored twice")
+                stores[key] = total
     return stores
 
 

@@ -231,25 +231,26 @@ class WarpSplitKKernel:
                     offset = layout.reduction_offset(warp, token, row, t.output_tile, t.token_tile)
                     ptx.st_shared_f32(red + offset * 4, acc[mi][ni][reg])
         ptx.named_barrier(1, self.compute_threads)
-        vectors = t.token_tile * t.output_tile // layout.CHUNK
-        # threads past the tile's vectors read a valid slot and store nothing
-        thread = tidx % vectors
-        token, row = layout.epilogue_coords(thread, t.output_tile)
-        total = [Float32(0.0)] * layout.CHUNK
-        for w in range(layout.COMPUTE_WARPS):
-            offset = layout.reduction_offset(w, token, row, t.output_tile, t.token_tile)
-            part = (ptx.ld_shared_v4_f32(red + offset * 4)
-                    + ptx.ld_shared_v4_f32(red + (offset + 4) * 4))
-            total = part if w == 0 else [total[j] + part[j] for j in range(layout.CHUNK)]
-        global_token = tile_t * t.token_tile + token
-        n_index = tile_n * t.output_tile + row
-        store = (cutlass.select_(tidx < vectors, Int32(1), Int32(0))
-                 * cutlass.select_(global_token < m, Int32(1), Int32(0)))
-        if cutlass.const_expr(self.has_bias):
-            b_vals = ptx.ld_global_bf16x8_as_f32(
-                bias.iterator.toint() + Int64(n_index * _BYTES), store)
-            total = [total[j] + b_vals[j] for j in range(layout.CHUNK)]
-        words = [ptx.pack_bf16x2(total[2 * j], total[2 * j + 1]) for j in range(4)]
-        address = (out.iterator.toint()
-                   + Int64(global_token) * (self.n * _BYTES) + Int64(n_index * _BYTES))
-        ptx.st_global_v4_b32_if(address, words, store)
+        vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
+        for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile)):
+            vector = round_ * self.compute_threads + tidx
+            # threads past the tile's vectors read a valid slot and store nothing
+            token, row = layout.epilogue_coords(vector % vectors, t.output_tile)
+            total = [Float32(0.0)] * layout.CHUNK
+            for w in range(layout.COMPUTE_WARPS):
+                offset = layout.reduction_offset(w, token, row, t.output_tile, t.token_tile)
+                part = (ptx.ld_shared_v4_f32(red + offset * 4)
+                        + ptx.ld_shared_v4_f32(red + (offset + 4) * 4))
+                total = part if w == 0 else [total[j] + part[j] for j in range(layout.CHUNK)]
+            global_token = tile_t * t.token_tile + token
+            n_index = tile_n * t.output_tile + row
+            store = (cutlass.select_(vector < vectors, Int32(1), Int32(0))
+                     * cutlass.select_(global_token < m, Int32(1), Int32(0)))
+            if cutlass.const_expr(self.has_bias):
+                b_vals = ptx.ld_global_bf16x8_as_f32(
+                    bias.iterator.toint() + Int64(n_index * _BYTES), store)
+                total = [total[j] + b_vals[j] for j in range(layout.CHUNK)]
+            words = [ptx.pack_bf16x2(total[2 * j], total[2 * j + 1]) for j in range(4)]
+            address = (out.iterator.toint()
+                       + Int64(global_token) * (self.n * _BYTES) + Int64(n_index * _BYTES))
+            ptx.st_global_v4_b32_if(address, words, store)

@@ -125,12 +125,23 @@ def accumulator_coords(lane, m_iter, n_iter, reg):
     return weight_row, token
 
 
-def epilogue_coords(thread, output_tile):
-    """(token, first weight row) of the 8 outputs compute thread ``thread`` sums
-    and stores as one 16-byte vector; threads past ``token_tile * output_tile / 8``
-    have none."""
+def epilogue_vectors(output_tile, token_tile):
+    """16-byte output vectors (8 BF16 weight rows of one token) of a CTA's tile."""
+    return token_tile * output_tile // CHUNK
+
+
+def epilogue_rounds(output_tile, token_tile):
+    """Passes the 128 compute threads make over the tile's output vectors."""
+    threads = COMPUTE_WARPS * WARP
+    return -(-epilogue_vectors(output_tile, token_tile) // threads)
+
+
+def epilogue_coords(vector, output_tile):
+    """(token, first weight row) of output vector ``vector``: 8 outputs one
+    compute thread sums over the warps' partials and stores as 16 bytes;
+    vector ``round * 128 + thread`` in round ``round``."""
     chunks_per_token = output_tile // CHUNK
-    return thread // chunks_per_token, (thread % chunks_per_token) * CHUNK
+    return vector // chunks_per_token, (vector % chunks_per_token) * CHUNK
 
 
 # ---------------------------------------------------------- shared memory

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import layout
 
-OUTPUT_TILES = (16, 32)
+OUTPUT_TILES = (16, 32, 64)
 TOKEN_TILES = (8, 16, 32)
 K_TILES = (128, 256)
 MAX_STAGES = 16
@@ -34,7 +34,8 @@ DEFAULT_SM_COUNT = 132
 class WarpSplitKTactic:
     """Compile-time parameters of one warp split-K kernel.
 
-    output_tile: weight rows (output columns) per CTA, 16 or 32.
+    output_tile: weight rows (output columns) per CTA, 16, 32 or 64 (64 halves
+        the activation re-reads per weight byte again, for many tokens).
     token_tile: token rows per CTA, 8, 16 or 32; ``ceil(M / token_tile)`` CTAs
         share each weight tile.
     k_tile: K elements per pipeline stage, 128 or 256.
@@ -96,6 +97,12 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
                          f"got {tactic.stages!r}")
     if tactic.b_loader_warps not in B_LOADER_WARPS:
         raise _field_error("b_loader_warps", tactic.b_loader_warps, B_LOADER_WARPS)
+    if tactic.output_tile == 64 and tactic.k_tile != 128:
+        # ptxas-driven: 64 x 256 weight stages are 32 copies per loader thread
+        # per stage; ptxas 13.4 then hoists their addresses into 255 registers
+        # and spills (measured on sm_90a). 64-row tiles take 128-wide K tiles.
+        raise ValueError("warp split-K tactic: output_tile 64 needs k_tile 128 "
+                         f"(got k_tile {tactic.k_tile}: the compiled kernel spills)")
     if not isinstance(n, int) or n <= 0 or n % tactic.output_tile:
         raise ValueError(f"warp split-K: N must be a positive multiple of output_tile "
                          f"{tactic.output_tile}, got N={n!r}")
@@ -162,6 +169,8 @@ MEASURED_REGISTERS = {
     (32, 8, 128, 1): 52, (32, 8, 128, 2): 48, (32, 8, 256, 1): 108, (32, 8, 256, 2): 80,
     (32, 16, 128, 1): 54, (32, 16, 128, 2): 48, (32, 16, 256, 1): 128, (32, 16, 256, 2): 106,
     (32, 32, 128, 1): 88, (32, 32, 128, 2): 80, (32, 32, 256, 1): 182, (32, 32, 256, 2): 106,
+    (64, 8, 128, 1): 80, (64, 8, 128, 2): 80, (64, 16, 128, 1): 108, (64, 16, 128, 2): 80,
+    (64, 32, 128, 1): 154, (64, 32, 128, 2): 130,
 }
 
 
