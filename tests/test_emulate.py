@@ -1,0 +1,213 @@
+"""The NumPy emulator of the kernel's data movement: exact on integers, conflict-free,
+and able to notice a broken layout."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from warpsplitk import layout
+from warpsplitk.emulate import bank_conflicts, emulate, round_bf16
+from warpsplitk.tactics import (
+    B_LOADER_WARPS,
+    K_TILES,
+    OUTPUT_TILES,
+    TOKEN_TILES,
+    WarpSplitKTactic,
+    is_legal,
+)
+
+#: (output_tile, token_tile, k_tile, b_loader_warps) of every kernel family
+FAMILIES = [f for f in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS)
+            if is_legal(WarpSplitKTactic(f[0], f[1], f[2], 2, f[3]), 4 * f[0], 2 * f[2])]
+MS = (1, 7, 8, 9, 17, 32)
+
+
+def family_id(f):
+    return "o{}-t{}-k{}-b{}".format(*f)
+
+
+def integer_problem(m, n, k, seed, with_bias=False):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-4, 5, size=(m, k)).astype(np.float32)
+    w = rng.integers(-4, 5, size=(n, k)).astype(np.float32)
+    bias = rng.integers(-64, 65, size=n).astype(np.float32) if with_bias else None
+    return x, w, bias
+
+
+def reference(x, w, bias=None):
+    out = x.astype(np.float64) @ w.astype(np.float64).T
+    if bias is not None:
+        out += bias
+    return out.astype(np.float32)
+
+
+def cases():
+    """(family, stages, K tiles, M, N): per family one tile with a one-stage ring, two
+    tiles with two stages, and three tiles through a two-stage ring; Ms rotate."""
+    out = []
+    for i, (o, t, kt, b) in enumerate(FAMILIES):
+        for j, (stages, tiles) in enumerate(((1, 1), (2, 2), (2, 3))):
+            m = MS[(i + 2 * j) % len(MS)]
+            n = o * (1 + (i + j) % 2)
+            out.append(pytest.param(WarpSplitKTactic(o, t, kt, stages, b), m, n, tiles * kt,
+                                    id=f"{family_id((o, t, kt, b))}-s{stages}-K{tiles}t-M{m}"))
+    return out
+
+
+@pytest.mark.parametrize("tactic,m,n,k", cases())
+def test_emulate_exact_on_integers(tactic, m, n, k):
+    x, w, _ = integer_problem(m, n, k, seed=m * 1000 + n + k)
+    out = emulate(x, w, tactic, round_output=False, check_coverage=True)
+    assert out.shape == (m, n) and out.dtype == np.float32
+    np.testing.assert_array_equal(out, reference(x, w))
+
+
+def test_every_m_covered():
+    """Each M of 1..32 against a 16-token tile: partial token tiles load zeros past M."""
+    tactic = WarpSplitKTactic(16, 16, 128, 2, 2)
+    x, w, _ = integer_problem(32, 16, 256, seed=3)
+    for m in range(1, 33):
+        out = emulate(x[:m], w, tactic, round_output=False)
+        np.testing.assert_array_equal(out, reference(x[:m], w))
+
+
+@pytest.mark.parametrize("tactic,m,n,k", [
+    (WarpSplitKTactic(16, 8, 128, 2, 1), 5, 32, 256),
+    (WarpSplitKTactic(32, 32, 256, 2, 2), 32, 64, 768),
+    (WarpSplitKTactic(32, 16, 128, 1, 1), 12, 32, 128),
+])
+def test_emulate_with_bias(tactic, m, n, k):
+    x, w, bias = integer_problem(m, n, k, seed=11, with_bias=True)
+    out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
+    np.testing.assert_array_equal(out, reference(x, w, bias))
+    # the bias is added once, before rounding
+    rounded = emulate(x, w, tactic, bias)
+    np.testing.assert_array_equal(rounded, round_bf16(reference(x, w, bias)))
+
+
+def test_emulate_rounds_to_bf16_by_default():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    w = rng.standard_normal((32, 256)).astype(np.float32)
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    exact = emulate(x, w, tactic, round_output=False)
+    out = emulate(x, w, tactic)
+    np.testing.assert_array_equal(out, round_bf16(exact))
+    np.testing.assert_allclose(exact, x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_emulate_rejects_bad_input():
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    with pytest.raises(ValueError, match="K="):
+        emulate(np.zeros((1, 256)), np.zeros((16, 384)), tactic)
+    with pytest.raises(ValueError, match="M must be in 1..32"):
+        emulate(np.zeros((33, 256)), np.zeros((16, 256)), tactic)
+    with pytest.raises(ValueError, match="N must be a positive multiple"):
+        emulate(np.zeros((1, 256)), np.zeros((24, 256)), tactic)
+
+
+# ----------------------------------------------------------- bank conflicts
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=family_id)
+def test_no_bank_conflicts(family):
+    o, t, kt, b = family
+    assert bank_conflicts(WarpSplitKTactic(o, t, kt, 2, b)) == []
+
+
+# ------------------------------------------- the checks can fail (mutations)
+
+
+def test_unswizzled_layout_has_bank_conflicts(monkeypatch):
+    """Without the XOR every row of a stage starts in bank 0: ldmatrix phases
+    conflict. The emulator still computes the right product (the mapping stays
+    a consistent bijection), so the two checks are independent."""
+    monkeypatch.setattr(layout, "swizzle", lambda row, col, k_tile: row * k_tile + col)
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    problems = bank_conflicts(tactic)
+    assert problems and any("ldmatrix" in p for p in problems)
+    x, w, _ = integer_problem(3, 16, 256, seed=1)
+    np.testing.assert_array_equal(emulate(x, w, tactic, round_output=False), reference(x, w))
+
+
+def test_unpadded_reduction_has_bank_conflicts(monkeypatch):
+    monkeypatch.setattr(layout, "REDUCTION_PAD", 0)
+    assert any("reduction" in p for p in bank_conflicts(WarpSplitKTactic(32, 16, 128, 2, 1)))
+
+
+def test_wrong_a_fragment_offset_breaks_emulation(monkeypatch):
+    """Swapping the two K halves of operand A's ldmatrix pairs W's columns with
+    the wrong activations: the emulated product must disagree with x @ W^T."""
+    good = layout.a_fragment_offset
+
+    def swapped(lane, warp, m_iter, step, k_tile):
+        return good(lane ^ 16, warp, m_iter, step, k_tile)
+
+    monkeypatch.setattr(layout, "a_fragment_offset", swapped)
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    x, w, _ = integer_problem(8, 16, 256, seed=2)
+    out = emulate(x, w, tactic, round_output=False)
+    assert not np.array_equal(out, reference(x, w))
+
+
+def test_wrong_b_fragment_offset_breaks_emulation(monkeypatch):
+    good = layout.b_fragment_offset
+
+    def shifted(lane, warp, n_iter, pair, k_tile):  # tokens read one row off
+        return good((lane + 1) % 8 + lane // 8 * 8, warp, n_iter, pair, k_tile)
+
+    monkeypatch.setattr(layout, "b_fragment_offset", shifted)
+    x, w, _ = integer_problem(8, 16, 256, seed=4)
+    out = emulate(x, w, WarpSplitKTactic(16, 8, 128, 2, 1), round_output=False)
+    assert not np.array_equal(out, reference(x, w))
+
+
+def test_loader_gap_is_caught_by_coverage(monkeypatch):
+    """A loader that writes one chunk twice (and so misses one) fails check_coverage."""
+    good = layout.loader_copy
+
+    def overlapping(thread, copy, k_tile, threads):
+        return good(thread - 1 if thread == 1 else thread, copy, k_tile, threads)
+
+    monkeypatch.setattr(layout, "loader_copy", overlapping)
+    x, w, _ = integer_problem(2, 16, 256, seed=6)
+    with pytest.raises(AssertionError, match="written"):
+        emulate(x, w, WarpSplitKTactic(16, 8, 128, 2, 1), check_coverage=True)
+
+
+def test_wrong_epilogue_is_caught(monkeypatch):
+    monkeypatch.setattr(layout, "epilogue_coords", lambda thread, output_tile: (0, 0))
+    x, w, _ = integer_problem(2, 16, 128, seed=7)
+    with pytest.raises(AssertionError, match="stored twice"):
+        emulate(x, w, WarpSplitKTactic(16, 8, 128, 1, 1))
+
+
+# ------------------------------------------------------------- round_bf16
+
+
+def test_round_bf16_matches_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    scale = 10.0 ** rng.integers(-40, 39, 20000)  # float64: subnormals to near overflow
+    normal = (rng.standard_normal(20000) * scale).astype(np.float32)
+    any_bits = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    # exact ties between two BF16 values, both parities of the kept bit
+    ties = ((np.arange(1, 2000, dtype=np.uint32) << 16) | 0x8000).view(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, 3.3895314e38, 1e-45, -1e-40], np.float32)
+    values = np.concatenate([normal, any_bits, ties, special])
+    assert values.dtype == np.float32
+    ours = round_bf16(values)
+    theirs = torch.from_numpy(values.copy()).to(torch.bfloat16).to(torch.float32).numpy()
+    nan = np.isnan(values)
+    assert np.array_equal(np.isnan(ours), nan)
+    np.testing.assert_array_equal(ours[~nan].view(np.uint32), theirs[~nan].view(np.uint32))
+    # and the result is a BF16 value: the low 16 bits are clear
+    assert not np.any(ours[~nan].view(np.uint32) & 0xFFFF)
+
+
+def test_round_bf16_ties_to_even():
+    one = np.float32(1.0)
+    ulp = np.float32(2.0 ** -7)  # BF16 spacing at 1.0
+    ties = np.array([one + ulp / 2, one + 3 * ulp / 2], dtype=np.float32)
+    np.testing.assert_array_equal(round_bf16(ties), np.array([one, one + 2 * ulp], np.float32))

@@ -1,0 +1,309 @@
+"""Address math of layout.py: bijections, coverage, alignment, the ring protocol."""
+
+import itertools
+import random
+
+import pytest
+
+from warpsplitk import layout
+from warpsplitk.tactics import OUTPUT_TILES, TOKEN_TILES, all_tactics
+
+ROWS = sorted(set(OUTPUT_TILES) | set(TOKEN_TILES))  # rows of a ring stage
+K_TILES = (128, 256)
+TILE_PAIRS = list(itertools.product(OUTPUT_TILES, TOKEN_TILES))
+
+
+# ----------------------------------------------------------------- swizzle
+
+
+@pytest.mark.parametrize("rows,k_tile", list(itertools.product(ROWS, K_TILES)))
+def test_swizzle_is_a_bijection_on_a_stage(rows, k_tile):
+    offsets = [layout.swizzle(r, c, k_tile) for r in range(rows) for c in range(k_tile)]
+    assert sorted(offsets) == list(range(rows * k_tile))
+
+
+@pytest.mark.parametrize("k_tile", K_TILES)
+def test_swizzle_keeps_rows_and_16_byte_chunks(k_tile):
+    for row in range(32):
+        for col in range(0, k_tile, layout.CHUNK):
+            base = layout.swizzle(row, col, k_tile)
+            assert base // k_tile == row
+            assert base % layout.CHUNK == 0
+            # the 8 elements of a chunk stay contiguous and in order
+            assert [layout.swizzle(row, col + e, k_tile) for e in range(layout.CHUNK)] == \
+                list(range(base, base + layout.CHUNK))
+
+
+def test_swizzle_spreads_a_column_over_8_bank_groups():
+    for k_tile in K_TILES:
+        for col in range(0, k_tile, layout.CHUNK):
+            groups = {(layout.swizzle(r, col, k_tile) * 2 // 16) % 8 for r in range(8)}
+            assert len(groups) == 8
+
+
+# ----------------------------------------------------------------- loaders
+
+
+@pytest.mark.parametrize("rows,threads,k_tile",
+                         list(itertools.product(ROWS, (32, 64), K_TILES)))
+def test_loader_copies_cover_each_stage_once(rows, threads, k_tile):
+    copies = layout.copies_per_thread(rows, k_tile, threads)
+    assert copies * threads * layout.CHUNK == rows * k_tile
+    logical = [0] * (rows * k_tile)
+    stored = [0] * (rows * k_tile)
+    for thread in range(threads):
+        for copy in range(copies):
+            row, col = layout.loader_copy(thread, copy, k_tile, threads)
+            assert 0 <= row < rows and 0 <= col < k_tile and col % layout.CHUNK == 0
+            dst = layout.swizzle(row, col, k_tile)
+            for e in range(layout.CHUNK):
+                logical[row * k_tile + col + e] += 1
+                stored[dst + e] += 1
+    assert logical == [1] * (rows * k_tile)
+    assert stored == [1] * (rows * k_tile)
+
+
+@pytest.mark.parametrize("threads,k_tile", list(itertools.product((32, 64), K_TILES)))
+def test_loader_warp_reads_whole_lines(threads, k_tile):
+    """A warp's copy round reads 512 contiguous bytes of one row (global coalescing)."""
+    for copy in range(layout.copies_per_thread(32, k_tile, threads)):
+        for warp in range(threads // 32):
+            coords = [layout.loader_copy(warp * 32 + lane, copy, k_tile, threads)
+                      for lane in range(32)]
+            linear = [r * k_tile + c for r, c in coords]
+            assert linear == list(range(linear[0], linear[0] + 32 * layout.CHUNK, layout.CHUNK))
+
+
+# -------------------------------------------------------- fragment offsets
+
+
+@pytest.mark.parametrize("output_tile,k_tile", list(itertools.product(OUTPUT_TILES, K_TILES)))
+def test_a_fragment_offsets_aligned_and_in_stage(output_tile, k_tile):
+    stage = output_tile * k_tile
+    for warp, mi, step, lane in itertools.product(range(layout.COMPUTE_WARPS),
+                                                  range(output_tile // layout.MMA_M),
+                                                  range(layout.k_steps(k_tile)), range(32)):
+        off = layout.a_fragment_offset(lane, warp, mi, step, k_tile)
+        assert off % layout.CHUNK == 0  # 16-byte aligned ldmatrix row address
+        assert 0 <= off < stage
+
+
+@pytest.mark.parametrize("token_tile,k_tile", list(itertools.product(TOKEN_TILES, K_TILES)))
+def test_b_fragment_offsets_aligned_and_in_stage(token_tile, k_tile):
+    stage = token_tile * k_tile
+    for warp, ni, pair, lane in itertools.product(range(layout.COMPUTE_WARPS),
+                                                  range(token_tile // layout.MMA_N),
+                                                  range(layout.k_steps(k_tile) // 2), range(32)):
+        off = layout.b_fragment_offset(lane, warp, ni, pair, k_tile)
+        assert off % layout.CHUNK == 0
+        assert 0 <= off < stage
+
+
+@pytest.mark.parametrize("output_tile,k_tile", list(itertools.product(OUTPUT_TILES, K_TILES)))
+def test_a_fragments_read_each_stage_row_chunk_once(output_tile, k_tile):
+    """Over all warps, steps and m blocks the ldmatrix rows of operand A tile the stage."""
+    seen = [0] * (output_tile * k_tile // layout.CHUNK)
+    for warp, mi, step, lane in itertools.product(range(layout.COMPUTE_WARPS),
+                                                  range(output_tile // layout.MMA_M),
+                                                  range(layout.k_steps(k_tile)), range(32)):
+        seen[layout.a_fragment_offset(lane, warp, mi, step, k_tile) // layout.CHUNK] += 1
+    assert seen == [1] * len(seen)
+
+
+@pytest.mark.parametrize("token_tile,k_tile", list(itertools.product(TOKEN_TILES, K_TILES)))
+def test_b_fragments_read_each_stage_row_chunk_once(token_tile, k_tile):
+    seen = [0] * (token_tile * k_tile // layout.CHUNK)
+    for warp, ni, pair, lane in itertools.product(range(layout.COMPUTE_WARPS),
+                                                  range(token_tile // layout.MMA_N),
+                                                  range(layout.k_steps(k_tile) // 2), range(32)):
+        seen[layout.b_fragment_offset(lane, warp, ni, pair, k_tile) // layout.CHUNK] += 1
+    assert seen == [1] * len(seen)
+
+
+# ------------------------------------------------------- split-K reduction
+
+
+@pytest.mark.parametrize("output_tile,token_tile", TILE_PAIRS)
+def test_reduction_offsets_distinct_and_in_region(output_tile, token_tile):
+    plan = layout.smem_plan(output_tile, token_tile, 128, 2)
+    region_words = (plan.full_a - plan.reduction) // 4
+    offsets = [layout.reduction_offset(w, t, r, output_tile, token_tile)
+               for w in range(layout.COMPUTE_WARPS) for t in range(token_tile)
+               for r in range(output_tile)]
+    assert len(set(offsets)) == len(offsets)
+    assert min(offsets) >= 0 and max(offsets) < region_words
+    words = layout.COMPUTE_WARPS * token_tile * layout.reduction_row_words(output_tile)
+    assert plan.reduction + 4 * words <= plan.full_a
+
+
+@pytest.mark.parametrize("output_tile,token_tile", TILE_PAIRS)
+def test_accumulators_land_on_distinct_reduction_words(output_tile, token_tile):
+    """Every (m block, n block, lane, register) of a warp owns one (row, token) of the tile."""
+    coords = [layout.accumulator_coords(lane, mi, ni, reg)
+              for mi in range(output_tile // layout.MMA_M)
+              for ni in range(token_tile // layout.MMA_N)
+              for lane in range(32) for reg in range(4)]
+    assert sorted(coords) == sorted(itertools.product(range(output_tile), range(token_tile)))
+
+
+@pytest.mark.parametrize("output_tile,token_tile", TILE_PAIRS)
+def test_epilogue_vectors_cover_the_tile_and_are_aligned(output_tile, token_tile):
+    vectors = token_tile * output_tile // layout.CHUNK
+    cells = set()
+    for vector in range(vectors):
+        token, row = layout.epilogue_coords(vector, output_tile)
+        assert 0 <= token < token_tile and row % layout.CHUNK == 0
+        for w in range(layout.COMPUTE_WARPS):
+            # 16-byte vector reads of the reduction buffer
+            assert layout.reduction_offset(w, token, row, output_tile, token_tile) * 4 % 16 == 0
+        cells.update((token, row + e) for e in range(layout.CHUNK))
+    assert cells == set(itertools.product(range(token_tile), range(output_tile)))
+
+
+# ------------------------------------------------------------ shared memory
+
+
+def test_smem_plan_regions_disjoint_and_aligned():
+    for t in all_tactics():
+        p = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages)
+        assert p.a_stage_bytes == t.output_tile * t.k_tile * 2
+        assert p.b_stage_bytes == t.token_tile * t.k_tile * 2
+        reduction_bytes = (layout.COMPUTE_WARPS * t.token_tile
+                           * layout.reduction_row_words(t.output_tile) * 4)
+        regions = [
+            ("a_ring", p.a_ring, t.stages * p.a_stage_bytes),
+            ("b_ring", p.b_ring, t.stages * p.b_stage_bytes),
+            ("reduction", p.reduction, reduction_bytes),
+            ("full_a", p.full_a, t.stages * 8),
+            ("full_b", p.full_b, t.stages * 8),
+            ("empty", p.empty, t.stages * 8),
+        ]
+        regions.sort(key=lambda r: r[1])
+        for (n0, s0, l0), (n1, s1, _) in zip(regions, regions[1:]):
+            assert s0 + l0 <= s1, (t, n0, n1)
+        last = regions[-1]
+        assert last[1] + last[2] <= p.total
+        assert p.a_ring % 128 == 0 and p.b_ring % 128 == 0 and p.reduction % 128 == 0
+        # every stage of a ring starts 128 B aligned
+        assert p.a_stage_bytes % 128 == 0 and p.b_stage_bytes % 128 == 0
+        for base in (p.full_a, p.full_b, p.empty):
+            assert base % 8 == 0
+        assert p.total == p.empty + t.stages * 8  # nothing wasted past the barriers
+
+
+# ---------------------------------------------------------------- the ring
+
+
+class Barrier:
+    """An mbarrier reduced to its phase counter: ``try_wait.parity(p)`` passes once
+    the phase of parity ``p`` has completed, i.e. while the current phase's parity
+    differs from ``p``."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.phase = count, 0, 0
+
+    def arrive(self):
+        self.pending += 1
+        if self.pending == self.count:
+            self.pending = 0
+            self.phase += 1
+
+    def passes(self, parity):
+        return self.phase % 2 != parity
+
+
+def simulate_ring(tiles, stages, seed, ring_slot=layout.ring_slot,
+                  empty_parity=layout.empty_parity):
+    """Weight loader, activation loader and 4 compute warps stepping in a random
+    interleaving through the kernel's barrier protocol. Asserts that no stage is
+    refilled before all 4 warps released its previous tile, that a warp reads
+    only the tile it expects, and that the pipeline never deadlocks."""
+    rng = random.Random(seed)
+    full = {op: [Barrier(1) for _ in range(stages)] for op in "ab"}
+    empty = [Barrier(layout.COMPUTE_WARPS) for _ in range(stages)]
+    content = {op: [None] * stages for op in "ab"}  # tile in the stage
+    done = [set() for _ in range(tiles)]  # warps that released each tile
+    next_load = {"a": 0, "b": 0}
+    next_use = [0] * layout.COMPUTE_WARPS
+
+    def step_loader(op):
+        i = next_load[op]
+        stage, _ = ring_slot(i, stages)
+        parity = empty_parity(i, stages)
+        if parity is not None and not empty[stage].passes(parity):
+            return False
+        if i >= stages:
+            assert len(done[i - stages]) == layout.COMPUTE_WARPS, \
+                f"stage {stage} refilled for tile {i} before tile {i - stages} was released"
+        content[op][stage] = i
+        full[op][stage].arrive()
+        next_load[op] += 1
+        return True
+
+    def step_warp(w):
+        i = next_use[w]
+        stage, parity = ring_slot(i, stages)
+        if not (full["a"][stage].passes(parity) and full["b"][stage].passes(parity)):
+            return False
+        held = (content["a"][stage], content["b"][stage])
+        assert held == (i, i), f"warp {w} reads stage {stage} for tile {i}, it holds {held}"
+        done[i].add(w)
+        empty[stage].arrive()
+        next_use[w] += 1
+        return True
+
+    actors = [("a", step_loader), ("b", step_loader)] + \
+        [(w, step_warp) for w in range(layout.COMPUTE_WARPS)]
+    while True:
+        live = [(arg, fn) for arg, fn in actors
+                if (fn is step_loader and next_load[arg] < tiles)
+                or (fn is step_warp and next_use[arg] < tiles)]
+        if not live:
+            break
+        rng.shuffle(live)
+        assert any(fn(arg) for arg, fn in live), "deadlock"
+    assert next_load == {"a": tiles, "b": tiles}
+    assert next_use == [tiles] * layout.COMPUTE_WARPS
+
+
+@pytest.mark.parametrize("stages,tiles", [(1, 1), (2, 2), (2, 7), (3, 10), (4, 4), (5, 23),
+                                          (16, 16), (16, 64), (7, 64)])
+def test_ring_protocol(stages, tiles):
+    for seed in range(20):
+        simulate_ring(tiles, stages, seed)
+
+
+def test_ring_parities_by_hand():
+    # tile i waits on full phase i // stages; a refill waits on the release of tile i - stages
+    for stages in range(1, 17):
+        for i in range(64):
+            stage, parity = layout.ring_slot(i, stages)
+            assert stage == i % stages and parity == (i // stages) % 2
+            if i < stages:
+                assert layout.empty_parity(i, stages) is None
+                continue
+            p = layout.empty_parity(i, stages)
+            released = i // stages  # releases of this stage once tile i - stages is released
+            b = Barrier(1)
+            b.phase = released - 1  # tile i - stages not yet released: must block
+            assert not b.passes(p)
+            b.phase = released  # released: must pass
+            assert b.passes(p)
+
+
+def test_ring_simulation_catches_a_wrong_parity():
+    """The simulation is not vacuous: a parity off by one phase breaks it."""
+    def wrong_empty(i, stages):
+        p = layout.empty_parity(i, stages)
+        return None if p is None else 1 - p
+
+    with pytest.raises(AssertionError):
+        for seed in range(20):
+            simulate_ring(8, 2, seed, empty_parity=wrong_empty)
+
+    def no_wait(i, stages):
+        return None
+
+    with pytest.raises(AssertionError):
+        for seed in range(50):
+            simulate_ring(8, 2, seed, empty_parity=no_wait)

@@ -1,0 +1,265 @@
+"""The tactic rules, the default heuristic and the occupancy model (pure Python)."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from warpsplitk import layout, shapes
+from warpsplitk.tactics import (
+    B_LOADER_WARPS,
+    K_TILES,
+    MAX_K_TILES,
+    MAX_STAGES,
+    OUTPUT_TILES,
+    SMEM_PER_BLOCK,
+    TOKEN_TILES,
+    WarpSplitKTactic,
+    all_tactics,
+    check_tactic,
+    ctas_per_sm,
+    default_tactic,
+    is_legal,
+    legal_tactics,
+)
+
+T = WarpSplitKTactic
+GOOD = T(16, 8, 128, 4, 1)
+
+
+def test_good_tactic_passes():
+    check_tactic(GOOD, 256, 1024)  # no exception
+    assert is_legal(GOOD, 256, 1024)
+
+
+# --------------------------------------------------------------- rejections
+
+REJECTIONS = [
+    # (tactic, N, K, regex the message must match)
+    (T(8, 8, 128, 4, 1), 256, 1024, r"output_tile must be one of \(16, 32.*\), got 8"),
+    (T(128, 8, 128, 4, 1), 256, 1024, r"output_tile must be one of"),
+    (T(16, 4, 128, 4, 1), 256, 1024, r"token_tile must be one of \(8, 16, 32\), got 4"),
+    (T(16, 64, 128, 4, 1), 256, 1024, r"token_tile must be one of"),
+    (T(16, 8, 64, 4, 1), 256, 1024, r"k_tile must be one of \(128, 256\), got 64"),
+    (T(16, 8, 512, 2, 1), 256, 1024, r"k_tile must be one of"),
+    (T(64, 8, 256, 2, 1), 256, 1024, r"output_tile 64 needs k_tile 128"),
+    (T(16, 8, 128, 0, 1), 256, 1024, r"stages must be in 1\.\.16, got 0"),
+    (T(16, 8, 128, 17, 1), 256, 8192, r"stages must be in 1\.\.16, got 17"),
+    (T(16, 8, 128, 4, 3), 256, 1024, r"b_loader_warps must be one of \(1, 2\), got 3"),
+    (T(16, 8, 128, 4, 0), 256, 1024, r"b_loader_warps must be one of"),
+    (T(32, 8, 128, 4, 1), 48, 1024, r"N must be a positive multiple of output_tile 32, got N=48"),
+    (T(16, 8, 128, 4, 1), 40, 1024, r"N must be a positive multiple of output_tile 16"),
+    (T(16, 8, 128, 4, 1), 0, 1024, r"N must be a positive multiple of output_tile"),
+    (T(16, 8, 128, 4, 1), -16, 1024, r"N must be a positive multiple of output_tile"),
+    (T(16, 8, 256, 2, 1), 256, 1152, r"K must be a positive multiple of k_tile 256, got K=1152"),
+    (T(16, 8, 128, 2, 1), 256, 1000, r"K must be a positive multiple of k_tile 128"),
+    (T(16, 8, 128, 2, 1), 256, 0, r"K must be a positive multiple of k_tile"),
+    (T(16, 8, 128, 4, 1), 256, 65 * 128, r"65 tiles of 128.*at most 64"),
+    (T(16, 8, 256, 4, 1), 256, 65 * 256, r"65 tiles of 256.*at most 64 \(K <= 16384\)"),
+    (T(16, 8, 128, 5, 1), 256, 512, r"stages=5 exceeds the 4 K tiles of K=512"),
+    (T(16, 8, 256, 2, 1), 256, 256, r"stages=2 exceeds the 1 K tiles"),
+    (T(16, 8, 128, 1, 1), 256, 256, r"one-stage ring.*spans 2 tiles, use stages >= 2"),
+    (T(32, 32, 256, 16, 2), 256, 4096, r"needs \d+ B of shared memory, over the 232448 B"),
+]
+
+REJECTION_IDS = ['output_tile-8',
+                 'output_tile-128',
+                 'token_tile-4',
+                 'token_tile-64',
+                 'k_tile-64',
+                 'k_tile-512',
+                 'output_tile-64-k_tile-256',
+                 'stages-0',
+                 'stages-17',
+                 'b_loader_warps-3',
+                 'b_loader_warps-0',
+                 'N-not-multiple-32',
+                 'N-not-multiple-16',
+                 'N-zero',
+                 'N-negative',
+                 'K-not-multiple-256',
+                 'K-not-multiple-128',
+                 'K-zero',
+                 'K-65-tiles-128',
+                 'K-65-tiles-256',
+                 'stages-over-tiles',
+                 'stages-over-one-tile',
+                 'one-stage-ring',
+                 'smem-over-227KB']
+
+
+@pytest.mark.parametrize("tactic,n,k,message", REJECTIONS,
+                         ids=REJECTION_IDS)
+def test_check_tactic_rejects(tactic, n, k, message):
+    with pytest.raises(ValueError, match=message):
+        check_tactic(tactic, n, k)
+    assert not is_legal(tactic, n, k)
+
+
+def test_rejects_non_tactic():
+    with pytest.raises(ValueError, match="expected a WarpSplitKTactic"):
+        check_tactic((16, 8, 128, 4, 1), 256, 1024)
+
+
+def test_rejects_non_integer_shapes():
+    with pytest.raises(ValueError, match="N must be"):
+        check_tactic(GOOD, 256.0, 1024)
+    with pytest.raises(ValueError, match="K must be"):
+        check_tactic(GOOD, 256, "1024")
+
+
+def test_limits_are_inclusive():
+    """The edges of each range are legal: 16 stages, 64 K tiles, one stage for one tile."""
+    check_tactic(T(16, 8, 128, 16, 1), 256, 16 * 128)
+    check_tactic(T(16, 8, 128, 2, 1), 256, MAX_K_TILES * 128)
+    check_tactic(T(16, 8, 256, 2, 1), 256, MAX_K_TILES * 256)
+    check_tactic(T(16, 8, 256, 1, 1), 16, 256)
+
+
+def _family_is_legal(t):
+    """Whether the tactic's (output_tile, token_tile, k_tile, b_loader_warps) is
+    usable at all (a two-stage ring over two K tiles)."""
+    return is_legal(dataclasses.replace(t, stages=2), 4 * t.output_tile, 2 * t.k_tile)
+
+
+def test_shared_memory_limit_is_the_boundary():
+    """A tactic of a usable family is rejected for shared memory exactly when
+    smem_bytes > 227 KB."""
+    seen_over = seen_under = False
+    for t in filter(_family_is_legal, all_tactics()):
+        k = t.stages * t.k_tile  # exactly as many K tiles as stages: legal but for memory
+        if t.smem_bytes > SMEM_PER_BLOCK:
+            seen_over = True
+            with pytest.raises(ValueError, match="shared memory"):
+                check_tactic(t, 64, k)
+        else:
+            seen_under = True
+            check_tactic(t, 64, k)
+    assert seen_over and seen_under
+
+
+# ------------------------------------------------------- default heuristic
+
+GRID_N = (16, 48, 112, 4096, 65536)
+GRID_K = (128, 384, 1024, 7168, 16384)
+TABLE = [(s["n"], s["k"]) for s in shapes.load()["shapes"]]
+
+
+@pytest.mark.parametrize("n,k", TABLE + list(itertools.product(GRID_N, GRID_K)))
+def test_default_tactic_legal_for_every_m(n, k):
+    for m in range(1, 33):
+        for sm_count in (132, 78):
+            t = default_tactic(m, n, k, sm_count=sm_count)
+            check_tactic(t, n, k)
+            assert t.token_tile >= m, (m, t)
+            # the smallest token tile that holds M: x is never padded by a whole tile
+            assert t.token_tile // 2 < m or t.token_tile == 8, (m, t)
+            assert ctas_per_sm(t) >= 1
+
+
+def test_default_tactic_without_sm_count_on_cpu():
+    # no GPU: the model assumes an H200's 132 SMs
+    assert default_tactic(8, 4096, 7168) == default_tactic(8, 4096, 7168, sm_count=132)
+
+
+def test_default_tactic_single_k_tile_uses_one_stage():
+    t = default_tactic(1, 256, 128, sm_count=132)
+    assert (t.k_tile, t.stages) == (128, 1)
+
+
+@pytest.mark.parametrize("m,n,k", [(0, 256, 1024), (33, 256, 1024), (1, 40, 1024),
+                                   (1, 256, 1000), (1, 256, 65 * 256), (1, 0, 1024)])
+def test_default_tactic_rejects_bad_shapes(m, n, k):
+    with pytest.raises(ValueError):
+        default_tactic(m, n, k, sm_count=132)
+
+
+@pytest.mark.xfail(strict=True, raises=IndexError,
+                   reason="bug: K a multiple of 128 but not 256 with more than 64 tiles of 128 "
+                          "(e.g. 8320) has no legal tactic; default_tactic raises IndexError "
+                          "instead of a ValueError")
+def test_default_tactic_unsupported_k_is_a_value_error():
+    with pytest.raises(ValueError):
+        default_tactic(1, 256, 65 * 128, sm_count=132)
+
+
+# ---------------------------------------------------------- legal_tactics
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 16, 128), (8, 48, 384), (9, 4096, 7168), (32, 256, 16384),
+                                   (17, 2112, 7168), (32, 65536, 1024)])
+def test_legal_tactics(m, n, k):
+    tactics = legal_tactics(m, n, k)
+    assert tactics
+    assert tactics == sorted(set(tactics))
+    need = min(t for t in TOKEN_TILES if t >= m)
+    for t in tactics:
+        check_tactic(t, n, k)
+        assert t.token_tile <= need
+    assert any(t.token_tile == need for t in tactics)
+    # nothing legal is left out
+    expected = {t for t in all_tactics() if is_legal(t, n, k) and t.token_tile <= need}
+    assert set(tactics) == expected
+
+
+def test_legal_tactics_rejects_bad_m():
+    for m in (0, 33):
+        with pytest.raises(ValueError, match="M must be in 1..32"):
+            legal_tactics(m, 256, 1024)
+
+
+def test_all_tactics_is_the_full_space():
+    tactics = list(all_tactics())
+    assert len(tactics) == len(set(tactics)) == (len(OUTPUT_TILES) * len(TOKEN_TILES) * len(K_TILES)
+                                                 * MAX_STAGES * len(B_LOADER_WARPS))
+    assert {16, 32} <= set(OUTPUT_TILES) and TOKEN_TILES == (8, 16, 32)
+    assert K_TILES == (128, 256) and B_LOADER_WARPS == (1, 2) and MAX_STAGES == 16
+
+
+# ------------------------------------------------------------- parse/short
+
+
+def test_short_parse_round_trip():
+    for t in all_tactics():
+        assert T.parse(t.short()) == t
+    assert T(32, 16, 256, 7, 2).short() == "32,16,256,7,2"
+    assert T.parse("16, 8, 128, 4, 1") == T(16, 8, 128, 4, 1)
+
+
+@pytest.mark.parametrize("text", ["", "16,8,128,4", "16,8,128,4,1,1", "a,b,c,d,e", "16;8;128;4;1",
+                                  "16,8,128,4.5,1"])
+def test_parse_errors(text):
+    with pytest.raises(ValueError, match="a tactic is five integers"):
+        T.parse(text)
+
+
+# ------------------------------------------------------ resources and model
+
+
+def test_smem_bytes_matches_plan():
+    for t in all_tactics():
+        plan = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages)
+        assert t.smem_bytes == plan.total
+        # at least both rings' bytes
+        assert t.smem_bytes >= t.stages * (t.output_tile + t.token_tile) * t.k_tile * 2
+
+
+def test_threads():
+    assert T(16, 8, 128, 4, 1).threads == 7 * 32
+    assert T(16, 8, 128, 4, 2).threads == 8 * 32
+
+
+def test_ctas_per_sm_at_least_one_for_every_legal_tactic():
+    counted = 0
+    for t in all_tactics():
+        if is_legal(t, 64, t.stages * t.k_tile):
+            counted += 1
+            assert ctas_per_sm(t) >= 1, t
+    usable = [t for t in all_tactics() if _family_is_legal(t) and t.smem_bytes <= SMEM_PER_BLOCK]
+    assert counted == len(usable) > 300
+
+
+def test_ctas_per_sm_falls_with_ring_depth():
+    for o, tt, kt, b in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS):
+        counts = [ctas_per_sm(T(o, tt, kt, s, b)) for s in range(1, 17)]
+        assert counts == sorted(counts, reverse=True), (o, tt, kt, b, counts)
