@@ -38,11 +38,11 @@ def sval(attr, *words):
 
 
 def test_read_resources_synthetic():
-    info = (sval(elf.EIATTR_REGCOUNT, 7, 40)
+    info = (sval(elf.EIATTR_REGCOUNT, 7, 96)
             + struct.pack("<BBH", 0x03, 0x1B, 0xFF)  # an unsized entry: skipped
             + sval(elf.EIATTR_FRAME_SIZE, 7, 16)
             + sval(elf.EIATTR_MAX_STACK_SIZE, 7, 24)
-            + sval(elf.EIATTR_REGCOUNT, 9, 96)  # a second kernel: the maximum wins
+            + sval(elf.EIATTR_REGCOUNT, 9, 40)  # a second kernel: the maximum wins
             + sval(0x37, 7))  # short payload of another attribute: ignored
     blob = make_elf([(".text.kernel", b"\0" * 16), (".nv.info", info)])
     assert elf.read_resources(blob) == (96, 16, 24)

@@ -149,6 +149,11 @@ def test_accumulators_land_on_distinct_reduction_words(output_tile, token_tile):
 @pytest.mark.parametrize("output_tile,token_tile", TILE_PAIRS)
 def test_epilogue_vectors_cover_the_tile_and_are_aligned(output_tile, token_tile):
     vectors = token_tile * output_tile // layout.CHUNK
+    assert layout.epilogue_vectors(output_tile, token_tile) == vectors
+    # enough passes of the 128 compute threads, and not one more
+    threads = layout.COMPUTE_WARPS * layout.WARP
+    rounds = layout.epilogue_rounds(output_tile, token_tile)
+    assert (rounds - 1) * threads < vectors <= rounds * threads
     cells = set()
     for vector in range(vectors):
         token, row = layout.epilogue_coords(vector, output_tile)
