@@ -1,8 +1,8 @@
 """What the compile tests read from a CompileReport (shared with their subprocess).
 
 Not a test module: ``test_compile.py`` uses it in-process and runs it as a
-script in a fresh interpreter for the second arch, because the CuTe DSL keeps
-the arch of the first compile in a process (see the xfail in test_compile.py).
+script in a fresh interpreter (test_two_archs_in_one_process, and the sm_100a
+spread, which also proves a fresh process compiles on its own).
 """
 
 import json
@@ -12,12 +12,11 @@ import sys
 
 def facts(report):
     """JSON-able facts of one compiled kernel."""
-    from warpsplitk.compile import audit_ptx
     ptx = report.ptx
     target = re.search(r"^\s*\.target\s+(\S+)", ptx, re.M)
     reqntid = re.search(r"\.reqntid\s+(\d+)", ptx)
     return {
-        "audit": audit_ptx(ptx),
+        "audit": report.audit(),
         "target": target.group(1) if target else None,
         "registers": report.registers,
         "spill_bytes": report.spill_bytes,

@@ -174,10 +174,6 @@ def test_default_tactic_rejects_bad_shapes(m, n, k):
         default_tactic(m, n, k, sm_count=132)
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError,
-                   reason="bug: K a multiple of 128 but not 256 with more than 64 tiles of 128 "
-                          "(e.g. 8320) has no legal tactic; default_tactic raises IndexError "
-                          "instead of a ValueError")
 def test_default_tactic_unsupported_k_is_a_value_error():
     with pytest.raises(ValueError):
         default_tactic(1, 256, 65 * 128, sm_count=132)

@@ -10,7 +10,7 @@ from .tactics import WarpSplitKTactic, default_tactic
 
 
 def _cmd_compile(args):
-    from .compile import audit_ptx, compile_for_arch
+    from .compile import compile_for_arch
     tactic = (WarpSplitKTactic.parse(args.tactic) if args.tactic
               else default_tactic(args.m, args.n, args.k, sm_count=args.sm_count))
     report = compile_for_arch(args.n, args.k, tactic, args.arch, has_bias=args.bias)
@@ -20,7 +20,7 @@ def _cmd_compile(args):
     print(f"shared memory {report.smem_bytes} B")
     print(f"registers     {report.registers}")
     print(f"spills        {report.spill_bytes} B local frame")
-    problems = audit_ptx(report.ptx)
+    problems = report.audit()
     print("ptx audit     " + ("ok" if not problems else "; ".join(problems)))
     if args.emit_ptx:
         with open(args.emit_ptx, "w") as f:

@@ -10,7 +10,6 @@ tactic family.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import tempfile
 import threading
@@ -41,22 +40,21 @@ def _fake_args(n, k, has_bias):
     return weight, x, bias, out, make_fake_stream()
 
 
-def _build(n, k, tactic, has_bias, use_pdl, options=None):
+def _build(n, k, tactic, has_bias, use_pdl, arch, options=""):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl)
     args = _fake_args(n, k, has_bias)
-    if options:
-        return cute.compile(kernel, *args, options=options)
-    return cute.compile(kernel, *args)
+    # the target goes in the options: CUTE_DSL_ARCH is read once per process
+    return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())
 
 
 @functools.cache
 def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl):
     import torch
     with torch.cuda.device(device_index):
-        return _build(n, k, tactic, has_bias, use_pdl)
+        return _build(n, k, tactic, has_bias, use_pdl, device_arch(device_index))
 
 
 def device_arch(device_index: int) -> str:
@@ -79,8 +77,6 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
     """
     check_tactic(tactic, n, k)
     with _lock:
-        # build for the device's own arch-specific target (sm_90a / sm_100a)
-        os.environ.setdefault("CUTE_DSL_ARCH", device_arch(int(device_index)))
         return _compile_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl))
 
 
@@ -101,6 +97,9 @@ class CompileReport:
     ptx: str
     cubin: bytes | None
 
+    def audit(self) -> list[str]:
+        return audit_ptx(self.ptx, k_tiles=self.k // self.tactic.k_tile)
+
     def summary(self) -> str:
         t = self.tactic
         return (f"{self.arch} N={self.n} K={self.k} tactic=({t.short()}) threads={self.threads} "
@@ -108,32 +107,16 @@ class CompileReport:
                 f"spills={self.spill_bytes} local={self.local_bytes}")
 
 
-def _set_arch(arch):
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch!r}")
-    os.environ["CUTE_DSL_ARCH"] = arch
-
-
 def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_90a", *,
                      has_bias: bool = False, use_pdl: bool = True) -> CompileReport:
-    """Compile for ``arch`` with no GPU; returns PTX, CUBIN and the resource usage.
-
-    The CuTe DSL reads ``CUTE_DSL_ARCH`` when it compiles, so calls for
-    different archs are serialised.
-    """
+    """Compile for ``arch`` with no GPU; returns PTX, CUBIN and the resource usage."""
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch!r}")
     with _lock:
-        previous = os.environ.get("CUTE_DSL_ARCH")
-        _set_arch(arch)
-        try:
-            # the DSL writes the kept PTX/CUBIN files too: keep them out of the cwd
-            with tempfile.TemporaryDirectory(prefix="warpsplitk-") as dump:
-                compiled = _build(n, k, tactic, has_bias, use_pdl,
-                                  options=f"--keep-ptx --keep-cubin --dump-dir={dump}")
-        finally:
-            if previous is None:
-                os.environ.pop("CUTE_DSL_ARCH", None)
-            else:
-                os.environ["CUTE_DSL_ARCH"] = previous
+        # the DSL writes the kept PTX/CUBIN files too: keep them out of the cwd
+        with tempfile.TemporaryDirectory(prefix="warpsplitk-") as dump:
+            compiled = _build(n, k, tactic, has_bias, use_pdl, arch,
+                              options=f"--keep-ptx --keep-cubin --dump-dir={dump}")
     ptx_text = compiled.artifacts.PTX
     if isinstance(ptx_text, bytes):
         ptx_text = ptx_text.decode()
@@ -170,9 +153,17 @@ PTX_FORBIDDEN = (
 )
 
 
-def audit_ptx(ptx_text: str) -> list[str]:
-    """Problems with a kernel's PTX: required instructions missing, forbidden ones present."""
-    problems = [f"missing {why} ({pattern})" for pattern, why in PTX_AUDIT
+#: With one K tile the only weight tile is the pre-barrier prologue, which
+#: is issued unhinted (see ptx.l2_policy_evict_first), so no policy is made.
+HINT_PATTERNS = (PTX_AUDIT[0][0], PTX_AUDIT[1][0])
+
+
+def audit_ptx(ptx_text: str, k_tiles: int | None = None) -> list[str]:
+    """Problems with a kernel's PTX: required instructions missing, forbidden ones
+    present. ``k_tiles == 1`` waives the L2 hint (a one-tile weight has only the
+    unhinted prologue copy)."""
+    required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
+    problems = [f"missing {why} ({pattern})" for pattern, why in required
                 if not re.search(pattern, ptx_text)]
     problems += [f"found {why} ({pattern})" for pattern, why in PTX_FORBIDDEN
                  if re.search(pattern, ptx_text)]

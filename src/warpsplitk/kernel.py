@@ -147,7 +147,8 @@ class WarpSplitKKernel:
 
     def weight_loader(self, smem, weight, thread, tile_n):
         t = self.tactic
-        policy = ptx.l2_policy_evict_first()
+        # a one-tile weight is all prologue: no hinted copy, no policy to make
+        policy = ptx.l2_policy_evict_first() if self.k_tiles > 1 else None
         for i in range(self.k_tiles):
             stage, _ = layout.ring_slot(i, t.stages)
             if i > 0:

@@ -229,9 +229,10 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
         sm_count = _device_sm_count()
     if not isinstance(n, int) or n <= 0 or n % 16:
         raise ValueError(f"warp split-K: N must be a positive multiple of 16, got {n!r}")
-    if not isinstance(k, int) or k <= 0 or k % 128 or k > MAX_K_TILES * 256:
+    if (not isinstance(k, int) or k <= 0 or k % 128 or k > MAX_K_TILES * 256
+            or (k > MAX_K_TILES * 128 and k % 256)):
         raise ValueError(f"warp split-K: K must be a positive multiple of 128 up to "
-                         f"{MAX_K_TILES * 256}, got {k!r}")
+                         f"{MAX_K_TILES * 128}, or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
     token_tile = min(t for t in TOKEN_TILES if t >= m)
     k_tile = 256 if k % 256 == 0 and (k // 256 >= 2 or k // 128 > MAX_K_TILES) else 128
     output_tile = 32 if (token_tile == 32 and n % 32 == 0 and n // 32 >= sm_count) else 16

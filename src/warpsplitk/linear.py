@@ -1,0 +1,331 @@
+"""``DecodeLinear`` and ``patch_model``: the warp split-K kernel behind ``nn.Linear``.
+
+``DecodeLinear`` is a drop-in for an ``nn.Linear`` (same ``weight``/``bias``
+parameters, same state_dict keys) whose forward runs
+``torch.ops.warpsplitk.decode_linear`` when the call suits the kernel and
+``F.linear`` otherwise. ``patch_model`` swaps the eligible linears of a model
+in place; ``unpatch`` puts the original modules back.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import ops
+from .tactics import DEFAULT_SM_COUNT, MAX_M, default_tactic
+
+logger = logging.getLogger("warpsplitk")
+
+#: The device type the kernel runs on. A module constant so that CPU tests can
+#: trace the kernel branch on meta tensors; nothing else should change it.
+_KERNEL_DEVICE_TYPE = "cuda"
+
+
+@functools.lru_cache(maxsize=None)
+def _shape_reason(n, k, ms):
+    # The tactic rules decide, not a copy of them: every M the module will
+    # serve needs a legal default tactic (a plan only replaces legal tactics).
+    if not ms:
+        return "no Ms to prepare"
+    try:
+        for m in ms:
+            default_tactic(m, n, k, DEFAULT_SM_COUNT)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _tensor_reason(name, t, device):
+    if t.device != device:
+        return f"{name} on {t.device}, not with the weight on {device}"
+    if t.dtype != torch.bfloat16:
+        return f"{name} is {str(t.dtype).replace('torch.', '')}, the kernel needs bfloat16"
+    if not t.is_contiguous():
+        return f"{name} is not contiguous"
+    if t.data_ptr() % ops.ALIGN_BYTES:
+        return f"{name} is not {ops.ALIGN_BYTES}-byte aligned"
+    return None
+
+
+def ineligibility(weight, bias=None, ms=range(1, MAX_M + 1)):
+    """Why the kernel cannot take ``weight`` (and ``bias``) for these Ms, or None."""
+    if weight.device.type != _KERNEL_DEVICE_TYPE:
+        return f"weight on {weight.device}, the kernel needs a {_KERNEL_DEVICE_TYPE} weight"
+    if weight.dim() != 2:
+        return f"weight must be 2-D, got shape {tuple(weight.shape)}"
+    reason = _tensor_reason("weight", weight, weight.device)
+    if reason is None and bias is not None:
+        reason = _tensor_reason("bias", bias, weight.device)
+    return reason or _shape_reason(*weight.shape, tuple(ms))
+
+
+def linear_ineligibility(module, ms=range(1, MAX_M + 1)):
+    """Why ``patch_model`` leaves ``module`` alone, or None when it can swap it."""
+    if type(module) is not nn.Linear:
+        # subclasses (quantised, LoRA, MultiheadAttention's out_proj) have their own semantics
+        return f"{type(module).__name__} is not a plain nn.Linear"
+    if module._forward_hooks or module._forward_pre_hooks:
+        return "has forward hooks, which the swap would drop"
+    if "forward" in module.__dict__:
+        return "its forward is overridden on the instance (e.g. accelerate hooks)"
+    return ineligibility(module.weight, module.bias, ms)
+
+
+class DecodeLinear(nn.Module):
+    """``y = x @ weight^T + bias`` through the warp split-K kernel for decode-sized inputs.
+
+    The kernel path runs when x is a BF16 tensor on the weight's CUDA device,
+    its leading dims flatten to M rows with M among the prepared ``ms``, and
+    (eagerly) the flattened x is packed and 32-byte aligned; anything else
+    goes to ``F.linear`` (same result up to BF16 rounding). A weight the
+    kernel cannot take (on CPU, not BF16, N % 16, K % 128 or K > 16384) is not
+    an error: the module just always falls back.
+
+    ``kernel_calls`` / ``fallback_calls`` count eager forward calls; traced
+    (torch.compile) and replayed (CUDA graph) calls do not run this Python and
+    are not counted. Fallback reasons are logged once each at DEBUG level on
+    the ``warpsplitk`` logger.
+    """
+
+    def __init__(self, weight, bias=None, plan=None, ms=range(1, MAX_M + 1)):
+        super().__init__()
+        # A plain tensor becomes a frozen Parameter (an inference module);
+        # pass Parameters to share them, gradients included.
+        if not isinstance(weight, nn.Parameter):
+            weight = nn.Parameter(weight, requires_grad=False)
+        if bias is not None and not isinstance(bias, nn.Parameter):
+            bias = nn.Parameter(bias, requires_grad=False)
+        self.weight = weight
+        self.register_parameter("bias", bias)
+        self.out_features, self.in_features = weight.shape
+        self.plan = plan
+        self.ms = tuple(sorted(set(ms)))
+        # a range check alone when ms is contiguous: simpler guards under torch.compile
+        self._ms_contiguous = self.ms == tuple(range(self.ms[0], self.ms[-1] + 1)) if self.ms else False
+        self.kernel_calls = 0
+        self.fallback_calls = 0
+        self._logged = set()
+        self._prepared = None
+        self._handle = None
+        self._unprepared = "not prepared"
+        self.reprepare()
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, plan=None, ms=range(1, MAX_M + 1)):
+        """Wrap ``linear``'s own Parameters (no copy); ``to_linear`` gives it back."""
+        module = cls(linear.weight, linear.bias, plan, ms)
+        # object.__setattr__: kept out of the submodules, so it never shows up
+        # in state_dict, .to() or named_modules.
+        object.__setattr__(module, "_original", linear)
+        return module
+
+    def to_linear(self) -> nn.Linear:
+        """The original ``nn.Linear`` (or an equivalent one) holding this module's
+        current weight and bias Parameters."""
+        linear = self.__dict__.get("_original")
+        if linear is None:
+            # device="meta": no allocation or init for tensors replaced right away
+            linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                               device="meta", dtype=self.weight.dtype)
+        # current Parameters: load_state_dict(assign=True) or .to() may have replaced them
+        linear.weight = self.weight
+        linear.bias = self.bias
+        return linear
+
+    # ---------------------------------------------------------- preparation
+
+    def reprepare(self) -> bool:
+        """Compile for the current weight and bias. Returns False (and the module
+        falls back from then on) when the kernel cannot take them. Call it after
+        replacing the weight other than through load_state_dict or .to()."""
+        self._release()
+        reason = ineligibility(self.weight, self.bias, self.ms)
+        if reason is not None:
+            self._unprepared = f"not prepared: {reason}"
+            logger.debug("%s: %s", self._label(), self._unprepared)
+            return False
+        from .decode import prepare  # loads the CuTe DSL: only when there is work for it
+        weight = self.weight.detach()  # same storage: in-place updates stay visible
+        bias = None if self.bias is None else self.bias.detach()
+        self._prepared = prepare(weight, self.plan, self.ms, bias=bias)
+        self._handle = ops.register(self._prepared)
+        self._ptrs = self._current_ptrs()
+        return True
+
+    def _release(self):
+        if self._handle is not None:
+            ops.unregister(self._handle)
+        self._prepared = None
+        self._handle = None
+
+    def _current_ptrs(self):
+        return (self.weight.data_ptr(), None if self.bias is None else self.bias.data_ptr())
+
+    @property
+    def prepared(self):
+        """The ``PreparedWarpSplitK`` in use, or None when falling back."""
+        return self._prepared
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .cuda(), .half() ... give new weight storage: prepare for it
+        result = super()._apply(fn, recurse)
+        self.reprepare()
+        return result
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        if self._handle is not None and self._current_ptrs() == self._ptrs:
+            # Copied in place: the prepared kernel reads the same memory, so it
+            # already sees the new weight. Keeping the handle keeps compiled code
+            # and captured CUDA graphs valid.
+            return
+        self.reprepare()  # assign=True: new tensors
+
+    def __getstate__(self):
+        # compiled code neither copies nor pickles: deepcopy / pickle re-prepare
+        state = super().__getstate__()
+        state.update(_prepared=None, _handle=None)
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.reprepare()
+
+    # -------------------------------------------------------------- forward
+
+    def _fallback_reason(self, x):
+        if self._handle is None:
+            return self._unprepared
+        if x.device != self.weight.device:
+            return f"x on {x.device}, weight on {self.weight.device}"
+        if x.dtype != torch.bfloat16:
+            return f"x is {str(x.dtype).replace('torch.', '')}, not bfloat16"
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            return f"x has shape {tuple(x.shape)}, expected [..., {self.in_features}]"
+        m = math.prod(x.shape[:-1])
+        if not (self.ms[0] <= m <= self.ms[-1] and (self._ms_contiguous or m in self.ms)):
+            return f"M={m} rows, prepared for M in {self.ms[0]}..{self.ms[-1]}"
+        if not torch.compiler.is_compiling():
+            # Eager only: fake tensors have no addresses (the op re-packs x when
+            # compiled, and checks the weight itself).
+            if self._current_ptrs() != self._ptrs:
+                return "weight or bias replaced since preparation; call reprepare()"
+            x2d = x.reshape(m, self.in_features)
+            if not x2d.is_contiguous() or x2d.data_ptr() % ops.ALIGN_BYTES:
+                return f"x (as [M, K]) is not packed and {ops.ALIGN_BYTES}-byte aligned"
+        return None
+
+    def forward(self, x):
+        reason = self._fallback_reason(x)
+        if reason is None:
+            x2d = x.reshape(-1, self.in_features)
+            out = torch.ops.warpsplitk.decode_linear(x2d, self.weight, self.bias, self._handle)
+            out = out.view(*x.shape[:-1], self.out_features)
+        else:
+            out = F.linear(x, self.weight, self.bias)
+        if not torch.compiler.is_compiling():
+            # Python side effects would force graph breaks or recompiles under
+            # torch.compile: count and log eager calls only.
+            if reason is None:
+                self.kernel_calls += 1
+            else:
+                self.fallback_calls += 1
+                if reason not in self._logged:
+                    self._logged.add(reason)
+                    logger.debug("%s: F.linear fallback: %s", self._label(), reason)
+        return out
+
+    def _label(self):
+        return f"DecodeLinear({self.in_features} -> {self.out_features})"
+
+    def extra_repr(self):
+        path = (f"kernel for M in {self.ms[0]}..{self.ms[-1]}" if self._handle is not None
+                else self._unprepared)
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, {path}")
+
+
+# ------------------------------------------------------------ whole models
+
+
+@dataclass
+class PatchReport:
+    """What ``patch_model`` did: qualified names swapped, and (name, reason) skipped."""
+
+    swapped: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+
+    def __str__(self):
+        lines = [f"warpsplitk: swapped {len(self.swapped)} nn.Linear, skipped {len(self.skipped)}"]
+        by_reason = {}  # grouped: a large model repeats the same few reasons
+        for name, reason in self.skipped:
+            by_reason.setdefault(reason, []).append(name)
+        for reason, names in by_reason.items():
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            lines.append(f"  skipped {shown}: {reason}")
+        return "\n".join(lines)
+
+
+def _linear_children(model, kind):
+    """(qualified name, parent, attribute, module) for every submodule of type
+    ``kind``, in named_modules order, once per path (a module reachable
+    through two parents comes twice)."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    for name, module in modules.items():
+        if name and isinstance(module, kind):
+            parent_name, _, attr = name.rpartition(".")
+            yield name, modules[parent_name], attr, module
+
+
+def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None) -> PatchReport:
+    """Replace, in place, every eligible ``nn.Linear`` of ``model`` by a
+    ``DecodeLinear`` sharing its Parameters, compiling the kernels now (before
+    any graph capture). Eligible: a plain ``nn.Linear`` without forward hooks,
+    BF16 weight on CUDA whose shape the kernel supports for every M in ``ms``
+    and, if given, ``filter(name, module)`` is true. Returns a ``PatchReport``,
+    also logged at INFO (skips at DEBUG)."""
+    report = PatchReport()
+    if isinstance(model, nn.Linear):
+        report.skipped.append(("", "the root module cannot be replaced in place; "
+                                   "use DecodeLinear.from_linear"))
+    ms = tuple(ms)
+    done = {}  # id(linear) -> DecodeLinear: a Linear shared by two parents stays shared
+    for name, parent, attr, child in _linear_children(model, nn.Linear):
+        if id(child) in done:
+            setattr(parent, attr, done[id(child)])
+            continue
+        if filter is not None and not filter(name, child):
+            report.skipped.append((name, "excluded by filter"))
+            continue
+        reason = linear_ineligibility(child, ms)
+        if reason is not None:
+            report.skipped.append((name, reason))
+            continue
+        done[id(child)] = DecodeLinear.from_linear(child, plan, ms)
+        setattr(parent, attr, done[id(child)])
+        report.swapped.append(name)
+    logger.info("warpsplitk: swapped %d nn.Linear, skipped %d", len(report.swapped),
+                len(report.skipped))
+    for name, reason in report.skipped:
+        logger.debug("warpsplitk: skipped %s: %s", name, reason)
+    return report
+
+
+def unpatch(model: nn.Module) -> list:
+    """Put back the ``nn.Linear`` behind every ``DecodeLinear`` of ``model``
+    (the original objects when they came from ``patch_model``/``from_linear``).
+    Returns the qualified names restored."""
+    restored, done = [], {}
+    for name, parent, attr, child in _linear_children(model, DecodeLinear):
+        if id(child) not in done:
+            done[id(child)] = child.to_linear()
+            restored.append(name)
+        setattr(parent, attr, done[id(child)])
+    return restored
