@@ -8,7 +8,8 @@
         twice back to back on one stream (the PDL path: the second grid's
         weight prologue overlaps the first) and checked against fp64.
         Meant to run under compute-sanitizer (scripts/sanitize.sh); 'rotate'
-        takes one ring variant per family (for the slower tools).
+        takes one ring variant per family, starting at --offset, so that
+        tools run with different offsets cover all three between them.
     python3 scripts/reliability.py soak [--projections 64] [--replays 100000]
         A captured graph of a decode-layer-like chain of projections (each
         output feeds the next input, PDL on), replayed many times; outputs
@@ -37,23 +38,23 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def family_cases(subset):
+def family_cases(subset, offset=0):
     cases = []
     families = list(itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS))
     for index, (o, t, kt, b) in enumerate(families):
         rings = [(1, kt), (2, 3 * kt), (3, 3 * kt)]  # one stage; shorter than K; equal to K
         if subset == "rotate":
-            rings = [rings[index % 3]]
+            rings = [rings[(index + offset) % 3]]
         for stages, k in rings:
             ms = sorted({1, max(1, t - 1), t, min(32, t + 1), 32})
             cases.append((WarpSplitKTactic(o, t, kt, stages, b), 2 * o, k, ms))
     return cases
 
 
-def run_cases(subset):
+def run_cases(subset, offset=0):
     torch.manual_seed(0)
     results = []
-    for tactic, n, k, ms in family_cases(subset):
+    for tactic, n, k, ms in family_cases(subset, offset):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         prepared = PreparedWarpSplitK(w, {m: tactic for m in ms})
         for m in ms:
@@ -145,6 +146,7 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("cases")
     c.add_argument("--subset", default="all", choices=("all", "rotate"))
+    c.add_argument("--offset", type=int, default=0, help="which ring variant 'rotate' starts at")
     c.add_argument("--json")
     s = sub.add_parser("soak")
     s.add_argument("--projections", type=int, default=64)
@@ -154,7 +156,7 @@ def main():
     sub.add_parser("digest")
     args = p.parse_args()
     if args.cmd == "cases":
-        results, bad = run_cases(args.subset)
+        results, bad = run_cases(args.subset, args.offset)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)
