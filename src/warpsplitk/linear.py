@@ -85,8 +85,8 @@ class DecodeLinear(nn.Module):
     its leading dims flatten to M rows with M among the prepared ``ms``, and
     (eagerly) the flattened x is packed and 32-byte aligned; anything else
     goes to ``F.linear`` (same result up to BF16 rounding). A weight the
-    kernel cannot take (on CPU, not BF16, N % 16, K % 128 or K > 16384) is not
-    an error: the module just always falls back.
+    kernel cannot take (on CPU, not BF16, a shape ``default_tactic`` refuses)
+    is not an error: the module just always falls back.
 
     ``kernel_calls`` / ``fallback_calls`` count eager forward calls; traced
     (torch.compile) and replayed (CUDA graph) calls do not run this Python and
@@ -173,20 +173,23 @@ class DecodeLinear(nn.Module):
         """The ``PreparedWarpSplitK`` in use, or None when falling back."""
         return self._prepared
 
+    def _refresh(self):
+        """Re-prepare unless the weight and bias are still the prepared memory.
+        Copied in place (load_state_dict) or converted to what they already
+        were (.to() a no-op), the kernel already reads the current values, and
+        keeping the handle keeps compiled code and captured CUDA graphs valid."""
+        if self._handle is None or self._current_ptrs() != self._ptrs:
+            self.reprepare()
+
     def _apply(self, fn, recurse=True):
-        # .to(), .cuda(), .half() ... give new weight storage: prepare for it
+        # .to(), .cuda(), .half() ...: new tensors, prepare for them
         result = super()._apply(fn, recurse)
-        self.reprepare()
+        self._refresh()
         return result
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
-        if self._handle is not None and self._current_ptrs() == self._ptrs:
-            # Copied in place: the prepared kernel reads the same memory, so it
-            # already sees the new weight. Keeping the handle keeps compiled code
-            # and captured CUDA graphs valid.
-            return
-        self.reprepare()  # assign=True: new tensors
+        self._refresh()  # assign=True gives new tensors; a copy keeps the memory
 
     def __getstate__(self):
         # compiled code neither copies nor pickles: deepcopy / pickle re-prepare
@@ -211,7 +214,9 @@ class DecodeLinear(nn.Module):
             return f"x has shape {tuple(x.shape)}, expected [..., {self.in_features}]"
         m = math.prod(x.shape[:-1])
         if not (self.ms[0] <= m <= self.ms[-1] and (self._ms_contiguous or m in self.ms)):
-            return f"M={m} rows, prepared for M in {self.ms[0]}..{self.ms[-1]}"
+            # no M in the text: formatting a symbolic M would specialise it, a
+            # recompile per prefill length under torch.compile(dynamic=True)
+            return f"M (rows of x) not among the prepared Ms {self._ms_text()}"
         if not torch.compiler.is_compiling():
             # Eager only: fake tensors have no addresses (the op re-packs x when
             # compiled, and checks the weight itself).
@@ -242,11 +247,15 @@ class DecodeLinear(nn.Module):
                     logger.debug("%s: F.linear fallback: %s", self._label(), reason)
         return out
 
+    def _ms_text(self):
+        return (f"{self.ms[0]}..{self.ms[-1]}" if self._ms_contiguous
+                else ", ".join(map(str, self.ms)))
+
     def _label(self):
         return f"DecodeLinear({self.in_features} -> {self.out_features})"
 
     def extra_repr(self):
-        path = (f"kernel for M in {self.ms[0]}..{self.ms[-1]}" if self._handle is not None
+        path = (f"kernel for M in {self._ms_text()}" if self._handle is not None
                 else self._unprepared)
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, {path}")

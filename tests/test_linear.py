@@ -1,0 +1,388 @@
+"""DecodeLinear, the custom op and patch_model on a CPU: fallback, tracing, swapping.
+
+The kernel branch is exercised on meta tensors: ``_KERNEL_DEVICE_TYPE`` is
+pointed at "meta" and ``prepare`` replaced by a stand-in, so the op runs its
+fake implementation (shapes only).
+"""
+
+import copy
+import logging
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F
+from torch import nn
+
+from warpsplitk import decode, linear, ops
+from warpsplitk.linear import DecodeLinear, PatchReport, patch_model, unpatch
+
+
+class FakePrepared:
+    """What DecodeLinear and the op need of a PreparedWarpSplitK; run() is F.linear."""
+
+    def __init__(self, weight, plan=None, ms=range(1, 33), bias=None):
+        self.weight, self.bias = weight, bias
+        self.n, self.k = weight.shape
+        self.ms = tuple(ms)
+        self.runs = 0
+
+    def run(self, x, out):
+        self.runs += 1
+        assert x.is_contiguous() and x.data_ptr() % 32 == 0
+        return out.copy_(F.linear(x, self.weight, self.bias))
+
+
+@pytest.fixture
+def meta_kernel(monkeypatch):
+    """The kernel "runs" on meta tensors; prepare() records its calls."""
+    calls = []
+
+    def fake_prepare(weight, plan=None, ms=range(1, 33), bias=None):
+        calls.append((tuple(weight.shape), bias is not None))
+        return FakePrepared(weight, plan, ms, bias)
+
+    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "meta")
+    monkeypatch.setattr(decode, "prepare", fake_prepare)
+    torch._dynamo.reset()
+    yield calls
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def cpu_kernel(meta_kernel, monkeypatch):
+    """As meta_kernel, on CPU tensors (real addresses; only _fallback_reason is safe to call)."""
+    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
+    return meta_kernel
+
+
+def meta(*shape):
+    return torch.empty(*shape, device="meta", dtype=torch.bfloat16)
+
+
+# ----------------------------------------------------------- CPU fallback
+
+
+def test_cpu_falls_back_exactly():
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 64)
+    mod = DecodeLinear.from_linear(lin)
+    assert mod.prepared is None and "cpu" in mod.extra_repr()
+    for shape in [(256,), (3, 256), (2, 4, 256), (2, 1, 3, 256)]:
+        x = torch.randn(*shape)
+        out = mod(x)
+        assert out.shape == (*shape[:-1], 64)
+        assert torch.equal(out, F.linear(x, lin.weight, lin.bias))
+    assert (mod.kernel_calls, mod.fallback_calls) == (0, 4)
+
+
+def test_fallback_logged_once_per_reason(caplog):
+    mod = DecodeLinear(torch.randn(32, 128, dtype=torch.bfloat16))
+    with caplog.at_level(logging.DEBUG, logger="warpsplitk"):
+        for _ in range(3):
+            mod(torch.randn(2, 128, dtype=torch.bfloat16))
+    fallbacks = [r for r in caplog.records if "fallback" in r.getMessage()]
+    assert len(fallbacks) == 1 and "cpu" in fallbacks[0].getMessage()
+    assert mod.fallback_calls == 3
+
+
+def test_state_dict_matches_linear_and_reprepares(monkeypatch):
+    lin = nn.Linear(128, 32)
+    mod = DecodeLinear.from_linear(lin)
+    assert list(mod.state_dict()) == list(lin.state_dict()) == ["weight", "bias"]
+    no_bias = DecodeLinear(torch.zeros(32, 128))
+    assert list(no_bias.state_dict()) == list(nn.Linear(128, 32, bias=False).state_dict())
+
+    calls = []
+    monkeypatch.setattr(DecodeLinear, "reprepare", lambda self: calls.append(self))
+    new = nn.Linear(128, 32).state_dict()
+    mod.load_state_dict(new)
+    assert calls == [mod]
+    x = torch.randn(4, 128)
+    assert torch.equal(mod(x), F.linear(x, new["weight"], new["bias"]))
+    mod.load_state_dict(nn.Linear(128, 32).state_dict(), assign=True)
+    assert len(calls) == 2
+
+
+def test_plain_tensor_weight_is_frozen_parameter():
+    mod = DecodeLinear(torch.randn(16, 128), torch.randn(16))
+    assert isinstance(mod.weight, nn.Parameter) and not mod.weight.requires_grad
+    assert isinstance(mod.bias, nn.Parameter)
+    assert (mod.in_features, mod.out_features) == (128, 16)
+
+
+# --------------------------------------------------------------- the op
+
+
+def test_op_registered_with_schema():
+    schema = str(torch.ops.warpsplitk.decode_linear.default._schema)
+    assert schema.startswith("warpsplitk::decode_linear(Tensor x, Tensor weight, Tensor? bias,")
+    assert schema.endswith("-> Tensor")
+
+
+def test_op_fake_impl_meta_and_fake_mode():
+    out = torch.ops.warpsplitk.decode_linear(meta(5, 256), meta(48, 256), meta(48), 1)
+    assert (out.shape, out.dtype, out.device.type) == ((5, 48), torch.bfloat16, "meta")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(7, 512, device="cuda", dtype=torch.bfloat16)
+        w = torch.empty(64, 512, device="cuda", dtype=torch.bfloat16)
+        out = torch.ops.warpsplitk.decode_linear(x, w, None, 12345)
+        assert (out.shape, out.dtype, out.device.type) == ((7, 64), torch.bfloat16, "cuda")
+    with pytest.raises(Exception, match="disagree on K"):
+        torch.ops.warpsplitk.decode_linear(meta(5, 256), meta(48, 128), None, 1)
+
+
+def test_op_traces_under_compile_and_make_fx():
+    def f(x, w, b):
+        return torch.ops.warpsplitk.decode_linear(x, w, b, 3).float() * 2
+
+    x, w, b = meta(4, 256), meta(32, 256), meta(32)
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        out = torch.compile(f, fullgraph=True, backend=backend)(x, w, b)
+        assert (out.shape, out.dtype) == ((4, 32), torch.float32)
+    from torch.fx.experimental.proxy_tensor import make_fx
+    code = make_fx(f, tracing_mode="fake")(x, w, b).code
+    assert "warpsplitk.decode_linear.default" in code
+    torch._dynamo.reset()
+
+
+def test_op_impl_repacks_and_refuses_stale_weight():
+    w, b = torch.randn(32, 128, dtype=torch.bfloat16), torch.randn(32, dtype=torch.bfloat16)
+    prepared = FakePrepared(w, bias=b)
+    handle = ops.register(prepared)
+    try:
+        base = torch.randn(3, 129, dtype=torch.bfloat16)
+        x = base[:, 1:]  # neither packed nor aligned: the impl must copy
+        out = ops._decode_linear_cuda(x, w, b, handle)
+        assert prepared.runs == 1 and torch.equal(out, F.linear(x, w, b))
+        with pytest.raises(ValueError, match="not the tensors"):
+            ops._decode_linear_cuda(x, w.clone(), b, handle)
+        with pytest.raises(ValueError, match="not the tensors"):
+            ops._decode_linear_cuda(x, w, None, handle)
+    finally:
+        ops.unregister(handle)
+    with pytest.raises(KeyError, match="no prepared weight"):
+        ops.lookup(handle)
+
+
+def test_registry_is_weak():
+    prepared = FakePrepared(torch.zeros(16, 128))
+    handle = ops.register(prepared)
+    assert ops.lookup(handle) is prepared
+    del prepared
+    import gc
+    gc.collect()
+    with pytest.raises(KeyError):
+        ops.lookup(handle)
+
+
+def test_backward_matches_f_linear():
+    torch.manual_seed(1)
+    x = torch.randn(5, 64, requires_grad=True)
+    w = torch.randn(16, 64, requires_grad=True)
+    b = torch.randn(16, requires_grad=True)
+    grad = torch.randn(5, 16)
+    F.linear(x, w, b).backward(grad)
+    ctx = types.SimpleNamespace(needs_input_grad=(True, True, True, False))
+    ctx.save_for_backward = lambda *saved: setattr(ctx, "saved_tensors", saved)
+    ops._setup_context(ctx, (x.detach(), w.detach(), b, 0), None)
+    gx, gw, gb, gh = ops._backward(ctx, grad)
+    assert torch.allclose(gx, x.grad) and torch.allclose(gw, w.grad) and torch.allclose(gb, b.grad)
+    assert gh is None
+
+
+# ------------------------------------------------ kernel branch (on meta)
+
+
+def test_kernel_branch_on_meta(meta_kernel):
+    mod = DecodeLinear(meta(64, 256), meta(64))
+    assert meta_kernel == [((64, 256), True)] and mod.prepared is not None
+    assert mod(meta(2, 4, 256)).shape == (2, 4, 64)
+    assert mod(meta(256)).shape == (64,)
+    assert mod(meta(32, 256)).shape == (32, 64)
+    assert (mod.kernel_calls, mod.fallback_calls) == (3, 0)
+    assert mod(meta(33, 256)).shape == (33, 64)  # M=33: F.linear
+    assert (mod.kernel_calls, mod.fallback_calls) == (3, 1)
+
+
+def test_fallback_reasons(meta_kernel):
+    mod = DecodeLinear(meta(64, 256), ms=(1, 2, 4))
+    assert mod._fallback_reason(meta(4, 256)) is None
+    assert "not among the prepared Ms 1, 2, 4" in mod._fallback_reason(meta(3, 256))
+    assert "not among" in mod._fallback_reason(meta(33, 256))
+    assert "float32" in mod._fallback_reason(meta(2, 256).float())
+    assert "cpu" in mod._fallback_reason(torch.zeros(2, 256, dtype=torch.bfloat16))
+    assert "expected [..., 256]" in mod._fallback_reason(meta(2, 128))
+    mod._ptrs = (1, None)  # as if the weight had been replaced behind the module's back
+    assert "reprepare" in mod._fallback_reason(meta(2, 256))
+
+
+def test_fallback_reasons_layout(cpu_kernel):
+    mod = DecodeLinear(torch.zeros(64, 256, dtype=torch.bfloat16))
+    assert mod.prepared is not None
+    x = torch.zeros(2, 3, 256, dtype=torch.bfloat16)
+    assert mod._fallback_reason(x) is None
+    assert mod._fallback_reason(x.transpose(0, 1)) is None  # reshape copies it: packed
+    assert "packed" in mod._fallback_reason(torch.zeros(2, 512, dtype=torch.bfloat16)[:, :256])
+    flat = torch.zeros(4 * 256 + 1, dtype=torch.bfloat16)
+    assert "aligned" in mod._fallback_reason(flat[1:].view(4, 256))  # 2 bytes off
+    mod.weight = nn.Parameter(mod.weight.clone())
+    assert "reprepare" in mod._fallback_reason(x)
+
+
+def test_ineligible_weight_falls_back(meta_kernel):
+    for weight, words in [(meta(100, 256), "multiple of 16"), (meta(64, 200), "multiple of 128"),
+                          (meta(64, 16384 + 256), "16384"), (meta(64, 8192 + 128), "8192"),
+                          (meta(64, 256).float(), "float32"),
+                          (meta(64, 512)[:, :256], "not contiguous")]:
+        mod = DecodeLinear(weight)
+        assert mod.prepared is None and words in mod._unprepared, mod._unprepared
+    assert meta_kernel == []
+
+
+def test_compile_fullgraph_kernel_branch(meta_kernel):
+    mod = DecodeLinear(meta(64, 256), meta(64))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(mod, fullgraph=True, backend=backend)
+    assert compiled(meta(2, 3, 256)).shape == (2, 3, 64)
+    assert compiled(meta(2, 3, 256)).shape == (2, 3, 64)
+    assert len(graphs) == 1, "recompiled: counters must not be traced"
+    assert "warpsplitk.decode_linear" in graphs[0].code
+    assert (mod.kernel_calls, mod.fallback_calls) == (0, 0)  # compiled calls are not counted
+
+
+def test_compile_dynamic_m_does_not_specialise(meta_kernel):
+    mod = DecodeLinear(meta(64, 256))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(mod, fullgraph=True, backend=backend, dynamic=True)
+    for m in (40, 41, 50, 3, 4, 32):
+        assert compiled(meta(m, 256)).shape == (m, 64)
+    # one graph for M > 32 (F.linear), one for 1 <= M <= 32 (the op): no graph per M
+    assert len(graphs) == 2
+    assert sum("warpsplitk.decode_linear" in g.code for g in graphs) == 1
+
+
+def test_compile_fullgraph_cpu_fallback():
+    torch._dynamo.reset()
+    lin = nn.Linear(128, 32)
+    mod = DecodeLinear.from_linear(lin)
+    x = torch.randn(2, 5, 128)
+    out = torch.compile(mod, fullgraph=True, backend="aot_eager")(x)
+    assert torch.allclose(out, lin(x))
+    torch._dynamo.reset()
+
+
+def test_reprepare_on_load_and_to(cpu_kernel):
+    mod = DecodeLinear(torch.zeros(64, 256, dtype=torch.bfloat16))
+    handle = mod._handle
+    mod.load_state_dict({"weight": torch.ones(64, 256)})  # copied in place: same memory
+    assert len(cpu_kernel) == 1 and mod._handle == handle and mod.prepared.weight[0, 0] == 1
+    mod.load_state_dict({"weight": torch.ones(64, 256, dtype=torch.bfloat16)}, assign=True)
+    assert len(cpu_kernel) == 2 and mod._handle != handle
+    assert mod.prepared.weight.data_ptr() == mod.weight.data_ptr()
+    with pytest.raises(KeyError):
+        ops.lookup(handle)  # the old prepared weight is released
+    handle = mod._handle
+    mod.to(torch.bfloat16)  # a no-op conversion keeps the prepared code
+    assert mod._handle == handle and len(cpu_kernel) == 2
+    mod.to(torch.float32)  # the kernel cannot take it any more: fall back
+    assert mod.prepared is None and "float32" in mod._unprepared
+    mod.to(torch.bfloat16)
+    assert mod.prepared is not None and len(cpu_kernel) == 3
+
+
+def test_deepcopy_reprepares(meta_kernel):
+    mod = DecodeLinear(meta(64, 256))
+    twin = copy.deepcopy(mod)
+    assert twin.prepared is not None and twin._handle != mod._handle
+    assert twin.prepared.weight is not mod.prepared.weight
+    assert twin(meta(3, 256)).shape == (3, 64)
+
+
+# ------------------------------------------------------------ patch_model
+
+
+def test_patch_model_cpu_skips_everything():
+    model = nn.Sequential(nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 16))
+    before = list(model)
+    report = patch_model(model)
+    assert isinstance(report, PatchReport)
+    assert report.swapped == []
+    assert [name for name, _ in report.skipped] == ["0", "2"]
+    assert all("cpu" in reason for _, reason in report.skipped)
+    assert list(model) == before
+    assert "skipped 2" in str(report)
+
+
+def test_patch_and_unpatch(meta_kernel):
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.Linear(256, 512, bias=False, device="meta", dtype=torch.bfloat16)
+            self.odd = nn.Linear(256, 100, device="meta", dtype=torch.bfloat16)  # N % 16
+            self.mha = nn.MultiheadAttention(128, 4, device="meta", dtype=torch.bfloat16)
+            self.hooked = nn.Linear(256, 64, device="meta", dtype=torch.bfloat16)
+            self.hooked.register_forward_hook(lambda *a: None)
+            self.wrapped = nn.Linear(256, 64, device="meta", dtype=torch.bfloat16)
+            self.wrapped.forward = lambda x: x  # as accelerate's add_hook_to_module does
+            self.down = nn.Linear(512, 256, device="meta", dtype=torch.bfloat16)
+
+        def forward(self, x):
+            return self.down(self.up(x))
+
+    model = nn.Sequential(Block(), nn.Linear(256, 128, device="meta", dtype=torch.bfloat16))
+    model[0].alias = model[1]  # one Linear under two names stays one module
+    originals = {name: m for name, m in model.named_modules(remove_duplicate=False)
+                 if isinstance(m, nn.Linear)}
+    keys = list(model.state_dict())
+
+    report = patch_model(model, filter=lambda name, mod: name != "0.down")
+    assert report.swapped == ["0.up", "0.alias"]
+    skipped = dict(report.skipped)
+    assert "multiple of 16" in skipped["0.odd"]
+    assert "not a plain nn.Linear" in skipped["0.mha.out_proj"]
+    assert "hooks" in skipped["0.hooked"]
+    assert "overridden" in skipped["0.wrapped"]
+    assert skipped["0.down"] == "excluded by filter"
+    assert isinstance(model[0].up, DecodeLinear) and model[1] is model[0].alias
+    assert model[0].up.weight is originals["0.up"].weight  # shared, not copied
+    assert list(model.state_dict()) == keys
+    assert model(meta(4, 256)).shape == (4, 128)
+    assert model[0].up.kernel_calls == 1 and model[1].kernel_calls == 1
+
+    assert patch_model(model).swapped == ["0.down"]  # idempotent on what is already swapped
+    restored = unpatch(model)
+    assert restored == ["0.up", "0.down", "0.alias"]
+    after = {name: m for name, m in model.named_modules(remove_duplicate=False)
+             if isinstance(m, nn.Linear)}
+    assert after.keys() == originals.keys()
+    assert all(after[name] is originals[name] for name in originals)
+    assert not any(isinstance(m, DecodeLinear) for m in model.modules())
+    assert list(model.state_dict()) == keys
+
+
+def test_unpatch_rebuilds_linear_without_original(meta_kernel):
+    model = nn.Sequential(DecodeLinear(meta(64, 256), meta(64)))
+    weight = model[0].weight
+    assert unpatch(model) == ["0"]
+    assert type(model[0]) is nn.Linear and model[0].weight is weight
+    assert (model[0].in_features, model[0].out_features) == (256, 64)
+
+
+def test_patch_root_linear_is_skipped(meta_kernel):
+    lin = nn.Linear(256, 64, device="meta", dtype=torch.bfloat16)
+    report = patch_model(lin)
+    assert report.swapped == [] and "root module" in report.skipped[0][1]
