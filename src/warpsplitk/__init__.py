@@ -23,6 +23,15 @@ _LAZY = {
     "compile_warp_splitk": ("compile", "compile_warp_splitk"),
     "compile_for_arch": ("compile", "compile_for_arch"),
     "emulate": ("emulate", "emulate"),
+    "DecodePlan": ("decode", "DecodePlan"),
+    "load_plan": ("decode", "load_plan"),
+    "builtin_plan": ("decode", "builtin_plan"),
+    "prepare": ("decode", "prepare"),
+    "prepare_model": ("decode", "prepare_model"),
+    "DecodeLinear": ("linear", "DecodeLinear"),
+    "PatchReport": ("linear", "PatchReport"),
+    "patch_model": ("linear", "patch_model"),
+    "unpatch": ("linear", "unpatch"),
 }
 
 
@@ -37,4 +46,5 @@ def __getattr__(name):
 
 __all__ = ["WarpSplitKTactic", "check_tactic", "default_tactic", "legal_tactics", "all_tactics",
            "ctas_per_sm", "PreparedWarpSplitK", "compile_warp_splitk", "compile_for_arch",
-           "emulate", "__version__"]
+           "emulate", "DecodePlan", "load_plan", "builtin_plan", "prepare", "prepare_model",
+           "DecodeLinear", "PatchReport", "patch_model", "unpatch", "__version__"]
