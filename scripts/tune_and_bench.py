@@ -20,12 +20,15 @@ def main():
     p.add_argument("--bench-m", default="1,4,8,16,32")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--log", help="tune log to resume from (default: OUT/tune-log.jsonl)")
+    p.add_argument("--tune-budget", type=float, help="seconds of tuning before the bench")
     args = p.parse_args()
     table = [(s["n"], s["k"]) for s in shapes.load()["shapes"]]
+    # largest weights first: with a time budget, those matter most
+    tune_order = sorted(table, key=lambda s: -s[0] * s[1])
     log = args.log or os.path.join(args.out, "tune-log.jsonl")
     start = time.perf_counter()
-    plan = tune(table, shapes.parse_ms(args.m), log_path=log,
-                progress=lambda line: print(line, flush=True))
+    plan = tune(tune_order, shapes.parse_ms(args.m), log_path=log,
+                progress=lambda line: print(line, flush=True), time_budget_s=args.tune_budget)
     plan.save(os.path.join(args.out, "plan-h200.json"))
     print(f"tuned in {time.perf_counter() - start:.0f} s", flush=True)
     print(bench.HEADER, flush=True)

@@ -101,8 +101,12 @@ def _read_log(path):
 
 
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
-         check=True) -> DecodePlan:
-    """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU."""
+         check=True, time_budget_s=None) -> DecodePlan:
+    """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
+
+    With ``time_budget_s``, shapes not reached in time are left out of the
+    plan (lookups fall back to the default heuristic) and reported; a rerun
+    with the same log resumes where this one stopped."""
     import torch
 
     from . import __version__
@@ -120,8 +124,13 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     log = open(log_path, "a") if log_path else None
     stream = _stream_handle(torch.device("cuda", device))
     best = {}
+    started = time.perf_counter()
     try:
-        for n, k in shapes:
+        for index, (n, k) in enumerate(shapes):
+            if time_budget_s is not None and time.perf_counter() - started > time_budget_s:
+                progress(f"time budget of {time_budget_s:.0f} s spent: {len(shapes) - index} "
+                         f"shapes left untuned: {shapes[index:]}")
+                break
             copies = timing.copies_for(n * k * 2)
             weights = timing.random_weights(n, k, copies, "cuda", seed=n * 7 + k)
             weight_views = [_view(w) for w in weights]
