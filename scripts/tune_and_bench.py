@@ -21,8 +21,10 @@ def main():
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--log", help="tune log to resume from (default: OUT/tune-log.jsonl)")
     p.add_argument("--tune-budget", type=float, help="seconds of tuning before the bench")
+    p.add_argument("--shapes", nargs="*", help="N,K pairs (default: the built-in table)")
     args = p.parse_args()
-    table = [(s["n"], s["k"]) for s in shapes.load()["shapes"]]
+    table = (shapes.parse_shapes(args.shapes) if args.shapes
+             else [(s["n"], s["k"]) for s in shapes.load()["shapes"]])
     # largest weights first: with a time budget, those matter most
     tune_order = sorted(table, key=lambda s: -s[0] * s[1])
     log = args.log or os.path.join(args.out, "tune-log.jsonl")

@@ -31,7 +31,8 @@ def _view(tensor, dynamic_m=False):
     """CuTe view of a packed row-major CUDA tensor (32 B aligned); with
     ``dynamic_m`` its first extent is a run-time value, as compiled."""
     from cutlass.cute.runtime import from_dlpack
-    view = from_dlpack(tensor, assumed_align=ALIGN_BYTES)
+    # detach: DLPack refuses tensors that require grad; the view is only an address
+    view = from_dlpack(tensor.detach(), assumed_align=ALIGN_BYTES)
     if dynamic_m:
         view = view.mark_compact_shape_dynamic(mode=0, stride_order=tensor.dim_order())
     return view

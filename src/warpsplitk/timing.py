@@ -83,6 +83,15 @@ def time_calls(calls, replays: int = REPLAYS, warmup: int = 2) -> Timing:
     return Timing(statistics.median(per_call), min(per_call), max(per_call), reps * len(calls))
 
 
+#: No HBM delivers more than this (H200: 4.8 TB/s datasheet); a call timed
+#: faster than its weight bytes at this rate did not read its weight.
+MAX_PLAUSIBLE_TBPS = 6.0
+
+
+def physical_floor_us(weight_bytes: int) -> float:
+    return weight_bytes / (MAX_PLAUSIBLE_TBPS * 1e12) * 1e6
+
+
 def measured_read_bandwidth(gib: float = 2.0) -> float:
     """Bytes per second of a large read-only pass (a sum over ``gib`` GiB)."""
     import torch

@@ -122,7 +122,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     progress(f"{sum(len(v) for v in work.values())} candidates to measure, "
              f"{len({(n, k, t) for (n, k, _), ts in work.items() for t in ts})} distinct kernels")
     log = open(log_path, "a") if log_path else None
-    stream = _stream_handle(torch.device("cuda", device))
+    cuda_device = torch.device("cuda", device)
     best = {}
     started = time.perf_counter()
     try:
@@ -151,17 +151,27 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                             rec.update(ok=False, error=f"compile: {error}")
                         else:
                             out.fill_(float("nan"))
-                            code(weight_views[-1], x_view, bias_view, out_view, stream)
+                            code(weight_views[-1], x_view, bias_view, out_view,
+                                 _stream_handle(cuda_device))
                             torch.cuda.synchronize()
                             err = ((out.double() - ref).norm() / ref.norm()).item()
                             if check and not err < 1e-2:
                                 rec.update(ok=False, error=f"relative error {err:.3g}")
                             else:
+                                # the stream is looked up at each call, as run() does:
+                                # timing captures on its own stream
                                 t = timing.time_calls([
-                                    lambda wv=wv, c=code: c(wv, x_view, bias_view, out_view, stream)
+                                    lambda wv=wv, c=code: c(wv, x_view, bias_view, out_view,
+                                                            _stream_handle(cuda_device))
                                     for wv in weight_views])
-                                rec.update(ok=True, us=round(t.median_us, 3),
-                                           spread=round(t.spread, 3), rel_err=err)
+                                floor = timing.physical_floor_us(n * k * 2)
+                                if t.median_us < floor:
+                                    rec.update(ok=False, error=f"{t.median_us:.3f} us is under the "
+                                               f"{floor:.3f} us any HBM read of the weight needs: "
+                                               "the measurement is broken")
+                                else:
+                                    rec.update(ok=True, us=round(t.median_us, 3),
+                                               spread=round(t.spread, 3), rel_err=err)
                         if log:
                             log.write(json.dumps(rec) + "\n")
                             log.flush()
