@@ -193,7 +193,7 @@ def test_patch_model_and_unpatch():
     model = nn.Sequential(nn.Linear(K, N), nn.ReLU(), nn.Linear(N, 100), nn.Linear(100, 64))
     model = model.cuda().to(torch.bfloat16)
     originals = list(model)
-    x = bf16(4, K)
+    x = bf16(8, K)  # an M among the prepared MS
     with torch.no_grad():
         expected = model(x)
         report = patch_model(model, ms=MS)

@@ -1,0 +1,156 @@
+"""Decode plans: file round trip, validation, lookup and fallback; the tuner's pruning."""
+
+import json
+import warnings
+
+import pytest
+
+from warpsplitk import shapes
+from warpsplitk.decode import (
+    PLAN_FORMAT,
+    PLAN_VERSION,
+    DecodePlan,
+    builtin_plan,
+    load_plan,
+    plan_from_json,
+)
+from warpsplitk.tactics import WarpSplitKTactic, check_tactic, default_tactic, is_legal
+from warpsplitk.tune import REPRESENTATIVE_MS, candidates, representative
+
+T = WarpSplitKTactic
+
+
+def small_plan():
+    plan = DecodePlan(meta={"gpu": "test"})
+    plan.set(4224, 7168, 1, T(32, 8, 256, 11, 1), 13.7)
+    plan.set(4224, 7168, 2, T(32, 8, 256, 11, 1))
+    plan.set(768, 128, 32, T(16, 32, 128, 1, 2), 1.45)
+    return plan
+
+
+def test_round_trip(tmp_path):
+    plan = small_plan()
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = load_plan(path)
+    assert loaded.entries == plan.entries
+    assert loaded.meta == plan.meta
+    data = json.loads(path.read_text())
+    assert data["format"] == PLAN_FORMAT and data["version"] == PLAN_VERSION
+
+
+def _write(tmp_path, data):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d.update(format="other"), "not a warpsplitk plan"),
+    (lambda d: d.update(version=99), "version 99"),
+    (lambda d: d["shapes"][0].pop("k"), r"shapes\[0\] needs"),
+    (lambda d: d["shapes"][0]["entries"].update({"33": {"tactic": "16,8,128,4,1"}}), "M=33"),
+    (lambda d: d["shapes"][0]["entries"].update({"x": {"tactic": "16,8,128,4,1"}}), "integer"),
+    (lambda d: d["shapes"][0]["entries"].update({"3": {"us": 1.0}}), "needs a 'tactic'"),
+    (lambda d: d["shapes"][0]["entries"].update({"3": {"tactic": "16,8"}}), "five integers"),
+    # stale: a tactic that no longer passes check_tactic (more stages than K tiles)
+    (lambda d: d["shapes"][0]["entries"].update({"3": {"tactic": "16,8,128,2,1"}}),
+     "N=768 K=128 M=3: .*exceeds"),
+])
+def test_bad_files_name_the_entry(tmp_path, mutate, match):
+    data = small_plan().to_json()
+    mutate(data)
+    with pytest.raises(ValueError, match=match):
+        load_plan(_write(tmp_path, data))
+
+
+def test_not_json(tmp_path):
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_plan(_write(tmp_path, "{nope"))
+
+
+def test_lookup_and_fallback_warns_once_per_shape():
+    plan = small_plan()
+    assert plan.lookup(4224, 7168, 1) == T(32, 8, 256, 11, 1)
+    assert plan.lookup(4224, 7168, 3) is None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [plan.tactic_for(2048, 2048, m, sm_count=132) for m in (1, 2, 3)]
+        plan.tactic_for(4224, 7168, 1)  # a hit: no warning
+    assert got == [default_tactic(m, 2048, 2048, 132) for m in (1, 2, 3)]
+    assert len(caught) == 1 and "N=2048, K=2048" in str(caught[0].message)
+
+
+def test_set_refuses_illegal_tactic():
+    with pytest.raises(ValueError):
+        DecodePlan().set(100, 128, 1, T(16, 8, 128, 1, 1))
+
+
+def test_builtin_plan_is_valid_and_measured():
+    plan = builtin_plan("h200")
+    assert plan.meta["gpu"] == "NVIDIA H200"
+    assert plan.entries
+    for (n, k), by_m in plan.entries.items():
+        assert sorted(by_m) == list(range(1, 33)), (n, k)
+        for m, (tactic, us) in by_m.items():
+            check_tactic(tactic, n, k)
+            if m in REPRESENTATIVE_MS:
+                assert us is not None and us > 0
+    table = {(s["n"], s["k"]) for s in shapes.load()["shapes"]}
+    assert set(plan.entries) <= table
+
+
+def test_plan_from_json_source_in_message():
+    with pytest.raises(ValueError, match="^mine: "):
+        plan_from_json({"format": "x"}, "mine")
+
+
+# ----------------------------------------------------------------- pruning
+
+
+def test_representative_buckets():
+    assert representative(1) == 1
+    assert [representative(m) for m in (2, 8, 9, 16, 17, 24, 25, 32)] == [8, 8, 16, 16, 24, 24,
+                                                                           32, 32]
+    for m in range(1, 33):
+        assert representative(m) >= m
+
+
+@pytest.mark.parametrize("m", [1, 8, 16, 24, 32])
+@pytest.mark.parametrize("n,k", [(s["n"], s["k"]) for s in shapes.load()["shapes"]])
+def test_candidates_are_legal_small_and_include_default(m, n, k):
+    found = candidates(m, n, k, 132)
+    assert found and len(found) <= 16
+    assert default_tactic(m, n, k, 132) in found
+    assert all(is_legal(t, n, k) for t in found)
+    cover = min(t for t in (8, 16, 32) if t >= m)
+    for t in found:
+        assert t.token_tile in (cover, cover // 2)
+        assert t.b_loader_warps == (1 if t.token_tile == 8 else 2)
+        assert not (t.output_tile == 64 and t.token_tile == 8)
+
+
+# ------------------------------------------------------------ plan view
+
+
+def test_plan_view_without_gpu(capsys):
+    from warpsplitk.cli import main
+    assert main(["plan", "--no-compile", "--m", "1,32"]) == 0
+    out = capsys.readouterr().out
+    assert "built-in H200 plan" in out
+    lines = [line for line in out.splitlines()[2:] if line.strip()]
+    assert len(lines) == 2 * len(shapes.load()["shapes"])
+    # the plan's own tactic shows for a tuned shape
+    assert any(" 4224  7168   1 " in line and "32,8,256,11,1" in line for line in lines)
+
+
+def test_plan_view_compiles_registers(tmp_path, capsys):
+    from warpsplitk.cli import main
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"shapes": [{"n": 256, "k": 1024, "model": "x", "projection": "y"}]}))
+    assert main(["plan", "--plan", "none", "--shapes", str(table), "--m", "8"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    tactic = default_tactic(8, 256, 1024, 132)
+    assert tactic.short() in row
+    regs = int(row[-2])
+    assert 16 <= regs <= 255
