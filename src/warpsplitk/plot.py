@@ -36,7 +36,7 @@ def plot_rows(rows, env, path):
     bottom.set_ylabel("% of HBM speed of light")
     bottom.set_ylim(0, 100)
     bottom.set_xticks(range(len(shapes)))
-    bottom.set_xticklabels([f"{n}x{k}\n{n * k * 2 / 2**20:.1f} MB" for n, k in shapes],
+    bottom.set_xticklabels([f"{n}x{k}\n{n * k * 2 / 1e6:.1f} MB" for n, k in shapes],
                            rotation=60, fontsize=7)
     top.legend(ncol=len(ms), fontsize=8)
     title = f"warpsplitk on {env.get('gpu', 'GPU')}"
