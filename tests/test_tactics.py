@@ -131,10 +131,10 @@ def test_shared_memory_limit_is_the_boundary():
         if t.smem_bytes > SMEM_PER_BLOCK:
             seen_over = True
             with pytest.raises(ValueError, match="shared memory"):
-                check_tactic(t, 64, k)
+                check_tactic(t, 192, k)  # 192: a multiple of every output tile
         else:
             seen_under = True
-            check_tactic(t, 64, k)
+            check_tactic(t, 192, k)  # 192: a multiple of every output tile
     assert seen_over and seen_under
 
 
@@ -248,7 +248,7 @@ def test_threads():
 def test_ctas_per_sm_at_least_one_for_every_legal_tactic():
     counted = 0
     for t in all_tactics():
-        if is_legal(t, 64, t.stages * t.k_tile):
+        if is_legal(t, 192, t.stages * t.k_tile):
             counted += 1
             assert ctas_per_sm(t) >= 1, t
     usable = [t for t in all_tactics() if _family_is_legal(t) and t.smem_bytes <= SMEM_PER_BLOCK]

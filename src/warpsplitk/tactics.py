@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from . import layout
 
-OUTPUT_TILES = (16, 32, 64)
+OUTPUT_TILES = (16, 32, 48, 64)
+#: output tiles from this size on need k_tile 128 (see check_tactic)
+WIDE_TILE = 48
 TOKEN_TILES = (8, 16, 32)
 K_TILES = (128, 256)
 MAX_STAGES = 16
@@ -34,8 +36,9 @@ DEFAULT_SM_COUNT = 132
 class WarpSplitKTactic:
     """Compile-time parameters of one warp split-K kernel.
 
-    output_tile: weight rows (output columns) per CTA, 16, 32 or 64 (64 halves
-        the activation re-reads per weight byte again, for many tokens).
+    output_tile: weight rows (output columns) per CTA, 16, 32, 48 or 64 (the
+        wider tiles cut the activation re-reads per weight byte, for many
+        tokens; 48 divides N where 32 and 64 do not, e.g. 3216 = 48 * 67).
     token_tile: token rows per CTA, 8, 16 or 32; ``ceil(M / token_tile)`` CTAs
         share each weight tile.
     k_tile: K elements per pipeline stage, 128 or 256.
@@ -97,12 +100,13 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
                          f"got {tactic.stages!r}")
     if tactic.b_loader_warps not in B_LOADER_WARPS:
         raise _field_error("b_loader_warps", tactic.b_loader_warps, B_LOADER_WARPS)
-    if tactic.output_tile == 64 and tactic.k_tile != 128:
-        # ptxas-driven: 64 x 256 weight stages are 32 copies per loader thread
-        # per stage; ptxas 13.4 then hoists their addresses into 255 registers
-        # and spills (measured on sm_90a). 64-row tiles take 128-wide K tiles.
-        raise ValueError("warp split-K tactic: output_tile 64 needs k_tile 128 "
-                         f"(got k_tile {tactic.k_tile}: the compiled kernel spills)")
+    if tactic.output_tile >= WIDE_TILE and tactic.k_tile != 128:
+        # ptxas-driven: 48 or 64 rows x 256 K are 24-32 copies per weight-loader
+        # thread per stage; ptxas 13.4 hoists their addresses into 150-255
+        # registers and spills (measured on sm_90a). Wide tiles take k_tile 128.
+        raise ValueError(f"warp split-K tactic: output_tile {tactic.output_tile} needs k_tile "
+                         f"128 (got k_tile {tactic.k_tile}: the compiled kernel spills or "
+                         "holds 150+ registers)")
     if not isinstance(n, int) or n <= 0 or n % tactic.output_tile:
         raise ValueError(f"warp split-K: N must be a positive multiple of output_tile "
                          f"{tactic.output_tile}, got N={n!r}")
@@ -171,6 +175,8 @@ MEASURED_REGISTERS = {
     (32, 32, 128, 1): 88, (32, 32, 128, 2): 80, (32, 32, 256, 1): 182, (32, 32, 256, 2): 106,
     (64, 8, 128, 1): 80, (64, 8, 128, 2): 80, (64, 16, 128, 1): 108, (64, 16, 128, 2): 80,
     (64, 32, 128, 1): 154, (64, 32, 128, 2): 130,
+    (48, 8, 128, 1): 70, (48, 8, 128, 2): 64, (48, 16, 128, 1): 74, (48, 16, 128, 2): 64,
+    (48, 32, 128, 1): 102, (48, 32, 128, 2): 92,
 }
 
 

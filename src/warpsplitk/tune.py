@@ -15,8 +15,8 @@ Pruning, before anything is measured:
   rings that fit r, r + 1 and 2r per SM (room beside a running grid lets
   the next kernel's CTAs start under PDL; when no ring fits r, the one with
   the most CTAs per SM);
-* output_tile 64 only with 16 or more tokens (it amortises activation
-  re-reads, which are small for 8-token tiles);
+* output_tile 48 and 64 only with 16 or more tokens (they amortise
+  activation re-reads, which are small for 8-token tiles);
 * k_tile 128 only where 256 cannot give two tiles;
 * the default heuristic's own choice is always a candidate.
 
@@ -40,6 +40,7 @@ from .tactics import (
     DEFAULT_SM_COUNT,
     MAX_STAGES,
     OUTPUT_TILES,
+    WIDE_TILE,
     TOKEN_TILES,
     WarpSplitKTactic,
     ctas_per_sm,
@@ -63,15 +64,15 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> list
     for token_tile in token_tiles:
         b_warps = 1 if token_tile == 8 else 2
         for output_tile in OUTPUT_TILES:
-            if output_tile == 64 and token_tile == 8:
-                continue  # 64-row tiles pay off only where activation re-reads matter
+            if output_tile >= WIDE_TILE and token_tile == 8:
+                continue  # wide tiles pay off only where activation re-reads matter
             for k_tile in (128, 256):
                 family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
                           for s in range(1, MAX_STAGES + 1)]
                 family = [t for t in family if is_legal(t, n, k)]
                 if not family:
                     continue
-                if k_tile == 128 and output_tile != 64 and k % 256 == 0 and k // 256 >= 2:
+                if k_tile == 128 and output_tile < WIDE_TILE and k % 256 == 0 and k // 256 >= 2:
                     continue  # 256-wide tiles reach the same depth with half the barriers
                 wanted = math.ceil(grid_ctas(family[0], m, n) / sm_count)
                 fits_any = False
