@@ -142,5 +142,77 @@ def write_json(path, env, rows):
                   f, indent=1)
 
 
+#: Pairs of the shape table that chain (N of the first = K of the second).
+DEFAULT_CHAINS = (((768, 7168), (7168, 768)), ((7168, 768), (1536, 7168)),
+                  ((1536, 7168), (2304, 1536)), ((7168, 384), (2112, 7168)),
+                  ((2048, 2048), (2048, 2048)))
+
+
+@dataclass
+class ChainRow:
+    first: tuple
+    second: tuple
+    m: int
+    tactics: str
+    ours_us: float  # per pair: both projections, the second reading the first's output
+    cublas_us: float
+    floor_us: float
+
+    @property
+    def speedup(self):
+        return self.cublas_us / self.ours_us
+
+
+def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=print):
+    """Dependent chains: y = (x @ W1^T) @ W2^T, back to back over rotating weight
+    pairs; with PDL the second kernel's weight stream starts before the first ends."""
+    import torch
+
+    from .decode import DecodePlan, prepare
+    plan = plan if plan is not None else DecodePlan()
+    read_tbps = timing.measured_read_bandwidth() / 1e12
+    rows = []
+    for (n1, k1), (n2, k2) in pairs:
+        if n1 != k2:
+            raise ValueError(f"a chain needs N of the first = K of the second, got "
+                             f"{(n1, k1)} then {(n2, k2)}")
+        pair_bytes = 2 * (n1 * k1 + n2 * k2)
+        copies = timing.copies_for(pair_bytes)
+        w1 = timing.random_weights(n1, k1, copies, "cuda", seed=1)
+        w2 = timing.random_weights(n2, k2, copies, "cuda", seed=2)
+        for w in w1 + w2:
+            w.mul_(w.shape[1] ** -0.5)  # keep the chained activations O(1)
+        p1 = [prepare(w, plan, ms) for w in w1]
+        p2 = [prepare(w, plan, ms) for w in w2]
+        for m in ms:
+            x = torch.randn(m, k1, device="cuda", dtype=torch.bfloat16)
+            h = torch.empty(m, n1, device="cuda", dtype=torch.bfloat16)
+            y = torch.full((m, n2), float("nan"), device="cuda", dtype=torch.bfloat16)
+            calls = []
+            for a, b in zip(p1, p2):
+                calls += [lambda a=a: a.run(x, h), lambda b=b: b.run(h, y)]
+            ours = timing.time_calls(calls)
+            ref = (x.double() @ w1[-1].double().t()).to(torch.bfloat16).double() @ w2[-1].double().t()
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+            if not err < 2e-2 or torch.isnan(y).any():
+                raise RuntimeError(f"chain {(n1, k1)}->{(n2, k2)} M={m}: relative error {err:.3g}")
+            cublas_calls = []
+            for a, b in zip(w1, w2):
+                cublas_calls += [lambda a=a: torch.matmul(x, a.t(), out=h),
+                                 lambda b=b: torch.matmul(h, b.t(), out=y)]
+            cublas = timing.time_calls(cublas_calls)
+            row = ChainRow((n1, k1), (n2, k2), m,
+                           f"{p1[0].tactics[m].short()} -> {p2[0].tactics[m].short()}",
+                           round(2 * ours.median_us, 3), round(2 * cublas.median_us, 3),
+                           round(pair_bytes / 2 / (read_tbps * 1e12) * 1e6, 3))
+            rows.append(row)
+            progress(f"{n1:>5}x{k1:<5} -> {n2:>5}x{k2:<5} M={m:>2} {row.tactics:>34} "
+                     f"{row.ours_us:8.2f} {row.cublas_us:8.2f} {row.speedup:6.2f}x "
+                     f"floor {row.floor_us:6.2f}")
+        del p1, p2, w1, w2
+        torch.cuda.empty_cache()
+    return rows
+
+
 def default_shapes():
     return [(s["n"], s["k"]) for s in shape_table.load()["shapes"]]

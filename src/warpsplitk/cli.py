@@ -35,8 +35,18 @@ def _cmd_bench(args):
     if args.plan:
         from .decode import load_plan
         plan = load_plan(args.plan)
-    shapes = shape_table.parse_shapes(args.shapes) if args.shapes else bench.default_shapes()
     ms = shape_table.parse_ms(args.m)
+    if args.chain:
+        print("first -> second, M, tactics, warpsplitk us per pair, cuBLAS us, speedup", flush=True)
+        rows = bench.bench_chain(bench.DEFAULT_CHAINS, ms, plan,
+                                 progress=lambda line: print(line, flush=True))
+        if args.json:
+            import json
+            from dataclasses import asdict
+            with open(args.json, "w") as f:
+                json.dump({"mode": "chain", "rows": [asdict(r) for r in rows]}, f, indent=1)
+        return 0
+    shapes = shape_table.parse_shapes(args.shapes) if args.shapes else bench.default_shapes()
     print(bench.HEADER, flush=True)
     env, rows = bench.run_bench(shapes, ms, plan, progress=lambda line: print(line, flush=True))
     print(f"# {env['gpu']}  read {env['read_TBps']} TB/s (datasheet {env['datasheet_TBps']})  "
@@ -118,6 +128,8 @@ def main(argv=None):
     p.add_argument("--plan", help="decode plan JSON (default: the heuristic)")
     p.add_argument("--json", help="write rows and environment here")
     p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--chain", action="store_true",
+                   help="dependent chains (each output feeds the next input) of table shape pairs")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("tune", help="measure tactics on this GPU and write a decode plan")

@@ -1,0 +1,43 @@
+"""Benchmark plumbing that needs no GPU: chain pairs, rows, JSON, the plot."""
+
+import json
+
+import pytest
+
+from warpsplitk import bench, shapes
+from warpsplitk.plot import main as plot_main
+
+
+def test_chain_pairs_chain_and_come_from_the_table():
+    table = {(s["n"], s["k"]) for s in shapes.load()["shapes"]}
+    assert len(bench.DEFAULT_CHAINS) >= 4
+    for first, second in bench.DEFAULT_CHAINS:
+        assert first in table and second in table
+        assert first[0] == second[1]
+
+
+def _row(n=4224, k=7168, m=8, ours=13.7, cublas=21.1):
+    floor = n * k * 2 / 4.4e12 * 1e6
+    return bench.BenchRow(n, k, m, "32,8,256,11,1", "plan", ours, 0.01, 14.4, cublas, 0.01,
+                          n * k * 2 / 4.8e12 * 1e6, floor)
+
+
+def test_row_metrics_and_format():
+    r = _row()
+    assert r.speedup == pytest.approx(21.1 / 13.7)
+    assert r.weight_tbps == pytest.approx(4224 * 7168 * 2 / 13.7e-6 / 1e12)
+    line = bench.format_row(r)
+    assert "32,8,256,11,1" in line and "1.54" in line
+
+
+def test_json_and_plot(tmp_path):
+    rows = [_row(m=m, ours=13 + m / 10) for m in (1, 8, 32)] + [_row(768, 128, 1, 1.4, 2.8)]
+    env = {"gpu": "NVIDIA H200", "read_TBps": 4.4}
+    path = tmp_path / "b.json"
+    bench.write_json(path, env, rows)
+    data = json.loads(path.read_text())
+    assert data["environment"] == env and len(data["rows"]) == 4
+    assert data["rows"][0]["speedup"] == pytest.approx(rows[0].speedup, abs=1e-3)
+    png = tmp_path / "b.png"
+    plot_main([str(path), str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
