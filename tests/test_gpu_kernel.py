@@ -127,3 +127,17 @@ def test_prepare_refuses_bad_weight():
         PreparedWarpSplitK(w[:, :1000], {1: t})
     with pytest.raises(ValueError):
         PreparedWarpSplitK(w, {1: WarpSplitKTactic(16, 8, 128, 16, 1)})
+
+
+@pytest.mark.parametrize("tactic,n,k", [
+    (WarpSplitKTactic(48, 32, 128, 4, 2), 3216, 7168),   # N = 48 * 67: two epilogue rounds
+    (WarpSplitKTactic(64, 32, 128, 8, 2), 4608, 1536),   # 256 output vectors: two rounds
+    (WarpSplitKTactic(48, 16, 128, 6, 1), 2112, 1536),
+    (WarpSplitKTactic(64, 16, 128, 1, 2), 1024, 128),    # one K tile: unhinted prologue only
+    (WarpSplitKTactic(32, 8, 256, 11, 1), 4224, 7168),   # the H200 plan's pick for M <= 8
+])
+def test_wide_tiles_and_plan_tactics(tactic, n, k):
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    prepared = PreparedWarpSplitK(w, {m: tactic for m in (1, 15, 17, 32)})
+    for m in (1, 15, 17, 32):
+        check(prepared, m, n, k, w)
