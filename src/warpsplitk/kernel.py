@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cuda.bindings import driver as cuda_driver
 from cutlass import Float32, Int32, Int64
 
 from . import layout, ptx
@@ -70,7 +71,7 @@ class WarpSplitKKernel:
 
     @cute.jit
     def __call__(self, weight: cute.Tensor, x: cute.Tensor, bias: cute.Tensor,
-                 out: cute.Tensor, stream):
+                 out: cute.Tensor, stream: cuda_driver.CUstream):
         t = self.tactic
         m = x.shape[0]
         token_tiles = (m + (t.token_tile - 1)) // t.token_tile
