@@ -154,3 +154,28 @@ def test_plan_view_compiles_registers(tmp_path, capsys):
     assert tactic.short() in row
     regs = int(row[-2])
     assert 16 <= regs <= 255
+
+
+def test_choose_tactics_reuses_within_tolerance():
+    from warpsplitk.tune import choose_tactics
+    a, b, c = T(16, 8, 256, 9, 1), T(32, 8, 256, 11, 1), T(32, 32, 256, 6, 2)
+    times = {32: {c: 15.6, a: 18.0}, 8: {a: 14.0, b: 13.8, c: 14.05}, 1: {a: 13.9, b: 13.7}}
+    picks = choose_tactics(times, tolerance=0.02)
+    assert picks[32] == (c, 15.6)
+    assert picks[8] == (c, 14.05)      # c is within 2% of b's 13.8: reused
+    assert picks[1] == (b, 13.7)       # c not measured at M=1: the fastest
+    strict = choose_tactics(times, tolerance=0.0)
+    assert strict[8] == (b, 13.8)
+
+
+def test_choose_tactics_never_picks_outside_tolerance():
+    import random
+
+    from warpsplitk.tune import choose_tactics
+    rng = random.Random(0)
+    tactics = [T(16, 8, 256, s, 1) for s in range(2, 12)]
+    for _ in range(200):
+        times = {m: {t: rng.uniform(10, 12) for t in rng.sample(tactics, 4)} for m in (1, 8, 16, 32)}
+        for m, (tactic, us) in choose_tactics(times, 0.02).items():
+            assert us == times[m][tactic]
+            assert us <= min(times[m].values()) * 1.02

@@ -23,6 +23,9 @@ Pruning, before anything is measured:
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
 Candidates that fail to compile or are wrong are dropped and reported.
+Among tactics within ``TOLERANCE`` of the fastest, one already chosen for
+another M of the shape is preferred (``choose_tactics``): fewer distinct
+kernels per shape, a shorter cold start, at no measurable cost.
 Every measurement is appended to a JSON-lines log; with ``resume`` a rerun
 skips what the log already holds.
 """
@@ -101,8 +104,32 @@ def _read_log(path):
     return done
 
 
+#: Times within this fraction of the fastest count as equal (the spread of a
+#: median over 7 replays is 1-3%): a tactic already chosen for another M of
+#: the shape is reused, so a shape compiles fewer kernels.
+TOLERANCE = 0.02
+
+
+def choose_tactics(times_by_m, tolerance=TOLERANCE):
+    """``{m: {tactic: us}}`` -> ``{m: (tactic, us)}``: per M the fastest
+    tactic, except that one already chosen for a larger M of the same shape
+    wins when it is within ``tolerance`` of the fastest."""
+    chosen, picks = [], {}
+    for m in sorted(times_by_m, reverse=True):
+        times = times_by_m[m]
+        if not times:
+            continue
+        fastest = min(times.values())
+        reuse = [t for t in chosen if t in times and times[t] <= fastest * (1 + tolerance)]
+        tactic = min(reuse, key=times.get) if reuse else min(times, key=times.get)
+        if tactic not in chosen:
+            chosen.append(tactic)
+        picks[m] = (tactic, times[tactic])
+    return picks
+
+
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
-         check=True, time_budget_s=None) -> DecodePlan:
+         check=True, time_budget_s=None, tolerance=TOLERANCE) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -124,6 +151,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
              f"{len({(n, k, t) for (n, k, _), ts in work.items() for t in ts})} distinct kernels")
     log = open(log_path, "a") if log_path else None
     cuda_device = torch.device("cuda", device)
+    measured = {}  # {(n, k): {rep: {tactic: us}}}
     best = {}
     started = time.perf_counter()
     try:
@@ -179,13 +207,14 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                     if not rec.get("ok"):
                         progress(f"dropped {key}: {rec.get('error')}")
                         continue
-                    current = best.get((n, k, r))
-                    if current is None or rec["us"] < current[1]:
-                        best[(n, k, r)] = (tactic, rec["us"])
-                winner = best.get((n, k, r))
-                progress(f"N={n:>6} K={k:>6} M={r:>2}: {len(work[(n, k, r)])} candidates, best "
-                         f"{winner[0].short() if winner else '-'} "
-                         f"{winner[1] if winner else float('nan'):.2f} us")
+                    measured.setdefault((n, k), {}).setdefault(r, {})[tactic] = rec["us"]
+                times = measured.get((n, k), {}).get(r, {})
+                fastest = min(times, key=times.get) if times else None
+                progress(f"N={n:>6} K={k:>6} M={r:>2}: {len(work[(n, k, r)])} candidates, fastest "
+                         f"{fastest.short() if fastest else '-'} "
+                         f"{times[fastest] if fastest else float('nan'):.2f} us")
+            for r, pick in choose_tactics(measured.get((n, k), {}), tolerance).items():
+                best[(n, k, r)] = pick
             del weights, weight_views
             torch.cuda.empty_cache()
     finally:
