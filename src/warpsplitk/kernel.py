@@ -51,7 +51,7 @@ class WarpSplitKKernel:
     """One compiled kernel per (N, K, tactic, bias?, PDL?); M is dynamic."""
 
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
-                 use_pdl: bool = True, min_blocks_per_sm: int = 0):
+                 use_pdl: bool = True):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
@@ -63,9 +63,6 @@ class WarpSplitKKernel:
         self.b_threads = t.b_loader_warps * layout.WARP
         self.compute_threads = layout.COMPUTE_WARPS * layout.WARP
         self.threads = t.threads
-        # 0 leaves ptxas free: a `.minnctapersm` hint made it spill (ptxas 13.4)
-        # at register counts it otherwise reached without spilling.
-        self.min_blocks_per_sm = min_blocks_per_sm
 
     # ------------------------------------------------------------ launch
 
@@ -81,7 +78,8 @@ class WarpSplitKKernel:
             smem=self.smem.total,
             stream=stream,
             use_pdl=self.use_pdl,
-            min_blocks_per_mp=self.min_blocks_per_sm,
+            # No `.minnctapersm` hint: with one, ptxas 13.4 spilled at register
+            # counts it reaches without spilling when left free.
             # rings over L1: cp.async.cg bypasses L1 anyway
             preferred_smem_carveout=100,
         )
@@ -123,10 +121,9 @@ class WarpSplitKKernel:
 
     def init_barriers(self, smem):
         for stage in range(self.tactic.stages):
-            ptx.mbarrier_init(smem + self.smem.full_a + stage * layout.MBARRIER_BYTES, self.a_threads)
-            ptx.mbarrier_init(smem + self.smem.full_b + stage * layout.MBARRIER_BYTES, self.b_threads)
-            ptx.mbarrier_init(smem + self.smem.empty + stage * layout.MBARRIER_BYTES,
-                              layout.COMPUTE_WARPS)
+            ptx.mbarrier_init(self._barrier(smem, self.smem.full_a, stage), self.a_threads)
+            ptx.mbarrier_init(self._barrier(smem, self.smem.full_b, stage), self.b_threads)
+            ptx.mbarrier_init(self._barrier(smem, self.smem.empty, stage), layout.COMPUTE_WARPS)
         ptx.fence_mbarrier_init()
 
     def _barrier(self, smem, region, stage):
