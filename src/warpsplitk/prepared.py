@@ -32,7 +32,12 @@ def _view(tensor, dynamic_m=False):
     ``dynamic_m`` its first extent is a run-time value, as compiled."""
     from cutlass.cute.runtime import from_dlpack
     # detach: DLPack refuses tensors that require grad; the view is only an address
-    view = from_dlpack(tensor.detach(), assumed_align=ALIGN_BYTES)
+    tensor = tensor.detach()
+    if tensor.dim() == 2 and tensor.shape[0] == 1 and tensor.stride(0) != tensor.shape[1]:
+        # one row (x[:, -1] of a batch of one, say): its row stride is never
+        # used, but the compiled layout says K; restate it so
+        tensor = tensor.as_strided(tensor.shape, (tensor.shape[1], 1))
+    view = from_dlpack(tensor, assumed_align=ALIGN_BYTES)
     if dynamic_m:
         view = view.mark_compact_shape_dynamic(mode=0, stride_order=tensor.dim_order())
     return view
@@ -150,8 +155,9 @@ class PreparedWarpSplitK:
             raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(self.tactics)}")
         _check_packed("x", x, (m, self.k), self.device)
         _check_packed("out", out, (m, self.n), self.device)
-        if _overlap(out, x) or _overlap(out, self.weight):
-            raise ValueError("out must not overlap x or the weight")
+        for name, other in (("x", x), ("the weight", self.weight), ("the bias", self.bias)):
+            if other is not None and _overlap(out, other):
+                raise ValueError(f"out must not overlap {name}")
         code(self._weight_view, _view(x, dynamic_m=True), self._bias_view,
              _view(out, dynamic_m=True), _stream_handle(self.device))
         return out
