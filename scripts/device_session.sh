@@ -1,16 +1,57 @@
 #!/usr/bin/env bash
-# One device call, in priority order, each step with its own time limit:
-# tune + bench, torch-integration GPU tests, determinism across processes.
+# Device calls, one stage per call (each fits the 10-minute limit), logs and
+# JSON to $OUT. From the repo root, with the CuTe DSL bundle active:
+#   source .gpu-bundle/activate.sh && bash scripts/device_session.sh STAGE
+# Stages:
+#   tests   every gpu-marked test (kernel, reliability, torch integration),
+#           determinism across two processes, a short graph soak
+#   tune    resume the tuner from the committed log over the whole table,
+#           then the benchmark (independent and chain) with that plan
+#   checks  compute-sanitizer (4 tools), the long soak, the Llama example,
+#           cold and warm start of the 16-shape table
 set -u
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
-timeout ${TB_LIMIT:-450} python3 scripts/tune_and_bench.py --out "$OUT" --tune-budget ${TUNE_BUDGET:-270} > "$OUT/tune-bench.log" 2>&1
-echo "tune+bench rc=$?"
-timeout ${LINEAR_LIMIT:-70} python3 -m pytest -q -x tests/test_gpu_linear.py > "$OUT/gpu-linear.log" 2>&1
-echo "linear gpu tests rc=$? $(tail -1 "$OUT/gpu-linear.log")"
-for i in 1 2; do timeout 40 python3 scripts/reliability.py digest; done > "$OUT/digest.log" 2>&1
-echo "digests: $(sort -u "$OUT/digest.log" | wc -l) distinct of $(wc -l < "$OUT/digest.log")"
-grep -E "candidates to|time budget|tuned in|dropped" "$OUT/tune-bench.log" | head -12
-grep -A100 "ours us" "$OUT/tune-bench.log" | tail -84
+stage=${1:-tests}
+
+case "$stage" in
+tests)
+  timeout ${TESTS_LIMIT:-420} python3 -m pytest -q -m gpu tests > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests rc=$? $(tail -1 "$OUT/gpu-tests.log")"
+  for i in 1 2; do timeout 60 python3 scripts/reliability.py digest; done > "$OUT/digest.log" 2>&1
+  echo "digests: $(sort -u "$OUT/digest.log" | wc -l) distinct of $(wc -l < "$OUT/digest.log")"
+  timeout 90 python3 scripts/reliability.py soak --replays ${SOAK_REPLAYS:-20000} \
+    --check-every 5000 --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1
+  echo "soak rc=$? $(tail -1 "$OUT/soak.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20
+  ;;
+tune)
+  cp docs/gpu-runs/2026-12-02-tune-log.jsonl "$OUT/tune-log.jsonl" 2>/dev/null
+  timeout ${TB_LIMIT:-480} python3 scripts/tune_and_bench.py --out "$OUT" \
+    --tune-budget ${TUNE_BUDGET:-300} > "$OUT/tune-bench.log" 2>&1
+  echo "tune+bench rc=$?"
+  timeout 90 python3 -m warpsplitk.cli bench --chain --m 1,8,32 --plan "$OUT/plan-h200.json" \
+    --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
+  echo "chain rc=$?"
+  grep -E "candidates to|time budget|tuned in|dropped" "$OUT/tune-bench.log" | head -12
+  grep -A84 "ours us" "$OUT/tune-bench.log"
+  cat "$OUT/chain.log"
+  ;;
+checks)
+  timeout ${SANITIZER_LIMIT:-300} bash scripts/sanitize.sh
+  echo "sanitizer rc=$?"
+  timeout 120 python3 scripts/reliability.py soak --replays 100000 --json "$OUT/soak-100k.json" \
+    > "$OUT/soak-100k.log" 2>&1
+  echo "soak 100k rc=$? $(tail -1 "$OUT/soak-100k.log")"
+  timeout 150 python3 examples/llama_decode.py --batch 1 8 32 --json "$OUT/llama.json" \
+    > "$OUT/llama.log" 2>&1
+  echo "llama rc=$?"; tail -15 "$OUT/llama.log"
+  for run in cold warm; do
+    timeout 120 python3 scripts/cold_start.py --json "$OUT/start-$run.json" 2>&1 | tail -1
+  done
+  ;;
+*)
+  echo "unknown stage $stage (tests | tune | checks)"; exit 2 ;;
+esac
