@@ -32,6 +32,13 @@ _LAZY = {
     "PatchReport": ("linear", "PatchReport"),
     "patch_model": ("linear", "patch_model"),
     "unpatch": ("linear", "unpatch"),
+    "ColumnParallelDecodeLinear": ("parallel", "ColumnParallelDecodeLinear"),
+    "RowParallelDecodeLinear": ("parallel", "RowParallelDecodeLinear"),
+    "ensure_no_multicast": ("parallel", "ensure_no_multicast"),
+    "MulticastEnabledError": ("parallel", "MulticastEnabledError"),
+    "shard_plan": ("parallel", "shard_plan"),
+    "column_shard": ("parallel", "column_shard"),
+    "row_shard": ("parallel", "row_shard"),
 }
 
 
@@ -47,4 +54,6 @@ def __getattr__(name):
 __all__ = ["WarpSplitKTactic", "check_tactic", "default_tactic", "legal_tactics", "all_tactics",
            "ctas_per_sm", "PreparedWarpSplitK", "compile_warp_splitk", "compile_for_arch",
            "emulate", "DecodePlan", "load_plan", "builtin_plan", "prepare", "prepare_model",
-           "DecodeLinear", "PatchReport", "patch_model", "unpatch", "__version__"]
+           "DecodeLinear", "PatchReport", "patch_model", "unpatch",
+           "ColumnParallelDecodeLinear", "RowParallelDecodeLinear", "ensure_no_multicast",
+           "MulticastEnabledError", "shard_plan", "column_shard", "row_shard", "__version__"]
