@@ -43,8 +43,8 @@ import warnings
 import torch
 from torch import nn
 
-from .linear import DecodeLinear
-from .tactics import DEFAULT_SM_COUNT, MAX_M, default_tactic
+from .linear import DecodeLinear, _shape_reason
+from .tactics import MAX_M
 
 # ------------------------------------------------------ NVLink multicast off
 
@@ -144,15 +144,7 @@ def shard_range(size: int, rank: int, world: int, what: str = "size") -> slice:
 def kernel_shape_reason(n: int, k: int, ms=range(1, MAX_M + 1)) -> str | None:
     """Why the kernel cannot take an ``[n, k]`` weight for these Ms, or None.
     The tactic rules decide (``default_tactic``), not a copy of them."""
-    ms = tuple(ms)
-    if not ms:
-        return "no Ms to prepare"
-    try:
-        for m in ms:
-            default_tactic(m, n, k, DEFAULT_SM_COUNT)
-    except ValueError as error:
-        return str(error)
-    return None
+    return _shape_reason(n, k, tuple(ms))
 
 
 def _check_shard(mode, n, k, world, shard_n, shard_k, ms):
