@@ -29,12 +29,19 @@ def _cmd_compile(args):
     return 1 if problems else 0
 
 
+def _resolve_plan(text):
+    """``none`` -> the default heuristic, ``h200`` -> the built-in plan, else a file."""
+    from .decode import DecodePlan, builtin_plan, load_plan
+    if text == "none":
+        return DecodePlan(), "default heuristic"
+    if text == "h200":
+        return builtin_plan("h200"), "built-in H200 plan"
+    return load_plan(text), text
+
+
 def _cmd_bench(args):
     from . import bench
-    plan = None
-    if args.plan:
-        from .decode import load_plan
-        plan = load_plan(args.plan)
+    plan = _resolve_plan(args.plan)[0] if args.plan else None
     ms = shape_table.parse_ms(args.m)
     if args.chain:
         print("first -> second, M, tactics, warpsplitk us per pair, cuBLAS us, speedup", flush=True)
@@ -73,17 +80,8 @@ def _cmd_tune(args):
 
 def _cmd_plan(args):
     from . import layout
-    from .decode import DecodePlan, builtin_plan, load_plan
     from .tactics import ctas_per_sm, grid_ctas, register_estimate, waves
-    if args.plan == "none":
-        plan, source = DecodePlan(), "default heuristic"
-    elif args.plan:
-        plan, source = load_plan(args.plan), args.plan
-    else:
-        try:
-            plan, source = builtin_plan("h200"), "built-in H200 plan"
-        except FileNotFoundError:
-            plan, source = DecodePlan(), "default heuristic"
+    plan, source = _resolve_plan(args.plan or "h200")
     table = shape_table.load(args.shapes)
     ms = shape_table.parse_ms(args.m)
     print(f"# tactics from {source}; {args.arch}, {args.sm_count} SMs; floor at "
@@ -125,7 +123,7 @@ def main(argv=None):
     p = sub.add_parser("bench", help="time warpsplitk vs torch.matmul on this GPU")
     p.add_argument("--shapes", nargs="*", help="N,K pairs or .json shape tables (default: built-in)")
     p.add_argument("--m", default="1,4,8,16,32", help="Ms, e.g. 1-32 or 1,4,8")
-    p.add_argument("--plan", help="decode plan JSON (default: the heuristic)")
+    p.add_argument("--plan", help="plan JSON, 'h200' (built-in) or 'none' (default: the heuristic)")
     p.add_argument("--json", help="write rows and environment here")
     p.add_argument("--plot", help="write a PNG plot here")
     p.add_argument("--chain", action="store_true",
@@ -141,7 +139,7 @@ def main(argv=None):
     p.set_defaults(func=_cmd_tune)
 
     p = sub.add_parser("plan", help="show tactics, occupancy and the HBM floor per shape (no GPU)")
-    p.add_argument("--plan", help="plan JSON ('none': the default heuristic; default: built-in H200)")
+    p.add_argument("--plan", help="plan JSON, 'h200' (built-in, the default) or 'none' (the heuristic)")
     p.add_argument("--shapes", help="shape table JSON (default: built-in)")
     p.add_argument("--m", default="1,8,16,24,32", help="M buckets to show")
     p.add_argument("--arch", default="sm_90a", choices=("sm_90a", "sm_100a"))
