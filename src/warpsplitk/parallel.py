@@ -362,8 +362,7 @@ class ColumnParallelDecodeLinear(_ParallelDecodeLinear):
         self.shard_features = self.local.out_features
         self.in_features = self.local.in_features
         self.out_features = self.shard_features * self.world
-        self.output_slice = slice(self.rank * self.shard_features,
-                                  (self.rank + 1) * self.shard_features)
+        self.output_slice = shard_range(self.out_features, self.rank, self.world, "N")
         # [p, max M, N/p], flat: the first p*M*N/p elements viewed [p, M, N/p]
         rows = max(self.ms) if self.ms else MAX_M
         self.register_buffer("_gather_buffer", torch.empty(
@@ -458,8 +457,7 @@ class RowParallelDecodeLinear(_ParallelDecodeLinear):
         self.out_features = self.local.out_features
         self.shard_features = self.local.in_features
         self.in_features = self.shard_features * self.world
-        self.input_slice = slice(self.rank * self.shard_features,
-                                 (self.rank + 1) * self.shard_features)
+        self.input_slice = shard_range(self.in_features, self.rank, self.world, "K")
         rows = max(self.ms) if self.ms else MAX_M
         self.register_buffer("_x_buffer", torch.empty(
             rows, self.shard_features, dtype=self.local.weight.dtype, device=self.device),
