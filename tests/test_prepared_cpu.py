@@ -116,12 +116,12 @@ def test_run_refuses_out_overlapping_x_or_weight(prepared):
 
 def test_run_single_row_x_may_have_any_row_stride(prepared, monkeypatch):
     """M = 1 from a wider buffer passes the checks and reaches the launch, with
-    x and out in the compiled code's argument order (CuTe views stubbed out:
+    x and out in the compiled code's argument order (CuTe pointers stubbed out:
     importing the DSL here would fix the process's compile arch)."""
     import warpsplitk.prepared as module
-    monkeypatch.setattr(module, "_view", lambda t, dynamic_m=False: ("view", t, dynamic_m))
+    monkeypatch.setattr(module, "gmem_pointer", lambda address: ("ptr", address))
     monkeypatch.setattr(module, "_stream_handle", lambda device: "stream")
-    prepared._weight_view, prepared._bias_view = "weight view", "bias view"
+    prepared._weight_ptr, prepared._bias_ptr = "weight ptr", "bias ptr"
     calls = []
     prepared.codes[1] = lambda *args: calls.append(args)
     x = aligned(2, 2 * K)[:1, :K]
@@ -129,7 +129,6 @@ def test_run_single_row_x_may_have_any_row_stride(prepared, monkeypatch):
     out = aligned(1, N)
     assert prepared.run(x, out) is out
     assert len(calls) == 1
-    weight_view, x_view, bias_view, out_view, stream = calls[0]
-    assert (weight_view, bias_view, stream) == ("weight view", "bias view", "stream")
-    assert x_view[1] is x and x_view[2] is True
-    assert out_view[1] is out and out_view[2] is True
+    weight_ptr, x_ptr, bias_ptr, out_ptr, m, stream = calls[0]
+    assert (weight_ptr, bias_ptr, m, stream) == ("weight ptr", "bias ptr", 1, "stream")
+    assert x_ptr == ("ptr", x.data_ptr()) and out_ptr == ("ptr", out.data_ptr())

@@ -269,7 +269,7 @@ N, K = 64, 256
 @pytest.fixture
 def prepared(monkeypatch):
     """An instance as __init__ would leave it, on the CPU, whose code records launches."""
-    monkeypatch.setattr(prepared_module, "_view", lambda t, dynamic_m=False: (t, dynamic_m))
+    monkeypatch.setattr(prepared_module, "gmem_pointer", lambda address: ("ptr", address))
     monkeypatch.setattr(prepared_module, "_stream_handle", lambda device: "stream")
     p = PreparedWarpSplitK.__new__(PreparedWarpSplitK)
     p.weight = aligned(N, K)
@@ -283,9 +283,8 @@ def prepared(monkeypatch):
         p.launches.append(args)
 
     p.codes = {1: code, 8: code}
-    p._weight_view = "weight view"
-    p._bias_tensor = aligned(N)
-    p._bias_view = "bias view"
+    p._weight_ptr = "weight ptr"
+    p._bias_ptr = "bias ptr"
     return p
 
 
@@ -384,9 +383,9 @@ def test_run_adjacent_x_and_out_in_one_buffer_launch(prepared):
     x, out = _adjacent_x_then_out(prepared)
     assert prepared.run(x, out) is out
     assert len(prepared.launches) == 1
-    weight_view, x_view, bias_view, out_view, stream = prepared.launches[0]
-    assert x_view == (x, True) and out_view[0] is out and out_view[1] is True
-    assert (weight_view, bias_view, stream) == ("weight view", "bias view", "stream")
+    weight_ptr, x_ptr, bias_ptr, out_ptr, m, stream = prepared.launches[0]
+    assert x_ptr == ("ptr", x.data_ptr()) and out_ptr == ("ptr", out.data_ptr())
+    assert (weight_ptr, bias_ptr, m, stream) == ("weight ptr", "bias ptr", 8, "stream")
 
 
 def test_run_single_row_out_may_have_any_row_stride(prepared):
@@ -394,7 +393,7 @@ def test_run_single_row_out_may_have_any_row_stride(prepared):
     assert out.stride() == (2 * N, 1) and out.data_ptr() % ALIGN_BYTES == 0
     x = aligned(1, K)
     assert prepared.run(x, out) is out
-    assert len(prepared.launches) == 1 and prepared.launches[0][3][0] is out
+    assert len(prepared.launches) == 1 and prepared.launches[0][3] == ("ptr", out.data_ptr())
 
 
 def test_run_x_may_overlap_the_weight(prepared):
@@ -407,60 +406,56 @@ def test_run_x_may_overlap_the_weight(prepared):
 
 def test_run_refuses_out_overlapping_the_bias(prepared):
     bias = aligned(N)
-    prepared.bias = prepared._bias_tensor = bias
+    prepared.bias = bias
     with pytest.raises(ValueError, match="^out must not overlap the bias$"):
         prepared.run(aligned(1, K), bias.view(1, N))
     assert prepared.launches == []
 
 
-# ------------------------------------------ the CuTe views run() passes on
+# ------------------------------------------ the CuTe pointers run() passes on
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 # Run in a fresh interpreter: importing the DSL here would fix this process's
 # compile arch (see tests/test_compile.py).
-_VIEW_PROBE = r"""
+_POINTER_PROBE = r"""
 import json, torch
-from warpsplitk.prepared import _view
+from warpsplitk.compile import gmem_pointer
 bf16 = torch.bfloat16
 cases = {
     "packed rows": torch.zeros(8, 256, dtype=bf16),
-    "packed single row": torch.zeros(1, 256, dtype=bf16),
     "single row of a taller matrix": torch.zeros(4, 256, dtype=bf16)[2:3],
     "single row of a wider matrix": torch.zeros(3, 512, dtype=bf16)[1:2, 256:],
 }
 result = {}
 for name, t in cases.items():
-    try:
-        _view(t, dynamic_m=True)
-        result[name] = "ok"
-    except Exception as error:
-        result[name] = f"{type(error).__name__}: {error}"
+    p = gmem_pointer(t.data_ptr())
+    result[name] = [p._pointer == t.data_ptr(), str(p.memspace), p._assumed_align, str(p.dtype)]
 print(json.dumps(result))
 """
 
 
 @pytest.fixture(scope="module")
-def dynamic_views():
-    """How ``_view(t, dynamic_m=True)`` (x's and out's view in run) takes each case."""
+def pointers():
+    """What ``gmem_pointer`` (x's and out's argument in run) makes of each case."""
     if importlib.util.find_spec("cutlass") is None:
         pytest.skip("needs the CuTe DSL (nvidia-cutlass-dsl)")
     path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path)
-    proc = subprocess.run([sys.executable, "-c", _VIEW_PROBE], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", _POINTER_PROBE], capture_output=True,
+                          text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", ["packed rows", "packed single row",
-                                  "single row of a taller matrix"])
-def test_dynamic_view_of_packed_tensors(dynamic_views, case):
-    assert dynamic_views[case] == "ok"
+@pytest.mark.parametrize("case", ["packed rows", "single row of a taller matrix",
+                                  "single row of a wider matrix"])
+def test_pointer_is_the_tensors_address_in_global_memory(pointers, case):
+    assert pointers[case] == [True, "gmem", 32, "BFloat16"]
 
 
-def test_dynamic_view_of_a_single_row_the_checks_accept(dynamic_views):
+def test_a_single_row_the_checks_accept_needs_only_its_address():
     row = aligned(3, 512)[1:2, 256:]
     _check_packed("x", row, (1, 256), CPU)  # accepted by run's checks...
     assert row.is_contiguous()  # ...and by ops.decode_linear's re-pack test
-    assert dynamic_views["single row of a wider matrix"] == "ok"  # so the view must work
+    assert row.data_ptr() % ALIGN_BYTES == 0  # the kernel uses its address and M only

@@ -2,7 +2,7 @@
 
 ``compile_warp_splitk`` is what :class:`PreparedWarpSplitK` uses: one code per
 (device, N, K, tactic, bias), dynamic M, PDL on. ``compile_for_arch`` builds
-the same kernel against fake tensors for ``sm_90a`` or ``sm_100a`` without a
+the same kernel against stand-in pointers for ``sm_90a`` or ``sm_100a`` without a
 GPU and reports its PTX, CUBIN and resources; CI uses it to audit every
 tactic family.
 """
@@ -27,17 +27,20 @@ def _cute():
     return cutlass, cute
 
 
-def _fake_args(n, k, has_bias):
-    """Fake tensors with the layouts ``run`` passes: packed row-major, 32 B aligned, M dynamic."""
+def gmem_pointer(address: int):
+    """A CuTe global-memory BF16 pointer argument for compiled code (32 B aligned)."""
     cutlass, cute = _cute()
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
-    m = cute.sym_int()
-    bf16 = cutlass.BFloat16
-    weight = make_fake_compact_tensor(bf16, (n, k), stride_order=(1, 0), assumed_align=32)
-    x = make_fake_compact_tensor(bf16, (m, k), stride_order=(1, 0), assumed_align=32)
-    bias = make_fake_compact_tensor(bf16, (n,), assumed_align=32)
-    out = make_fake_compact_tensor(bf16, (m, n), stride_order=(1, 0), assumed_align=32)
-    return weight, x, bias, out, make_fake_stream()
+    from cutlass.cute.runtime import make_ptr
+    return make_ptr(cutlass.BFloat16, address, cute.AddressSpace.gmem, assumed_align=32)
+
+
+def _fake_args():
+    """Stand-ins of the compiled signature: four 32 B aligned pointers, a
+    run-time M and a stream. The addresses are never dereferenced."""
+    cutlass, _ = _cute()
+    from cutlass.cute.runtime import make_fake_stream
+    pointers = [gmem_pointer(0x1000 * (i + 1)) for i in range(4)]
+    return (*pointers, cutlass.Int32(1), make_fake_stream())
 
 
 def _build(n, k, tactic, has_bias, use_pdl, arch, options=""):
@@ -45,7 +48,7 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options=""):
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl)
-    args = _fake_args(n, k, has_bias)
+    args = _fake_args()
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())
 
@@ -73,7 +76,10 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
 
     Dynamic M (1..32 rows of x and out); PDL on. Cached per argument tuple and
     safe to call from several threads (a shape is compiled once). The
-    compiled callable takes ``(weight, x, bias, out, stream)`` CuTe views.
+    compiled callable takes ``(weight, x, bias, out, m, stream)``: four
+    :func:`gmem_pointer` addresses of packed row-major BF16 tensors, M as an
+    int, and a ``CUstream``; it launches on the stream without any check, so
+    callers validate first (as :class:`PreparedWarpSplitK` does).
     """
     check_tactic(tactic, n, k)
     with _lock:
@@ -170,4 +176,4 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None) -> list[str]:
     return problems
 
 
-__all__ = ["compile_warp_splitk", "compile_for_arch", "CompileReport", "audit_ptx", "MAX_M"]
+__all__ = ["compile_warp_splitk", "compile_for_arch", "gmem_pointer", "CompileReport", "audit_ptx", "MAX_M"]

@@ -67,12 +67,15 @@ class WarpSplitKKernel:
     # ------------------------------------------------------------ launch
 
     @cute.jit
-    def __call__(self, weight: cute.Tensor, x: cute.Tensor, bias: cute.Tensor,
-                 out: cute.Tensor, stream: cuda_driver.CUstream):
+    def __call__(self, weight: cute.Pointer, x: cute.Pointer, bias: cute.Pointer,
+                 out: cute.Pointer, m: Int32, stream: cuda_driver.CUstream):
+        # Base addresses and M are all the kernel uses of its operands (their
+        # layouts are packed row-major by contract, checked by the caller), so
+        # it takes pointers: a pointer argument costs the host ~1 us to build,
+        # a DLPack tensor view with a dynamic extent ~20 us.
         t = self.tactic
-        m = x.shape[0]
         token_tiles = (m + (t.token_tile - 1)) // t.token_tile
-        self.kernel(weight, x, bias, out).launch(
+        self.kernel(weight, x, bias, out, m).launch(
             grid=[self.n // t.output_tile, token_tiles, 1],
             block=[self.threads, 1, 1],
             smem=self.smem.total,
@@ -87,11 +90,11 @@ class WarpSplitKKernel:
     # ------------------------------------------------------------ kernel
 
     @cute.kernel
-    def kernel(self, weight: cute.Tensor, x: cute.Tensor, bias: cute.Tensor, out: cute.Tensor):
+    def kernel(self, weight: cute.Pointer, x: cute.Pointer, bias: cute.Pointer,
+               out: cute.Pointer, m: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         tile_n, tile_t, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        m = x.shape[0]
         storage = cutlass.memory.SmemAllocator().allocate_array(
             cutlass.Int8, self.smem.total, byte_alignment=1024)
         smem = storage.toint()
@@ -132,7 +135,7 @@ class WarpSplitKKernel:
     def issue_weight_tile(self, smem, weight, thread, tile_n, k_tile_index, policy, hinted):
         t = self.tactic
         stage, _ = layout.ring_slot(k_tile_index, t.stages)
-        base = weight.iterator.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
+        base = weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
         for copy in range(layout.copies_per_thread(t.output_tile, t.k_tile, self.a_threads)):
             row, col = layout.loader_copy(thread, copy, t.k_tile, self.a_threads)
             dst = (smem + self.smem.a_ring + stage * self.smem.a_stage_bytes
@@ -160,7 +163,7 @@ class WarpSplitKKernel:
     def activation_loader(self, smem, x, thread, tile_t, m):
         t = self.tactic
         copies = layout.copies_per_thread(t.token_tile, t.k_tile, self.b_threads)
-        x_base = x.iterator.toint()
+        x_base = x.toint()
         first_token = tile_t * t.token_tile
         if cutlass.const_expr(self.use_pdl):
             ptx.griddepcontrol_wait()
@@ -247,9 +250,9 @@ class WarpSplitKKernel:
                      * cutlass.select_(global_token < m, Int32(1), Int32(0)))
             if cutlass.const_expr(self.has_bias):
                 b_vals = ptx.ld_global_bf16x8_as_f32(
-                    bias.iterator.toint() + Int64(n_index * _BYTES), store)
+                    bias.toint() + Int64(n_index * _BYTES), store)
                 total = [total[j] + b_vals[j] for j in range(layout.CHUNK)]
             words = [ptx.pack_bf16x2(total[2 * j], total[2 * j + 1]) for j in range(4)]
-            address = (out.iterator.toint()
+            address = (out.toint()
                        + Int64(global_token) * (self.n * _BYTES) + Int64(n_index * _BYTES))
             ptx.st_global_v4_b32_if(address, words, store)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .compile import compile_warp_splitk
+from .compile import compile_warp_splitk, gmem_pointer
 from .tactics import MAX_M, WarpSplitKTactic, check_tactic
 
 ALIGN_BYTES = 32
@@ -25,22 +25,6 @@ def _stream_handle(device):
     from cuda.bindings import driver
     torch = _torch()
     return driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
-
-
-def _view(tensor, dynamic_m=False):
-    """CuTe view of a packed row-major CUDA tensor (32 B aligned); with
-    ``dynamic_m`` its first extent is a run-time value, as compiled."""
-    from cutlass.cute.runtime import from_dlpack
-    # detach: DLPack refuses tensors that require grad; the view is only an address
-    tensor = tensor.detach()
-    if tensor.dim() == 2 and tensor.shape[0] == 1 and tensor.stride(0) != tensor.shape[1]:
-        # one row (x[:, -1] of a batch of one, say): its row stride is never
-        # used, but the compiled layout says K; restate it so
-        tensor = tensor.as_strided(tensor.shape, (tensor.shape[1], 1))
-    view = from_dlpack(tensor, assumed_align=ALIGN_BYTES)
-    if dynamic_m:
-        view = view.mark_compact_shape_dynamic(mode=0, stride_order=tensor.dim_order())
-    return view
 
 
 def _describe(t):
@@ -125,13 +109,10 @@ class PreparedWarpSplitK:
         by_tactic = {t: compile_warp_splitk(index, n, k, t, has_bias=has_bias)
                      for t in set(self.tactics.values())}
         self.codes = {m: by_tactic[t] for m, t in self.tactics.items()}
-        with torch.cuda.device(index):
-            self._weight_view = _view(weight)
-            # Without a bias the kernel never reads its bias argument, but the
-            # compiled signature has one: a resident [N] placeholder fills it.
-            self._bias_tensor = bias if has_bias else torch.empty(n, dtype=torch.bfloat16,
-                                                                   device=weight.device)
-            self._bias_view = _view(self._bias_tensor)
+        self._weight_ptr = gmem_pointer(weight.data_ptr())
+        # Without a bias the kernel never reads its bias argument; the weight's
+        # address fills the slot.
+        self._bias_ptr = gmem_pointer(bias.data_ptr() if has_bias else weight.data_ptr())
 
     @property
     def ms(self):
@@ -158,8 +139,8 @@ class PreparedWarpSplitK:
         for name, other in (("x", x), ("the weight", self.weight), ("the bias", self.bias)):
             if other is not None and _overlap(out, other):
                 raise ValueError(f"out must not overlap {name}")
-        code(self._weight_view, _view(x, dynamic_m=True), self._bias_view,
-             _view(out, dynamic_m=True), _stream_handle(self.device))
+        code(self._weight_ptr, gmem_pointer(x.data_ptr()), self._bias_ptr,
+             gmem_pointer(out.data_ptr()), m, _stream_handle(self.device))
         return out
 
     __call__ = run

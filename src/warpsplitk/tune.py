@@ -138,8 +138,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     import torch
 
     from . import __version__
-    from .compile import compile_warp_splitk
-    from .prepared import _stream_handle, _view
+    from .compile import compile_warp_splitk, gmem_pointer
+    from .prepared import _stream_handle
 
     device = torch.cuda.current_device()
     if sm_count is None:
@@ -162,12 +162,12 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                 break
             copies = timing.copies_for(n * k * 2)
             weights = timing.random_weights(n, k, copies, "cuda", seed=n * 7 + k)
-            weight_views = [_view(w) for w in weights]
-            bias_view = _view(torch.empty(n, device="cuda", dtype=torch.bfloat16))
+            weight_ptrs = [gmem_pointer(w.data_ptr()) for w in weights]
+            bias_ptr = weight_ptrs[-1]  # never read: these kernels have no bias
             for r in reps:
                 x = torch.randn(r, k, device="cuda", dtype=torch.bfloat16)
                 out = torch.empty(r, n, device="cuda", dtype=torch.bfloat16)
-                x_view, out_view = _view(x, dynamic_m=True), _view(out, dynamic_m=True)
+                x_ptr, out_ptr = gmem_pointer(x.data_ptr()), gmem_pointer(out.data_ptr())
                 ref = x.double() @ weights[-1].double().t()
                 for tactic in work[(n, k, r)]:
                     key = _log_key(n, k, r, tactic)
@@ -180,7 +180,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                             rec.update(ok=False, error=f"compile: {error}")
                         else:
                             out.fill_(float("nan"))
-                            code(weight_views[-1], x_view, bias_view, out_view,
+                            code(weight_ptrs[-1], x_ptr, bias_ptr, out_ptr, r,
                                  _stream_handle(cuda_device))
                             torch.cuda.synchronize()
                             err = ((out.double() - ref).norm() / ref.norm()).item()
@@ -190,9 +190,9 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                                 # the stream is looked up at each call, as run() does:
                                 # timing captures on its own stream
                                 t = timing.time_calls([
-                                    lambda wv=wv, c=code: c(wv, x_view, bias_view, out_view,
+                                    lambda wp=wp, c=code: c(wp, x_ptr, bias_ptr, out_ptr, r,
                                                             _stream_handle(cuda_device))
-                                    for wv in weight_views])
+                                    for wp in weight_ptrs])
                                 floor = timing.physical_floor_us(n * k * 2)
                                 if t.median_us < floor:
                                     rec.update(ok=False, error=f"{t.median_us:.3f} us is under the "
@@ -215,7 +215,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                          f"{times[fastest] if fastest else float('nan'):.2f} us")
             for r, pick in choose_tactics(measured.get((n, k), {}), tolerance).items():
                 best[(n, k, r)] = pick
-            del weights, weight_views
+            del weights, weight_ptrs
             torch.cuda.empty_cache()
     finally:
         if log:
