@@ -9,6 +9,9 @@
 #           then the benchmark (independent and chain) with that plan
 #   checks  compute-sanitizer (4 tools), the long soak, the Llama example,
 #           cold and warm start of the 16-shape table
+#   verify  'tests' and the correctness half of 'checks' in one call: the GPU
+#           tests, compute-sanitizer and the 100k soak side by side, then
+#           (alone on the GPU) host overhead, determinism and the Llama example
 set -u
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -63,6 +66,30 @@ checks)
     timeout 120 python3 scripts/cold_start.py --json "$OUT/start-$run.json" 2>&1 | tail -1
   done
   ;;
+verify)
+  LIMIT=${PHASE1_LIMIT:-300}
+  for module in gpu_kernel gpu_reliability gpu_linear; do
+    timeout -k 5 $LIMIT python3 -m pytest -q -m gpu "tests/test_$module.py" > "$OUT/$module.log" 2>&1 &
+  done
+  CASE_LIMIT=$LIMIT bash scripts/sanitize.sh > "$OUT/sanitizer.log" 2>&1 &
+  timeout -k 5 $LIMIT python3 scripts/reliability.py soak --replays 100000 \
+    --json "$OUT/soak-100k.json" > "$OUT/soak-100k.log" 2>&1 &
+  wait
+  for module in gpu_kernel gpu_reliability gpu_linear; do
+    echo "$module: $(tail -1 "$OUT/$module.log")"
+  done
+  cat "$OUT/sanitizer.log"
+  echo "soak 100k: $(tail -1 "$OUT/soak-100k.log")"
+  timeout 40 python3 scripts/host_overhead.py --json "$OUT/host-overhead.json" \
+    > "$OUT/host-overhead.log" 2>&1
+  echo "host overhead rc=$?"; tail -4 "$OUT/host-overhead.log"
+  for i in 1 2; do timeout 35 python3 scripts/reliability.py digest; done > "$OUT/digest.log" 2>&1
+  echo "digests: $(sort -u "$OUT/digest.log" | wc -l) distinct of $(wc -l < "$OUT/digest.log")"
+  timeout 140 python3 examples/llama_decode.py --batch 1 8 32 --json "$OUT/llama.json" \
+    > "$OUT/llama.log" 2>&1
+  echo "llama rc=$?"; tail -12 "$OUT/llama.log"
+  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_*.log | head -20
+  ;;
 *)
-  echo "unknown stage $stage (tests | tune | checks)"; exit 2 ;;
+  echo "unknown stage $stage (tests | tune | checks | verify)"; exit 2 ;;
 esac

@@ -1,6 +1,6 @@
 """Reliability runs on a GPU: sanitizer cases, soak, determinism across processes.
 
-    python3 scripts/reliability.py cases --subset all|rotate [--json OUT]
+    python3 scripts/reliability.py cases --subset all|rotate [--shard I --shards N] [--json OUT]
         Every tactic family (output_tile x token_tile x k_tile x
         b_loader_warps) with a one-stage ring (K = k_tile), a ring shorter
         than the K-tile count and a ring equal to it; M = 1, token_tile - 1,
@@ -31,7 +31,7 @@ import time
 import torch
 
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic
-from warpsplitk.tactics import B_LOADER_WARPS, K_TILES, OUTPUT_TILES, TOKEN_TILES
+from warpsplitk.tactics import B_LOADER_WARPS, K_TILES, OUTPUT_TILES, TOKEN_TILES, is_legal
 
 
 def rel_err(out, ref):
@@ -46,15 +46,18 @@ def family_cases(subset, offset=0):
         if subset == "rotate":
             rings = [rings[(index + offset) % 3]]
         for stages, k in rings:
+            tactic = WarpSplitKTactic(o, t, kt, stages, b)
+            if not is_legal(tactic, 2 * o, k):
+                continue  # a combination check_tactic refuses (48/64-row tiles need k_tile 128)
             ms = sorted({1, max(1, t - 1), t, min(32, t + 1), 32})
-            cases.append((WarpSplitKTactic(o, t, kt, stages, b), 2 * o, k, ms))
+            cases.append((tactic, 2 * o, k, ms))
     return cases
 
 
-def run_cases(subset, offset=0):
+def run_cases(subset, offset=0, shard=0, shards=1):
     torch.manual_seed(0)
     results = []
-    for tactic, n, k, ms in family_cases(subset, offset):
+    for tactic, n, k, ms in family_cases(subset, offset)[shard::shards]:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         prepared = PreparedWarpSplitK(w, {m: tactic for m in ms})
         for m in ms:
@@ -78,7 +81,7 @@ def run_cases(subset, offset=0):
 def soak(projections, replays, check_every):
     """A chain: h_{i+1} = x_i @ W_i^T with N_i = K_{i+1}, like a stack of layers."""
     torch.manual_seed(1)
-    dims = [7168, 2112, 1536, 7168, 4224, 1152, 3072, 7168]  # multiples of 128
+    dims = [7168, 2304, 1536, 7168, 4224, 1152, 3072, 7168]  # each a legal N and K
     layers = []
     for i in range(projections):
         k, n = dims[i % len(dims)], dims[(i + 1) % len(dims)]
@@ -147,6 +150,8 @@ def main():
     c = sub.add_parser("cases")
     c.add_argument("--subset", default="all", choices=("all", "rotate"))
     c.add_argument("--offset", type=int, default=0, help="which ring variant 'rotate' starts at")
+    c.add_argument("--shard", type=int, default=0, help="run cases shard, shard+shards, ...")
+    c.add_argument("--shards", type=int, default=1)
     c.add_argument("--json")
     s = sub.add_parser("soak")
     s.add_argument("--projections", type=int, default=64)
@@ -156,7 +161,7 @@ def main():
     sub.add_parser("digest")
     args = p.parse_args()
     if args.cmd == "cases":
-        results, bad = run_cases(args.subset, args.offset)
+        results, bad = run_cases(args.subset, args.offset, args.shard, args.shards)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

@@ -236,3 +236,12 @@ def test_cli_compile_error_exit_code():
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2
     assert "warpsplitk: error:" in proc.stderr and "N must be" in proc.stderr
+
+
+def test_launcher_slots_match_the_compiled_signature():
+    """The fast launch path (warpsplitk.launch) is taken with this DSL: its
+    argument marshalling is what the launcher writes into its slots."""
+    from warpsplitk.compile import _build
+    from warpsplitk.launch import marshals_as_slots
+    compiled = _build(64, 256, WarpSplitKTactic(16, 8, 128, 2, 1), False, True, "sm_90a")
+    assert marshals_as_slots(compiled)

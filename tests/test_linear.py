@@ -386,3 +386,18 @@ def test_patch_root_linear_is_skipped(meta_kernel):
     lin = nn.Linear(256, 64, device="meta", dtype=torch.bfloat16)
     report = patch_model(lin)
     assert report.swapped == [] and "root module" in report.skipped[0][1]
+
+
+def test_eager_inference_calls_the_prepared_kernel_directly(meta_kernel):
+    """No dispatcher round trip in eager inference; the op (whose meta
+    implementation is shape-only) when autograd needs it."""
+    mod = DecodeLinear(meta(64, 256))
+    assert mod(meta(4, 256)).shape == (4, 64)
+    assert mod.prepared.runs == 1
+    with torch.no_grad():
+        mod(meta(2, 256))
+    assert mod.prepared.runs == 2
+    mod.weight.requires_grad_(True)
+    assert mod(meta(4, 256)).shape == (4, 64)
+    assert mod.prepared.runs == 2  # through torch.ops.warpsplitk.decode_linear
+    assert mod.kernel_calls == 3

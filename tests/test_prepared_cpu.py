@@ -53,7 +53,7 @@ def prepared():
     p.n, p.k = N, K
     p.device = torch.device("cpu")
     p.tactics = {1: TACTICS[1], 8: TACTICS[1]}
-    p.codes = {1: _launch, 8: _launch}
+    p._launchers = {1: _launch, 8: _launch}
     return p
 
 
@@ -116,19 +116,16 @@ def test_run_refuses_out_overlapping_x_or_weight(prepared):
 
 def test_run_single_row_x_may_have_any_row_stride(prepared, monkeypatch):
     """M = 1 from a wider buffer passes the checks and reaches the launch, with
-    x and out in the compiled code's argument order (CuTe pointers stubbed out:
-    importing the DSL here would fix the process's compile arch)."""
+    x and out in the compiled code's argument order (the launcher stubbed
+    out: importing the DSL here would fix the process's compile arch)."""
     import warpsplitk.prepared as module
-    monkeypatch.setattr(module, "gmem_pointer", lambda address: ("ptr", address))
-    monkeypatch.setattr(module, "_stream_handle", lambda device: "stream")
-    prepared._weight_ptr, prepared._bias_ptr = "weight ptr", "bias ptr"
+    monkeypatch.setattr(module, "_stream_handle", lambda device: 0x5EED)
+    prepared._weight_address, prepared._bias_address = 0x1000, 0x2000
     calls = []
-    prepared.codes[1] = lambda *args: calls.append(args)
+    prepared._launchers[1] = lambda *args: calls.append(args)
     x = aligned(2, 2 * K)[:1, :K]
     assert x.stride() == (2 * K, 1)
     out = aligned(1, N)
     assert prepared.run(x, out) is out
     assert len(calls) == 1
-    weight_ptr, x_ptr, bias_ptr, out_ptr, m, stream = calls[0]
-    assert (weight_ptr, bias_ptr, m, stream) == ("weight ptr", "bias ptr", 1, "stream")
-    assert x_ptr == ("ptr", x.data_ptr()) and out_ptr == ("ptr", out.data_ptr())
+    assert calls[0] == (0x1000, x.data_ptr(), 0x2000, out.data_ptr(), 1, 0x5EED)

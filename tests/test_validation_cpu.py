@@ -269,8 +269,7 @@ N, K = 64, 256
 @pytest.fixture
 def prepared(monkeypatch):
     """An instance as __init__ would leave it, on the CPU, whose code records launches."""
-    monkeypatch.setattr(prepared_module, "gmem_pointer", lambda address: ("ptr", address))
-    monkeypatch.setattr(prepared_module, "_stream_handle", lambda device: "stream")
+    monkeypatch.setattr(prepared_module, "_stream_handle", lambda device: 0x5EED)
     p = PreparedWarpSplitK.__new__(PreparedWarpSplitK)
     p.weight = aligned(N, K)
     p.bias = None
@@ -282,9 +281,9 @@ def prepared(monkeypatch):
     def code(*args):
         p.launches.append(args)
 
-    p.codes = {1: code, 8: code}
-    p._weight_ptr = "weight ptr"
-    p._bias_ptr = "bias ptr"
+    p._launchers = {1: code, 8: code}
+    p._weight_address = 0x1000
+    p._bias_address = 0x2000
     return p
 
 
@@ -383,9 +382,7 @@ def test_run_adjacent_x_and_out_in_one_buffer_launch(prepared):
     x, out = _adjacent_x_then_out(prepared)
     assert prepared.run(x, out) is out
     assert len(prepared.launches) == 1
-    weight_ptr, x_ptr, bias_ptr, out_ptr, m, stream = prepared.launches[0]
-    assert x_ptr == ("ptr", x.data_ptr()) and out_ptr == ("ptr", out.data_ptr())
-    assert (weight_ptr, bias_ptr, m, stream) == ("weight ptr", "bias ptr", 8, "stream")
+    assert prepared.launches[0] == (0x1000, x.data_ptr(), 0x2000, out.data_ptr(), 8, 0x5EED)
 
 
 def test_run_single_row_out_may_have_any_row_stride(prepared):
@@ -393,7 +390,7 @@ def test_run_single_row_out_may_have_any_row_stride(prepared):
     assert out.stride() == (2 * N, 1) and out.data_ptr() % ALIGN_BYTES == 0
     x = aligned(1, K)
     assert prepared.run(x, out) is out
-    assert len(prepared.launches) == 1 and prepared.launches[0][3] == ("ptr", out.data_ptr())
+    assert len(prepared.launches) == 1 and prepared.launches[0][3] == out.data_ptr()
 
 
 def test_run_x_may_overlap_the_weight(prepared):

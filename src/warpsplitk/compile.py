@@ -86,6 +86,22 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
         return _compile_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl))
 
 
+@functools.cache
+def _launcher_cached(device_index, n, k, tactic, has_bias, use_pdl):
+    from .launch import Launcher
+    return Launcher(_compile_cached(device_index, n, k, tactic, has_bias, use_pdl), device_index)
+
+
+def launcher(device_index: int, n: int, k: int, tactic: WarpSplitKTactic, *,
+             has_bias: bool = False, use_pdl: bool = True):
+    """A :class:`~warpsplitk.launch.Launcher` of :func:`compile_warp_splitk`'s
+    code on ``device_index``: called with plain addresses, M and a stream
+    handle, at a few microseconds of host time. Cached like the code."""
+    check_tactic(tactic, n, k)
+    with _lock:
+        return _launcher_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl))
+
+
 # ------------------------------------------------------------ CPU path
 
 

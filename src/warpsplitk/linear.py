@@ -227,11 +227,22 @@ class DecodeLinear(nn.Module):
                 return f"x (as [M, K]) is not packed and {ops.ALIGN_BYTES}-byte aligned"
         return None
 
+    def _needs_grad(self, x):
+        return torch.is_grad_enabled() and (
+            x.requires_grad or self.weight.requires_grad
+            or (self.bias is not None and self.bias.requires_grad))
+
     def forward(self, x):
         reason = self._fallback_reason(x)
         if reason is None:
             x2d = x.reshape(-1, self.in_features)
-            out = torch.ops.warpsplitk.decode_linear(x2d, self.weight, self.bias, self._handle)
+            if torch.compiler.is_compiling() or self._needs_grad(x):
+                out = torch.ops.warpsplitk.decode_linear(x2d, self.weight, self.bias, self._handle)
+            else:
+                # Eager inference: the op would only add dispatcher time (more
+                # than the launch on a small weight) around this same call;
+                # _fallback_reason has checked x is packed and aligned.
+                out = self._prepared.run(x2d, x2d.new_empty((x2d.shape[0], self.out_features)))
             out = out.view(*x.shape[:-1], self.out_features)
         else:
             out = F.linear(x, self.weight, self.bias)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .compile import compile_warp_splitk, gmem_pointer
+from .compile import compile_warp_splitk, launcher
 from .tactics import MAX_M, WarpSplitKTactic, check_tactic
 
 ALIGN_BYTES = 32
@@ -21,10 +21,8 @@ def _torch():
     return torch
 
 
-def _stream_handle(device):
-    from cuda.bindings import driver
-    torch = _torch()
-    return driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+def _stream_handle(device) -> int:
+    return _torch().cuda.current_stream(device).cuda_stream
 
 
 def _describe(t):
@@ -109,10 +107,12 @@ class PreparedWarpSplitK:
         by_tactic = {t: compile_warp_splitk(index, n, k, t, has_bias=has_bias)
                      for t in set(self.tactics.values())}
         self.codes = {m: by_tactic[t] for m, t in self.tactics.items()}
-        self._weight_ptr = gmem_pointer(weight.data_ptr())
+        self._launchers = {m: launcher(index, n, k, t, has_bias=has_bias)
+                           for m, t in self.tactics.items()}
+        self._weight_address = weight.data_ptr()
         # Without a bias the kernel never reads its bias argument; the weight's
         # address fills the slot.
-        self._bias_ptr = gmem_pointer(bias.data_ptr() if has_bias else weight.data_ptr())
+        self._bias_address = bias.data_ptr() if has_bias else weight.data_ptr()
 
     @property
     def ms(self):
@@ -131,16 +131,16 @@ class PreparedWarpSplitK:
             raise ValueError(f"x must be a 2-D torch.Tensor [M, K], got "
                              f"{_describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
         m = x.shape[0]
-        code = self.codes.get(m)
-        if code is None:
+        launch = self._launchers.get(m)
+        if launch is None:
             raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(self.tactics)}")
         _check_packed("x", x, (m, self.k), self.device)
         _check_packed("out", out, (m, self.n), self.device)
         for name, other in (("x", x), ("the weight", self.weight), ("the bias", self.bias)):
             if other is not None and _overlap(out, other):
                 raise ValueError(f"out must not overlap {name}")
-        code(self._weight_ptr, gmem_pointer(x.data_ptr()), self._bias_ptr,
-             gmem_pointer(out.data_ptr()), m, _stream_handle(self.device))
+        launch(self._weight_address, x.data_ptr(), self._bias_address, out.data_ptr(), m,
+               _stream_handle(self.device))
         return out
 
     __call__ = run
