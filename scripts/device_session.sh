@@ -90,6 +90,17 @@ verify)
   echo "llama rc=$?"; tail -12 "$OUT/llama.log"
   grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_*.log | head -20
   ;;
+sanitize)
+  # compute-sanitizer alone (TOOLS, SHARDS as scripts/sanitize.sh), beside the
+  # reliability tests; prints the report's head
+  timeout -k 5 ${PHASE1_LIMIT:-300} python3 -m pytest -q -m gpu tests/test_gpu_reliability.py \
+    > "$OUT/gpu_reliability.log" 2>&1 &
+  CASE_LIMIT=${PHASE1_LIMIT:-300} bash scripts/sanitize.sh
+  echo "sanitizer rc=$?"
+  wait
+  echo "gpu_reliability: $(tail -1 "$OUT/gpu_reliability.log")"
+  head -c 9000 "$OUT/sanitizer-report.txt"
+  ;;
 *)
-  echo "unknown stage $stage (tests | tune | checks | verify)"; exit 2 ;;
+  echo "unknown stage $stage (tests | tune | checks | verify | sanitize)"; exit 2 ;;
 esac

@@ -3,11 +3,14 @@
 # tactic family with each ring variant (scripts/reliability.py cases; SUBSET=rotate
 # takes one variant per family and tool instead). Every tool's cases are
 # split into SHARDS processes and all processes run at once: compiling is
-# CPU-bound and correctness does not mind a shared GPU. Logs in
-# $OUT/sanitizer-TOOL-SHARD.log, one summary line per tool.
+# CPU-bound and correctness does not mind a shared GPU. One summary line per
+# tool on stdout; $OUT/sanitizer-report.txt has, per log, its summary lines,
+# the kinds of error reported with counts, and the first errors in full; the
+# logs themselves go to $OUT/sanitizer-logs.tar.gz.
 set -u
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+LOGS=$(mktemp -d)
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
 SHARDS=${SHARDS:-2}
@@ -17,8 +20,8 @@ for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do
     ( timeout -k 5 "${CASE_LIMIT:-600}" "$CS" --tool "$tool" --print-limit 20 --error-exitcode 9 \
         python3 scripts/reliability.py cases --subset "$subset" --offset $offset \
-        --shard "$shard" --shards "$SHARDS" > "$OUT/sanitizer-$tool-$shard.log" 2>&1
-      echo $? > "$OUT/sanitizer-$tool-$shard.rc" ) &
+        --shard "$shard" --shards "$SHARDS" > "$LOGS/$tool-$shard.log" 2>&1
+      echo $? > "$LOGS/$tool-$shard.rc" ) &
   done
   offset=$((offset + 1))
 done
@@ -27,10 +30,22 @@ status=0
 for tool in $TOOLS; do
   line="$tool ($subset):"
   for shard in $(seq 0 $((SHARDS - 1))); do
-    rc=$(cat "$OUT/sanitizer-$tool-$shard.rc" 2>/dev/null || echo none)
-    line="$line [shard $shard exit $rc; $(grep -E 'ERROR SUMMARY|cases,' "$OUT/sanitizer-$tool-$shard.log" | tr '\n' ' ')]"
+    rc=$(cat "$LOGS/$tool-$shard.rc" 2>/dev/null || echo none)
+    line="$line [shard $shard exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|cases,' "$LOGS/$tool-$shard.log" | tr '\n' ' ')]"
     [ "$rc" != 0 ] && status=1
   done
   echo "$line"
 done
+for log in "$LOGS"/*.log; do
+  echo "=== $(basename "$log")"
+  grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|cases,' "$log"
+  echo "--- kinds"
+  grep -E '^========= +(Invalid|Program hit|Race|Error|Warning|Uninitialized|Barrier|Misaligned|Out of|Address|Hazard|[A-Z][a-z]+ [a-z]+ hazard)' "$log" \
+    | sed -E 's/0x[0-9a-f]+/ADDR/g; s/[0-9]+ bytes/N bytes/g; s/thread \([0-9,]+\)/thread (T)/g; s/block \([0-9,]+\)/block (B)/g' \
+    | sort | uniq -c | sort -rn | head -15
+  echo "--- first errors"
+  grep -m1 -n -E '^========= +[A-Z]' "$log" >/dev/null && \
+    awk '/^========= +[A-Z]/{n++} n>=1 && n<=4' "$log" | grep -v -E 'Host Frame|^========= +$' | head -60
+done > "$OUT/sanitizer-report.txt"
+tar -czf "$OUT/sanitizer-logs.tar.gz" -C "$LOGS" .
 exit $status

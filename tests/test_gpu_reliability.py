@@ -573,6 +573,7 @@ def test_two_threads_preparing_one_new_shape_compile_once(monkeypatch):
 
     monkeypatch.setattr(compile_module, "_build", counting_build)
     before = compile_module._compile_cached.cache_info()
+    launchers_before = compile_module._launcher_cached.cache_info()
     barrier = threading.Barrier(2)
     results, errors = [None, None], []
 
@@ -592,9 +593,11 @@ def test_two_threads_preparing_one_new_shape_compile_once(monkeypatch):
     assert not errors, errors
     after = compile_module._compile_cached.cache_info()
     assert builds == [(n, k, tactic, True, True)], builds
-    assert after.misses - before.misses == 1
-    assert after.hits - before.hits == 1
+    assert after.misses - before.misses == 1  # the second thread got the first's code
+    # one launcher for the shape, made once, shared by both objects and both Ms
+    assert compile_module._launcher_cached.cache_info().misses - launchers_before.misses == 1
     assert results[0].codes[8] is results[1].codes[8] is results[1].codes[16]
+    assert results[0]._launchers[8] is results[1]._launchers[8] is results[1]._launchers[16]
     for p in results:
         for m in (8, 16):
             x = randn(m, k)
