@@ -7,7 +7,12 @@
 # tool on stdout; $OUT/sanitizer-report.txt has, per log, its summary lines,
 # the kinds of error reported with counts, and the first errors in full; the
 # logs themselves go to $OUT/sanitizer-logs.tar.gz.
+#   SANITIZER_FLAGS  extra compute-sanitizer flags (e.g. --report-api-errors no:
+#                    memcheck otherwise also counts failed host API calls, such
+#                    as the driver-symbol probing of cuGetProcAddress)
+#   THREAD_ARRIVE=1  sanitise the diagnostic build (kernel.py, thread_arrive)
 set -u
+[ "${THREAD_ARRIVE:-0}" = 1 ] && export WARPSPLITK_THREAD_ARRIVE=1
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOGS=$(mktemp -d)
@@ -18,7 +23,7 @@ subset=${SUBSET:-all}
 offset=0
 for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do
-    ( timeout -k 5 "${CASE_LIMIT:-600}" "$CS" --tool "$tool" --print-limit 20 --error-exitcode 9 \
+    ( timeout -k 5 "${CASE_LIMIT:-600}" "$CS" --tool "$tool" --print-limit 20 --error-exitcode 9 ${SANITIZER_FLAGS:-} \
         python3 scripts/reliability.py cases --subset "$subset" --offset $offset \
         --shard "$shard" --shards "$SHARDS" > "$LOGS/$tool-$shard.log" 2>&1
       echo $? > "$LOGS/$tool-$shard.rc" ) &

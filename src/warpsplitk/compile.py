@@ -10,6 +10,7 @@ tactic family.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import tempfile
 import threading
@@ -47,7 +48,11 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options=""):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
-    kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl)
+    # WARPSPLITK_THREAD_ARRIVE=1: the diagnostic build of kernel.py for
+    # racecheck (scripts/sanitize.sh), for a whole process; never in production.
+    thread_arrive = os.environ.get("WARPSPLITK_THREAD_ARRIVE") == "1"
+    kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
+                              thread_arrive=thread_arrive)
     args = _fake_args()
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())

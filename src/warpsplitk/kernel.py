@@ -51,11 +51,19 @@ class WarpSplitKKernel:
     """One compiled kernel per (N, K, tactic, bias?, PDL?); M is dynamic."""
 
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
-                 use_pdl: bool = True):
+                 use_pdl: bool = True, thread_arrive: bool = False):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
         self.use_pdl = use_pdl
+        # thread_arrive: a diagnostic build, never the shipped one. Each loader
+        # waits for its own copies of a tile (cp.async.wait_all) and arrives
+        # itself, instead of letting the copies' completion arrive for it
+        # (cp.async.mbarrier.arrive.noinc). The same ordering, serialised: it
+        # loses the overlap of tiles in flight. compute-sanitizer's racecheck
+        # does not take a hardware-completed arrive as ordering the copies
+        # before the consumer's wait; with thread arrives it can see the edge.
+        self.thread_arrive = thread_arrive
         t = tactic
         self.k_tiles = k // t.k_tile
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages)
@@ -129,6 +137,14 @@ class WarpSplitKKernel:
             ptx.mbarrier_init(self._barrier(smem, self.smem.empty, stage), layout.COMPUTE_WARPS)
         ptx.fence_mbarrier_init()
 
+    def _loader_arrive(self, barrier):
+        """A loader thread's arrival on a full barrier once its copies of the tile land."""
+        if self.thread_arrive:
+            ptx.cp_async_wait_all()
+            ptx.mbarrier_arrive(barrier)
+        else:
+            ptx.cp_async_mbarrier_arrive_noinc(barrier)
+
     def _barrier(self, smem, region, stage):
         return smem + region + stage * layout.MBARRIER_BYTES
 
@@ -157,7 +173,7 @@ class WarpSplitKKernel:
                 if parity is not None:
                     ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity)
                 self.issue_weight_tile(smem, weight, thread, tile_n, i, policy, hinted=True)
-            ptx.cp_async_mbarrier_arrive_noinc(self._barrier(smem, self.smem.full_a, stage))
+            self._loader_arrive(self._barrier(smem, self.smem.full_a, stage))
         ptx.cp_async_wait_all()
 
     def activation_loader(self, smem, x, thread, tile_t, m):
@@ -184,7 +200,7 @@ class WarpSplitKKernel:
                 dst = (smem + self.smem.b_ring + stage * self.smem.b_stage_bytes
                        + layout.swizzle(row, col, t.k_tile) * _BYTES)
                 ptx.cp_async_16_zfill(dst, src, cutlass.select_(valid, Int32(16), Int32(0)))
-            ptx.cp_async_mbarrier_arrive_noinc(self._barrier(smem, self.smem.full_b, stage))
+            self._loader_arrive(self._barrier(smem, self.smem.full_b, stage))
         if cutlass.const_expr(self.use_pdl):
             ptx.griddepcontrol_launch_dependents()
         ptx.cp_async_wait_all()

@@ -119,6 +119,13 @@ def mbarrier_arrive_lane0(barrier, lane, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def mbarrier_arrive(barrier, *, loc=None, ip=None):
+    """This thread arrives on ``barrier`` (release)."""
+    _asm(None, [Int32(barrier)], "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}",
+         loc, ip)
+
+
+@dsl_user_op
 def syncwarp(*, loc=None, ip=None):
     _asm(None, [], "bar.warp.sync -1;", "~{memory}", loc, ip)
 
