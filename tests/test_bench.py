@@ -41,3 +41,10 @@ def test_json_and_plot(tmp_path):
     png = tmp_path / "b.png"
     plot_main([str(path), str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_chain_floor_counts_both_weights():
+    from warpsplitk.bench import chain_floor_us
+    # 768x7168 then 7168x768: two 11 MB weights, 22 MB at 4.4 TB/s
+    assert chain_floor_us((768, 7168), (7168, 768), 4.4) == pytest.approx(2 * 2 * 768 * 7168 / 4.4e6)
+    assert chain_floor_us((768, 7168), (7168, 768), 4.4) == pytest.approx(5.005, abs=1e-3)

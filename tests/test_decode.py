@@ -179,3 +179,57 @@ def test_choose_tactics_never_picks_outside_tolerance():
         for m, (tactic, us) in choose_tactics(times, 0.02).items():
             assert us == times[m][tactic]
             assert us <= min(times[m].values()) * 1.02
+
+
+def _log(path, records):
+    with open(path, "w") as f:
+        for n, k, m, tactic, us in records:
+            rec = {"key": f"{n},{k},{m},{tactic}", "n": n, "k": k, "m": m, "tactic": tactic}
+            rec.update({"ok": True, "us": us} if us is not None else
+                       {"ok": False, "error": "relative error 0.5"})
+            f.write(json.dumps(rec) + "\n")
+
+
+def test_plan_from_log_makes_the_tuners_choices(tmp_path):
+    from warpsplitk.tune import plan_from_log
+    a, b = "16,8,256,4,1", "32,8,256,4,1"
+    records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
+    records += [(1024, 4096, r, b, 4.0) for r in (1, 8)]          # faster at small M
+    records += [(1024, 4096, 32, b, 1.0)]                         # ... but wrong: ignored
+    records[-1] = (1024, 4096, 32, b, None)
+    records += [(2048, 4096, r, a, 6.0) for r in (1, 8, 16)]      # stopped mid-shape
+    _log(tmp_path / "log.jsonl", records)
+    plan, partial = plan_from_log(str(tmp_path / "log.jsonl"), meta={"gpu": "test"})
+    assert partial == {(2048, 4096): [24, 32]}
+    assert sorted(plan.entries) == [(1024, 4096)]
+    by_m = plan.entries[(1024, 4096)]
+    assert sorted(by_m) == list(range(1, 33))
+    assert by_m[1] == (WarpSplitKTactic.parse(b), 4.0) and by_m[5][0].short() == b
+    assert by_m[32] == (WarpSplitKTactic.parse(a), 5.0) and by_m[20] == (WarpSplitKTactic.parse(a), None)
+    assert plan.meta["gpu"] == "test" and plan.meta["source"] == "log log.jsonl"
+
+
+def test_shipped_plan_is_what_its_log_gives():
+    """The built-in H200 plan is the tuner's choice from the committed log."""
+    from pathlib import Path
+
+    from warpsplitk.tune import plan_from_log
+    log = Path(__file__).resolve().parent.parent / "docs/gpu-runs/2026-12-02-tune-log.jsonl"
+    if not log.exists():
+        pytest.skip("the tuner log is not in this checkout")
+    plan, _ = plan_from_log(str(log))
+    shipped = builtin_plan("h200")
+    assert {nk: {m: t for m, (t, _) in e.items()} for nk, e in plan.entries.items()} == \
+        {nk: {m: t for m, (t, _) in e.items()} for nk, e in shipped.entries.items()}
+
+
+def test_cli_tune_from_log_without_gpu(tmp_path, capsys):
+    from warpsplitk.cli import main
+    _log(tmp_path / "log.jsonl", [(1024, 4096, r, "16,8,256,4,1", 5.0) for r in REPRESENTATIVE_MS])
+    out = tmp_path / "plan.json"
+    assert main(["tune", "--from-log", "--log", str(tmp_path / "log.jsonl"), "-o", str(out),
+                 "--gpu", "NVIDIA H200", "--sm-count", "132"]) == 0
+    plan = load_plan(out)
+    assert sorted(plan.entries) == [(1024, 4096)] and plan.meta["sm_count"] == 132
+    assert "plan for 1 shapes" in capsys.readouterr().out
+    assert main(["tune", "--from-log", "--log", str(tmp_path / "none.jsonl"), "-o", str(out)]) == 2

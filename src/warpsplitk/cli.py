@@ -66,7 +66,25 @@ def _cmd_bench(args):
     return 0
 
 
+def _cmd_plan_from_log(args):
+    import os
+
+    from .tune import plan_from_log, plan_meta
+    if not os.path.exists(args.log):
+        print(f"warpsplitk tune --from-log: no log at {args.log}", file=sys.stderr)
+        return 2
+    meta = plan_meta(args.gpu or "unknown", args.sm_count, None)
+    plan, partial = plan_from_log(args.log, shape_table.parse_ms(args.m), meta)
+    for (n, k), missing in partial.items():
+        print(f"N={n} K={k}: left out, no measurement for M={missing}")
+    plan.save(args.output)
+    print(f"plan for {len(plan.entries)} shapes written to {args.output} from {args.log}")
+    return 0
+
+
 def _cmd_tune(args):
+    if args.from_log:
+        return _cmd_plan_from_log(args)
     from .tune import tune
     shapes = shape_table.parse_shapes(args.shapes) if args.shapes else \
         [(s["n"], s["k"]) for s in shape_table.load()["shapes"]]
@@ -136,6 +154,10 @@ def main(argv=None):
     p.add_argument("-o", "--output", required=True, help="plan JSON to write")
     p.add_argument("--log", default="tune-log.jsonl", help="every measured candidate (JSON lines)")
     p.add_argument("--fresh", action="store_true", help="ignore measurements already in the log")
+    p.add_argument("--from-log", action="store_true",
+                   help="no GPU: rebuild the plan from the measurements already in --log")
+    p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")
+    p.add_argument("--sm-count", type=int, help="with --from-log: that GPU's SM count")
     p.set_defaults(func=_cmd_tune)
 
     p = sub.add_parser("plan", help="show tactics, occupancy and the HBM floor per shape (no GPU)")

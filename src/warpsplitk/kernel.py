@@ -56,13 +56,15 @@ class WarpSplitKKernel:
         self.n, self.k = n, k
         self.has_bias = has_bias
         self.use_pdl = use_pdl
-        # thread_arrive: a diagnostic build, never the shipped one. Each loader
-        # waits for its own copies of a tile (cp.async.wait_all) and arrives
-        # itself, instead of letting the copies' completion arrive for it
-        # (cp.async.mbarrier.arrive.noinc). The same ordering, serialised: it
-        # loses the overlap of tiles in flight. compute-sanitizer's racecheck
-        # does not take a hardware-completed arrive as ordering the copies
-        # before the consumer's wait; with thread arrives it can see the edge.
+        # thread_arrive: a diagnostic build, never the shipped one, for
+        # compute-sanitizer's racecheck. Every ring arrival is made by each
+        # thread for its own accesses: a loader waits for its copies of a tile
+        # (cp.async.wait_all) and arrives, instead of the copies' completion
+        # arriving for it (cp.async.mbarrier.arrive.noinc); every compute
+        # lane arrives on the empty barrier, instead of lane 0 after
+        # bar.warp.sync. The same ordering, made with more arrivals and less
+        # overlap; it shows whether a hazard racecheck reports is the tool
+        # not following the shipped build's arrivals.
         self.thread_arrive = thread_arrive
         t = tactic
         self.k_tiles = k // t.k_tile
@@ -134,7 +136,8 @@ class WarpSplitKKernel:
         for stage in range(self.tactic.stages):
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_a, stage), self.a_threads)
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_b, stage), self.b_threads)
-            ptx.mbarrier_init(self._barrier(smem, self.smem.empty, stage), layout.COMPUTE_WARPS)
+            ptx.mbarrier_init(self._barrier(smem, self.smem.empty, stage),
+                              self.compute_threads if self.thread_arrive else layout.COMPUTE_WARPS)
         ptx.fence_mbarrier_init()
 
     def _loader_arrive(self, barrier):
@@ -237,8 +240,11 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
-            ptx.syncwarp()
-            ptx.mbarrier_arrive_lane0(self._barrier(smem, self.smem.empty, stage), lane)
+            if self.thread_arrive:
+                ptx.mbarrier_arrive(self._barrier(smem, self.smem.empty, stage))
+            else:
+                ptx.syncwarp()
+                ptx.mbarrier_arrive_lane0(self._barrier(smem, self.smem.empty, stage), lane)
 
         # split-K reduction: partials to shared, then a fixed-order sum
         red = smem + self.smem.reduction

@@ -137,7 +137,6 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     with the same log resumes where this one stopped."""
     import torch
 
-    from . import __version__
     from .compile import compile_warp_splitk, gmem_pointer
     from .prepared import _stream_handle
 
@@ -220,20 +219,55 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     finally:
         if log:
             log.close()
+    meta = plan_meta(torch.cuda.get_device_name(device), sm_count, torch.__version__)
+    return _plan(best, shapes, ms, meta)
+
+
+def plan_meta(gpu, sm_count, torch_version, **extra) -> dict:
+    """A tuned plan's provenance (``DecodePlan.meta``)."""
     try:
         import importlib.metadata as md
         dsl = md.version("nvidia-cutlass-dsl")
     except Exception:  # pragma: no cover
         dsl = "unknown"
-    plan = DecodePlan(meta={
-        "gpu": torch.cuda.get_device_name(device), "sm_count": sm_count,
-        "warpsplitk": __version__, "cutlass_dsl": dsl, "torch": torch.__version__,
-        "method": "warpsplitk tune: " + " ".join(timing.__doc__.split()),
-        "representative_ms": list(REPRESENTATIVE_MS),
-        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+    from . import __version__
+    return {"gpu": gpu, "sm_count": sm_count, "warpsplitk": __version__, "cutlass_dsl": dsl,
+            "torch": torch_version,
+            "method": "warpsplitk tune: " + " ".join(timing.__doc__.split()),
+            "representative_ms": list(REPRESENTATIVE_MS),
+            "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **extra}
+
+
+def _plan(best, shapes, ms, meta) -> DecodePlan:
+    plan = DecodePlan(meta=meta)
     for n, k in shapes:
         for m in ms:
             hit = best.get((n, k, representative(m)))
             if hit is not None:
                 plan.set(n, k, m, hit[0], hit[1] if representative(m) == m else None)
     return plan
+
+
+def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE):
+    """The plan ``tune`` makes from the measurements in its log, without a GPU.
+
+    A shape is planned when the log has a correct measurement for every
+    representative M; shapes measured in part (a run stopped mid-shape) are
+    left out and returned with the plan: ``(plan, {(n, k): missing reps})``.
+    """
+    measured = {}  # {(n, k): {rep: {tactic: us}}}
+    for rec in _read_log(log_path).values():
+        if rec.get("ok"):
+            tactic = WarpSplitKTactic.parse(rec["tactic"])
+            measured.setdefault((rec["n"], rec["k"]), {}).setdefault(rec["m"], {})[tactic] = rec["us"]
+    reps = sorted({representative(m) for m in ms})
+    best, partial = {}, {}
+    for (n, k), by_rep in sorted(measured.items()):
+        missing = [r for r in reps if not by_rep.get(r)]
+        if missing:
+            partial[(n, k)] = missing
+            continue
+        for r, pick in choose_tactics({r: by_rep[r] for r in reps}, tolerance).items():
+            best[(n, k, r)] = pick
+    shapes = sorted({(n, k) for n, k, _ in best})
+    return _plan(best, shapes, ms, dict(meta or {}, source=f"log {os.path.basename(log_path)}")), partial
