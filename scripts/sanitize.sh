@@ -10,9 +10,11 @@
 #   SANITIZER_FLAGS  extra compute-sanitizer flags (e.g. --report-api-errors no:
 #                    memcheck otherwise also counts failed host API calls, such
 #                    as the driver-symbol probing of cuGetProcAddress)
-#   THREAD_ARRIVE=1  sanitise the diagnostic build (kernel.py, thread_arrive)
+#   THREAD_ARRIVE=all|compute  sanitise a diagnostic build (compile._build):
+#                    ring arrivals made by the accessing threads themselves
+#                    (all: loaders and compute lanes; compute: compute lanes)
 set -u
-[ "${THREAD_ARRIVE:-0}" = 1 ] && export WARPSPLITK_THREAD_ARRIVE=1
+[ -n "${THREAD_ARRIVE:-}" ] && export WARPSPLITK_THREAD_ARRIVE=$THREAD_ARRIVE
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOGS=$(mktemp -d)

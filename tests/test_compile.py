@@ -245,3 +245,28 @@ def test_launcher_slots_match_the_compiled_signature():
     from warpsplitk.launch import marshals_as_slots
     compiled = _build(64, 256, WarpSplitKTactic(16, 8, 128, 2, 1), False, True, "sm_90a")
     assert marshals_as_slots(compiled)
+
+
+def test_diagnostic_arrival_builds_differ_only_where_meant(tmp_path):
+    """The racecheck builds change who arrives on the ring barriers; the
+    shipped build keeps hardware-completed loader arrivals and one release
+    per compute warp (lane 0 after bar.warp.sync)."""
+    import re as regex
+
+    from warpsplitk.compile import _build
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    ptx = {a: _build(64, 512, tactic, False, True, "sm_90a", options=f"--keep-ptx --dump-dir={tmp_path}",
+                     arrivals=a).artifacts.PTX for a in ("", "compute", "all")}
+    ptx = {a: p.decode() if isinstance(p, bytes) else p for a, p in ptx.items()}
+
+    def count(text, pattern):
+        return len(regex.findall(pattern, text))
+    shipped, compute, both = ptx[""], ptx["compute"], ptx["all"]
+    assert count(shipped, r"cp\.async\.mbarrier\.arrive\.noinc") > 0
+    assert count(shipped, r"bar\.warp\.sync") > 0
+    assert count(compute, r"bar\.warp\.sync") == 0
+    assert count(compute, r"cp\.async\.mbarrier\.arrive\.noinc") == \
+        count(shipped, r"cp\.async\.mbarrier\.arrive\.noinc")
+    assert count(both, r"cp\.async\.mbarrier\.arrive\.noinc") == 0
+    with pytest.raises(ValueError, match="WARPSPLITK_THREAD_ARRIVE"):
+        _build(64, 512, tactic, False, True, "sm_90a", arrivals="loaders")

@@ -44,15 +44,22 @@ def _fake_args():
     return (*pointers, cutlass.Int32(1), make_fake_stream())
 
 
-def _build(n, k, tactic, has_bias, use_pdl, arch, options=""):
+def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
-    # WARPSPLITK_THREAD_ARRIVE=1: the diagnostic build of kernel.py for
-    # racecheck (scripts/sanitize.sh), for a whole process; never in production.
-    thread_arrive = os.environ.get("WARPSPLITK_THREAD_ARRIVE") == "1"
+    # Which ring arrivals threads make themselves (kernel.py's diagnostic
+    # builds, for racecheck; never in production): None reads
+    # WARPSPLITK_THREAD_ARRIVE for the whole process ("1" or "all": loaders
+    # and compute lanes, "compute": compute lanes only).
+    if arrivals is None:
+        arrivals = os.environ.get("WARPSPLITK_THREAD_ARRIVE", "")
+        arrivals = "all" if arrivals == "1" else arrivals
+    if arrivals not in ("", "all", "compute"):
+        raise ValueError(f"WARPSPLITK_THREAD_ARRIVE must be 1, all or compute, got {arrivals!r}")
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
-                              thread_arrive=thread_arrive)
+                              loader_thread_arrive=arrivals == "all",
+                              compute_thread_arrive=arrivals in ("all", "compute"))
     args = _fake_args()
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())

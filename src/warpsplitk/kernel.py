@@ -51,21 +51,22 @@ class WarpSplitKKernel:
     """One compiled kernel per (N, K, tactic, bias?, PDL?); M is dynamic."""
 
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
-                 use_pdl: bool = True, thread_arrive: bool = False):
+                 use_pdl: bool = True, loader_thread_arrive: bool = False,
+                 compute_thread_arrive: bool = False):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
         self.use_pdl = use_pdl
-        # thread_arrive: a diagnostic build, never the shipped one, for
-        # compute-sanitizer's racecheck. Every ring arrival is made by each
-        # thread for its own accesses: a loader waits for its copies of a tile
+        # Diagnostic builds for compute-sanitizer's racecheck, never shipped:
+        # ring arrivals made by each thread for its own accesses, the same
+        # ordering with more arrivals (and, for loaders, less overlap).
+        # loader_thread_arrive: a loader waits for its copies of a tile
         # (cp.async.wait_all) and arrives, instead of the copies' completion
-        # arriving for it (cp.async.mbarrier.arrive.noinc); every compute
-        # lane arrives on the empty barrier, instead of lane 0 after
-        # bar.warp.sync. The same ordering, made with more arrivals and less
-        # overlap; it shows whether a hazard racecheck reports is the tool
-        # not following the shipped build's arrivals.
-        self.thread_arrive = thread_arrive
+        # arriving for it (cp.async.mbarrier.arrive.noinc).
+        # compute_thread_arrive: every compute lane arrives on the empty
+        # barrier, instead of lane 0 after bar.warp.sync for the warp.
+        self.loader_thread_arrive = loader_thread_arrive
+        self.compute_thread_arrive = compute_thread_arrive
         t = tactic
         self.k_tiles = k // t.k_tile
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages)
@@ -137,12 +138,13 @@ class WarpSplitKKernel:
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_a, stage), self.a_threads)
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_b, stage), self.b_threads)
             ptx.mbarrier_init(self._barrier(smem, self.smem.empty, stage),
-                              self.compute_threads if self.thread_arrive else layout.COMPUTE_WARPS)
+                              self.compute_threads if self.compute_thread_arrive
+                              else layout.COMPUTE_WARPS)
         ptx.fence_mbarrier_init()
 
     def _loader_arrive(self, barrier):
         """A loader thread's arrival on a full barrier once its copies of the tile land."""
-        if self.thread_arrive:
+        if self.loader_thread_arrive:
             ptx.cp_async_wait_all()
             ptx.mbarrier_arrive(barrier)
         else:
@@ -240,7 +242,7 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
-            if self.thread_arrive:
+            if self.compute_thread_arrive:
                 ptx.mbarrier_arrive(self._barrier(smem, self.smem.empty, stage))
             else:
                 ptx.syncwarp()

@@ -137,8 +137,13 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     with the same log resumes where this one stopped."""
     import torch
 
+    from cuda.bindings import driver
+
     from .compile import compile_warp_splitk, gmem_pointer
     from .prepared import _stream_handle
+
+    def stream():
+        return driver.CUstream(_stream_handle(cuda_device))
 
     device = torch.cuda.current_device()
     if sm_count is None:
@@ -179,8 +184,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                             rec.update(ok=False, error=f"compile: {error}")
                         else:
                             out.fill_(float("nan"))
-                            code(weight_ptrs[-1], x_ptr, bias_ptr, out_ptr, r,
-                                 _stream_handle(cuda_device))
+                            code(weight_ptrs[-1], x_ptr, bias_ptr, out_ptr, r, stream())
                             torch.cuda.synchronize()
                             err = ((out.double() - ref).norm() / ref.norm()).item()
                             if check and not err < 1e-2:
@@ -190,7 +194,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                                 # timing captures on its own stream
                                 t = timing.time_calls([
                                     lambda wp=wp, c=code: c(wp, x_ptr, bias_ptr, out_ptr, r,
-                                                            _stream_handle(cuda_device))
+                                                            stream())
                                     for wp in weight_ptrs])
                                 floor = timing.physical_floor_us(n * k * 2)
                                 if t.median_us < floor:
