@@ -23,12 +23,12 @@ case "$stage" in
 tests)
   # one pytest per GPU test module, side by side: compiling is CPU-bound and
   # the machine has 16 cores; correctness tests do not mind sharing the GPU
-  for module in gpu_kernel gpu_reliability gpu_linear; do
+  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama; do
     timeout ${TESTS_LIMIT:-330} python3 -m pytest -q -m gpu "tests/test_$module.py" \
       > "$OUT/$module.log" 2>&1 &
   done
   wait
-  for module in gpu_kernel gpu_reliability gpu_linear; do
+  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama; do
     echo "$module: $(tail -1 "$OUT/$module.log")"
   done
   timeout 45 python3 scripts/host_overhead.py --json "$OUT/host-overhead.json" \
@@ -68,16 +68,18 @@ checks)
   ;;
 verify)
   LIMIT=${PHASE1_LIMIT:-300}
-  for module in gpu_kernel gpu_reliability gpu_linear; do
-    timeout -k 5 $LIMIT python3 -m pytest -q -m gpu "tests/test_$module.py" > "$OUT/$module.log" 2>&1 &
+  # -rP: the captured prints of passed tests too (the error per K, run 2026-12-02 onwards)
+  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama; do
+    timeout -k 5 $LIMIT python3 -m pytest -q -rP -m gpu "tests/test_$module.py" > "$OUT/$module.log" 2>&1 &
   done
   CASE_LIMIT=$LIMIT bash scripts/sanitize.sh > "$OUT/sanitizer.log" 2>&1 &
   timeout -k 5 $LIMIT python3 scripts/reliability.py soak --replays 100000 \
     --json "$OUT/soak-100k.json" > "$OUT/soak-100k.log" 2>&1 &
   wait
-  for module in gpu_kernel gpu_reliability gpu_linear; do
+  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama; do
     echo "$module: $(tail -1 "$OUT/$module.log")"
   done
+  grep -A30 "relative error vs fp64" "$OUT/gpu_reliability.log" | grep "K=" | head -20
   cat "$OUT/sanitizer.log"
   echo "soak 100k: $(tail -1 "$OUT/soak-100k.log")"
   timeout 40 python3 scripts/host_overhead.py --json "$OUT/host-overhead.json" \

@@ -18,20 +18,7 @@ from torch import nn
 from warpsplitk import decode, linear, ops
 from warpsplitk.linear import DecodeLinear, PatchReport, patch_model, unpatch
 
-
-class FakePrepared:
-    """What DecodeLinear and the op need of a PreparedWarpSplitK; run() is F.linear."""
-
-    def __init__(self, weight, plan=None, ms=range(1, 33), bias=None):
-        self.weight, self.bias = weight, bias
-        self.n, self.k = weight.shape
-        self.ms = tuple(ms)
-        self.runs = 0
-
-    def run(self, x, out):
-        self.runs += 1
-        assert x.is_contiguous() and x.data_ptr() % 32 == 0
-        return out.copy_(F.linear(x, self.weight, self.bias))
+from fakes import FakePrepared  # noqa: E402
 
 
 @pytest.fixture
