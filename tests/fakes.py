@@ -16,3 +16,5 @@ class FakePrepared:
         self.runs += 1
         assert x.is_contiguous() and x.data_ptr() % 32 == 0
         return out.copy_(F.linear(x, self.weight, self.bias))
+
+    _launch = run  # DecodeLinear's eager path (checks made by the module)

@@ -240,19 +240,23 @@ class DecodeLinear(nn.Module):
                 out = torch.ops.warpsplitk.decode_linear(x2d, self.weight, self.bias, self._handle)
             else:
                 # Eager inference: the op would only add dispatcher time (more
-                # than the launch on a small weight) around this same call;
-                # _fallback_reason has checked x is packed and aligned.
-                out = self._prepared.run(x2d, x2d.new_empty((x2d.shape[0], self.out_features)))
+                # than the launch on a small weight) around this same call.
+                # _fallback_reason has made run()'s checks on x (device, dtype,
+                # shape, M prepared, packed, aligned, weight unchanged) and out
+                # is new, so the launch goes without them.
+                out = self._prepared._launch(x2d, x2d.new_empty((x2d.shape[0], self.out_features)))
             out = out.view(*x.shape[:-1], self.out_features)
         else:
             out = F.linear(x, self.weight, self.bias)
         if not torch.compiler.is_compiling():
             # Python side effects would force graph breaks or recompiles under
             # torch.compile: count and log eager calls only.
+            # plain ints in the instance dict: nn.Module.__setattr__ costs
+            # microseconds per call on the eager path
             if reason is None:
-                self.kernel_calls += 1
+                self.__dict__["kernel_calls"] += 1
             else:
-                self.fallback_calls += 1
+                self.__dict__["fallback_calls"] += 1
                 if reason not in self._logged:
                     self._logged.add(reason)
                     logger.debug("%s: F.linear fallback: %s", self._label(), reason)

@@ -143,6 +143,14 @@ class PreparedWarpSplitK:
                _stream_handle(self.device))
         return out
 
+    def _launch(self, x, out):
+        """``run`` without its checks, for callers that made them already
+        (``DecodeLinear``: x checked, ``out`` freshly allocated). Internal."""
+        m = x.shape[0]
+        self._launchers[m](self._weight_address, x.data_ptr(), self._bias_address,
+                           out.data_ptr(), m, _stream_handle(self.device))
+        return out
+
     __call__ = run
 
     def __repr__(self):
