@@ -152,8 +152,10 @@ def test_plan_view_compiles_registers(tmp_path, capsys):
     row = capsys.readouterr().out.splitlines()[-1].split()
     tactic = default_tactic(8, 256, 1024, 132)
     assert tactic.short() in row
-    regs = int(row[-2])
+    regs = int(row[-3])
     assert 16 <= regs <= 255
+    from warpsplitk.tactics import l2_read_factor
+    assert float(row[-2]) == pytest.approx(l2_read_factor(tactic, 8), abs=0.005)
 
 
 def test_choose_tactics_reuses_within_tolerance():

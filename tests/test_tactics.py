@@ -259,3 +259,16 @@ def test_ctas_per_sm_falls_with_ring_depth():
     for o, tt, kt, b in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS):
         counts = [ctas_per_sm(T(o, tt, kt, s, b)) for s in range(1, 17)]
         assert counts == sorted(counts, reverse=True), (o, tt, kt, b, counts)
+
+
+def test_l2_read_factor():
+    from warpsplitk.tactics import l2_read_factor
+    t = WarpSplitKTactic
+    assert l2_read_factor(t(32, 8, 256, 4, 1), 1) == pytest.approx(1 + 1 / 32)
+    # M = 32 on 16-row tiles: x is twice the weight
+    assert l2_read_factor(t(16, 32, 256, 4, 2), 32) == pytest.approx(3.0)
+    assert l2_read_factor(t(64, 32, 128, 4, 2), 32) == pytest.approx(1.5)
+    # two token tiles each read the weight tile
+    assert l2_read_factor(t(32, 16, 256, 4, 2), 32) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="M must be in 1..32"):
+        l2_read_factor(t(32, 16, 256, 4, 2), 33)

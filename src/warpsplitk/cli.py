@@ -98,14 +98,14 @@ def _cmd_tune(args):
 
 def _cmd_plan(args):
     from . import layout
-    from .tactics import ctas_per_sm, grid_ctas, register_estimate, waves
+    from .tactics import ctas_per_sm, grid_ctas, l2_read_factor, register_estimate, waves
     plan, source = _resolve_plan(args.plan or "h200")
     table = shape_table.load(args.shapes)
     ms = shape_table.parse_ms(args.m)
     print(f"# tactics from {source}; {args.arch}, {args.sm_count} SMs; floor at "
           f"{args.tbps} TB/s; registers {'compiled here' if args.compile else 'from the model'}")
     print(f"{'projection':<34} {'N':>5} {'K':>5} {'M':>3} {'tactic':>15} {'CTAs':>5} {'waves':>5} "
-          f"{'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'floor us':>8}")
+          f"{'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'L2 x':>5} {'floor us':>8}")
     for shape in table["shapes"]:
         n, k = shape["n"], shape["k"]
         for m in ms:
@@ -119,6 +119,7 @@ def _cmd_plan(args):
             print(f"{name:<34} {n:>5} {k:>5} {m:>3} {tactic.short():>15} "
                   f"{grid_ctas(tactic, m, n):>5} {waves(tactic, m, n, args.sm_count):>5.2f} "
                   f"{ctas_per_sm(tactic):>6} {tactic.smem_bytes:>7} {regs:>4} "
+                  f"{l2_read_factor(tactic, m):>5.2f} "
                   f"{n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6):>8.2f}")
     return 0
 
@@ -177,6 +178,10 @@ def main(argv=None):
     except ValueError as error:
         print(f"warpsplitk: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `warpsplitk plan | head`: the reader has gone
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -204,6 +204,19 @@ def waves(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int = DEFAULT_SM_C
     return grid_ctas(tactic, m, n) / (sm_count * max(1, ctas_per_sm(tactic)))
 
 
+def l2_read_factor(tactic: WarpSplitKTactic, m: int) -> float:
+    """Bytes the grid reads through L2 per byte of weight streamed from HBM.
+
+    Each of the ``ceil(M / token_tile)`` CTAs of an output tile reads the
+    whole weight tile, and every CTA reads its tokens' rows of x (rows past M
+    are zero-filled, not read): ``ceil(M / token_tile) + M / output_tile``.
+    At 1 the weight stream is all there is; at M = 32 with 16-row tiles x
+    alone is twice the weight, and L2, not HBM, sets the time.
+    """
+    _check_m(m)
+    return -(-m // tactic.token_tile) + m / tactic.output_tile
+
+
 def _device_sm_count():
     try:
         import torch
