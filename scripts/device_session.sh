@@ -5,10 +5,13 @@
 # Stages:
 #   tests   every gpu-marked test (kernel, reliability, torch integration),
 #           determinism across two processes, a short graph soak
-#   tune    resume the tuner from the committed log over the whole table,
-#           then the benchmark (independent and chain) with that plan
+#   tune    resume the tuner from the committed log over the whole table
+#           (several calls: commit the log back between them)
+#   bench   the plan the committed log gives; the benchmark (independent and
+#           chain) with it
 #   checks  compute-sanitizer (4 tools), the long soak, the Llama example,
 #           cold and warm start of the 16-shape table
+#   arrive  speed and racecheck of the all-lanes stage release (arrive_ab.py)
 #   verify  'tests' and the correctness half of 'checks' in one call: the GPU
 #           tests, compute-sanitizer and the 100k soak side by side, then
 #           (alone on the GPU) host overhead, determinism and the Llama example
@@ -42,16 +45,31 @@ tests)
   grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_*.log | head -20
   ;;
 tune)
-  cp docs/gpu-runs/2026-12-02-tune-log.jsonl "$OUT/tune-log.jsonl" 2>/dev/null
-  timeout ${TB_LIMIT:-480} python3 scripts/tune_and_bench.py --out "$OUT" \
-    --tune-budget ${TUNE_BUDGET:-300} > "$OUT/tune-bench.log" 2>&1
-  echo "tune+bench rc=$?"
-  timeout 90 python3 -m warpsplitk.cli bench --chain --m 1,8,32 --plan "$OUT/plan-h200.json" \
+  # resume the tuner from the committed log over the whole table (largest
+  # first) for TUNE_BUDGET seconds; commit $OUT/tune-log.jsonl back as
+  # docs/gpu-runs/2026-12-02-tune-log.jsonl, then run it again until no shape
+  # is left, then 'bench'
+  cp docs/gpu-runs/2026-12-02-tune-log.jsonl "$OUT/tune-log.jsonl"
+  # a shape takes up to ~90 s: start none after TUNE_BUDGET; the log is
+  # flushed per candidate, so even a timeout loses at most one measurement
+  timeout ${TUNE_LIMIT:-570} python3 -m warpsplitk.cli tune --log "$OUT/tune-log.jsonl" \
+    --time-budget ${TUNE_BUDGET:-450} -o "$OUT/plan-run.json" > "$OUT/tune.log" 2>&1
+  echo "tune rc=$? ($(wc -l < "$OUT/tune-log.jsonl") log records)"
+  grep -E "candidates to|fastest|dropped" "$OUT/tune.log" | tail -40
+  ;;
+bench)
+  # the plan the committed log gives, then the benchmark with it and chains
+  python3 -m warpsplitk.cli tune --from-log --log docs/gpu-runs/2026-12-02-tune-log.jsonl \
+    --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+    --sm-count "$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)')" \
+    -o "$OUT/plan-h200.json"
+  timeout ${BENCH_LIMIT:-420} python3 -m warpsplitk.cli bench --plan "$OUT/plan-h200.json" \
+    --json "$OUT/bench.json" --plot "$OUT/bench-h200.png" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"
+  timeout 120 python3 -m warpsplitk.cli bench --chain --m 1,8,32 --plan "$OUT/plan-h200.json" \
     --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
   echo "chain rc=$?"
-  grep -E "candidates to|time budget|tuned in|dropped" "$OUT/tune-bench.log" | head -12
-  grep -A84 "ours us" "$OUT/tune-bench.log"
-  cat "$OUT/chain.log"
+  tail -90 "$OUT/bench.log"
   ;;
 checks)
   timeout ${SANITIZER_LIMIT:-300} bash scripts/sanitize.sh
@@ -92,6 +110,12 @@ verify)
   echo "llama rc=$?"; tail -12 "$OUT/llama.log"
   grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_*.log | head -20
   ;;
+arrive)
+  # what every compute lane arriving on the empty barrier costs, and whether
+  # racecheck is clean with it alone (docs/reliability.md)
+  timeout 150 python3 scripts/arrive_ab.py --json "$OUT/arrive-ab.json" 2>&1 | tail -12
+  THREAD_ARRIVE=compute TOOLS=racecheck SHARDS=6 CASE_LIMIT=200 bash scripts/sanitize.sh | cut -c1-1500
+  ;;
 sanitize)
   # compute-sanitizer alone (TOOLS, SHARDS as scripts/sanitize.sh), beside the
   # reliability tests; prints the report's head
@@ -104,5 +128,5 @@ sanitize)
   head -c 9000 "$OUT/sanitizer-report.txt"
   ;;
 *)
-  echo "unknown stage $stage (tests | tune | checks | verify | sanitize)"; exit 2 ;;
+  echo "unknown stage $stage (tests | tune | bench | checks | verify | arrive | sanitize)"; exit 2 ;;
 esac

@@ -90,7 +90,7 @@ def _cmd_tune(args):
         [(s["n"], s["k"]) for s in shape_table.load()["shapes"]]
     ms = shape_table.parse_ms(args.m)
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
-                progress=lambda line: print(line, flush=True))
+                progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -155,6 +155,8 @@ def main(argv=None):
     p.add_argument("-o", "--output", required=True, help="plan JSON to write")
     p.add_argument("--log", default="tune-log.jsonl", help="every measured candidate (JSON lines)")
     p.add_argument("--fresh", action="store_true", help="ignore measurements already in the log")
+    p.add_argument("--time-budget", type=float,
+                   help="seconds: start no new shape after this (rerun with the log to go on)")
     p.add_argument("--from-log", action="store_true",
                    help="no GPU: rebuild the plan from the measurements already in --log")
     p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")
