@@ -45,6 +45,7 @@ tests)
   grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_*.log | head -20
   ;;
 tune)
+  # TUNE_FLAGS=--k-split adds the cluster split of K (once its GPU tests pass)
   # resume the tuner from the committed log over the whole table (largest
   # first) for TUNE_BUDGET seconds; commit $OUT/tune-log.jsonl back as
   # docs/gpu-runs/2026-12-02-tune-log.jsonl, then run it again until no shape
@@ -53,7 +54,7 @@ tune)
   # a shape takes up to ~90 s: start none after TUNE_BUDGET; the log is
   # flushed per candidate, so even a timeout loses at most one measurement
   timeout ${TUNE_LIMIT:-570} python3 -m warpsplitk.cli tune --log "$OUT/tune-log.jsonl" \
-    --time-budget ${TUNE_BUDGET:-450} -o "$OUT/plan-run.json" > "$OUT/tune.log" 2>&1
+    --time-budget ${TUNE_BUDGET:-450} ${TUNE_FLAGS:-} -o "$OUT/plan-run.json" > "$OUT/tune.log" 2>&1
   echo "tune rc=$? ($(wc -l < "$OUT/tune-log.jsonl") log records)"
   grep -E "candidates to|fastest|dropped" "$OUT/tune.log" | tail -40
   ;;

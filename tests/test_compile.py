@@ -270,3 +270,26 @@ def test_diagnostic_arrival_builds_differ_only_where_meant(tmp_path):
     assert count(both, r"cp\.async\.mbarrier\.arrive\.noinc") == 0
     with pytest.raises(ValueError, match="WARPSPLITK_THREAD_ARRIVE"):
         _build(64, 512, tactic, False, True, "sm_90a", arrivals="loaders")
+
+
+@pytest.mark.parametrize("tactic,n,k", [
+    (WarpSplitKTactic(16, 8, 256, 8, 1, 2), 1536, 7168),
+    (WarpSplitKTactic(32, 32, 256, 4, 2, 2), 2624, 6144),
+    (WarpSplitKTactic(64, 16, 128, 4, 2, 2), 1024, 2048),
+    (WarpSplitKTactic(16, 8, 128, 1, 1, 2), 256, 256),     # one tile per CTA
+], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_cluster_split_of_k_compiles_with_its_reduction(tactic, n, k):
+    """k_split 2 (experimental): the cluster barrier, the mapped first-CTA
+    buffer and the remote partial stores are in the PTX; no spills."""
+    report = compile_for_arch(n, k, tactic, "sm_90a")
+    assert report.audit() == []
+    assert report.spill_bytes == 0 and report.local_bytes == 0
+    assert len(__import__("re").findall(r"st\.shared::cluster\.f32", report.ptx)) == \
+        4 * (tactic.output_tile // 16) * (tactic.token_tile // 8)
+
+
+def test_audit_requires_the_cluster_reduction_only_with_k_split():
+    shipped = compile_for_arch(256, 512, WarpSplitKTactic(16, 8, 128, 2, 1), "sm_90a")
+    assert audit_ptx(shipped.ptx, k_tiles=4, k_split=2)  # missing cluster reduction
+    split = compile_for_arch(256, 512, WarpSplitKTactic(16, 8, 128, 2, 1, 2), "sm_90a")
+    assert any("without k_split" in p for p in audit_ptx(split.ptx, k_tiles=2, k_split=1))

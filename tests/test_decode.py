@@ -235,3 +235,14 @@ def test_cli_tune_from_log_without_gpu(tmp_path, capsys):
     assert sorted(plan.entries) == [(1024, 4096)] and plan.meta["sm_count"] == 132
     assert "plan for 1 shapes" in capsys.readouterr().out
     assert main(["tune", "--from-log", "--log", str(tmp_path / "none.jsonl"), "-o", str(out)]) == 2
+
+
+def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
+    # 1536 rows: 96 CTAs of 16 at M = 1, under 132 SMs
+    split = [t for t in candidates(1, 1536, 7168, 132, k_splits=(1, 2)) if t.k_split == 2]
+    assert split and all(is_legal(t, 1536, 7168) for t in split)
+    assert all((1536 // t.output_tile) < 132 for t in split)
+    assert candidates(1, 1536, 7168, 132) == [t for t in candidates(1, 1536, 7168, 132, (1, 2))
+                                            if t.k_split == 1]
+    # 7168 rows: 448 CTAs of 16, the grid covers the GPU
+    assert not [t for t in candidates(1, 7168, 768, 132, k_splits=(1, 2)) if t.k_split == 2]

@@ -63,6 +63,34 @@ def test_emulate_exact_on_integers(tactic, m, n, k):
     np.testing.assert_array_equal(out, reference(x, w))
 
 
+@pytest.mark.parametrize("tactic,m,n,k", [
+    (WarpSplitKTactic(16, 8, 128, 1, 1, 2), 1, 32, 256),     # one tile per CTA
+    (WarpSplitKTactic(32, 16, 128, 2, 2, 2), 9, 64, 768),    # 3 tiles per CTA, 2-stage ring
+    (WarpSplitKTactic(16, 32, 256, 2, 2, 2), 32, 16, 1024),
+    (WarpSplitKTactic(64, 8, 128, 2, 1, 2), 7, 128, 512),
+    (WarpSplitKTactic(48, 16, 128, 2, 2, 2), 17, 48, 512),
+], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_cluster_split_of_k_exact(tactic, m, n, k):
+    """k_split 2: each CTA of the pair takes half of K; the eight warps'
+    partials meet in the first CTA's buffer (each word written once)."""
+    x, w, bias = integer_problem(m, n, k, seed=m + n + k, with_bias=True)
+    out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
+    np.testing.assert_array_equal(out, reference(x, w, bias))
+
+
+def test_cluster_halves_must_both_count(monkeypatch):
+    """If the reduction read only the first CTA's four slots, the result
+    would be half of K: the test above would see it."""
+    import warpsplitk.emulate as em
+    real = em.layout.reduction_offset
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1, 2)
+    x, w, _ = integer_problem(3, 32, 512, seed=5)
+    monkeypatch.setattr(em.layout, "reduction_offset",
+                        lambda slot, *a: real(slot % layout.COMPUTE_WARPS, *a))
+    with pytest.raises(AssertionError, match="written twice"):
+        emulate(x, w, tactic, round_output=False, check_coverage=True)
+
+
 def test_every_m_covered():
     """Each M of 1..32 against a 16-token tile: partial token tiles load zeros past M."""
     tactic = WarpSplitKTactic(16, 16, 128, 2, 2)

@@ -19,6 +19,7 @@ from warpsplitk.tactics import (
     check_tactic,
     ctas_per_sm,
     default_tactic,
+    grid_ctas,
     is_legal,
     legal_tactics,
 )
@@ -220,9 +221,35 @@ def test_short_parse_round_trip():
         assert T.parse(t.short()) == t
     assert T(32, 16, 256, 7, 2).short() == "32,16,256,7,2"
     assert T.parse("16, 8, 128, 4, 1") == T(16, 8, 128, 4, 1)
+    # the cluster split of K: a sixth field, written only when not 1
+    for t in all_tactics(k_splits=(1, 2)):
+        assert T.parse(t.short()) == t
+    assert T(32, 8, 256, 6, 1, 2).short() == "32,8,256,6,1,2"
+    assert T.parse("32,8,256,6,1,1") == T(32, 8, 256, 6, 1)
 
 
-@pytest.mark.parametrize("text", ["", "16,8,128,4", "16,8,128,4,1,1", "a,b,c,d,e", "16;8;128;4;1",
+def test_k_split_rules():
+    t = T(16, 8, 256, 4, 1, 2)
+    check_tactic(t, 1536, 7168)                  # 28 tiles: 14 per CTA
+    with pytest.raises(ValueError, match="k_split must be one of"):
+        check_tactic(T(16, 8, 256, 4, 1, 3), 1536, 7168)
+    with pytest.raises(ValueError, match="k_split 2 must divide the 3 K tiles"):
+        check_tactic(T(16, 8, 128, 1, 1, 2), 1536, 384)
+    with pytest.raises(ValueError, match="exceeds the 2 K tiles per CTA"):
+        check_tactic(T(16, 8, 128, 3, 1, 2), 1536, 512)
+    with pytest.raises(ValueError, match="spans 2 tiles per CTA"):
+        check_tactic(T(16, 8, 128, 1, 1, 2), 1536, 512)
+    check_tactic(T(16, 8, 128, 1, 1, 2), 1536, 256)  # one tile per CTA: one stage is fine
+    # the first CTA holds the cluster's partial sums: twice the reduction buffer
+    one, two = T(32, 32, 128, 2, 2), T(32, 32, 128, 2, 2, 2)
+    words = layout.COMPUTE_WARPS * 32 * layout.reduction_row_words(32)
+    assert two.smem_bytes - one.smem_bytes >= words * 4
+    assert grid_ctas(two, 32, 1536) == 2 * grid_ctas(one, 32, 1536)
+    assert two not in legal_tactics(32, 1536, 1024)
+    assert two in legal_tactics(32, 1536, 1024, k_splits=(1, 2))
+
+
+@pytest.mark.parametrize("text", ["", "16,8,128,4", "16,8,128,4,1,2,1", "a,b,c,d,e", "16;8;128;4;1",
                                   "16,8,128,4.5,1"])
 def test_parse_errors(text):
     with pytest.raises(ValueError, match="a tactic is five integers"):

@@ -90,7 +90,8 @@ def _cmd_tune(args):
         [(s["n"], s["k"]) for s in shape_table.load()["shapes"]]
     ms = shape_table.parse_ms(args.m)
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
-                progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget)
+                progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget,
+                k_splits=(1, 2) if args.k_split else (1,))
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -157,6 +158,9 @@ def main(argv=None):
     p.add_argument("--fresh", action="store_true", help="ignore measurements already in the log")
     p.add_argument("--time-budget", type=float,
                    help="seconds: start no new shape after this (rerun with the log to go on)")
+    p.add_argument("--k-split", action="store_true",
+                   help="also measure the experimental cluster split of K (k_split 2) where "
+                        "the grid leaves SMs idle")
     p.add_argument("--from-log", action="store_true",
                    help="no GPU: rebuild the plan from the measurements already in --log")
     p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")

@@ -132,7 +132,8 @@ class CompileReport:
     cubin: bytes | None
 
     def audit(self) -> list[str]:
-        return audit_ptx(self.ptx, k_tiles=self.k // self.tactic.k_tile)
+        t = self.tactic
+        return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split)
 
     def summary(self) -> str:
         t = self.tactic
@@ -192,15 +193,31 @@ PTX_FORBIDDEN = (
 HINT_PATTERNS = (PTX_AUDIT[0][0], PTX_AUDIT[1][0])
 
 
-def audit_ptx(ptx_text: str, k_tiles: int | None = None) -> list[str]:
+#: What a cluster split of K (k_split > 1) adds.
+PTX_AUDIT_CLUSTER = (
+    (r"barrier\.cluster\.arrive\.relaxed", "cluster barrier phase 0 (CTAs running)"),
+    (r"barrier\.cluster\.arrive\.release", "cluster barrier phase 1 (partials written)"),
+    (r"barrier\.cluster\.wait\.acquire", "cluster barrier waits"),
+    (r"mapa\.shared::cluster", "the first CTA's reduction buffer mapped"),
+    (r"st\.shared::cluster\.f32", "partials stored into the first CTA"),
+)
+
+
+def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1) -> list[str]:
     """Problems with a kernel's PTX: required instructions missing, forbidden ones
-    present. ``k_tiles == 1`` waives the L2 hint (a one-tile weight has only the
-    unhinted prologue copy)."""
+    present. ``k_tiles`` (per CTA) ``== 1`` waives the L2 hint (a one-tile
+    weight has only the unhinted prologue copy); ``k_split > 1`` requires the
+    cluster reduction, ``k_split == 1`` forbids it."""
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
+    if k_split > 1:
+        required += list(PTX_AUDIT_CLUSTER)
     problems = [f"missing {why} ({pattern})" for pattern, why in required
                 if not re.search(pattern, ptx_text)]
     problems += [f"found {why} ({pattern})" for pattern, why in PTX_FORBIDDEN
                  if re.search(pattern, ptx_text)]
+    if k_split == 1:
+        problems += [f"found {why} ({pattern}) without k_split"
+                     for pattern, why in PTX_AUDIT_CLUSTER if re.search(pattern, ptx_text)]
     return problems
 
 

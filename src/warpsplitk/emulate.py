@@ -99,8 +99,9 @@ def _load_stage(ring, stage_base, source_rows, k_tile_index, rows, k_tile, threa
                 writes[dst:dst + layout.CHUNK] += 1
 
 
-def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=False):
-    """Output vectors ``{(token, first_weight_row): 8 FP32}`` one CTA stores."""
+def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
+    """One CTA's K loop over ``x`` and ``weight`` (its share of K): the four
+    compute warps' FP32 accumulators ``[warp, m_iter, n_iter, lane, reg]``."""
     t = tactic
     m, k = x.shape
     k_tiles = k // t.k_tile
@@ -147,17 +148,38 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
                         for ni in range(n_iters):
                             b_step = b_regs[ni][:, 2 * half:2 * half + 2]
                             acc[warp, mi, ni] = mma_m16n8k16(a_regs, b_step, acc[warp, mi, ni])
-    # split-K reduction through the padded buffer
-    words = layout.COMPUTE_WARPS * t.token_tile * layout.reduction_row_words(t.output_tile)
+    return acc
+
+
+def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=False):
+    """Output vectors ``{(token, first_weight_row): 8 FP32}`` one CTA (with
+    ``k_split`` > 1: one cluster of CTAs sharing K) stores."""
+    t = tactic
+    m, k = x.shape
+    k_cta = k // t.k_split
+    m_iters = t.output_tile // layout.MMA_M
+    n_iters = t.token_tile // layout.MMA_N
+    lanes = range(layout.WARP)
+    # split-K reduction through the padded buffer: slot rank * 4 + warp; the
+    # CTAs of a cluster past the first write theirs into the first's buffer
+    slots = t.k_split * layout.COMPUTE_WARPS
+    words = slots * t.token_tile * layout.reduction_row_words(t.output_tile)
     red = np.full(words, np.nan, dtype=np.float32)
-    for warp in range(layout.COMPUTE_WARPS):
-        for mi in range(m_iters):
-            for ni in range(n_iters):
-                for lane in lanes:
-                    for reg in range(4):
-                        row, token = layout.accumulator_coords(lane, mi, ni, reg)
-                        off = layout.reduction_offset(warp, token, row, t.output_tile, t.token_tile)
-                        red[off] = acc[warp, mi, ni, lane, reg]
+    for rank in range(t.k_split):
+        share = slice(rank * k_cta, (rank + 1) * k_cta)
+        acc = _accumulate(x[:, share], weight[:, share], t, tile_n, tile_t, check_coverage)
+        for warp in range(layout.COMPUTE_WARPS):
+            slot = rank * layout.COMPUTE_WARPS + warp
+            for mi in range(m_iters):
+                for ni in range(n_iters):
+                    for lane in lanes:
+                        for reg in range(4):
+                            row, token = layout.accumulator_coords(lane, mi, ni, reg)
+                            off = layout.reduction_offset(slot, token, row, t.output_tile,
+                                                          t.token_tile)
+                            if check_coverage and not np.isnan(red[off]):
+                                raise AssertionError(f"reduction word {off} written twice")
+                            red[off] = acc[warp, mi, ni, lane, reg]
     stores = {}
     vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
     threads = layout.COMPUTE_WARPS * layout.WARP
@@ -166,8 +188,8 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
             vector = round_ * threads + thread
             token, row = layout.epilogue_coords(vector % vectors, t.output_tile)
             total = np.zeros(layout.CHUNK, dtype=np.float32)
-            for warp in range(layout.COMPUTE_WARPS):
-                off = layout.reduction_offset(warp, token, row, t.output_tile, t.token_tile)
+            for slot in range(slots):
+                off = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
                 total = (total + red[off:off + layout.CHUNK]).astype(np.float32)
             global_token = tile_t * t.token_tile + token
             if vector < vectors and global_token < m:

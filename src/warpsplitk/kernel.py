@@ -68,8 +68,12 @@ class WarpSplitKKernel:
         self.loader_thread_arrive = loader_thread_arrive
         self.compute_thread_arrive = compute_thread_arrive
         t = tactic
-        self.k_tiles = k // t.k_tile
-        self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages)
+        # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
+        # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)
+        self.k_split = t.k_split
+        self.k_cta = k // t.k_split
+        self.k_tiles = self.k_cta // t.k_tile
+        self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
         self.b_threads = t.b_loader_warps * layout.WARP
         self.compute_threads = layout.COMPUTE_WARPS * layout.WARP
@@ -86,9 +90,11 @@ class WarpSplitKKernel:
         # a DLPack tensor view with a dynamic extent ~20 us.
         t = self.tactic
         token_tiles = (m + (t.token_tile - 1)) // t.token_tile
+        cluster = {} if self.k_split == 1 else {"cluster": [1, 1, self.k_split]}
         self.kernel(weight, x, bias, out, m).launch(
-            grid=[self.n // t.output_tile, token_tiles, 1],
+            grid=[self.n // t.output_tile, token_tiles, self.k_split],
             block=[self.threads, 1, 1],
+            **cluster,
             smem=self.smem.total,
             stream=stream,
             use_pdl=self.use_pdl,
@@ -104,7 +110,7 @@ class WarpSplitKKernel:
     def kernel(self, weight: cute.Pointer, x: cute.Pointer, bias: cute.Pointer,
                out: cute.Pointer, m: Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        tile_n, tile_t, _ = cute.arch.block_idx()
+        tile_n, tile_t, rank = cute.arch.block_idx()  # rank: in the cluster (grid z = k_split)
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = cutlass.memory.SmemAllocator().allocate_array(
             cutlass.Int8, self.smem.total, byte_alignment=1024)
@@ -117,17 +123,21 @@ class WarpSplitKKernel:
         # flight before the barriers exist. Plain cp.async here (see ptx.py).
         if is_a_loader:
             self.issue_weight_tile(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, 0,
-                                   Int64(0), hinted=False)
+                                   Int64(0), hinted=False, rank=rank)
         if tidx == 0:
             self.init_barriers(smem)
         ptx.named_barrier(0, self.threads)
+        if cutlass.const_expr(self.k_split > 1):
+            # cluster barrier phase 0, waited on before the first remote store:
+            # another CTA's shared memory may be written only once it runs
+            ptx.cluster_arrive(relaxed=True)
 
         if warp < first_a_warp:
-            self.compute(smem, tidx, warp, tile_n, tile_t, m, bias, out)
+            self.compute(smem, tidx, warp, tile_n, tile_t, m, bias, out, rank)
         elif is_a_loader:
-            self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n)
+            self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, rank)
         else:
-            self.activation_loader(smem, x, tidx - first_b_warp * layout.WARP, tile_t, m)
+            self.activation_loader(smem, x, tidx - first_b_warp * layout.WARP, tile_t, m, rank)
 
     # ----------------------------------------------------- trace helpers
     # Plain Python: not rewritten by the DSL's preprocessor, so their loops
@@ -153,10 +163,24 @@ class WarpSplitKKernel:
     def _barrier(self, smem, region, stage):
         return smem + region + stage * layout.MBARRIER_BYTES
 
-    def issue_weight_tile(self, smem, weight, thread, tile_n, k_tile_index, policy, hinted):
+    def _k_base(self, rank):
+        """Byte offset of this CTA's share of K within a row."""
+        return Int64(rank) * (self.k_cta * _BYTES)
+
+    def _cluster_done(self):
+        """A loader's part of the cluster barrier: phase 0 (long complete by
+        now), then phase 1, which the first CTA waits on before its epilogue."""
+        if self.k_split > 1:
+            ptx.cluster_wait()
+            ptx.cluster_arrive()
+
+    def issue_weight_tile(self, smem, weight, thread, tile_n, k_tile_index, policy, hinted,
+                          rank=None):
         t = self.tactic
         stage, _ = layout.ring_slot(k_tile_index, t.stages)
         base = weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
+        if self.k_split > 1:
+            base = base + self._k_base(rank)
         for copy in range(layout.copies_per_thread(t.output_tile, t.k_tile, self.a_threads)):
             row, col = layout.loader_copy(thread, copy, t.k_tile, self.a_threads)
             dst = (smem + self.smem.a_ring + stage * self.smem.a_stage_bytes
@@ -167,7 +191,7 @@ class WarpSplitKKernel:
             else:
                 ptx.cp_async_16(dst, src)
 
-    def weight_loader(self, smem, weight, thread, tile_n):
+    def weight_loader(self, smem, weight, thread, tile_n, rank):
         t = self.tactic
         # a one-tile weight is all prologue: no hinted copy, no policy to make
         policy = ptx.l2_policy_evict_first() if self.k_tiles > 1 else None
@@ -177,14 +201,18 @@ class WarpSplitKKernel:
                 parity = layout.empty_parity(i, t.stages)
                 if parity is not None:
                     ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity)
-                self.issue_weight_tile(smem, weight, thread, tile_n, i, policy, hinted=True)
+                self.issue_weight_tile(smem, weight, thread, tile_n, i, policy, hinted=True,
+                                       rank=rank)
             self._loader_arrive(self._barrier(smem, self.smem.full_a, stage))
         ptx.cp_async_wait_all()
+        self._cluster_done()
 
-    def activation_loader(self, smem, x, thread, tile_t, m):
+    def activation_loader(self, smem, x, thread, tile_t, m, rank):
         t = self.tactic
         copies = layout.copies_per_thread(t.token_tile, t.k_tile, self.b_threads)
         x_base = x.toint()
+        if self.k_split > 1:
+            x_base = x_base + self._k_base(rank)
         first_token = tile_t * t.token_tile
         if cutlass.const_expr(self.use_pdl):
             ptx.griddepcontrol_wait()
@@ -209,8 +237,9 @@ class WarpSplitKKernel:
         if cutlass.const_expr(self.use_pdl):
             ptx.griddepcontrol_launch_dependents()
         ptx.cp_async_wait_all()
+        self._cluster_done()
 
-    def compute(self, smem, tidx, warp, tile_n, tile_t, m, bias, out):
+    def compute(self, smem, tidx, warp, tile_n, tile_t, m, bias, out, rank):
         t = self.tactic
         lane = tidx % layout.WARP
         m_iters = t.output_tile // layout.MMA_M
@@ -250,20 +279,40 @@ class WarpSplitKKernel:
 
         # split-K reduction: partials to shared, then a fixed-order sum
         red = smem + self.smem.reduction
-        for mi in range(m_iters):
-            for ni in range(n_iters):
-                for reg in range(4):
-                    row, token = layout.accumulator_coords(lane, mi, ni, reg)
-                    offset = layout.reduction_offset(warp, token, row, t.output_tile, t.token_tile)
-                    ptx.st_shared_f32(red + offset * 4, acc[mi][ni][reg])
-        ptx.named_barrier(1, self.compute_threads)
+        if self.k_split == 1:
+            for mi in range(m_iters):
+                for ni in range(n_iters):
+                    for reg in range(4):
+                        row, token = layout.accumulator_coords(lane, mi, ni, reg)
+                        offset = layout.reduction_offset(warp, token, row, t.output_tile,
+                                                         t.token_tile)
+                        ptx.st_shared_f32(red + offset * 4, acc[mi][ni][reg])
+            ptx.named_barrier(1, self.compute_threads)
+        else:
+            # Every CTA of the cluster writes its partials into the first
+            # CTA's buffer (slot rank * 4 + warp), through distributed shared
+            # memory; the first CTA (rank 0) maps to itself.
+            ptx.cluster_wait()  # phase 0: every CTA of the cluster is running
+            red_first = ptx.map_shared_to_rank(red, Int32(0))
+            slot = rank * layout.COMPUTE_WARPS + warp
+            for mi in range(m_iters):
+                for ni in range(n_iters):
+                    for reg in range(4):
+                        row, token = layout.accumulator_coords(lane, mi, ni, reg)
+                        offset = layout.reduction_offset(slot, token, row, t.output_tile,
+                                                         t.token_tile)
+                        ptx.st_shared_cluster_f32(red_first + offset * 4, acc[mi][ni][reg])
+            # phase 1: all partials written (release) and visible (acquire);
+            # rank 0 also cannot exit before the others' stores have landed
+            ptx.cluster_arrive()
+            ptx.cluster_wait()
         vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
         for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile)):
             vector = round_ * self.compute_threads + tidx
             # threads past the tile's vectors read a valid slot and store nothing
             token, row = layout.epilogue_coords(vector % vectors, t.output_tile)
             total = [Float32(0.0)] * layout.CHUNK
-            for w in range(layout.COMPUTE_WARPS):
+            for w in range(layout.COMPUTE_WARPS * self.k_split):
                 offset = layout.reduction_offset(w, token, row, t.output_tile, t.token_tile)
                 part = (ptx.ld_shared_v4_f32(red + offset * 4)
                         + ptx.ld_shared_v4_f32(red + (offset + 4) * 4))
@@ -272,6 +321,10 @@ class WarpSplitKKernel:
             n_index = tile_n * t.output_tile + row
             store = (cutlass.select_(vector < vectors, Int32(1), Int32(0))
                      * cutlass.select_(global_token < m, Int32(1), Int32(0)))
+            if self.k_split > 1:
+                # only the first CTA holds the sums; the others read their own
+                # (unused) buffer and store nothing
+                store = store * cutlass.select_(rank == 0, Int32(1), Int32(0))
             if cutlass.const_expr(self.has_bias):
                 b_vals = ptx.ld_global_bf16x8_as_f32(
                     bias.toint() + Int64(n_index * _BYTES), store)

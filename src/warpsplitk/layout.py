@@ -166,14 +166,18 @@ class SmemPlan:
     total: int
 
 
-def smem_plan(output_tile, token_tile, k_tile, stages):
-    """Where the two rings, the reduction buffer and the mbarriers live."""
+def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1):
+    """Where the two rings, the reduction buffer and the mbarriers live.
+
+    With ``k_split`` CTAs per cluster sharing K, the reduction buffer holds
+    the partials of every compute warp of the cluster (``[k_split * 4]``
+    warps): the other CTAs write theirs into the first CTA's buffer."""
     a_stage = output_tile * k_tile * ELEMENT_BYTES
     b_stage = token_tile * k_tile * ELEMENT_BYTES
     a_ring = 0
     b_ring = _align(a_ring + stages * a_stage, REGION_ALIGN)
     reduction = _align(b_ring + stages * b_stage, REGION_ALIGN)
-    reduction_bytes = COMPUTE_WARPS * token_tile * reduction_row_words(output_tile) * 4
+    reduction_bytes = k_split * COMPUTE_WARPS * token_tile * reduction_row_words(output_tile) * 4
     barriers = _align(reduction + reduction_bytes, REGION_ALIGN)
     full_a = barriers
     full_b = full_a + stages * MBARRIER_BYTES

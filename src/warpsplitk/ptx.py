@@ -140,6 +140,38 @@ def fence_mbarrier_init(*, loc=None, ip=None):
     _asm(None, [], "fence.mbarrier_init.release.cluster;", "~{memory}", loc, ip)
 
 
+# ----------------------------------------------------------- clusters
+# For k_split > 1: the CTAs of a cluster share K, and the partial sums of
+# the others go into the first CTA's shared memory (distributed shared memory).
+
+
+@dsl_user_op
+def cluster_arrive(relaxed=False, *, loc=None, ip=None):
+    """Arrive on the cluster barrier (release, or relaxed: orders nothing)."""
+    sem = "relaxed" if relaxed else "release"
+    _asm(None, [], f"barrier.cluster.arrive.{sem};", "~{memory}", loc, ip)
+
+
+@dsl_user_op
+def cluster_wait(*, loc=None, ip=None):
+    """Wait until every thread of the cluster has arrived (acquire)."""
+    _asm(None, [], "barrier.cluster.wait.acquire;", "~{memory}", loc, ip)
+
+
+@dsl_user_op
+def map_shared_to_rank(address, rank, *, loc=None, ip=None):
+    """The shared::cluster address of ``address`` in the cluster CTA ``rank``."""
+    return Int32(_asm(Int32.mlir_type, [Int32(address), Int32(rank)],
+                      "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def st_shared_cluster_f32(address, value, *, loc=None, ip=None):
+    """Store to a shared::cluster address (another CTA's shared memory)."""
+    _asm(None, [Int32(address), Float32(value)], "st.shared::cluster.f32 [$0], $1;", "r,f",
+         loc, ip)
+
+
 # --------------------------------------------------------------- PDL
 
 

@@ -18,6 +18,9 @@ TOKEN_TILES = (8, 16, 32)
 K_TILES = (128, 256)
 MAX_STAGES = 16
 B_LOADER_WARPS = (1, 2)
+#: CTAs of a cluster that share one output tile's K (each streams 1/k_split
+#: of K; their partial sums meet in the first CTA's shared memory).
+K_SPLITS = (1, 2)
 #: K tiles per CTA at most: the compute loop is fully unrolled over them.
 MAX_K_TILES = 64
 MAX_M = 32
@@ -44,6 +47,10 @@ class WarpSplitKTactic:
     k_tile: K elements per pipeline stage, 128 or 256.
     stages: depth of the shared-memory rings, 1..16.
     b_loader_warps: warps that load activations, 1 or 2.
+    k_split: CTAs of a cluster splitting K, 1 or 2 (experimental: 2 doubles
+        the grid for shapes whose N leaves SMs idle; not yet measured on a
+        GPU, so neither the default heuristic nor the tuner picks it unless
+        asked).
     """
 
     output_tile: int = 16
@@ -51,6 +58,7 @@ class WarpSplitKTactic:
     k_tile: int = 128
     stages: int = 4
     b_loader_warps: int = 1
+    k_split: int = 1
 
     @property
     def threads(self) -> int:
@@ -60,12 +68,14 @@ class WarpSplitKTactic:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one CTA: both rings, reduction buffer, mbarriers."""
-        return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages).total
+        return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages,
+                                self.k_split).total
 
     def short(self) -> str:
-        """``o,t,k,s,b`` as the CLI takes it."""
-        return (f"{self.output_tile},{self.token_tile},{self.k_tile},"
+        """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1)."""
+        text = (f"{self.output_tile},{self.token_tile},{self.k_tile},"
                 f"{self.stages},{self.b_loader_warps}")
+        return text if self.k_split == 1 else f"{text},{self.k_split}"
 
     @classmethod
     def parse(cls, text: str) -> "WarpSplitKTactic":
@@ -74,10 +84,10 @@ class WarpSplitKTactic:
             fields = [int(v) for v in text.split(",")]
         except ValueError:
             fields = []
-        if len(fields) != 5:
+        if len(fields) not in (5, 6):
             raise ValueError(
                 "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
-                f"b_loader_warps', got {text!r}")
+                f"b_loader_warps' and an optional k_split, got {text!r}")
         return cls(*fields)
 
 
@@ -100,6 +110,8 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
                          f"got {tactic.stages!r}")
     if tactic.b_loader_warps not in B_LOADER_WARPS:
         raise _field_error("b_loader_warps", tactic.b_loader_warps, B_LOADER_WARPS)
+    if tactic.k_split not in K_SPLITS:
+        raise _field_error("k_split", tactic.k_split, K_SPLITS)
     if tactic.output_tile >= WIDE_TILE and tactic.k_tile != 128:
         # ptxas-driven: 48 or 64 rows x 256 K are 24-32 copies per weight-loader
         # thread per stage; ptxas 13.4 hoists their addresses into 150-255
@@ -118,12 +130,17 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         raise ValueError(f"warp split-K: K={k} is {k_tiles} tiles of {tactic.k_tile}; "
                          f"the unrolled compute loop takes at most {MAX_K_TILES} "
                          f"(K <= {MAX_K_TILES * tactic.k_tile})")
-    if tactic.stages > k_tiles:
-        raise ValueError(f"warp split-K: stages={tactic.stages} exceeds the {k_tiles} "
+    if k_tiles % tactic.k_split:
+        raise ValueError(f"warp split-K: k_split {tactic.k_split} must divide the {k_tiles} "
                          f"K tiles of K={k} (k_tile {tactic.k_tile})")
-    if tactic.stages == 1 and k_tiles > 1:
+    cta_tiles = k_tiles // tactic.k_split
+    per_cta = "" if tactic.k_split == 1 else f" per CTA (k_split {tactic.k_split})"
+    if tactic.stages > cta_tiles:
+        raise ValueError(f"warp split-K: stages={tactic.stages} exceeds the {cta_tiles} "
+                         f"K tiles{per_cta} of K={k} (k_tile {tactic.k_tile})")
+    if tactic.stages == 1 and cta_tiles > 1:
         raise ValueError(f"warp split-K: a one-stage ring serialises load and compute; "
-                         f"K={k} spans {k_tiles} tiles, use stages >= 2")
+                         f"K={k} spans {cta_tiles} tiles{per_cta}, use stages >= 2")
     smem = tactic.smem_bytes
     if smem > SMEM_PER_BLOCK:
         raise ValueError(f"warp split-K: tactic {tactic.short()} needs {smem} B of shared "
@@ -138,20 +155,22 @@ def is_legal(tactic: WarpSplitKTactic, n: int, k: int) -> bool:
     return True
 
 
-def all_tactics():
-    """Every tactic of the kernel's space, legal for some shape or not."""
-    for o, t, kt, s, b in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES,
-                                            range(1, MAX_STAGES + 1), B_LOADER_WARPS):
-        yield WarpSplitKTactic(o, t, kt, s, b)
+def all_tactics(k_splits=(1,)):
+    """Every tactic of the kernel's space, legal for some shape or not (with
+    ``k_splits=K_SPLITS``, the experimental cluster split of K too)."""
+    for o, t, kt, s, b, c in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES,
+                                               range(1, MAX_STAGES + 1), B_LOADER_WARPS,
+                                               k_splits):
+        yield WarpSplitKTactic(o, t, kt, s, b, c)
 
 
-def legal_tactics(m: int, n: int, k: int) -> list[WarpSplitKTactic]:
+def legal_tactics(m: int, n: int, k: int, k_splits=(1,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
     larger than needed to cover ``m`` in one tile (a bigger tile only loads
     zeros)."""
     _check_m(m)
     need = min(t for t in TOKEN_TILES if t >= m)
-    return [t for t in all_tactics() if t.token_tile <= need and is_legal(t, n, k)]
+    return [t for t in all_tactics(k_splits) if t.token_tile <= need and is_legal(t, n, k)]
 
 
 def _check_m(m):
@@ -196,7 +215,7 @@ def ctas_per_sm(tactic: WarpSplitKTactic) -> int:
 
 
 def grid_ctas(tactic: WarpSplitKTactic, m: int, n: int) -> int:
-    return (n // tactic.output_tile) * -(-m // tactic.token_tile)
+    return (n // tactic.output_tile) * -(-m // tactic.token_tile) * tactic.k_split
 
 
 def waves(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int = DEFAULT_SM_COUNT) -> float:

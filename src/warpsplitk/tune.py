@@ -18,7 +18,10 @@ Pruning, before anything is measured:
 * output_tile 48 and 64 only with 16 or more tokens (they amortise
   activation re-reads, which are small for 8-token tiles);
 * k_tile 128 only where 256 cannot give two tiles;
-* the default heuristic's own choice is always a candidate.
+* the default heuristic's own choice is always a candidate;
+* with ``k_splits=(1, 2)`` (``warpsplitk tune --k-split``; experimental) the
+  cluster split of K too, only where ``N / output_tile`` token-tile CTAs
+  leave SMs idle, pruned like the rest.
 
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
@@ -32,6 +35,7 @@ skips what the log already holds.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -60,32 +64,34 @@ def representative(m: int) -> int:
     return 1 if m == 1 else min(r for r in REPRESENTATIVE_MS if r >= m)
 
 
-def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> list[WarpSplitKTactic]:
+def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
+               k_splits=(1,)) -> list[WarpSplitKTactic]:
     cover = min(t for t in TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = {default_tactic(m, n, k, sm_count)}
-    for token_tile in token_tiles:
+    for token_tile, output_tile, k_tile, k_split in itertools.product(
+            sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits):
         b_warps = 1 if token_tile == 8 else 2
-        for output_tile in OUTPUT_TILES:
-            if output_tile >= WIDE_TILE and token_tile == 8:
-                continue  # wide tiles pay off only where activation re-reads matter
-            for k_tile in (128, 256):
-                family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
-                          for s in range(1, MAX_STAGES + 1)]
-                family = [t for t in family if is_legal(t, n, k)]
-                if not family:
-                    continue
-                if k_tile == 128 and output_tile < WIDE_TILE and k % 256 == 0 and k // 256 >= 2:
-                    continue  # 256-wide tiles reach the same depth with half the barriers
-                wanted = math.ceil(grid_ctas(family[0], m, n) / sm_count)
-                fits_any = False
-                for r in sorted({wanted, wanted + 1, 2 * wanted}):
-                    fitting = [t for t in family if ctas_per_sm(t) >= r]
-                    if fitting:
-                        found.add(fitting[-1])
-                        fits_any = True
-                if not fits_any:  # several waves whatever the ring: most resident, deepest
-                    found.add(max(family, key=lambda t: (ctas_per_sm(t), t.stages)))
+        if output_tile >= WIDE_TILE and token_tile == 8:
+            continue  # wide tiles pay off only where activation re-reads matter
+        if k_split > 1 and (n // output_tile) * -(-m // token_tile) >= sm_count:
+            continue  # the grid already covers the SMs: no reason to split K
+        family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split)
+                  for s in range(1, MAX_STAGES + 1)]
+        family = [t for t in family if is_legal(t, n, k)]
+        if not family:
+            continue
+        if k_tile == 128 and output_tile < WIDE_TILE and k % 256 == 0 and k // 256 >= 2:
+            continue  # 256-wide tiles reach the same depth with half the barriers
+        wanted = math.ceil(grid_ctas(family[0], m, n) / sm_count)
+        fits_any = False
+        for r in sorted({wanted, wanted + 1, 2 * wanted}):
+            fitting = [t for t in family if ctas_per_sm(t) >= r]
+            if fitting:
+                found.add(fitting[-1])
+                fits_any = True
+        if not fits_any:  # several waves whatever the ring: most resident, deepest
+            found.add(max(family, key=lambda t: (ctas_per_sm(t), t.stages)))
     return sorted(found)
 
 
@@ -129,7 +135,7 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 
 
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
-         check=True, time_budget_s=None, tolerance=TOLERANCE) -> DecodePlan:
+         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1,)) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -149,7 +155,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     if sm_count is None:
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     reps = sorted({representative(m) for m in ms})
-    work = {(n, k, r): candidates(r, n, k, sm_count) for n, k in shapes for r in reps}
+    work = {(n, k, r): candidates(r, n, k, sm_count, k_splits) for n, k in shapes for r in reps}
     done = _read_log(log_path) if resume else {}
     progress(f"{sum(len(v) for v in work.values())} candidates to measure, "
              f"{len({(n, k, t) for (n, k, _), ts in work.items() for t in ts})} distinct kernels")
