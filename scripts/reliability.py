@@ -2,7 +2,7 @@
 
     python3 scripts/reliability.py cases --subset all|rotate [--shard I --shards N] [--json OUT]
         Every tactic family (output_tile x token_tile x k_tile x
-        b_loader_warps) with a one-stage ring (K = k_tile), a ring shorter
+        b_loader_warps; with --k-split also each with k_split 2) with a one-stage ring (K = k_tile), a ring shorter
         than the K-tile count and a ring equal to it; M = 1, token_tile - 1,
         token_tile, token_tile + 1 (where <= 32) and 32; each case launched
         twice back to back on one stream (the PDL path: the second grid's
@@ -38,15 +38,17 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def family_cases(subset, offset=0):
+def family_cases(subset, offset=0, k_splits=(1,)):
     cases = []
-    families = list(itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS))
-    for index, (o, t, kt, b) in enumerate(families):
-        rings = [(1, kt), (2, 3 * kt), (3, 3 * kt)]  # one stage; shorter than K; equal to K
+    families = list(itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS,
+                                      k_splits))
+    for index, (o, t, kt, b, c) in enumerate(families):
+        # per CTA: one stage; a ring shorter than its K tiles; one equal to them
+        rings = [(1, c * kt), (2, 3 * c * kt), (3, 3 * c * kt)]
         if subset == "rotate":
             rings = [rings[(index + offset) % 3]]
         for stages, k in rings:
-            tactic = WarpSplitKTactic(o, t, kt, stages, b)
+            tactic = WarpSplitKTactic(o, t, kt, stages, b, c)
             if not is_legal(tactic, 2 * o, k):
                 continue  # a combination check_tactic refuses (48/64-row tiles need k_tile 128)
             ms = sorted({1, max(1, t - 1), t, min(32, t + 1), 32})
@@ -54,10 +56,10 @@ def family_cases(subset, offset=0):
     return cases
 
 
-def run_cases(subset, offset=0, shard=0, shards=1):
+def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,)):
     torch.manual_seed(0)
     results = []
-    for tactic, n, k, ms in family_cases(subset, offset)[shard::shards]:
+    for tactic, n, k, ms in family_cases(subset, offset, k_splits)[shard::shards]:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         prepared = PreparedWarpSplitK(w, {m: tactic for m in ms})
         for m in ms:
@@ -152,6 +154,8 @@ def main():
     c.add_argument("--offset", type=int, default=0, help="which ring variant 'rotate' starts at")
     c.add_argument("--shard", type=int, default=0, help="run cases shard, shard+shards, ...")
     c.add_argument("--shards", type=int, default=1)
+    c.add_argument("--k-split", action="store_true",
+                   help="also the cluster split of K (k_split 2) of every family")
     c.add_argument("--json")
     s = sub.add_parser("soak")
     s.add_argument("--projections", type=int, default=64)
@@ -161,7 +165,8 @@ def main():
     sub.add_parser("digest")
     args = p.parse_args()
     if args.cmd == "cases":
-        results, bad = run_cases(args.subset, args.offset, args.shard, args.shards)
+        results, bad = run_cases(args.subset, args.offset, args.shard, args.shards,
+                                (1, 2) if args.k_split else (1,))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

@@ -10,6 +10,7 @@
 #   SANITIZER_FLAGS  extra compute-sanitizer flags (e.g. --report-api-errors no:
 #                    memcheck otherwise also counts failed host API calls, such
 #                    as the driver-symbol probing of cuGetProcAddress)
+#   K_SPLIT=1        add every family's cluster split of K (k_split 2)
 #   THREAD_ARRIVE=all|compute  sanitise a diagnostic build (compile._build):
 #                    ring arrivals made by the accessing threads themselves
 #                    (all: loaders and compute lanes; compute: compute lanes)
@@ -22,12 +23,13 @@ CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2
 TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
 SHARDS=${SHARDS:-2}
 subset=${SUBSET:-all}
+split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 offset=0
 for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do
     ( timeout -k 5 "${CASE_LIMIT:-600}" "$CS" --tool "$tool" --print-limit 20 --error-exitcode 9 ${SANITIZER_FLAGS:-} \
         python3 scripts/reliability.py cases --subset "$subset" --offset $offset \
-        --shard "$shard" --shards "$SHARDS" > "$LOGS/$tool-$shard.log" 2>&1
+        --shard "$shard" --shards "$SHARDS" $split_flag > "$LOGS/$tool-$shard.log" 2>&1
       echo $? > "$LOGS/$tool-$shard.rc" ) &
   done
   offset=$((offset + 1))
