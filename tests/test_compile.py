@@ -152,10 +152,16 @@ def _run_facts(jobs, timeout=900, import_cutlass=False):
     return json.loads(lines[0][len("FACTS "):])
 
 
+#: the experimental cluster split of K, compiled for Blackwell in the same process
+SM100_K_SPLIT = (1536, 7168, WarpSplitKTactic(16, 8, 256, 8, 1, 2))
+
+
 @pytest.fixture(scope="module")
 def sm100_facts():
     jobs = [["sm_100a", n, k, t.short(), False] for _, n, k, t in
             (c for c in CASES if c[0] == "sm_100a")]
+    n, k, t = SM100_K_SPLIT
+    jobs.append(["sm_100a", n, k, t.short(), False])
     results = _run_facts(jobs)
     return {(n, k, WarpSplitKTactic.parse(short)): f
             for (_, n, k, short, _), f in zip(jobs, results)}
@@ -164,6 +170,13 @@ def sm100_facts():
 @pytest.mark.parametrize("arch,n,k,tactic", SM100)
 def test_compile_sm100a(sm100_facts, arch, n, k, tactic):
     check_facts(sm100_facts[(n, k, tactic)], arch, n, k, tactic)
+
+
+def test_compile_sm100a_cluster_split_of_k(sm100_facts):
+    n, k, tactic = SM100_K_SPLIT
+    f = sm100_facts[(n, k, tactic)]
+    assert f["target"] == "sm_100a" and f["audit"] == []
+    assert f["spill_bytes"] == 0 and not f["local_memory"]
 
 
 def test_two_archs_in_one_process():
