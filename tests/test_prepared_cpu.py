@@ -141,3 +141,17 @@ def test_unchecked_launch_passes_what_run_passes(prepared, monkeypatch):
     x, out = aligned(8, K), aligned(8, N)
     assert prepared.run(x, out) is out and prepared._launch(x, out) is out
     assert calls[0] == calls[1] == (0x1000, x.data_ptr(), 0x2000, out.data_ptr(), 8, 0x5EED)
+
+
+def test_stream_handle_prefers_the_raw_current_stream(monkeypatch):
+    import warpsplitk.prepared as module
+    calls = []
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream",
+                        lambda index: calls.append(index) or 0xABC, raising=False)
+    assert module._stream_handle(torch.device("cuda", 3)) == 0xABC and calls == [3]
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream")
+
+    class Stream:
+        cuda_stream = 0xDEF
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: Stream())
+    assert module._stream_handle(torch.device("cuda", 0)) == 0xDEF
