@@ -312,3 +312,98 @@ def test_ring_simulation_catches_a_wrong_parity():
     with pytest.raises(AssertionError):
         for seed in range(50):
             simulate_ring(8, 2, seed, empty_parity=no_wait)
+
+
+# ------------------------------------------- the cluster barrier (k_split 2)
+#
+# kernel.py's program order for k_split > 1, per thread role, as events:
+#   all threads: arrive (relaxed) on cluster barrier phase 0 after setup;
+#   loaders: their K loop, then wait phase 0, arrive phase 1, exit;
+#   compute: the K loop, wait phase 0, store partials into CTA 0's buffer,
+#            arrive phase 1 (release), wait phase 1, epilogue (CTA 0 reads
+#            all partials and stores; the others store nothing), exit.
+# One thread stands for each role of each CTA (a role's threads run the same
+# events). Every interleaving is explored.
+
+CLUSTER_ROLES = {
+    "compute": ("arrive", "work", "wait", "store", "arrive", "wait", "epilogue"),
+    "weight loader": ("arrive", "work", "wait", "arrive"),
+    "activation loader": ("arrive", "work", "wait", "arrive"),
+}
+
+
+def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
+    """Every reachable state of the cluster's threads; returns the problems
+    found (deadlocks, stores into a CTA not yet running or already gone,
+    epilogue reads before all partials are in)."""
+    threads = [(cta, role) for cta in range(ctas) for role in roles]
+    programs = [roles[role] for _, role in threads]
+    problems = set()
+
+    def arrivals(pcs, t):
+        return sum(1 for e in programs[t][:pcs[t]] if e == "arrive")
+
+    def waits_done(pcs, t):
+        return sum(1 for e in programs[t][:pcs[t]] if e == "wait")
+
+    def stores_in(pcs):
+        return {threads[t][0] for t in range(len(threads)) if "store" in programs[t][:pcs[t]]}
+
+    def running(pcs, cta):
+        return all(pcs[t] >= 1 for t in range(len(threads)) if threads[t][0] == cta)
+
+    def exited(pcs, cta):
+        return all(pcs[t] == len(programs[t]) for t in range(len(threads)) if threads[t][0] == cta)
+
+    seen = set()
+    stack = [tuple(0 for _ in threads)]
+    while stack:
+        pcs = stack.pop()
+        if pcs in seen:
+            continue
+        seen.add(pcs)
+        moves = []
+        for t, (cta, role) in enumerate(threads):
+            if pcs[t] == len(programs[t]):
+                continue
+            event = programs[t][pcs[t]]
+            if event == "wait":
+                phase = waits_done(pcs, t)  # the phase this wait is for
+                if min(arrivals(pcs, u) for u in range(len(threads))) <= phase:
+                    continue  # blocked: someone has not arrived for this phase
+            if event == "arrive" and arrivals(pcs, t) > waits_done(pcs, t):
+                # PTX: a thread waits on the cluster barrier between arrivals
+                problems.add(f"{role} of CTA {cta} arrives twice without a wait")
+            if event == "store":
+                if not running(pcs, 0):
+                    problems.add(f"CTA {cta} stores into CTA 0 before it runs")
+                if exited(pcs, 0):
+                    problems.add(f"CTA {cta} stores into CTA 0 after it exited")
+            if event == "epilogue" and cta == 0 and stores_in(pcs) != set(range(ctas)):
+                problems.add("CTA 0 reads the partials before every CTA stored them")
+            moves.append(pcs[:t] + (pcs[t] + 1,) + pcs[t + 1:])
+        if not moves and any(pcs[t] < len(programs[t]) for t in range(len(threads))):
+            problems.add(f"deadlock at {pcs}")
+        stack.extend(moves)
+    return problems
+
+
+def test_cluster_barrier_protocol_is_safe_and_live():
+    assert explore_cluster() == set()
+
+
+@pytest.mark.parametrize("role,program,problem", [
+    # without the phase-0 wait, a store may reach CTA 0 before it runs
+    ("compute", ("arrive", "work", "store", "wait", "arrive", "wait", "epilogue"),
+     "before it runs"),
+    # storing after the phase-1 arrive: CTA 0 may read first
+    ("compute", ("arrive", "work", "wait", "arrive", "store", "wait", "epilogue"),
+     "reads the partials before"),
+    # a loader that exits without its phase-1 arrive: the compute warps hang
+    ("weight loader", ("arrive", "work", "wait"), "deadlock"),
+    # a loader that skips the phase-0 wait arrives twice in a row (undefined in PTX)
+    ("activation loader", ("arrive", "work", "arrive"), "arrives twice without a wait"),
+])
+def test_cluster_barrier_model_catches_broken_protocols(role, program, problem):
+    problems = explore_cluster(dict(CLUSTER_ROLES, **{role: program}))
+    assert any(problem in p for p in problems), problems

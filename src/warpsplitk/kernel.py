@@ -303,7 +303,9 @@ class WarpSplitKKernel:
                                                          t.token_tile)
                         ptx.st_shared_cluster_f32(red_first + offset * 4, acc[mi][ni][reg])
             # phase 1: all partials written (release) and visible (acquire);
-            # rank 0 also cannot exit before the others' stores have landed
+            # rank 0 also cannot exit before the others' stores have landed.
+            # Every interleaving of this protocol: tests/test_layout.py
+            # (explore_cluster).
             ptx.cluster_arrive()
             ptx.cluster_wait()
         vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
