@@ -13,14 +13,26 @@
 #           cold and warm start of the 16-shape table
 #   arrive  speed and racecheck of the all-lanes stage release (arrive_ab.py)
 #   verify  'tests' and the correctness half of 'checks' in one call: the GPU
-#           tests, compute-sanitizer and the 100k soak side by side, then
-#           (alone on the GPU) host overhead, determinism and the Llama example
+#           tests, compute-sanitizer (also of the all-lanes release) and the
+#           100k soak side by side, then (alone on the GPU) host overhead,
+#           determinism and the all-lanes release's speed (arrive_ab.py)
+#   llama   the Llama example's accuracy and decode-step timing
+#
+# At most 8 files come back from a device call's $OUT: the stages write into
+# a scratch folder, and on exit everything is packed into $OUT/STAGE.tar.gz,
+# with up to 6 of the JSON results copied beside it.
 set -u
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
 stage=${1:-tests}
+RESULTS=${OUT:-/tmp/out}; mkdir -p "$RESULTS"
+OUT=$(mktemp -d); export OUT
+pack() {
+  tar -czf "$RESULTS/$stage.tar.gz" -C "$OUT" .
+  find "$OUT" -maxdepth 2 -name '*.json' | head -6 | xargs -r cp -t "$RESULTS"
+}
+trap pack EXIT
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
 
 case "$stage" in
 tests)
@@ -47,7 +59,7 @@ tests)
 tune)
   # TUNE_FLAGS=--k-split adds the cluster split of K (once its GPU tests pass)
   # resume the tuner from the committed log over the whole table (largest
-  # first) for TUNE_BUDGET seconds; commit $OUT/tune-log.jsonl back as
+  # first) for TUNE_BUDGET seconds; commit tune-log.jsonl (in tune.tar.gz) back as
   # docs/gpu-runs/2026-12-02-tune-log.jsonl, then run it again until no shape
   # is left, then 'bench'
   cp docs/gpu-runs/2026-12-02-tune-log.jsonl "$OUT/tune-log.jsonl"
@@ -97,6 +109,9 @@ verify)
       > "$OUT/gpu_kernel-${part//[^a-z]/_}.log" 2>&1 &
   done
   CASE_LIMIT=$LIMIT bash scripts/sanitize.sh > "$OUT/sanitizer.log" 2>&1 &
+  # racecheck of the all-lanes stage release alone (docs/reliability.md)
+  OUT=$OUT/compute THREAD_ARRIVE=compute TOOLS=racecheck SHARDS=2 CASE_LIMIT=$LIMIT \
+    bash scripts/sanitize.sh > "$OUT/sanitizer-compute.log" 2>&1 &
   timeout -k 5 $LIMIT python3 scripts/reliability.py soak --replays 100000 \
     --json "$OUT/soak-100k.json" > "$OUT/soak-100k.log" 2>&1 &
   wait
@@ -105,16 +120,21 @@ verify)
   done
   grep -A30 "relative error vs fp64" "$OUT/gpu_reliability.log" | grep "K=" | head -20
   cat "$OUT/sanitizer.log"
+  echo "all-lanes release: $(cut -c1-600 "$OUT/sanitizer-compute.log")"
   echo "soak 100k: $(tail -1 "$OUT/soak-100k.log")"
   timeout 40 python3 scripts/host_overhead.py --json "$OUT/host-overhead.json" \
     > "$OUT/host-overhead.log" 2>&1
   echo "host overhead rc=$?"; tail -4 "$OUT/host-overhead.log"
   for i in 1 2; do timeout 35 python3 scripts/reliability.py digest; done > "$OUT/digest.log" 2>&1
   echo "digests: $(sort -u "$OUT/digest.log" | wc -l) distinct of $(wc -l < "$OUT/digest.log")"
-  timeout 140 python3 examples/llama_decode.py --batch 1 8 32 --json "$OUT/llama.json" \
+  timeout 120 python3 scripts/arrive_ab.py --json "$OUT/arrive-ab.json" > "$OUT/arrive-ab.log" 2>&1
+  echo "arrive A/B rc=$?"; tail -12 "$OUT/arrive-ab.log"
+  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_*.log | head -20
+  ;;
+llama)
+  timeout 300 python3 examples/llama_decode.py --batch 1 8 32 --json "$OUT/llama.json" \
     > "$OUT/llama.log" 2>&1
   echo "llama rc=$?"; tail -12 "$OUT/llama.log"
-  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_*.log | head -20
   ;;
 arrive)
   # what every compute lane arriving on the empty barrier costs, and whether
@@ -134,5 +154,5 @@ sanitize)
   head -c 9000 "$OUT/sanitizer-report.txt"
   ;;
 *)
-  echo "unknown stage $stage (tests | tune | bench | checks | verify | arrive | sanitize)"; exit 2 ;;
+  echo "unknown stage $stage (tests | tune | bench | checks | verify | arrive | llama | sanitize)"; exit 2 ;;
 esac
