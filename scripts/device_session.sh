@@ -38,12 +38,12 @@ case "$stage" in
 tests)
   # one pytest per GPU test module, side by side: compiling is CPU-bound and
   # the machine has 16 cores; correctness tests do not mind sharing the GPU
-  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama; do
+  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama gpu_k_split; do
     timeout ${TESTS_LIMIT:-330} python3 -m pytest -q -m gpu "tests/test_$module.py" \
       > "$OUT/$module.log" 2>&1 &
   done
   wait
-  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama; do
+  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama gpu_k_split; do
     echo "$module: $(tail -1 "$OUT/$module.log")"
   done
   timeout 45 python3 scripts/host_overhead.py --json "$OUT/host-overhead.json" \
@@ -103,6 +103,9 @@ verify)
   for module in gpu_reliability gpu_linear gpu_llama; do
     timeout -k 5 $LIMIT python3 -m pytest -q -rP -m gpu "tests/test_$module.py" > "$OUT/$module.log" 2>&1 &
   done
+  # the experimental cluster split alone, shorter limit: a barrier fault hangs
+  timeout -k 5 ${K_SPLIT_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_k_split.py \
+    > "$OUT/gpu_k_split.log" 2>&1 &
   # the kernel tests compile ~150 kernels: three processes (~280 s as one)
   for part in "default_tactics" "random_legal" "not (default_tactics or random_legal)"; do
     timeout -k 5 $LIMIT python3 -m pytest -q -m gpu tests/test_gpu_kernel.py -k "$part" \

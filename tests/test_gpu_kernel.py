@@ -141,38 +141,3 @@ def test_wide_tiles_and_plan_tactics(tactic, n, k):
     prepared = PreparedWarpSplitK(w, {m: tactic for m in (1, 15, 17, 32)})
     for m in (1, 15, 17, 32):
         check(prepared, m, n, k, w)
-
-
-# k_split 2 (experimental): two CTAs of a cluster share K and meet in the
-# first one's shared memory. Correctness, a graph, PDL back to back.
-K_SPLIT_CASES = [
-    (WarpSplitKTactic(16, 8, 256, 8, 1, 2), 1536, 7168),
-    (WarpSplitKTactic(32, 8, 256, 6, 1, 2), 2624, 6144),
-    (WarpSplitKTactic(16, 32, 256, 4, 2, 2), 3216, 7168),
-    (WarpSplitKTactic(64, 16, 128, 4, 2, 2), 1024, 2048),
-    (WarpSplitKTactic(16, 8, 128, 1, 1, 2), 256, 256),    # one tile per CTA
-]
-
-
-@pytest.mark.parametrize("tactic,n,k", K_SPLIT_CASES,
-                         ids=[f"{t.short()}-{n}x{k}" for t, n, k in K_SPLIT_CASES])
-def test_cluster_split_of_k(tactic, n, k):
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    ms = (1, 8, 9, 32)
-    for b in (None, bias):
-        prepared = PreparedWarpSplitK(w, {m: tactic for m in ms}, bias=b)
-        for m in ms:
-            check(prepared, m, n, k, w, b)
-    # captured, replayed with new values, and two launches back to back (PDL)
-    x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
-    out = torch.full((8, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    out2 = torch.full((8, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        prepared.run(x, out)
-        prepared.run(x, out2)
-    x.copy_(torch.randn(8, k, device="cuda", dtype=torch.bfloat16))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel_err(out, x, w, bias) < 1e-2 and torch.equal(out, out2)
