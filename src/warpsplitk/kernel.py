@@ -280,28 +280,24 @@ class WarpSplitKKernel:
         # split-K reduction: partials to shared, then a fixed-order sum
         red = smem + self.smem.reduction
         if self.k_split == 1:
-            for mi in range(m_iters):
-                for ni in range(n_iters):
-                    for reg in range(4):
-                        row, token = layout.accumulator_coords(lane, mi, ni, reg)
-                        offset = layout.reduction_offset(warp, token, row, t.output_tile,
-                                                         t.token_tile)
-                        ptx.st_shared_f32(red + offset * 4, acc[mi][ni][reg])
-            ptx.named_barrier(1, self.compute_threads)
+            dest, slot, store = red, warp, ptx.st_shared_f32
         else:
             # Every CTA of the cluster writes its partials into the first
             # CTA's buffer (slot rank * 4 + warp), through distributed shared
             # memory; the first CTA (rank 0) maps to itself.
             ptx.cluster_wait()  # phase 0: every CTA of the cluster is running
-            red_first = ptx.map_shared_to_rank(red, Int32(0))
+            dest = ptx.map_shared_to_rank(red, Int32(0))
             slot = rank * layout.COMPUTE_WARPS + warp
-            for mi in range(m_iters):
-                for ni in range(n_iters):
-                    for reg in range(4):
-                        row, token = layout.accumulator_coords(lane, mi, ni, reg)
-                        offset = layout.reduction_offset(slot, token, row, t.output_tile,
-                                                         t.token_tile)
-                        ptx.st_shared_cluster_f32(red_first + offset * 4, acc[mi][ni][reg])
+            store = ptx.st_shared_cluster_f32
+        for mi in range(m_iters):
+            for ni in range(n_iters):
+                for reg in range(4):
+                    row, token = layout.accumulator_coords(lane, mi, ni, reg)
+                    offset = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
+                    store(dest + offset * 4, acc[mi][ni][reg])
+        if self.k_split == 1:
+            ptx.named_barrier(1, self.compute_threads)
+        else:
             # phase 1: all partials written (release) and visible (acquire);
             # rank 0 also cannot exit before the others' stores have landed.
             # Every interleaving of this protocol: tests/test_layout.py

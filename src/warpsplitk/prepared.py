@@ -141,17 +141,14 @@ class PreparedWarpSplitK:
             raise ValueError(f"x must be a 2-D torch.Tensor [M, K], got "
                              f"{_describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
         m = x.shape[0]
-        launch = self._launchers.get(m)
-        if launch is None:
+        if m not in self._launchers:
             raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(self.tactics)}")
         _check_packed("x", x, (m, self.k), self.device)
         _check_packed("out", out, (m, self.n), self.device)
         for name, other in (("x", x), ("the weight", self.weight), ("the bias", self.bias)):
             if other is not None and _overlap(out, other):
                 raise ValueError(f"out must not overlap {name}")
-        launch(self._weight_address, x.data_ptr(), self._bias_address, out.data_ptr(), m,
-               _stream_handle(self.device))
-        return out
+        return self._launch(x, out)
 
     def _launch(self, x, out):
         """``run`` without its checks, for callers that made them already

@@ -74,13 +74,13 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         b_warps = 1 if token_tile == 8 else 2
         if output_tile >= WIDE_TILE and token_tile == 8:
             continue  # wide tiles pay off only where activation re-reads matter
-        if k_split > 1 and (n // output_tile) * -(-m // token_tile) >= sm_count:
-            continue  # the grid already covers the SMs: no reason to split K
         family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split)
                   for s in range(1, MAX_STAGES + 1)]
         family = [t for t in family if is_legal(t, n, k)]
         if not family:
             continue
+        if k_split > 1 and grid_ctas(family[0], m, n) // k_split >= sm_count:
+            continue  # the grid already covers the SMs: no reason to split K
         if k_tile == 128 and output_tile < WIDE_TILE and k % 256 == 0 and k // 256 >= 2:
             continue  # 256-wide tiles reach the same depth with half the barriers
         wanted = math.ceil(grid_ctas(family[0], m, n) / sm_count)
