@@ -1,4 +1,24 @@
+import os
+import shutil
+import tempfile
+
 import pytest
+
+_cache_dir = None
+
+
+def pytest_configure(config):
+    # Hermetic runs: compiled kernels go to a fresh folder, not the user's
+    # disk cache (tests count compiles; a kernel left by an earlier run or a
+    # different checkout must not be loaded instead).
+    global _cache_dir
+    _cache_dir = tempfile.mkdtemp(prefix="warpsplitk-test-cache-")
+    os.environ["WARPSPLITK_CACHE_DIR"] = _cache_dir
+
+
+def pytest_unconfigure(config):
+    if _cache_dir:
+        shutil.rmtree(_cache_dir, ignore_errors=True)
 
 
 def _cuda():

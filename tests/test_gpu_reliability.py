@@ -627,3 +627,51 @@ def test_weight_on_explicit_cuda0_keys_its_code_to_device_0():
         torch.cuda.synchronize()
         assert not out.isnan().any()
         assert rel_err(out, ref64(x, w0)) < 1e-2
+
+
+_DISK_PROBE = """
+import hashlib, json, sys, torch
+import warpsplitk.compile as c
+from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, disk_cache
+builds = []
+real = c._build
+c._build = lambda *a, **k: builds.append(a[:3]) or real(*a, **k)
+torch.manual_seed(31)
+h = hashlib.sha256()
+for n, k, tactic in ((192, 640, WarpSplitKTactic(16, 8, 128, 3, 1)),
+                     (320, 1280, WarpSplitKTactic(32, 16, 256, 2, 2))):
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    p = PreparedWarpSplitK(w, {m: tactic for m in (1, 5, 16)})
+    for m in (1, 5, 16):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        p.run(x, out)
+        torch.cuda.synchronize()
+        ref = (x.double() @ w.double().t())
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 1e-2 and not out.isnan().any(), (n, k, m, err)
+        h.update(out.view(torch.int16).cpu().numpy().tobytes())
+print(json.dumps({"digest": h.hexdigest(), "builds": len(builds),
+                  "files": len(disk_cache.entries())}))
+"""
+
+
+def test_code_from_the_disk_cache_in_a_new_process_is_bitwise_the_same(tmp_path):
+    """A process compiles and stores two kernels; a second one loads them
+    without compiling, and its outputs are bitwise those of the first."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "WARPSPLITK_CACHE_DIR": str(tmp_path)}
+    env.pop("WARPSPLITK_DISK_CACHE", None)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _DISK_PROBE], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["builds"] == 2 and first["files"] == 2, first
+    assert second["builds"] == 0 and second["files"] == 2, second
+    assert second["digest"] == first["digest"]

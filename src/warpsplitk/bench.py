@@ -103,15 +103,26 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     env["read_TBps"] = round(read_tbps, 3)
     sheet = DATASHEET_TBPS.get(torch.cuda.get_device_name(), 4.8)
     env["datasheet_TBps"] = sheet
+
+    def tactic_for(m, n, k):
+        if plan is not None:
+            t = plan.lookup(n, k, m)
+            if t is not None:
+                return t, "plan"
+        return default_tactic(m, n, k), "default"
+
+    # every kernel of the run compiled up front, in parallel (warpsplitk.precompile)
+    from .compile import device_arch
+    from .precompile import precompile
+    precompile([(n, k, t, False, True) for n, k in shapes for m in ms
+                for t in (tactic_for(m, n, k)[0], default_tactic(m, n, k))],
+               device_arch(torch.cuda.current_device()), progress=progress)
     rows = []
     for n, k in shapes:
-        def tactic_for(m, n=n, k=k):
-            if plan is not None:
-                t = plan.lookup(n, k, m)
-                if t is not None:
-                    return t, "plan"
-            return default_tactic(m, n, k), "default"
-        for m, (tactic, source), ours, default_us, cublas in bench_shape(n, k, ms, tactic_for):
+        def tactic_for_shape(m, n=n, k=k):
+            return tactic_for(m, n, k)
+        for m, (tactic, source), ours, default_us, cublas in bench_shape(n, k, ms,
+                                                                         tactic_for_shape):
             weight_bytes = n * k * 2
             row = BenchRow(n, k, m, tactic.short(), source, round(ours.median_us, 3),
                            round(ours.spread, 3), None if default_us is None else round(default_us, 3),
@@ -174,9 +185,12 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
     pairs; with PDL the second kernel's weight stream starts before the first ends."""
     import torch
 
-    from .decode import DecodePlan, prepare
+    from .decode import DecodePlan, precompile_for, prepare
     plan = plan if plan is not None else DecodePlan()
     read_tbps = timing.measured_read_bandwidth() / 1e12
+    shapes = {shape for pair in pairs for shape in pair}
+    precompile_for([torch.empty(n, k, device="cuda", dtype=torch.bfloat16) for n, k in shapes],
+                   plan, ms, progress=progress)
     rows = []
     for (n1, k1), (n2, k2) in pairs:
         if n1 != k2:

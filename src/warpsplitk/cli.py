@@ -91,9 +91,22 @@ def _cmd_tune(args):
     ms = shape_table.parse_ms(args.m)
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
                 progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget,
-                k_splits=(1, 2) if args.k_split else (1,))
+                k_splits=(1, 2) if args.k_split else (1,), jobs=args.jobs)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
+    return 0
+
+
+def _cmd_cache(args):
+    from . import disk_cache
+    folder = disk_cache.cache_dir()
+    if args.clear:
+        print(f"removed {disk_cache.clear()} compiled kernels from {folder}")
+        return 0
+    files = disk_cache.entries()
+    size = sum(f.stat().st_size for f in files)
+    state = "on" if disk_cache.enabled() else "off (WARPSPLITK_DISK_CACHE)"
+    print(f"{folder}: {len(files)} compiled kernels, {size / 1e6:.1f} MB; disk cache {state}")
     return 0
 
 
@@ -165,7 +178,13 @@ def main(argv=None):
                    help="no GPU: rebuild the plan from the measurements already in --log")
     p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")
     p.add_argument("--sm-count", type=int, help="with --from-log: that GPU's SM count")
+    p.add_argument("--jobs", type=int,
+                   help="processes compiling the candidates first (default: one per core but one)")
     p.set_defaults(func=_cmd_tune)
+
+    p = sub.add_parser("cache", help="show or clear the compiled kernels kept on disk")
+    p.add_argument("--clear", action="store_true", help="remove them all")
+    p.set_defaults(func=_cmd_cache)
 
     p = sub.add_parser("plan", help="show tactics, occupancy and the HBM floor per shape (no GPU)")
     p.add_argument("--plan", help="plan JSON, 'h200' (built-in, the default) or 'none' (the heuristic)")

@@ -44,19 +44,26 @@ def _fake_args():
     return (*pointers, cutlass.Int32(1), make_fake_stream())
 
 
+def _arrivals_from_env() -> str:
+    # Which ring arrivals threads make themselves (kernel.py's diagnostic
+    # builds, for racecheck; never in production), for the whole process:
+    # WARPSPLITK_THREAD_ARRIVE "1" or "all": loaders and compute lanes,
+    # "compute": compute lanes only.
+    arrivals = os.environ.get("WARPSPLITK_THREAD_ARRIVE", "")
+    arrivals = "all" if arrivals == "1" else arrivals
+    if arrivals not in ("", "all", "compute"):
+        raise ValueError(f"WARPSPLITK_THREAD_ARRIVE must be 1, all or compute, got {arrivals!r}")
+    return arrivals
+
+
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
-    # Which ring arrivals threads make themselves (kernel.py's diagnostic
-    # builds, for racecheck; never in production): None reads
-    # WARPSPLITK_THREAD_ARRIVE for the whole process ("1" or "all": loaders
-    # and compute lanes, "compute": compute lanes only).
     if arrivals is None:
-        arrivals = os.environ.get("WARPSPLITK_THREAD_ARRIVE", "")
-        arrivals = "all" if arrivals == "1" else arrivals
+        arrivals = _arrivals_from_env()
     if arrivals not in ("", "all", "compute"):
-        raise ValueError(f"WARPSPLITK_THREAD_ARRIVE must be 1, all or compute, got {arrivals!r}")
+        raise ValueError(f"arrivals must be '', 'all' or 'compute', got {arrivals!r}")
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
                               loader_thread_arrive=arrivals == "all",
                               compute_thread_arrive=arrivals in ("all", "compute"))
@@ -68,8 +75,17 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None):
 @functools.cache
 def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl):
     import torch
+
+    from . import disk_cache
+    arch = device_arch(device_index)
+    arrivals = _arrivals_from_env()
+    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, arrivals)
     with torch.cuda.device(device_index):
-        return _build(n, k, tactic, has_bias, use_pdl, device_arch(device_index))
+        compiled = disk_cache.load(stem)
+        if compiled is None:
+            compiled = _build(n, k, tactic, has_bias, use_pdl, arch, arrivals=arrivals)
+            disk_cache.store(stem, compiled)
+        return compiled
 
 
 def device_arch(device_index: int) -> str:
@@ -87,7 +103,8 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
     """Compiled code for an ``[n, k]`` weight on CUDA device ``device_index``.
 
     Dynamic M (1..32 rows of x and out); PDL on. Cached per argument tuple and
-    safe to call from several threads (a shape is compiled once). The
+    safe to call from several threads (a shape is compiled once), and kept
+    on disk for the next process (:mod:`warpsplitk.disk_cache`). The
     compiled callable takes ``(weight, x, bias, out, m, stream)``: four
     :func:`gmem_pointer` addresses of packed row-major BF16 tensors, M as an
     int, and a ``CUstream``; it launches on the stream without any check, so

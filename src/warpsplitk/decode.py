@@ -122,10 +122,48 @@ def prepare(weight, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), bias
     return PreparedWarpSplitK(weight, tactics, bias=bias)
 
 
-def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), progress=print):
+def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1),
+                   jobs=None, progress=print, has_bias=False):
+    """Compile, in parallel worker processes, every kernel that preparing
+    ``weights`` (an iterable of CUDA tensors) with ``plan`` will need, into the
+    disk cache; preparing then loads them. Returns the failures (the later
+    in-process compile reports their errors)."""
+    import torch
+
+    from .compile import device_arch
+    from .precompile import precompile
+    plan = plan if plan is not None else DecodePlan()
+    by_arch = {}
+    for weight in weights:
+        # what PreparedWarpSplitK would refuse is left to it (and its errors)
+        if (not isinstance(weight, torch.Tensor) or weight.device.type != "cuda"
+                or weight.dtype != torch.bfloat16 or weight.dim() != 2):
+            continue
+        n, k = weight.shape
+        index = weight.device.index
+        try:
+            arch = device_arch(torch.cuda.current_device() if index is None else index)
+            kernels = [(n, k, plan.lookup(n, k, m) or default_tactic(m, n, k), has_bias, True)
+                       for m in ms]
+        except ValueError:
+            continue
+        by_arch.setdefault(arch, []).extend(kernels)
+    failures = {}
+    for arch, kernels in by_arch.items():
+        failures.update(precompile(kernels, arch, jobs, progress))
+    return failures
+
+
+def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), progress=print,
+                  jobs=None):
     """Prepare every weight of ``{name: weight}`` before graph capture; reports
-    progress and the total compile time. Returns ``{name: PreparedWarpSplitK}``."""
+    progress and the total compile time. Returns ``{name: PreparedWarpSplitK}``.
+
+    The kernels are first compiled ``jobs`` at a time in worker processes
+    (default: one per core but one; see :mod:`warpsplitk.precompile`) into the
+    disk cache, from which each weight's preparation then loads them."""
     start = time.perf_counter()
+    precompile_for(weights.values(), plan, ms, jobs, progress)
     prepared = {}
     for i, (name, weight) in enumerate(weights.items(), 1):
         t0 = time.perf_counter()

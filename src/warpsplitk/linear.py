@@ -308,22 +308,26 @@ def _linear_children(model, kind):
             yield name, modules[parent_name], attr, module
 
 
-def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None) -> PatchReport:
+def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None,
+                jobs=None) -> PatchReport:
     """Replace, in place, every eligible ``nn.Linear`` of ``model`` by a
     ``DecodeLinear`` sharing its Parameters, compiling the kernels now (before
     any graph capture). Eligible: a plain ``nn.Linear`` without forward hooks,
     BF16 weight on CUDA whose shape the kernel supports for every M in ``ms``
     and, if given, ``filter(name, module)`` is true. Returns a ``PatchReport``,
-    also logged at INFO (skips at DEBUG)."""
+    also logged at INFO (skips at DEBUG).
+
+    The kernels are compiled first, ``jobs`` worker processes at a time
+    (:mod:`warpsplitk.precompile`; default one per core but one), into the
+    disk cache the swapped modules then load from."""
     report = PatchReport()
     if isinstance(model, nn.Linear):
         report.skipped.append(("", "the root module cannot be replaced in place; "
                                    "use DecodeLinear.from_linear"))
     ms = tuple(ms)
-    done = {}  # id(linear) -> DecodeLinear: a Linear shared by two parents stays shared
+    eligible = {}  # id(linear) -> linear, in model order
     for name, parent, attr, child in _linear_children(model, nn.Linear):
-        if id(child) in done:
-            setattr(parent, attr, done[id(child)])
+        if id(child) in eligible:
             continue
         if filter is not None and not filter(name, child):
             report.skipped.append((name, "excluded by filter"))
@@ -332,14 +336,30 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
         if reason is not None:
             report.skipped.append((name, reason))
             continue
-        done[id(child)] = DecodeLinear.from_linear(child, plan, ms)
+        eligible[id(child)] = child
+    _precompile_linears(eligible.values(), plan, ms, jobs)
+    done = {}  # id(linear) -> DecodeLinear: a Linear shared by two parents stays shared
+    for name, parent, attr, child in _linear_children(model, nn.Linear):
+        if id(child) not in eligible:
+            continue
+        if id(child) not in done:
+            done[id(child)] = DecodeLinear.from_linear(child, plan, ms)
+            report.swapped.append(name)
         setattr(parent, attr, done[id(child)])
-        report.swapped.append(name)
     logger.info("warpsplitk: swapped %d nn.Linear, skipped %d", len(report.swapped),
                 len(report.skipped))
     for name, reason in report.skipped:
         logger.debug("warpsplitk: skipped %s: %s", name, reason)
     return report
+
+
+def _precompile_linears(linears, plan, ms, jobs):
+    from .decode import precompile_for
+    with_bias = [lin.weight for lin in linears if lin.bias is not None]
+    without = [lin.weight for lin in linears if lin.bias is None]
+    for weights, has_bias in ((with_bias, True), (without, False)):
+        if weights:
+            precompile_for(weights, plan, ms, jobs, progress=None, has_bias=has_bias)
 
 
 def unpatch(model: nn.Module) -> list:

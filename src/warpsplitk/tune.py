@@ -135,12 +135,15 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 
 
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
-         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1,)) -> DecodePlan:
+         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1,),
+         jobs=None) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
     plan (lookups fall back to the default heuristic) and reported; a rerun
-    with the same log resumes where this one stopped."""
+    with the same log resumes where this one stopped. The candidates are
+    compiled first, ``jobs`` worker processes at a time (default: one per
+    core but one), so measuring only loads them."""
     import torch
 
     from cuda.bindings import driver
@@ -159,11 +162,17 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     done = _read_log(log_path) if resume else {}
     progress(f"{sum(len(v) for v in work.values())} candidates to measure, "
              f"{len({(n, k, t) for (n, k, _), ts in work.items() for t in ts})} distinct kernels")
+    started = time.perf_counter()
+    # compile failures are not recorded here: the in-process compile below
+    # raises the same error and logs it with the candidate
+    from .compile import device_arch
+    from .precompile import precompile
+    precompile([(n, k, t, False, True) for (n, k, r), ts in work.items() for t in ts
+                if _log_key(n, k, r, t) not in done], device_arch(device), jobs, progress)
     log = open(log_path, "a") if log_path else None
     cuda_device = torch.device("cuda", device)
     measured = {}  # {(n, k): {rep: {tactic: us}}}
     best = {}
-    started = time.perf_counter()
     try:
         for index, (n, k) in enumerate(shapes):
             if time_budget_s is not None and time.perf_counter() - started > time_budget_s:

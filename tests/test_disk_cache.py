@@ -1,0 +1,179 @@
+"""The on-disk cache of compiled kernels (warpsplitk.disk_cache), on a CPU.
+
+Kernels are compiled for sm_90a without a GPU, exported, and loaded back;
+the GPU test of the loaded code is in test_gpu_reliability.py.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from warpsplitk import disk_cache
+from warpsplitk.tactics import WarpSplitKTactic
+
+if importlib.util.find_spec("cutlass") is None:
+    pytest.skip("needs the CuTe DSL (nvidia-cutlass-dsl)", allow_module_level=True)
+
+N, K = 256, 512
+TACTIC = WarpSplitKTactic(16, 8, 128, 2, 1)
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARPSPLITK_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.delenv("WARPSPLITK_DISK_CACHE", raising=False)
+    monkeypatch.setattr(disk_cache, "_warned", set())
+    return tmp_path / "kernels"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from warpsplitk.compile import _build
+    return _build(N, K, TACTIC, False, True, "sm_90a", arrivals="")
+
+
+def test_key_names_every_input():
+    base = dict(arch="sm_90a", n=N, k=K, tactic=TACTIC, has_bias=False, use_pdl=True, arrivals="")
+    stem = disk_cache.key(**base)
+    assert stem == disk_cache.key(**base) and len(stem) == 40
+    changes = [("arch", "sm_100a"), ("n", 512), ("k", 1024),
+               ("tactic", WarpSplitKTactic(16, 8, 128, 3, 1)),
+               ("tactic", WarpSplitKTactic(16, 8, 128, 2, 1, 2)),
+               ("has_bias", True), ("use_pdl", False), ("arrivals", "compute")]
+    stems = {disk_cache.key(**{**base, field: value}) for field, value in changes}
+    assert len(stems) == len(changes) and stem not in stems
+
+
+def test_key_follows_versions_and_sources(monkeypatch):
+    args = ("sm_90a", N, K, TACTIC, False, True)
+    stem = disk_cache.key(*args)
+    monkeypatch.setattr(disk_cache, "_versions", lambda: {"warpsplitk": "9", "cutlass_dsl": "4.8.1"})
+    assert disk_cache.key(*args) != stem
+    monkeypatch.undo()
+    monkeypatch.setattr(disk_cache, "_sources_digest", lambda: "edited kernel")
+    assert disk_cache.key(*args) != stem
+
+
+def test_sources_cover_the_kernel_modules():
+    here = Path(disk_cache.__file__).parent
+    assert all((here / name).is_file() for name in disk_cache._SOURCES)
+    assert {"kernel.py", "layout.py", "ptx.py"} <= set(disk_cache._SOURCES)
+
+
+def test_default_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv("WARPSPLITK_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert disk_cache.cache_dir() == tmp_path / "warpsplitk"
+
+
+def test_round_trip_keeps_the_cubin(cache, compiled):
+    from warpsplitk.compile import compile_for_arch
+    from warpsplitk.launch import marshals_as_slots
+    stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
+    assert disk_cache.load(stem) is None
+    path = disk_cache.store(stem, compiled)
+    assert path == cache / f"{stem}.o" and path.is_file()
+    assert list(cache.iterdir()) == [path]  # no scratch folder left behind
+    loaded = disk_cache.load(stem)
+    assert loaded is not None and marshals_as_slots(loaded)
+    cubin = compile_for_arch(N, K, TACTIC, "sm_90a").cubin
+    assert cubin and cubin in path.read_bytes()
+
+
+def test_unreadable_file_is_removed_and_reported(cache, compiled):
+    stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
+    cache.mkdir(parents=True)
+    (cache / f"{stem}.o").write_bytes(b"\x7fELF truncated")
+    with pytest.warns(RuntimeWarning, match="could not load"):
+        assert disk_cache.load(stem) is None
+    assert not (cache / f"{stem}.o").exists()
+
+
+def test_switched_off(cache, compiled, monkeypatch):
+    monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "0")
+    stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
+    assert disk_cache.store(stem, compiled) is None and not cache.exists()
+    monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "1")
+    disk_cache.store(stem, compiled)
+    monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "off")
+    assert disk_cache.load(stem) is None
+
+
+def test_unwritable_folder_warns_once(tmp_path, monkeypatch, compiled):
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("WARPSPLITK_CACHE_DIR", str(blocker / "kernels"))
+    monkeypatch.setattr(disk_cache, "_warned", set())
+    with pytest.warns(RuntimeWarning, match="kept in this process only"):
+        assert disk_cache.store("ab" * 20, compiled) is None
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert disk_cache.store("cd" * 20, compiled) is None
+
+
+def test_clear(cache, compiled):
+    disk_cache.store("ab" * 20, compiled)
+    (cache / ".export-left-over").mkdir()
+    assert len(disk_cache.entries()) == 1
+    assert disk_cache.clear() == 1
+    assert disk_cache.entries() == [] and list(cache.iterdir()) == []
+
+
+def test_compile_cached_compiles_once_across_processes(cache, compiled, monkeypatch):
+    """_compile_cached stores what it builds; with the in-process cache
+    emptied (a new process), it loads instead of compiling."""
+    import contextlib
+
+    import torch
+
+    from warpsplitk import compile as compile_module
+    builds = []
+    real_build = compile_module._build
+
+    def counting_build(*args, **kwargs):
+        builds.append(args[:3])
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(compile_module, "_build", counting_build)
+    monkeypatch.setattr(compile_module, "device_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.delenv("WARPSPLITK_THREAD_ARRIVE", raising=False)
+    compile_module._compile_cached.cache_clear()
+    try:
+        first = compile_module._compile_cached(0, N, K, TACTIC, False, True)
+        assert len(builds) == 1 and len(disk_cache.entries()) == 1
+        compile_module._compile_cached.cache_clear()
+        second = compile_module._compile_cached(0, N, K, TACTIC, False, True)
+        assert len(builds) == 1 and second is not first
+        # a diagnostic build is a different kernel: it must not be served the shipped one
+        monkeypatch.setenv("WARPSPLITK_THREAD_ARRIVE", "compute")
+        compile_module._compile_cached.cache_clear()
+        compile_module._compile_cached(0, N, K, TACTIC, False, True)
+        assert len(builds) == 2 and len(disk_cache.entries()) == 2
+    finally:
+        compile_module._compile_cached.cache_clear()
+
+
+def test_another_process_loads_without_compiling(cache, compiled):
+    stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
+    disk_cache.store(stem, compiled)
+    probe = (
+        "import sys, warpsplitk.compile as c\n"
+        "from warpsplitk import disk_cache\n"
+        "from warpsplitk.launch import marshals_as_slots\n"
+        "c._build = lambda *a, **k: sys.exit('compiled instead of loading')\n"
+        f"f = disk_cache.load({stem!r})\n"
+        "print(type(f).__name__, marshals_as_slots(f))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["CudaDialectJitCompiledFunction", "True"]

@@ -1,0 +1,79 @@
+"""Parallel compilation into the disk cache (warpsplitk.precompile), on a CPU."""
+
+import importlib.util
+
+import pytest
+
+from warpsplitk import disk_cache, precompile
+from warpsplitk.tactics import WarpSplitKTactic
+
+if importlib.util.find_spec("cutlass") is None:
+    pytest.skip("needs the CuTe DSL (nvidia-cutlass-dsl)", allow_module_level=True)
+
+KERNELS = [
+    (256, 512, WarpSplitKTactic(16, 8, 128, 2, 1), False, True),
+    (256, 512, WarpSplitKTactic(32, 16, 256, 2, 2), False, True),
+    (128, 1024, WarpSplitKTactic(16, 8, 256, 2, 1, 2), True, True),
+]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARPSPLITK_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("WARPSPLITK_DISK_CACHE", raising=False)
+    monkeypatch.delenv("WARPSPLITK_THREAD_ARRIVE", raising=False)
+    return tmp_path
+
+
+def stems(kernels):
+    return {disk_cache.key("sm_90a", n, k, t, b, p) for n, k, t, b, p in kernels}
+
+
+def test_fills_the_cache_under_the_in_process_keys(cache):
+    from warpsplitk.compile import compile_for_arch
+    failures = precompile.precompile(KERNELS + KERNELS[:1], "sm_90a", jobs=2)
+    assert failures == {}
+    assert {p.stem for p in disk_cache.entries()} == stems(KERNELS)
+    # what a worker stored is what this process would compile
+    n, k, tactic, has_bias, _ = KERNELS[2]
+    cubin = compile_for_arch(n, k, tactic, "sm_90a", has_bias=has_bias).cubin
+    stem = disk_cache.key("sm_90a", n, k, tactic, has_bias, True)
+    assert cubin in disk_cache.path_for(stem).read_bytes()
+    assert precompile.missing(KERNELS, "sm_90a") == []
+
+
+def test_missing_dedups_and_skips_stored(cache):
+    assert precompile.missing(KERNELS + KERNELS, "sm_90a") == KERNELS
+    (cache / f"{disk_cache.key('sm_90a', *KERNELS[0])}.o").write_bytes(b"stored")
+    assert precompile.missing(KERNELS, "sm_90a") == KERNELS[1:]
+    assert precompile.missing(KERNELS, "sm_90a", arrivals="compute") == KERNELS
+
+
+@pytest.mark.parametrize("setting", ["one job", "cache off", "one kernel"])
+def test_nothing_to_gain_does_nothing(cache, monkeypatch, setting):
+    kernels, jobs = KERNELS, 4
+    if setting == "one job":
+        jobs = 1
+    elif setting == "cache off":
+        monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "0")
+    else:
+        kernels = KERNELS[:1]
+    assert precompile.precompile(kernels, "sm_90a", jobs=jobs) == {}
+    assert disk_cache.entries() == []
+
+
+def test_illegal_tactic_is_the_callers_error(cache):
+    bad = (256, 512, WarpSplitKTactic(16, 8, 256, 16, 1), False, True)  # 16 stages > 2 K tiles
+    with pytest.raises(ValueError):
+        precompile.precompile([bad, KERNELS[0]], "sm_90a", jobs=2)
+
+
+def test_jobs_setting(monkeypatch):
+    monkeypatch.setenv("WARPSPLITK_COMPILE_JOBS", "3")
+    assert precompile.default_jobs() == 3
+    for bad in ("0", "many"):
+        monkeypatch.setenv("WARPSPLITK_COMPILE_JOBS", bad)
+        with pytest.raises(ValueError, match="WARPSPLITK_COMPILE_JOBS"):
+            precompile.default_jobs()
+    monkeypatch.delenv("WARPSPLITK_COMPILE_JOBS")
+    assert 1 <= precompile.default_jobs() <= 16
