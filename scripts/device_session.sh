@@ -13,9 +13,9 @@
 #           cold and warm start of the 16-shape table
 #   arrive  speed and racecheck of the all-lanes stage release (arrive_ab.py)
 #   verify  'tests' and the correctness half of 'checks' in one call: the GPU
-#           tests, compute-sanitizer (also of the all-lanes release) and the
-#           100k soak side by side, then (alone on the GPU) host overhead,
-#           determinism and the all-lanes release's speed (arrive_ab.py)
+#           tests, compute-sanitizer (also with the cluster split of K) and
+#           the 100k soak side by side, then (alone on the GPU) host
+#           overhead, determinism and the lane-0 vs all-lanes release speed
 #   llama   the Llama example's accuracy and decode-step timing
 #
 # At most 8 files come back from a device call's $OUT: the stages write into
@@ -121,9 +121,9 @@ verify)
       > "$OUT/gpu_kernel-${part//[^a-z]/_}.log" 2>&1 &
   done
   CASE_LIMIT=$LIMIT bash scripts/sanitize.sh > "$OUT/sanitizer.log" 2>&1 &
-  # racecheck of the all-lanes stage release alone (docs/reliability.md)
-  OUT=$OUT/compute THREAD_ARRIVE=compute TOOLS=racecheck SHARDS=2 CASE_LIMIT=$LIMIT \
-    bash scripts/sanitize.sh > "$OUT/sanitizer-compute.log" 2>&1 &
+  # the cluster split of K under the sanitizer too (every family's k_split 2)
+  OUT=$OUT/k-split K_SPLIT=1 SUBSET=rotate CASE_LIMIT=$LIMIT \
+    bash scripts/sanitize.sh > "$OUT/sanitizer-k-split.log" 2>&1 &
   timeout -k 5 $LIMIT python3 scripts/reliability.py soak --replays 100000 \
     --json "$OUT/soak-100k.json" > "$OUT/soak-100k.log" 2>&1 &
   wait
@@ -132,7 +132,7 @@ verify)
   done
   grep -A30 "relative error vs fp64" "$OUT/gpu_reliability.log" | grep "K=" | head -20
   cat "$OUT/sanitizer.log"
-  echo "all-lanes release: $(cut -c1-600 "$OUT/sanitizer-compute.log")"
+  echo "with k_split 2: $(cut -c1-900 "$OUT/sanitizer-k-split.log")"
   echo "soak 100k: $(tail -1 "$OUT/soak-100k.log")"
   timeout 40 python3 scripts/host_overhead.py --json "$OUT/host-overhead.json" \
     > "$OUT/host-overhead.log" 2>&1

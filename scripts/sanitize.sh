@@ -11,9 +11,10 @@
 #                    memcheck otherwise also counts failed host API calls, such
 #                    as the driver-symbol probing of cuGetProcAddress)
 #   K_SPLIT=1        add every family's cluster split of K (k_split 2)
-#   THREAD_ARRIVE=all|compute  sanitise a diagnostic build (compile._build):
-#                    ring arrivals made by the accessing threads themselves
-#                    (all: loaders and compute lanes; compute: compute lanes)
+#   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
+#                    (compile.ARRIVALS): all: loaders also arrive themselves;
+#                    lane0: one stage release per compute warp (the build
+#                    shipped before 2026-12-02, racecheck cannot follow it)
 set -u
 [ -n "${THREAD_ARRIVE:-}" ] && export WARPSPLITK_THREAD_ARRIVE=$THREAD_ARRIVE
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}

@@ -260,29 +260,31 @@ def test_launcher_slots_match_the_compiled_signature():
     assert marshals_as_slots(compiled)
 
 
-def test_diagnostic_arrival_builds_differ_only_where_meant(tmp_path):
-    """The racecheck builds change who arrives on the ring barriers; the
-    shipped build keeps hardware-completed loader arrivals and one release
-    per compute warp (lane 0 after bar.warp.sync)."""
+def test_arrival_variants_differ_only_where_meant(tmp_path):
+    """The shipped build keeps hardware-completed loader arrivals and releases
+    a stage with every compute lane's own arrival (no bar.warp.sync); the
+    lane-0 variant releases once per warp after bar.warp.sync; the "all"
+    diagnostic build also has the loaders arrive themselves."""
     import re as regex
 
     from warpsplitk.compile import _build
     tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
     ptx = {a: _build(64, 512, tactic, False, True, "sm_90a", options=f"--keep-ptx --dump-dir={tmp_path}",
-                     arrivals=a).artifacts.PTX for a in ("", "compute", "all")}
+                     arrivals=a).artifacts.PTX for a in ("", "lane0", "all")}
     ptx = {a: p.decode() if isinstance(p, bytes) else p for a, p in ptx.items()}
 
     def count(text, pattern):
         return len(regex.findall(pattern, text))
-    shipped, compute, both = ptx[""], ptx["compute"], ptx["all"]
+    shipped, lane0, both = ptx[""], ptx["lane0"], ptx["all"]
     assert count(shipped, r"cp\.async\.mbarrier\.arrive\.noinc") > 0
-    assert count(shipped, r"bar\.warp\.sync") > 0
-    assert count(compute, r"bar\.warp\.sync") == 0
-    assert count(compute, r"cp\.async\.mbarrier\.arrive\.noinc") == \
+    assert count(shipped, r"bar\.warp\.sync") == 0
+    assert count(lane0, r"bar\.warp\.sync") > 0
+    assert count(lane0, r"cp\.async\.mbarrier\.arrive\.noinc") == \
         count(shipped, r"cp\.async\.mbarrier\.arrive\.noinc")
     assert count(both, r"cp\.async\.mbarrier\.arrive\.noinc") == 0
+    assert count(both, r"bar\.warp\.sync") == 0
     with pytest.raises(ValueError, match="arrivals must be"):
-        _build(64, 512, tactic, False, True, "sm_90a", arrivals="loaders")
+        _build(64, 512, tactic, False, True, "sm_90a", arrivals="compute")
 
 
 @pytest.mark.parametrize("tactic,n,k", [

@@ -45,7 +45,7 @@ def test_key_names_every_input():
     changes = [("arch", "sm_100a"), ("n", 512), ("k", 1024),
                ("tactic", WarpSplitKTactic(16, 8, 128, 3, 1)),
                ("tactic", WarpSplitKTactic(16, 8, 128, 2, 1, 2)),
-               ("has_bias", True), ("use_pdl", False), ("arrivals", "compute")]
+               ("has_bias", True), ("use_pdl", False), ("arrivals", "lane0")]
     stems = {disk_cache.key(**{**base, field: value}) for field, value in changes}
     assert len(stems) == len(changes) and stem not in stems
 
@@ -153,7 +153,7 @@ def test_compile_cached_compiles_once_across_processes(cache, compiled, monkeypa
         second = compile_module._compile_cached(0, N, K, TACTIC, False, True)
         assert len(builds) == 1 and second is not first
         # a diagnostic build is a different kernel: it must not be served the shipped one
-        monkeypatch.setenv("WARPSPLITK_THREAD_ARRIVE", "compute")
+        monkeypatch.setenv("WARPSPLITK_THREAD_ARRIVE", "lane0")
         compile_module._compile_cached.cache_clear()
         compile_module._compile_cached(0, N, K, TACTIC, False, True)
         assert len(builds) == 2 and len(disk_cache.entries()) == 2

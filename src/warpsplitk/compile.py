@@ -44,15 +44,21 @@ def _fake_args():
     return (*pointers, cutlass.Int32(1), make_fake_stream())
 
 
+#: Ring arrival variants of the kernel (kernel.py): "" the shipped one
+#: (copy completion arrives for the loaders, every compute lane releases);
+#: "lane0": one release per compute warp by lane 0 after bar.warp.sync (the
+#: earlier build, for speed comparisons); "all": loaders also arrive
+#: themselves after waiting for their copies (diagnostic, for racecheck).
+ARRIVALS = ("", "lane0", "all")
+
+
 def _arrivals_from_env() -> str:
-    # Which ring arrivals threads make themselves (kernel.py's diagnostic
-    # builds, for racecheck; never in production), for the whole process:
-    # WARPSPLITK_THREAD_ARRIVE "1" or "all": loaders and compute lanes,
-    # "compute": compute lanes only.
+    # a diagnostic variant for the whole process: WARPSPLITK_THREAD_ARRIVE
     arrivals = os.environ.get("WARPSPLITK_THREAD_ARRIVE", "")
     arrivals = "all" if arrivals == "1" else arrivals
-    if arrivals not in ("", "all", "compute"):
-        raise ValueError(f"WARPSPLITK_THREAD_ARRIVE must be 1, all or compute, got {arrivals!r}")
+    if arrivals not in ARRIVALS:
+        raise ValueError(f"WARPSPLITK_THREAD_ARRIVE must be unset, 1, all or lane0, "
+                         f"got {arrivals!r}")
     return arrivals
 
 
@@ -62,11 +68,11 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None):
     from .kernel import WarpSplitKKernel
     if arrivals is None:
         arrivals = _arrivals_from_env()
-    if arrivals not in ("", "all", "compute"):
-        raise ValueError(f"arrivals must be '', 'all' or 'compute', got {arrivals!r}")
+    if arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
                               loader_thread_arrive=arrivals == "all",
-                              compute_thread_arrive=arrivals in ("all", "compute"))
+                              compute_thread_arrive=arrivals != "lane0")
     args = _fake_args()
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())
