@@ -20,7 +20,7 @@
 #
 # At most 8 files come back from a device call's $OUT: the stages write into
 # a scratch folder, and on exit everything is packed into $OUT/STAGE.tar.gz,
-# with up to 6 of the JSON results copied beside it.
+# with up to PACK_JSON (6) of the JSON results copied beside it.
 set -u
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
@@ -29,7 +29,7 @@ RESULTS=${OUT:-/tmp/out}; mkdir -p "$RESULTS"
 OUT=$(mktemp -d); export OUT
 pack() {
   tar -czf "$RESULTS/$stage.tar.gz" -C "$OUT" .
-  find "$OUT" -maxdepth 2 -name '*.json' | head -6 | xargs -r cp -t "$RESULTS"
+  find "$OUT" -maxdepth 2 -name "*.json" | head -${PACK_JSON:-6} | xargs -r cp -t "$RESULTS"
 }
 trap pack EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
