@@ -21,13 +21,13 @@ def summary(rows):
     vs_default = [r["ours_us"] / r["default_us"] for r in rows if r.get("default_us")]
     lines = [
         f"{len(rows)} cells; faster than cuBLAS in {sum(s > 1 for s in speedups)}: "
-        f"min {min(speedups):.2f}x, median {statistics.median(speedups):.2f}x, "
-        f"max {max(speedups):.2f}x; >= 1.25x in {sum(s >= 1.25 for s in speedups)}, "
-        f">= 1.8x in {sum(s >= 1.8 for s in speedups)}",
+        f"min {min(speedups):.2f}×, median {statistics.median(speedups):.2f}×, "
+        f"max {max(speedups):.2f}×; ≥ 1.25× in {sum(s >= 1.25 for s in speedups)}, "
+        f"≥ 1.8× in {sum(s >= 1.8 for s in speedups)}",
     ]
     if big:
-        lines.append(f"weights >= 16 MB ({len(big)} cells): median {statistics.median(big):.2f} TB/s, "
-                     f"{min(big):.2f}-{max(big):.2f}; >= 4.0 TB/s in {sum(b >= 4.0 for b in big)}")
+        lines.append(f"weights ≥ 16 MB ({len(big)} cells): median {statistics.median(big):.2f} TB/s, "
+                     f"{min(big):.2f}–{max(big):.2f}; ≥ 4.0 TB/s in {sum(b >= 4.0 for b in big)}")
     if vs_default:
         worst = max(vs_default)
         lines.append(f"plan / default time: median {statistics.median(vs_default):.3f}, "
@@ -91,8 +91,8 @@ def main():
         with open(args.chain) as f:
             chain_rows = json.load(f)["rows"]
         speedups = [r["cublas_us"] / r["ours_us"] for r in chain_rows]
-        print("", f"chains: {sum(s > 1 for s in speedups)}/{len(speedups)} faster, "
-              f"{min(speedups):.2f}-{max(speedups):.2f}x", "", *chain(chain_rows), sep="\n")
+        print("", f"Chains: {sum(s > 1 for s in speedups)}/{len(speedups)} faster than cuBLAS, "
+              f"{min(speedups):.2f}–{max(speedups):.2f}×.", "", *chain(chain_rows), sep="\n")
 
 
 if __name__ == "__main__":
