@@ -57,7 +57,7 @@ tests)
   grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_*.log | head -20
   ;;
 tune)
-  # TUNE_FLAGS=--k-split adds the cluster split of K (once its GPU tests pass)
+  # TUNE_FLAGS: more `warpsplitk tune` flags (e.g. --no-k-split)
   # resume the tuner from the committed log over the whole table (largest
   # first) for TUNE_BUDGET seconds; commit tune-log.jsonl (in tune.tar.gz) back as
   # docs/gpu-runs/2026-12-02-tune-log.jsonl, then run it again until no shape

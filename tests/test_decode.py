@@ -120,7 +120,9 @@ def test_representative_buckets():
 @pytest.mark.parametrize("n,k", [(s["n"], s["k"]) for s in shapes.load()["shapes"]])
 def test_candidates_are_legal_small_and_include_default(m, n, k):
     found = candidates(m, n, k, 132)
-    assert found and len(found) <= 16
+    # a measurement is ~50 ms, a compile ~1 s of one core: the set stays small
+    assert found and len([t for t in found if t.k_split == 1]) <= 16 and len(found) <= 32
+    assert found == candidates(m, n, k, 132, k_splits=(1, 2))  # the split of K is on by default
     assert default_tactic(m, n, k, 132) in found
     assert all(is_legal(t, n, k) for t in found)
     cover = min(t for t in (8, 16, 32) if t >= m)
@@ -242,7 +244,26 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
     split = [t for t in candidates(1, 1536, 7168, 132, k_splits=(1, 2)) if t.k_split == 2]
     assert split and all(is_legal(t, 1536, 7168) for t in split)
     assert all((1536 // t.output_tile) < 132 for t in split)
-    assert candidates(1, 1536, 7168, 132) == [t for t in candidates(1, 1536, 7168, 132, (1, 2))
-                                            if t.k_split == 1]
+    assert candidates(1, 1536, 7168, 132, (1,)) == [t for t in candidates(1, 1536, 7168, 132)
+                                                  if t.k_split == 1]
     # 7168 rows: 448 CTAs of 16, the grid covers the GPU
     assert not [t for t in candidates(1, 7168, 768, 132, k_splits=(1, 2)) if t.k_split == 2]
+
+
+@pytest.mark.parametrize("flags,k_splits,jobs", [([], (1, 2), None),
+                                                 (["--no-k-split", "--jobs", "3"], (1,), 3)])
+def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, jobs):
+    import warpsplitk.tune as tune_module
+    from warpsplitk.cli import main
+    seen = {}
+
+    def fake_tune(shapes, ms, **kwargs):
+        seen.update(kwargs, shapes=shapes, ms=list(ms))
+        return DecodePlan()
+
+    monkeypatch.setattr(tune_module, "tune", fake_tune)
+    out = tmp_path / "plan.json"
+    assert main(["tune", "--shapes", "256,512", "--m", "1-4", "-o", str(out), *flags]) == 0
+    assert seen["k_splits"] == k_splits and seen["jobs"] == jobs
+    assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
+    assert json.loads(out.read_text())["format"] == "warpsplitk-plan"

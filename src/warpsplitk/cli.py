@@ -171,9 +171,9 @@ def main(argv=None):
     p.add_argument("--fresh", action="store_true", help="ignore measurements already in the log")
     p.add_argument("--time-budget", type=float,
                    help="seconds: start no new shape after this (rerun with the log to go on)")
-    p.add_argument("--k-split", action="store_true",
-                   help="also measure the experimental cluster split of K (k_split 2) where "
-                        "the grid leaves SMs idle")
+    p.add_argument("--k-split", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure the cluster split of K (k_split 2) where the grid "
+                        "leaves SMs idle (default: on)")
     p.add_argument("--from-log", action="store_true",
                    help="no GPU: rebuild the plan from the measurements already in --log")
     p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")

@@ -19,8 +19,8 @@ Pruning, before anything is measured:
   activation re-reads, which are small for 8-token tiles);
 * k_tile 128 only where 256 cannot give two tiles;
 * the default heuristic's own choice is always a candidate;
-* with ``k_splits=(1, 2)`` (``warpsplitk tune --k-split``; experimental) the
-  cluster split of K too, only where ``N / output_tile`` token-tile CTAs
+* with ``k_splits=(1, 2)`` (the default; ``warpsplitk tune --no-k-split``
+  leaves it out) the cluster split of K too, only where ``N / output_tile`` token-tile CTAs
   leave SMs idle, pruned like the rest.
 
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
@@ -65,7 +65,7 @@ def representative(m: int) -> int:
 
 
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
-               k_splits=(1,)) -> list[WarpSplitKTactic]:
+               k_splits=(1, 2)) -> list[WarpSplitKTactic]:
     cover = min(t for t in TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = {default_tactic(m, n, k, sm_count)}
@@ -135,7 +135,7 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 
 
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
-         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1,),
+         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          jobs=None) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
