@@ -77,3 +77,35 @@ def test_jobs_setting(monkeypatch):
             precompile.default_jobs()
     monkeypatch.delenv("WARPSPLITK_COMPILE_JOBS")
     assert 1 <= precompile.default_jobs() <= 16
+
+
+def test_compile_errors_come_back_per_kernel(cache):
+    # sm_80 lacks what the kernel needs (griddepcontrol, mbarrier try_wait...)
+    failures = precompile.precompile(KERNELS[:2], "sm_80", jobs=2)
+    assert set(failures) == set(KERNELS[:2])
+    assert all(isinstance(text, str) and text for text in failures.values())
+    assert disk_cache.entries() == []
+
+
+def test_an_unguarded_main_script_runs_once(cache, tmp_path):
+    """Workers never re-import the caller's script (multiprocessing's spawn
+    would re-run an unguarded script's top level in every worker)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "from warpsplitk import precompile\n"
+        "from warpsplitk.tactics import WarpSplitKTactic as T\n"
+        "print('top level ran', flush=True)\n"
+        "print(precompile.precompile([(256, 512, T(16, 8, 128, 2, 1), False, True),\n"
+        "                             (256, 512, T(16, 8, 128, 3, 1), False, True)],\n"
+        "                            'sm_90a', jobs=2))\n")
+    src = Path(precompile.__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["top level ran", "{}"]
+    assert len(disk_cache.entries()) == 2

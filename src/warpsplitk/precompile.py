@@ -3,11 +3,16 @@
 Compiling one kernel is ~1 s of single-threaded CPU work (MLIR passes and
 ptxas) and needs no GPU. Preparing a model (tens of kernels) or tuning a
 table (hundreds of candidates) one kernel after another leaves the other
-cores idle; here each missing kernel is compiled by a pool of spawned
-processes and written to :mod:`warpsplitk.disk_cache`, after which the
+cores idle; here the missing kernels are handed out to worker processes
+(``python -m warpsplitk.precompile``, fed one job at a time through a pipe)
+that compile them into :mod:`warpsplitk.disk_cache`, after which the
 calling process loads each in milliseconds. Nothing else changes: the
 kernels are the ones :func:`warpsplitk.compile.compile_warp_splitk` would
 build, under the same cache key.
+
+The workers are plain subprocesses, not ``multiprocessing``: its "spawn"
+start method re-imports the caller's main script in every worker, which
+re-runs an unguarded script's top level (model loading included).
 
 Without the disk cache (``WARPSPLITK_DISK_CACHE=0``) or with one worker this
 does nothing and callers compile in-process as before.
@@ -15,16 +20,18 @@ does nothing and callers compile in-process as before.
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 
 from . import disk_cache
 from .tactics import WarpSplitKTactic, check_tactic
-
-#: A kernel to compile: (n, k, tactic, has_bias, use_pdl).
-Kernel = tuple
 
 
 def default_jobs() -> int:
@@ -41,24 +48,35 @@ def default_jobs() -> int:
     return max(1, min(16, (os.cpu_count() or 1) - 1))
 
 
-def _worker_init(arch: str) -> None:
-    # Before the worker imports the DSL: the target is then the process's
-    # arch, which the DSL needs to export code when the worker sees no GPU.
-    os.environ["CUTE_DSL_ARCH"] = arch
-
-
-def _compile_one(arch: str, n: int, k: int, tactic_text: str, has_bias: bool, use_pdl: bool,
-                 arrivals: str):
-    # runs in a worker: compile for arch (no GPU needed) and store
+def _compile_job(job: dict):
+    """Compile one job (in a worker) into the disk cache; None or an error text."""
     from .compile import _build
-    tactic = WarpSplitKTactic.parse(tactic_text)
-    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, arrivals)
+    tactic = WarpSplitKTactic.parse(job["tactic"])
+    stem = disk_cache.key(job["arch"], job["n"], job["k"], tactic, job["bias"], job["pdl"],
+                          job["arrivals"])
     if disk_cache.path_for(stem).is_file():
         return None
-    compiled = _build(n, k, tactic, has_bias, use_pdl, arch, arrivals=arrivals)
+    compiled = _build(job["n"], job["k"], tactic, job["bias"], job["pdl"], job["arch"],
+                      arrivals=job["arrivals"])
     if disk_cache.store(stem, compiled) is None:
         return "could not write the disk cache"
     return None
+
+
+def _worker_main() -> int:
+    # Results go to the pipe the parent reads; anything the DSL prints goes
+    # to stderr instead, so it cannot corrupt them.
+    results = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            error = _compile_job(job)
+        except Exception as exc:  # reported to the parent, which reports the kernel
+            error = f"{type(exc).__name__}: {exc}"
+        results.write(json.dumps({"error": error}) + "\n")
+        results.flush()
+    return 0
 
 
 def missing(kernels, arch: str, arrivals: str = "") -> list:
@@ -95,26 +113,60 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
     if len(todo) < 2:
         return {}
     started = time.perf_counter()
-    failures = {}
-    # spawn, not fork: the parent may hold a CUDA context and DSL state
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=context,
-                             initializer=_worker_init, initargs=(arch,)) as pool:
-        futures = {pool.submit(_compile_one, arch, n, k, tactic.short(), has_bias, use_pdl,
-                               arrivals): (n, k, tactic, has_bias, use_pdl)
-                   for n, k, tactic, has_bias, use_pdl in todo}
-        for done, future in enumerate(as_completed(futures), 1):
-            kernel = futures[future]
-            try:
-                error = future.result()
-            except Exception as exc:  # the compile's own error, reported by the caller
-                error = f"{type(exc).__name__}: {exc}"
-            if error:
-                failures[kernel] = error
-            if progress and (done == len(todo) or done % 20 == 0):
-                progress(f"compiled {done}/{len(todo)} kernels in {min(jobs, len(todo))} "
-                         f"processes, {time.perf_counter() - started:.1f} s")
+    workers = min(jobs, len(todo))
+    pending = queue.Queue()
+    for item in todo:
+        pending.put(item)
+    failures, done = {}, [0]
+    lock = threading.Lock()
+    env = dict(os.environ, CUTE_DSL_ARCH=arch)  # the DSL exports code only with a target set
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+
+    def feed(log):
+        with subprocess.Popen([sys.executable, "-m", "warpsplitk.precompile"], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                              text=True) as worker:
+            while True:
+                try:
+                    item = pending.get_nowait()
+                except queue.Empty:
+                    break
+                n, k, tactic, has_bias, use_pdl = item
+                job = {"arch": arch, "n": n, "k": k, "tactic": tactic.short(), "bias": has_bias,
+                       "pdl": use_pdl, "arrivals": arrivals}
+                try:
+                    worker.stdin.write(json.dumps(job) + "\n")
+                    worker.stdin.flush()
+                    reply = worker.stdout.readline()
+                    error = json.loads(reply)["error"] if reply else "the worker died"
+                except (OSError, ValueError, KeyError) as exc:
+                    error = f"the worker failed: {exc}"
+                with lock:
+                    if error:
+                        failures[item] = error
+                    done[0] += 1
+                    count = done[0]
+                if progress and (count == len(todo) or count % 20 == 0):
+                    progress(f"compiled {count}/{len(todo)} kernels in {workers} processes, "
+                             f"{time.perf_counter() - started:.1f} s")
+                if error == "the worker died":
+                    break
+            worker.stdin.close()
+
+    with tempfile.TemporaryFile("w+") as log:
+        threads = [threading.Thread(target=feed, args=(log,), daemon=True) for _ in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        while not pending.empty():  # every worker died: nothing more will be compiled here
+            failures[pending.get_nowait()] = "no worker left"
     return failures
 
 
 __all__ = ["precompile", "missing", "default_jobs"]
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())
