@@ -177,3 +177,14 @@ def test_another_process_loads_without_compiling(cache, compiled):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["CudaDialectJitCompiledFunction", "True"]
+
+
+def test_cache_cli(cache, compiled, capsys):
+    from warpsplitk.cli import main
+    disk_cache.store("ab" * 20, compiled)
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert str(cache) in out and "1 compiled kernels" in out and "disk cache on" in out
+    assert main(["cache", "--clear"]) == 0
+    assert "removed 1 compiled kernels" in capsys.readouterr().out
+    assert disk_cache.entries() == []

@@ -34,7 +34,10 @@ def plot_rows(rows, env, path):
     top.axhline(1.0, color="grey", lw=1)
     top.set_ylabel("speedup over torch.matmul")
     bottom.set_ylabel("% of HBM speed of light")
-    bottom.set_ylim(0, 100)
+    # a cell can beat the torch.sum read by a little: keep it in view
+    share = [100 * r["floor_measured_us"] / r["ours_us"] for r in rows]
+    bottom.set_ylim(0, max(105, 5 * (max(share, default=0) // 5 + 2)))
+    bottom.axhline(100, color="grey", lw=1)
     bottom.set_xticks(range(len(shapes)))
     bottom.set_xticklabels([f"{n}x{k}\n{n * k * 2 / 1e6:.1f} MB" for n, k in shapes],
                            rotation=60, fontsize=7)
