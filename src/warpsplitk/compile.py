@@ -62,7 +62,7 @@ def _arrivals_from_env() -> str:
     return arrivals
 
 
-def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None):
+def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=False):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
@@ -72,7 +72,8 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None):
         raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
                               loader_thread_arrive=arrivals == "all",
-                              compute_thread_arrive=arrivals != "lane0")
+                              compute_thread_arrive=arrivals != "lane0",
+                              early_launch=early_launch)
     args = _fake_args()
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())

@@ -52,7 +52,7 @@ class WarpSplitKKernel:
 
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
                  use_pdl: bool = True, loader_thread_arrive: bool = False,
-                 compute_thread_arrive: bool = True):
+                 compute_thread_arrive: bool = True, early_launch: bool = False):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
@@ -72,6 +72,13 @@ class WarpSplitKKernel:
         # (cp.async.mbarrier.arrive.noinc), which gives up copy overlap.
         self.loader_thread_arrive = loader_thread_arrive
         self.compute_thread_arrive = compute_thread_arrive
+        # early_launch (experimental, for scripts/pdl_trigger_ab.py): let the
+        # next kernel launch before this one's griddepcontrol.wait instead
+        # of after the last activation tile is issued. Its CTAs can then
+        # become resident and prefetch their weight while this grid (and the
+        # one before it) still runs; its own wait still orders every read of
+        # x and write of out after this grid completes.
+        self.early_launch = early_launch
         t = tactic
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
         # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)
@@ -219,6 +226,8 @@ class WarpSplitKKernel:
         if self.k_split > 1:
             x_base = x_base + self._k_base(rank)
         first_token = tile_t * t.token_tile
+        if cutlass.const_expr(self.use_pdl and self.early_launch):
+            ptx.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.use_pdl):
             ptx.griddepcontrol_wait()
         for i in range(self.k_tiles):
@@ -239,7 +248,7 @@ class WarpSplitKKernel:
                        + layout.swizzle(row, col, t.k_tile) * _BYTES)
                 ptx.cp_async_16_zfill(dst, src, cutlass.select_(valid, Int32(16), Int32(0)))
             self._loader_arrive(self._barrier(smem, self.smem.full_b, stage))
-        if cutlass.const_expr(self.use_pdl):
+        if cutlass.const_expr(self.use_pdl and not self.early_launch):
             ptx.griddepcontrol_launch_dependents()
         ptx.cp_async_wait_all()
         self._cluster_done()

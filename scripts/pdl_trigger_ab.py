@@ -1,0 +1,82 @@
+"""Where the next kernel may launch under PDL: after the last activation tile
+is issued (shipped) vs before this kernel's griddepcontrol.wait (early).
+
+    python3 scripts/pdl_trigger_ab.py [--json OUT]
+
+Default tactics, both builds in one process, each checked against fp64
+first, timed as the benchmark times: independent calls back to back in a
+CUDA graph over weight copies >= 3x L2, and a dependent chain of one square
+shape (each output the next input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from cuda.bindings import driver
+
+from warpsplitk import timing
+from warpsplitk.compile import _build, device_arch, gmem_pointer
+from warpsplitk.prepared import _stream_handle
+from warpsplitk.tactics import default_tactic
+
+SHAPES = ((7168, 768), (2048, 2048), (1152, 1536), (768, 128), (2112, 7168))
+VARIANTS = (("shipped", False), ("early", True))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--m", default="1,32")
+    p.add_argument("--json")
+    args = p.parse_args()
+    device = torch.device("cuda", 0)
+    arch = device_arch(0)
+
+    def stream():
+        return driver.CUstream(_stream_handle(device))
+
+    rows = []
+    print(f"{'mode':>5} {'N':>5} {'K':>5} {'M':>2} {'tactic':>15} {'shipped':>8} {'early':>8} {'ratio':>6}")
+    for n, k in SHAPES + ((2048, 2048),):
+        chain = len(rows) >= len(SHAPES) * len(args.m.split(","))
+        weights = timing.random_weights(n, k, timing.copies_for(n * k * 2), "cuda", seed=5)
+        if chain:
+            for w in weights:
+                w.mul_(k ** -0.5)  # keep the chained activations O(1)
+        for m in (int(v) for v in args.m.split(",")):
+            tactic = default_tactic(m, n, k)
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            ref = x.double() @ weights[-1].double().t()
+            xp, op = gmem_pointer(x.data_ptr()), gmem_pointer(out.data_ptr())
+            ptrs = [gmem_pointer(w.data_ptr()) for w in weights]
+            row = {"mode": "chain" if chain else "indep", "n": n, "k": k, "m": m,
+                   "tactic": tactic.short()}
+            for name, early in VARIANTS:
+                code = _build(n, k, tactic, False, True, arch, arrivals="", early_launch=early)
+                out.fill_(float("nan"))
+                code(ptrs[-1], xp, ptrs[-1], op, m, stream())
+                torch.cuda.synchronize()
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                assert err < 1e-2, (name, n, k, m, err)
+                if chain:  # x -> out -> x -> ...: every call reads the previous output
+                    calls = [lambda w=w, c=code, i=i: c(w, (xp, op)[i % 2], ptrs[-1],
+                                                        (op, xp)[i % 2], m, stream())
+                             for i, w in enumerate(ptrs)]
+                else:
+                    calls = [lambda w=w, c=code: c(w, xp, ptrs[-1], op, m, stream()) for w in ptrs]
+                row[f"{name}_us"] = round(timing.time_calls(calls).median_us, 3)
+            row["ratio"] = round(row["early_us"] / row["shipped_us"], 4)
+            rows.append(row)
+            print(f"{row['mode']:>5} {n:>5} {k:>5} {m:>2} {row['tactic']:>15} {row['shipped_us']:>8.2f} "
+                  f"{row['early_us']:>8.2f} {row['ratio']:>6.3f}", flush=True)
+        del weights
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
