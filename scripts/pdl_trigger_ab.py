@@ -29,6 +29,7 @@ VARIANTS = (("shipped", False), ("early", True))
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--m", default="1,32")
+    p.add_argument("--chain-only", action="store_true")
     p.add_argument("--json")
     args = p.parse_args()
     device = torch.device("cuda", 0)
@@ -39,23 +40,25 @@ def main():
 
     rows = []
     print(f"{'mode':>5} {'N':>5} {'K':>5} {'M':>2} {'tactic':>15} {'shipped':>8} {'early':>8} {'ratio':>6}")
-    for n, k in SHAPES + ((2048, 2048),):
-        chain = len(rows) >= len(SHAPES) * len(args.m.split(","))
+    shapes = [(s, False) for s in SHAPES if not args.chain_only] + [((2048, 2048), True)]
+    for (n, k), chain in shapes:
         weights = timing.random_weights(n, k, timing.copies_for(n * k * 2), "cuda", seed=5)
         if chain:
             for w in weights:
                 w.mul_(k ** -0.5)  # keep the chained activations O(1)
         for m in (int(v) for v in args.m.split(",")):
             tactic = default_tactic(m, n, k)
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            x0 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            x = x0.clone()
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            ref = x.double() @ weights[-1].double().t()
+            ref = x0.double() @ weights[-1].double().t()
             xp, op = gmem_pointer(x.data_ptr()), gmem_pointer(out.data_ptr())
             ptrs = [gmem_pointer(w.data_ptr()) for w in weights]
             row = {"mode": "chain" if chain else "indep", "n": n, "k": k, "m": m,
                    "tactic": tactic.short()}
             for name, early in VARIANTS:
                 code = _build(n, k, tactic, False, True, arch, arrivals="", early_launch=early)
+                x.copy_(x0)  # a chain before this one overwrote x
                 out.fill_(float("nan"))
                 code(ptrs[-1], xp, ptrs[-1], op, m, stream())
                 torch.cuda.synchronize()
