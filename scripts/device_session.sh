@@ -18,12 +18,16 @@
 #           overhead, determinism and the lane-0 vs all-lanes release speed
 #   llama   the Llama example's accuracy and decode-step timing
 #
+# EARLY_LAUNCH=1 runs any stage on the experimental early PDL trigger build
+# (WARPSPLITK_EARLY_LAUNCH, docs/NOTES.md), e.g. verify + bench before it ships.
+#
 # At most 8 files come back from a device call's $OUT: the stages write into
 # a scratch folder, and on exit everything is packed into $OUT/STAGE.tar.gz,
 # with up to PACK_JSON (6) of the JSON results copied beside it.
 set -u
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
+[ -n "${EARLY_LAUNCH:-}" ] && export WARPSPLITK_EARLY_LAUNCH=$EARLY_LAUNCH
 stage=${1:-tests}
 RESULTS=${OUT:-/tmp/out}; mkdir -p "$RESULTS"
 OUT=$(mktemp -d); export OUT

@@ -287,6 +287,34 @@ def test_arrival_variants_differ_only_where_meant(tmp_path):
         _build(64, 512, tactic, False, True, "sm_90a", arrivals="compute")
 
 
+def test_early_launch_variant_moves_only_the_pdl_trigger(tmp_path, monkeypatch):
+    """Shipped: the next kernel may launch after the last activation tile is
+    issued (after griddepcontrol.wait); the experimental early_launch build
+    (WARPSPLITK_EARLY_LAUNCH=1) triggers before the wait. Nothing else moves."""
+    from warpsplitk.compile import _build, _early_launch_from_env
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+
+    def ptx(early):
+        text = _build(64, 512, tactic, False, True, "sm_90a", arrivals="", early_launch=early,
+                      options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
+        return text.decode() if isinstance(text, bytes) else text
+    shipped, early = ptx(False), ptx(True)
+    for text in (shipped, early):
+        assert text.count("griddepcontrol.launch_dependents") == 1
+        assert text.count("griddepcontrol.wait") == 1
+        assert audit_ptx(text, k_tiles=4) == []
+    assert shipped.index("griddepcontrol.wait") < shipped.index("griddepcontrol.launch_dependents")
+    assert early.index("griddepcontrol.launch_dependents") < early.index("griddepcontrol.wait")
+    assert sorted(shipped.splitlines()) == sorted(early.splitlines())  # the same instructions
+    monkeypatch.delenv("WARPSPLITK_EARLY_LAUNCH", raising=False)
+    assert _early_launch_from_env() is False
+    monkeypatch.setenv("WARPSPLITK_EARLY_LAUNCH", "1")
+    assert _early_launch_from_env() is True
+    monkeypatch.setenv("WARPSPLITK_EARLY_LAUNCH", "yes")
+    with pytest.raises(ValueError, match="WARPSPLITK_EARLY_LAUNCH"):
+        _early_launch_from_env()
+
+
 @pytest.mark.parametrize("tactic,n,k", [
     (WarpSplitKTactic(16, 8, 256, 8, 1, 2), 1536, 7168),
     (WarpSplitKTactic(32, 32, 256, 4, 2, 2), 2624, 6144),

@@ -39,13 +39,15 @@ def compiled():
 
 
 def test_key_names_every_input():
-    base = dict(arch="sm_90a", n=N, k=K, tactic=TACTIC, has_bias=False, use_pdl=True, arrivals="")
+    base = dict(arch="sm_90a", n=N, k=K, tactic=TACTIC, has_bias=False, use_pdl=True, arrivals="",
+                early_launch=False)
     stem = disk_cache.key(**base)
     assert stem == disk_cache.key(**base) and len(stem) == 40
     changes = [("arch", "sm_100a"), ("n", 512), ("k", 1024),
                ("tactic", WarpSplitKTactic(16, 8, 128, 3, 1)),
                ("tactic", WarpSplitKTactic(16, 8, 128, 2, 1, 2)),
-               ("has_bias", True), ("use_pdl", False), ("arrivals", "lane0")]
+               ("has_bias", True), ("use_pdl", False), ("arrivals", "lane0"),
+               ("early_launch", True)]
     stems = {disk_cache.key(**{**base, field: value}) for field, value in changes}
     assert len(stems) == len(changes) and stem not in stems
 

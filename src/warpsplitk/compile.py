@@ -62,12 +62,24 @@ def _arrivals_from_env() -> str:
     return arrivals
 
 
-def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=False):
+def _early_launch_from_env() -> bool:
+    # the experimental PDL trigger before the wait (kernel.py, early_launch)
+    # for the whole process: WARPSPLITK_EARLY_LAUNCH=1; lets every GPU test,
+    # the sanitizer and the benchmark run on it before it is shipped
+    value = os.environ.get("WARPSPLITK_EARLY_LAUNCH", "0").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(f"WARPSPLITK_EARLY_LAUNCH must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
     if arrivals is None:
         arrivals = _arrivals_from_env()
+    if early_launch is None:
+        early_launch = _early_launch_from_env()
     if arrivals not in ARRIVALS:
         raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
@@ -85,12 +97,13 @@ def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl):
 
     from . import disk_cache
     arch = device_arch(device_index)
-    arrivals = _arrivals_from_env()
-    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, arrivals)
+    arrivals, early = _arrivals_from_env(), _early_launch_from_env()
+    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, arrivals, early)
     with torch.cuda.device(device_index):
         compiled = disk_cache.load(stem)
         if compiled is None:
-            compiled = _build(n, k, tactic, has_bias, use_pdl, arch, arrivals=arrivals)
+            compiled = _build(n, k, tactic, has_bias, use_pdl, arch, arrivals=arrivals,
+                              early_launch=early)
             disk_cache.store(stem, compiled)
         return compiled
 

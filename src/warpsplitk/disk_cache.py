@@ -87,12 +87,14 @@ def _versions() -> dict:
     return {"warpsplitk": __version__, "cutlass_dsl": dsl}
 
 
-def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arrivals: str = "") -> str:
+def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arrivals: str = "",
+        early_launch: bool = False) -> str:
     """The file name stem of one compiled kernel (hex, 40 characters)."""
     fields = {
         "format": FORMAT, **_versions(), "sources": _sources_digest(), "arch": arch,
         "n": int(n), "k": int(k), "tactic": tactic.short(), "k_split": tactic.k_split,
         "bias": bool(has_bias), "pdl": bool(use_pdl), "arrivals": arrivals,
+        "early_launch": bool(early_launch),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
 
