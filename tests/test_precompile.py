@@ -109,3 +109,11 @@ def test_an_unguarded_main_script_runs_once(cache, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["top level ran", "{}"]
     assert len(disk_cache.entries()) == 2
+
+
+def test_workers_that_die_leave_the_kernels_to_the_caller(cache, monkeypatch):
+    import sys
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # every worker exits at once
+    failures = precompile.precompile(KERNELS, "sm_90a", jobs=2)
+    assert set(failures) == set(KERNELS)
+    assert disk_cache.entries() == []
