@@ -142,8 +142,13 @@ def test_plan_view_without_gpu(capsys):
     assert "built-in H200 plan" in out
     lines = [line for line in out.splitlines()[2:] if line.strip()]
     assert len(lines) == 2 * len(shapes.load()["shapes"])
-    # the plan's own tactic shows for a tuned shape
-    assert any(" 4224  7168   1 " in line and "32,8,256,11,1" in line for line in lines)
+    # the plan's own tactic shows for a tuned shape, with the time the tuner measured
+    row = next(line for line in lines if " 4224  7168   1 " in line).split()
+    assert "32,8,256,11,1" in row
+    measured = builtin_plan("h200").entries[(4224, 7168)][1][1]
+    assert float(row[-2]) == pytest.approx(measured, abs=0.005)
+    floor = 4224 * 7168 * 2 / 4.8e6
+    assert int(row[-1]) == round(100 * floor / measured)
 
 
 def test_plan_view_compiles_registers(tmp_path, capsys):
@@ -154,10 +159,11 @@ def test_plan_view_compiles_registers(tmp_path, capsys):
     row = capsys.readouterr().out.splitlines()[-1].split()
     tactic = default_tactic(8, 256, 1024, 132)
     assert tactic.short() in row
-    regs = int(row[-3])
+    regs = int(row[-5])
     assert 16 <= regs <= 255
     from warpsplitk.tactics import l2_read_factor
-    assert float(row[-2]) == pytest.approx(l2_read_factor(tactic, 8), abs=0.005)
+    assert float(row[-4]) == pytest.approx(l2_read_factor(tactic, 8), abs=0.005)
+    assert row[-2:] == ["-", "-"]  # no plan: nothing measured
 
 
 def test_choose_tactics_reuses_within_tolerance():

@@ -119,7 +119,8 @@ def _cmd_plan(args):
     print(f"# tactics from {source}; {args.arch}, {args.sm_count} SMs; floor at "
           f"{args.tbps} TB/s; registers {'compiled here' if args.compile else 'from the model'}")
     print(f"{'projection':<34} {'N':>5} {'K':>5} {'M':>3} {'tactic':>15} {'CTAs':>5} {'waves':>5} "
-          f"{'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'L2 x':>5} {'floor us':>8}")
+          f"{'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'L2 x':>5} {'floor us':>8} "
+          f"{'meas us':>7} {'%floor':>6}")
     for shape in table["shapes"]:
         n, k = shape["n"], shape["k"]
         for m in ms:
@@ -130,11 +131,15 @@ def _cmd_plan(args):
             else:
                 regs = register_estimate(tactic)
             name = f"{shape.get('model', '')} {shape.get('projection', '')}".strip()[:34]
+            floor = n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6)
+            # the time the tuner measured for this M, where it measured this M
+            measured = plan.entries.get((n, k), {}).get(m, (None, None))[1]
+            shown = ("-", "-") if measured is None else (f"{measured:.2f}",
+                                                         f"{100 * floor / measured:.0f}")
             print(f"{name:<34} {n:>5} {k:>5} {m:>3} {tactic.short():>15} "
                   f"{grid_ctas(tactic, m, n):>5} {waves(tactic, m, n, args.sm_count):>5.2f} "
                   f"{ctas_per_sm(tactic):>6} {tactic.smem_bytes:>7} {regs:>4} "
-                  f"{l2_read_factor(tactic, m):>5.2f} "
-                  f"{n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6):>8.2f}")
+                  f"{l2_read_factor(tactic, m):>5.2f} {floor:>8.2f} {shown[0]:>7} {shown[1]:>6}")
     return 0
 
 
