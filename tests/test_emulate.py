@@ -182,8 +182,8 @@ def test_wrong_a_fragment_offset_breaks_emulation(monkeypatch):
 def test_wrong_b_fragment_offset_breaks_emulation(monkeypatch):
     good = layout.b_fragment_offset
 
-    def shifted(lane, warp, n_iter, pair, k_tile):  # tokens read one row off
-        return good((lane + 1) % 8 + lane // 8 * 8, warp, n_iter, pair, k_tile)
+    def shifted(lane, warp, n_iter, pair, k_tile, multicast=False):  # tokens read one row off
+        return good((lane + 1) % 8 + lane // 8 * 8, warp, n_iter, pair, k_tile, multicast)
 
     monkeypatch.setattr(layout, "b_fragment_offset", shifted)
     x, w, _ = integer_problem(8, 16, 256, seed=4)
@@ -239,3 +239,43 @@ def test_round_bf16_ties_to_even():
     ulp = np.float32(2.0 ** -7)  # BF16 spacing at 1.0
     ties = np.array([one + ulp / 2, one + 3 * ulp / 2], dtype=np.float32)
     np.testing.assert_array_equal(round_bf16(ties), np.array([one, one + 2 * ulp], np.float32))
+
+
+# --------------------------------------------- activation multicast (x_multicast)
+
+MULTICAST = [
+    (WarpSplitKTactic(16, 16, 256, 2, 1, 1, 2), 9, 64, 512),      # rows split 2 ways, M mid-tile
+    (WarpSplitKTactic(32, 32, 128, 2, 1, 1, 4), 17, 128, 384),    # 4 ways, 3 tiles, 2 stages
+    (WarpSplitKTactic(16, 8, 128, 1, 1, 1, 4), 1, 64, 128),       # one tile, one row in use
+    (WarpSplitKTactic(48, 32, 128, 3, 1, 1, 2), 32, 96, 384),
+    (WarpSplitKTactic(64, 16, 128, 2, 1, 1, 2), 16, 128, 256),
+]
+
+
+@pytest.mark.parametrize("tactic,m,n,k", MULTICAST,
+                         ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_multicast_stages_exact(tactic, m, n, k):
+    """x_multicast > 1: the cluster's bulk copies fill each row-padded stage
+    (every row inside M exactly once, nothing else written); rows past M
+    keep the stage's stale contents (NaN here) and must not reach an output."""
+    x, w, bias = integer_problem(m, n, k, seed=m + n + k, with_bias=True)
+    out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
+    np.testing.assert_array_equal(out, reference(x, w, bias))
+
+
+@pytest.mark.parametrize("tactic", [t for t, *_ in MULTICAST], ids=lambda t: t.short())
+def test_multicast_padded_stage_has_no_bank_conflicts(tactic):
+    assert bank_conflicts(tactic) == []
+
+
+def test_multicast_without_the_pad_has_bank_conflicts(monkeypatch):
+    monkeypatch.setattr(layout, "B_ROW_PAD", 0)
+    problems = bank_conflicts(WarpSplitKTactic(16, 16, 256, 2, 1, 1, 2))
+    assert problems and all("B ldmatrix" in p for p in problems)
+
+
+def test_multicast_row_owners_cover_the_tile_once():
+    for c in (2, 4):
+        for t in (8, 16, 32):
+            rows = sorted(r for rank in range(c) for r in layout.multicast_rows(rank, t, c))
+            assert rows == list(range(t))

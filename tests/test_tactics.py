@@ -249,7 +249,7 @@ def test_k_split_rules():
     assert two in legal_tactics(32, 1536, 1024, k_splits=(1, 2))
 
 
-@pytest.mark.parametrize("text", ["", "16,8,128,4", "16,8,128,4,1,2,1", "a,b,c,d,e", "16;8;128;4;1",
+@pytest.mark.parametrize("text", ["", "16,8,128,4", "16,8,128,4,1,1,2,1", "a,b,c,d,e", "16;8;128;4;1",
                                   "16,8,128,4.5,1"])
 def test_parse_errors(text):
     with pytest.raises(ValueError, match="a tactic is five integers"):
@@ -299,3 +299,27 @@ def test_l2_read_factor():
     assert l2_read_factor(t(32, 16, 256, 4, 2), 32) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="M must be in 1..32"):
         l2_read_factor(t(32, 16, 256, 4, 2), 33)
+
+
+def test_x_multicast_rules_and_text():
+    t = T(16, 16, 256, 4, 1, 1, 2)
+    assert t.short() == "16,16,256,4,1,1,2" and T.parse(t.short()) == t
+    assert T.parse("16,16,256,4,1") == T(16, 16, 256, 4, 1, 1, 1)
+    check_tactic(t, 1536, 7168)  # 96 tiles of 16 rows, in clusters of 2
+    with pytest.raises(ValueError, match="x_multicast 2 must divide the 201 output tiles"):
+        check_tactic(t, 3216, 7168)
+
+
+def test_x_multicast_excludes_k_split_and_second_loader_warp():
+    with pytest.raises(ValueError, match="x_multicast must be one of"):
+        check_tactic(T(16, 16, 256, 4, 1, 1, 3), 1536, 7168)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        check_tactic(T(16, 16, 256, 4, 1, 2, 2), 1536, 7168)
+    with pytest.raises(ValueError, match="takes b_loader_warps 1"):
+        check_tactic(T(16, 16, 256, 4, 2, 1, 2), 1536, 7168)
+    legal = legal_tactics(16, 1536, 7168, x_multicasts=(1, 2, 4))
+    assert any(t.x_multicast == 4 for t in legal)
+    assert all(t.k_split == 1 and t.b_loader_warps == 1 for t in legal if t.x_multicast > 1)
+    assert not any(t.x_multicast > 1 for t in legal_tactics(16, 1536, 7168))
+    # padded activation rows: 16 B more per token row and stage
+    assert T(16, 16, 256, 4, 1, 1, 2).smem_bytes == T(16, 16, 256, 4, 1).smem_bytes + 4 * 16 * 16

@@ -99,14 +99,33 @@ def _load_stage(ring, stage_base, source_rows, k_tile_index, rows, k_tile, threa
                 writes[dst:dst + layout.CHUNK] += 1
 
 
+def _multicast_stage(ring, source_rows, k_tile_index, token_tile, k_tile, x_multicast,
+                     writes=None):
+    """An activation stage as the cluster fills it (x_multicast > 1): each
+    member CTA copies its rows (``layout.multicast_rows``) whole, one bulk
+    copy per token row, into every member's stage; rows past M are not
+    copied and keep whatever the stage held (their outputs are never stored)."""
+    for rank in range(x_multicast):
+        for row in layout.multicast_rows(rank, token_tile, x_multicast):
+            src = source_rows[row]
+            if src is None:
+                continue
+            dst = layout.padded(row, 0, k_tile)
+            start = k_tile_index * k_tile
+            ring[dst:dst + k_tile] = src[start:start + k_tile]
+            if writes is not None:
+                writes[dst:dst + k_tile] += 1
+
+
 def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
     """One CTA's K loop over ``x`` and ``weight`` (its share of K): the four
     compute warps' FP32 accumulators ``[warp, m_iter, n_iter, lane, reg]``."""
     t = tactic
     m, k = x.shape
     k_tiles = k // t.k_tile
+    multicast = t.x_multicast > 1
     a_stage = t.output_tile * t.k_tile
-    b_stage = t.token_tile * t.k_tile
+    b_stage = t.token_tile * (t.k_tile + (layout.B_ROW_PAD if multicast else 0))
     a_ring = np.full(t.stages * a_stage, np.nan, dtype=np.float32)
     b_ring = np.full(t.stages * b_stage, np.nan, dtype=np.float32)
     a_threads = layout.A_LOADER_WARPS * layout.WARP
@@ -130,14 +149,30 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
         a_view[:] = np.nan  # a stale stage must not hide a missed copy
         b_view[:] = np.nan
         _load_stage(a_view, 0, weight_rows, i, t.output_tile, t.k_tile, a_threads, a_writes)
-        _load_stage(b_view, 0, token_rows, i, t.token_tile, t.k_tile, b_threads, b_writes)
+        if multicast:
+            _multicast_stage(b_view, token_rows, i, t.token_tile, t.k_tile, t.x_multicast,
+                             b_writes)
+        else:
+            _load_stage(b_view, 0, token_rows, i, t.token_tile, t.k_tile, b_threads, b_writes)
         if check_coverage:
-            if not (np.all(a_writes == 1) and np.all(b_writes == 1)):
+            if multicast:
+                # every element of a token row inside M exactly once, no pad
+                # and no row past M ever written
+                expected = np.zeros(b_stage, dtype=np.int64)
+                for row, src in enumerate(token_rows):
+                    if src is not None:
+                        start = layout.padded(row, 0, t.k_tile)
+                        expected[start:start + t.k_tile] = 1
+                b_ok = np.array_equal(b_writes, expected)
+            else:
+                b_ok = np.all(b_writes == 1)
+            if not (np.all(a_writes == 1) and b_ok):
                 raise AssertionError(f"stage of K tile {i}: elements written "
                                      f"{sorted(set(a_writes) | set(b_writes))} times, expected once")
         for warp in range(layout.COMPUTE_WARPS):
             for p in range(steps // 2):
-                b_regs = [ldmatrix_x4(b_view, [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile)
+                b_regs = [ldmatrix_x4(b_view, [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile,
+                                                                        multicast)
                                                for lane in lanes])
                           for ni in range(n_iters)]
                 for half in range(2):
@@ -283,8 +318,11 @@ def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
     t = tactic
     problems = []
     lanes = range(layout.WARP)
-    for rows, threads, name in ((t.output_tile, layout.A_LOADER_WARPS * layout.WARP, "A copy"),
-                                (t.token_tile, t.b_loader_warps * layout.WARP, "B copy")):
+    multicast = t.x_multicast > 1
+    copied = [(t.output_tile, layout.A_LOADER_WARPS * layout.WARP, "A copy")]
+    if not multicast:  # multicast stages are written by bulk copies, not by threads
+        copied.append((t.token_tile, t.b_loader_warps * layout.WARP, "B copy"))
+    for rows, threads, name in copied:
         for copy in range(layout.copies_per_thread(rows, t.k_tile, threads)):
             for phase in copy_store_phases(rows, t.k_tile, threads, copy):
                 if not conflict_free(phase, 16):
@@ -298,7 +336,8 @@ def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
                         problems.append(f"A ldmatrix warp {warp} step {s} m {mi}: {phase}")
         for p in range(layout.k_steps(t.k_tile) // 2):
             for ni in range(t.token_tile // layout.MMA_N):
-                offs = [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile) for lane in lanes]
+                offs = [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, multicast)
+                        for lane in lanes]
                 for phase in ldmatrix_phases(offs):
                     if not conflict_free(phase, 16):
                         problems.append(f"B ldmatrix warp {warp} pair {p} n {ni}: {phase}")

@@ -50,6 +50,29 @@ def swizzle(row, col, k_tile):
     return row * k_tile + (col ^ ((row % 8) * CHUNK))
 
 
+#: Elements of padding after each activation row of a multicast stage.
+B_ROW_PAD = CHUNK
+
+
+def padded(row, col, k_tile):
+    """Element offset of ``(row, col)`` in a row-padded ``[rows, k_tile + 8]``
+    activation stage (x_multicast > 1). A bulk copy writes one row of x as it
+    is in memory, so the stage cannot be swizzled; the 16-byte pad shifts each
+    row by four banks instead, which keeps the ldmatrix phases (8 rows x 16 B
+    at one column) on 32 distinct banks."""
+    return row * (k_tile + B_ROW_PAD) + col
+
+
+def b_offset(row, col, k_tile, multicast=False):
+    """Element offset of activation ``(row, col)`` in its ring stage."""
+    return padded(row, col, k_tile) if multicast else swizzle(row, col, k_tile)
+
+
+def multicast_rows(rank, token_tile, x_multicast):
+    """Token rows of a stage that cluster CTA ``rank`` loads for all members."""
+    return [r for r in range(token_tile) if r % x_multicast == rank]
+
+
 # ---------------------------------------------------------------- loaders
 
 
@@ -90,7 +113,7 @@ def a_fragment_offset(lane, warp, m_iter, step, k_tile):
     return swizzle(row, col, k_tile)
 
 
-def b_fragment_offset(lane, warp, n_iter, pair, k_tile):
+def b_fragment_offset(lane, warp, n_iter, pair, k_tile, multicast=False):
     """Element offset of lane's ``ldmatrix.x4`` row address for operand B (activations).
 
     Matrix ``j = lane // 8`` is tokens ``8 * n_iter .. +7`` at K columns
@@ -99,7 +122,7 @@ def b_fragment_offset(lane, warp, n_iter, pair, k_tile):
     """
     row = lane % 8 + n_iter * MMA_N
     col = (lane // 8) * CHUNK + pair * 2 * MMA_K + warp * (k_tile // COMPUTE_WARPS)
-    return swizzle(row, col, k_tile)
+    return b_offset(row, col, k_tile, multicast)
 
 
 # ------------------------------------------------------ split-K reduction
@@ -166,14 +189,16 @@ class SmemPlan:
     total: int
 
 
-def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1):
+def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1):
     """Where the two rings, the reduction buffer and the mbarriers live.
 
     With ``k_split`` CTAs per cluster sharing K, the reduction buffer holds
     the partials of every compute warp of the cluster (``[k_split * 4]``
-    warps): the other CTAs write theirs into the first CTA's buffer."""
+    warps): the other CTAs write theirs into the first CTA's buffer. With
+    ``x_multicast`` > 1 the activation stages are row-padded (``padded``)."""
     a_stage = output_tile * k_tile * ELEMENT_BYTES
-    b_stage = token_tile * k_tile * ELEMENT_BYTES
+    b_row = k_tile + (B_ROW_PAD if x_multicast > 1 else 0)
+    b_stage = token_tile * b_row * ELEMENT_BYTES  # a multiple of 128 B either way
     a_ring = 0
     b_ring = _align(a_ring + stages * a_stage, REGION_ALIGN)
     reduction = _align(b_ring + stages * b_stage, REGION_ALIGN)

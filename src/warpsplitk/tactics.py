@@ -21,6 +21,9 @@ B_LOADER_WARPS = (1, 2)
 #: CTAs of a cluster that share one output tile's K (each streams 1/k_split
 #: of K; their partial sums meet in the first CTA's shared memory).
 K_SPLITS = (1, 2)
+#: CTAs of a cluster along N that share each activation stage: one load from
+#: L2, multicast into every member's ring (experimental, see kernel.py).
+X_MULTICASTS = (1, 2, 4)
 #: K tiles per CTA at most: the compute loop is fully unrolled over them.
 MAX_K_TILES = 64
 MAX_M = 32
@@ -50,6 +53,11 @@ class WarpSplitKTactic:
     k_split: CTAs of a cluster splitting K, 1 or 2 (2 doubles the grid for
         shapes whose N leaves SMs idle; measured by the tuner, never the
         default heuristic's choice).
+    x_multicast: CTAs of a cluster along N that share their activation
+        stages, 1, 2 or 4: each x stage is read from L2 once per cluster
+        and multicast into every member's ring, cutting the activation
+        re-reads that bound M >= 16 (experimental: not yet run on a GPU, so
+        nothing picks it unless asked).
     """
 
     output_tile: int = 16
@@ -58,6 +66,7 @@ class WarpSplitKTactic:
     stages: int = 4
     b_loader_warps: int = 1
     k_split: int = 1
+    x_multicast: int = 1
 
     @property
     def threads(self) -> int:
@@ -68,12 +77,15 @@ class WarpSplitKTactic:
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one CTA: both rings, reduction buffer, mbarriers."""
         return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages,
-                                self.k_split).total
+                                self.k_split, self.x_multicast).total
 
     def short(self) -> str:
-        """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1)."""
+        """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1,
+        ``o,t,k,s,b,c,x`` when x_multicast x > 1)."""
         text = (f"{self.output_tile},{self.token_tile},{self.k_tile},"
                 f"{self.stages},{self.b_loader_warps}")
+        if self.x_multicast > 1:
+            return f"{text},{self.k_split},{self.x_multicast}"
         return text if self.k_split == 1 else f"{text},{self.k_split}"
 
     @classmethod
@@ -83,10 +95,10 @@ class WarpSplitKTactic:
             fields = [int(v) for v in text.split(",")]
         except ValueError:
             fields = []
-        if len(fields) not in (5, 6):
+        if len(fields) not in (5, 6, 7):
             raise ValueError(
                 "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
-                f"b_loader_warps' and an optional k_split, got {text!r}")
+                f"b_loader_warps', then optionally k_split and x_multicast, got {text!r}")
         return cls(*fields)
 
 
@@ -111,6 +123,16 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         raise _field_error("b_loader_warps", tactic.b_loader_warps, B_LOADER_WARPS)
     if tactic.k_split not in K_SPLITS:
         raise _field_error("k_split", tactic.k_split, K_SPLITS)
+    if tactic.x_multicast not in X_MULTICASTS:
+        raise _field_error("x_multicast", tactic.x_multicast, X_MULTICASTS)
+    if tactic.x_multicast > 1 and tactic.k_split > 1:
+        raise ValueError("warp split-K tactic: x_multicast and k_split cannot be combined "
+                         f"(got x_multicast {tactic.x_multicast}, k_split {tactic.k_split})")
+    if tactic.x_multicast > 1 and tactic.b_loader_warps != 1:
+        # one lane per token row issues the stage's bulk copies: a second
+        # activation warp would have nothing to do
+        raise ValueError(f"warp split-K tactic: x_multicast {tactic.x_multicast} takes "
+                         f"b_loader_warps 1, got {tactic.b_loader_warps}")
     if tactic.output_tile >= WIDE_TILE and tactic.k_tile != 128:
         # ptxas-driven: 48 or 64 rows x 256 K are 24-32 copies per weight-loader
         # thread per stage; ptxas 13.4 hoists their addresses into 150-255
@@ -124,6 +146,10 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
     if not isinstance(k, int) or k <= 0 or k % tactic.k_tile:
         raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
                          f"{tactic.k_tile}, got K={k!r}")
+    if (n // tactic.output_tile) % tactic.x_multicast:
+        raise ValueError(f"warp split-K: x_multicast {tactic.x_multicast} must divide the "
+                         f"{n // tactic.output_tile} output tiles of N={n} (output_tile "
+                         f"{tactic.output_tile})")
     k_tiles = k // tactic.k_tile
     if k_tiles > MAX_K_TILES:
         raise ValueError(f"warp split-K: K={k} is {k_tiles} tiles of {tactic.k_tile}; "
@@ -154,22 +180,26 @@ def is_legal(tactic: WarpSplitKTactic, n: int, k: int) -> bool:
     return True
 
 
-def all_tactics(k_splits=(1,)):
+def all_tactics(k_splits=(1,), x_multicasts=(1,)):
     """Every tactic of the kernel's space, legal for some shape or not (with
-    ``k_splits=K_SPLITS``, the experimental cluster split of K too)."""
-    for o, t, kt, s, b, c in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES,
-                                               range(1, MAX_STAGES + 1), B_LOADER_WARPS,
-                                               k_splits):
-        yield WarpSplitKTactic(o, t, kt, s, b, c)
+    ``k_splits=K_SPLITS``, the cluster split of K too; with
+    ``x_multicasts=X_MULTICASTS``, the experimental activation multicast)."""
+    for o, t, kt, s, b, c, x in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES,
+                                                  range(1, MAX_STAGES + 1), B_LOADER_WARPS,
+                                                  k_splits, x_multicasts):
+        if x > 1 and (c > 1 or b > 1):
+            continue  # never legal (check_tactic)
+        yield WarpSplitKTactic(o, t, kt, s, b, c, x)
 
 
-def legal_tactics(m: int, n: int, k: int, k_splits=(1,)) -> list[WarpSplitKTactic]:
+def legal_tactics(m: int, n: int, k: int, k_splits=(1,), x_multicasts=(1,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
     larger than needed to cover ``m`` in one tile (a bigger tile only loads
     zeros)."""
     _check_m(m)
     need = min(t for t in TOKEN_TILES if t >= m)
-    return [t for t in all_tactics(k_splits) if t.token_tile <= need and is_legal(t, n, k)]
+    return [t for t in all_tactics(k_splits, x_multicasts)
+            if t.token_tile <= need and is_legal(t, n, k)]
 
 
 def _check_m(m):
