@@ -170,7 +170,8 @@ class CompileReport:
 
     def audit(self) -> list[str]:
         t = self.tactic
-        return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split)
+        return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split,
+                         x_multicast=t.x_multicast)
 
     def summary(self) -> str:
         t = self.tactic
@@ -240,21 +241,45 @@ PTX_AUDIT_CLUSTER = (
 )
 
 
-def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1) -> list[str]:
+#: What the activation multicast (x_multicast > 1) adds.
+PTX_AUDIT_MULTICAST = (
+    (r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes\.multicast::cluster",
+     "activation rows multicast into the cluster"),
+    (r"mbarrier\.arrive\.expect_tx\.shared::cta", "the stage's bytes expected on its full barrier"),
+    (r"mbarrier\.arrive\.release\.cluster\.shared::cluster",
+     "stages released to every member"),
+    (r"barrier\.cluster\.arrive\.relaxed", "cluster barrier phase 0 (barriers initialised)"),
+    (r"barrier\.cluster\.arrive\.release", "cluster barrier phase 1 (last remote arrival made)"),
+    (r"barrier\.cluster\.wait\.acquire", "cluster barrier waits"),
+    (r"mapa\.shared::cluster", "members' empty barriers mapped"),
+)
+
+
+def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
+              x_multicast: int = 1) -> list[str]:
     """Problems with a kernel's PTX: required instructions missing, forbidden ones
     present. ``k_tiles`` (per CTA) ``== 1`` waives the L2 hint (a one-tile
     weight has only the unhinted prologue copy); ``k_split > 1`` requires the
-    cluster reduction, ``k_split == 1`` forbids it."""
+    cluster reduction, ``x_multicast > 1`` the activation multicast; each is
+    forbidden without its tactic."""
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
     if k_split > 1:
         required += list(PTX_AUDIT_CLUSTER)
+    if x_multicast > 1:
+        required += list(PTX_AUDIT_MULTICAST)
     problems = [f"missing {why} ({pattern})" for pattern, why in required
                 if not re.search(pattern, ptx_text)]
     problems += [f"found {why} ({pattern})" for pattern, why in PTX_FORBIDDEN
                  if re.search(pattern, ptx_text)]
+    allowed = {p for p, _ in required}
     if k_split == 1:
         problems += [f"found {why} ({pattern}) without k_split"
-                     for pattern, why in PTX_AUDIT_CLUSTER if re.search(pattern, ptx_text)]
+                     for pattern, why in PTX_AUDIT_CLUSTER
+                     if pattern not in allowed and re.search(pattern, ptx_text)]
+    if x_multicast == 1:
+        problems += [f"found {why} ({pattern}) without x_multicast"
+                     for pattern, why in PTX_AUDIT_MULTICAST
+                     if pattern not in allowed and re.search(pattern, ptx_text)]
     return problems
 
 

@@ -85,7 +85,13 @@ class WarpSplitKKernel:
         self.k_split = t.k_split
         self.k_cta = k // t.k_split
         self.k_tiles = self.k_cta // t.k_tile
-        self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split)
+        # x_multicast > 1: a cluster of x_multicast CTAs along N (consecutive
+        # output tiles, the same token tile) shares every activation stage
+        self.x_multicast = t.x_multicast
+        self.multicast = t.x_multicast > 1
+        self.clustered = self.k_split > 1 or self.multicast
+        self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
+                                     t.x_multicast)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
         self.b_threads = t.b_loader_warps * layout.WARP
         self.compute_threads = layout.COMPUTE_WARPS * layout.WARP
@@ -102,7 +108,8 @@ class WarpSplitKKernel:
         # a DLPack tensor view with a dynamic extent ~20 us.
         t = self.tactic
         token_tiles = (m + (t.token_tile - 1)) // t.token_tile
-        cluster = {} if self.k_split == 1 else {"cluster": [1, 1, self.k_split]}
+        cluster = ({"cluster": [self.x_multicast, 1, self.k_split]} if self.clustered
+                   else {})
         self.kernel(weight, x, bias, out, m).launch(
             grid=[self.n // t.output_tile, token_tiles, self.k_split],
             block=[self.threads, 1, 1],
@@ -139,15 +146,19 @@ class WarpSplitKKernel:
         if tidx == 0:
             self.init_barriers(smem)
         ptx.named_barrier(0, self.threads)
-        if cutlass.const_expr(self.k_split > 1):
-            # cluster barrier phase 0, waited on before the first remote store:
-            # another CTA's shared memory may be written only once it runs
+        if cutlass.const_expr(self.clustered):
+            # cluster barrier phase 0, waited on before the first remote
+            # operation: another CTA's shared memory and mbarriers may be
+            # written only once it runs and has initialised them (the init
+            # fence orders thread 0's mbarrier.init before this arrival)
             ptx.cluster_arrive(relaxed=True)
 
         if warp < first_a_warp:
             self.compute(smem, tidx, warp, tile_n, tile_t, m, bias, out, rank)
         elif is_a_loader:
             self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, rank)
+        elif cutlass.const_expr(self.multicast):
+            self.activation_multicast(smem, x, tidx - first_b_warp * layout.WARP, tile_n, tile_t, m)
         else:
             self.activation_loader(smem, x, tidx - first_b_warp * layout.WARP, tile_t, m, rank)
 
@@ -158,10 +169,15 @@ class WarpSplitKKernel:
     def init_barriers(self, smem):
         for stage in range(self.tactic.stages):
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_a, stage), self.a_threads)
-            ptx.mbarrier_init(self._barrier(smem, self.smem.full_b, stage), self.b_threads)
-            ptx.mbarrier_init(self._barrier(smem, self.smem.empty, stage),
-                              self.compute_threads if self.compute_thread_arrive
-                              else layout.COMPUTE_WARPS)
+            # multicast: one arrival (the local expect_tx) plus the stage's bytes
+            ptx.mbarrier_init(self._barrier(smem, self.smem.full_b, stage),
+                              1 if self.multicast else self.b_threads)
+            # multicast: every compute lane of every member releases every stage
+            # (the stage's next rows come from all of them)
+            releases = (self.compute_threads * self.x_multicast if self.multicast
+                        else self.compute_threads if self.compute_thread_arrive
+                        else layout.COMPUTE_WARPS)
+            ptx.mbarrier_init(self._barrier(smem, self.smem.empty, stage), releases)
         ptx.fence_mbarrier_init()
 
     def _loader_arrive(self, barrier):
@@ -179,11 +195,14 @@ class WarpSplitKKernel:
         """Byte offset of this CTA's share of K within a row."""
         return Int64(rank) * (self.k_cta * _BYTES)
 
-    def _cluster_done(self):
+    def _cluster_done(self, waited=False):
         """A loader's part of the cluster barrier: phase 0 (long complete by
-        now), then phase 1, which the first CTA waits on before its epilogue."""
-        if self.k_split > 1:
-            ptx.cluster_wait()
+        now; unless ``waited`` already), then phase 1, which the first CTA
+        waits on before its epilogue (k_split) or every CTA before it exits
+        (multicast)."""
+        if self.clustered:
+            if not waited:
+                ptx.cluster_wait()
             ptx.cluster_arrive()
 
     def issue_weight_tile(self, smem, weight, thread, tile_n, k_tile_index, policy, hinted,
@@ -253,6 +272,48 @@ class WarpSplitKKernel:
         ptx.cp_async_wait_all()
         self._cluster_done()
 
+    def activation_multicast(self, smem, x, lane, tile_n, tile_t, m):
+        """x_multicast > 1: one warp; lane r issues token row r of each stage
+        when this CTA owns it (``layout.multicast_rows``) and it is inside M,
+        as one bulk copy into the stage of every CTA of the cluster. Lane 0
+        arms this CTA's full barrier for all the stage's rows, whoever sends
+        them. A stage is refilled once every member's compute warps released
+        it (the empty barrier counts them all)."""
+        t = self.tactic
+        c = self.x_multicast
+        rank = tile_n % c  # the cluster spans c consecutive output tiles
+        row_bytes = t.k_tile * _BYTES
+        first_token = tile_t * t.token_tile
+        valid_rows = cutlass.select_(m - first_token < t.token_tile, m - first_token,
+                                     Int32(t.token_tile))
+        token = first_token + lane
+        issue = (cutlass.select_(lane < t.token_tile, Int32(1), Int32(0))
+                 * cutlass.select_(lane % c == rank, Int32(1), Int32(0))
+                 * cutlass.select_(token < m, Int32(1), Int32(0)))
+        arm = cutlass.select_(lane == 0, Int32(1), Int32(0))
+        # rows this lane never issues still form an address inside x
+        src_row = x.toint() + Int64(cutlass.select_(issue != 0, token, Int32(0))) * (self.k * _BYTES)
+        dst_row = smem + self.smem.b_ring + layout.padded(lane % t.token_tile, 0, t.k_tile) * _BYTES
+        mask = (1 << c) - 1
+        if cutlass.const_expr(self.use_pdl and self.early_launch):
+            ptx.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.use_pdl):
+            ptx.griddepcontrol_wait()
+        ptx.cluster_wait()  # phase 0: every member's barriers exist
+        for i in range(self.k_tiles):
+            stage, _ = layout.ring_slot(i, t.stages)
+            parity = layout.empty_parity(i, t.stages)
+            if parity is not None:
+                ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity)
+            full = self._barrier(smem, self.smem.full_b, stage)
+            ptx.mbarrier_arrive_expect_tx_if(full, valid_rows * row_bytes, arm)
+            ptx.cp_async_bulk_multicast_if(dst_row + stage * self.smem.b_stage_bytes,
+                                           src_row + Int64(i * row_bytes), row_bytes, full,
+                                           mask, issue)
+        if cutlass.const_expr(self.use_pdl and not self.early_launch):
+            ptx.griddepcontrol_launch_dependents()
+        self._cluster_done(waited=True)
+
     def compute(self, smem, tidx, warp, tile_n, tile_t, m, bias, out, rank):
         t = self.tactic
         lane = tidx % layout.WARP
@@ -265,8 +326,13 @@ class WarpSplitKKernel:
                    + layout.a_fragment_offset(lane, warp, mi, s, t.k_tile) * _BYTES
                    for s in range(steps)] for mi in range(m_iters)]
         b_addr = [[smem + self.smem.b_ring
-                   + layout.b_fragment_offset(lane, warp, ni, p, t.k_tile) * _BYTES
+                   + layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, self.multicast) * _BYTES
                    for p in range(pairs)] for ni in range(n_iters)]
+        if cutlass.const_expr(self.multicast):
+            ptx.cluster_wait()  # phase 0: every member's empty barriers exist
+            # each member's empty barriers, in shared::cluster addresses
+            empty_of = [ptx.map_shared_to_rank(smem + self.smem.empty, Int32(q))
+                        for q in range(self.x_multicast)]
         zero = Float32(0.0)
         acc = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)]
         for i in range(self.k_tiles):
@@ -285,11 +351,20 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
-            if self.compute_thread_arrive:
+            if self.multicast:
+                # the next rows of this stage come from every member: release it to all
+                for q in range(self.x_multicast):
+                    ptx.mbarrier_arrive_cluster(empty_of[q] + stage * layout.MBARRIER_BYTES)
+            elif self.compute_thread_arrive:
                 ptx.mbarrier_arrive(self._barrier(smem, self.smem.empty, stage))
             else:
                 ptx.syncwarp()
                 ptx.mbarrier_arrive_lane0(self._barrier(smem, self.smem.empty, stage), lane)
+        if cutlass.const_expr(self.multicast):
+            # phase 1: this lane's last remote arrival is made; every CTA waits
+            # on it before exiting, so none goes while another may still
+            # arrive on its barriers
+            ptx.cluster_arrive()
 
         # split-K reduction: partials to shared, then a fixed-order sum
         red = smem + self.smem.reduction
@@ -345,3 +420,5 @@ class WarpSplitKKernel:
             address = (out.toint()
                        + Int64(global_token) * (self.n * _BYTES) + Int64(n_index * _BYTES))
             ptx.st_global_v4_b32_if(address, words, store)
+        if cutlass.const_expr(self.multicast):
+            ptx.cluster_wait()  # phase 1 (see above)

@@ -172,6 +172,44 @@ def st_shared_cluster_f32(address, value, *, loc=None, ip=None):
          loc, ip)
 
 
+# ------------------------------------------------ activation multicast
+# For x_multicast > 1: the CTAs of a cluster along N load each activation
+# stage once (a share of its token rows each) into every member's ring.
+
+
+@dsl_user_op
+def mbarrier_arrive_expect_tx_if(barrier, nbytes, predicate, *, loc=None, ip=None):
+    """If ``predicate`` (non-zero): arrive on ``barrier`` and expect ``nbytes`` more
+    from bulk copies in this phase (they may land before or after the arrival:
+    the transaction count may go negative meanwhile)."""
+    _asm(None, [Int32(barrier), Int32(nbytes), Int32(predicate)],
+         "{\n.reg .pred P1;\nsetp.ne.u32 P1, $2, 0;\n"
+         "@P1 mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;\n}",
+         "r,r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def cp_async_bulk_multicast_if(dst, src, nbytes, barrier, cta_mask, predicate, *, loc=None,
+                               ip=None):
+    """If ``predicate``: copy ``nbytes`` (a multiple of 16) from global ``src`` to
+    shared ``dst`` in every CTA of the cluster in ``cta_mask``, each copy
+    completing ``nbytes`` on the mbarrier at ``barrier``'s offset in that CTA."""
+    _asm(None, [Int32(dst), Int64(src), Int32(nbytes), Int32(barrier), Int32(cta_mask),
+                Int32(predicate)],
+         "{\n.reg .b16 M;\n.reg .pred P1;\ncvt.u16.u32 M, $4;\nsetp.ne.u32 P1, $5, 0;\n"
+         "@P1 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+         " [$0], [$1], $2, [$3], M;\n}",
+         "r,l,r,r,r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def mbarrier_arrive_cluster(address, *, loc=None, ip=None):
+    """Arrive (release, cluster scope) on the mbarrier at shared::cluster ``address``
+    (``map_shared_to_rank``: possibly another CTA's)."""
+    _asm(None, [Int32(address)],
+         "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];", "r,~{memory}", loc, ip)
+
+
 # --------------------------------------------------------------- PDL
 
 
