@@ -407,3 +407,149 @@ def test_cluster_barrier_protocol_is_safe_and_live():
 def test_cluster_barrier_model_catches_broken_protocols(role, program, problem):
     problems = explore_cluster(dict(CLUSTER_ROLES, **{role: program}))
     assert any(problem in p for p in problems), problems
+
+
+# ------------------------------- the activation multicast ring (x_multicast)
+#
+# kernel.py's program order for x_multicast > 1, per role and CTA:
+#   all: arrive on cluster barrier phase 0 after the mbarriers are initialised;
+#   activation loader: wait phase 0; per tile i: wait its own empty barrier
+#       (all members' compute warps released tile i - stages), arm its own
+#       full barrier for the stage's bytes, issue its rows into every member
+#       (bulk copies that land later, each on the target's full barrier);
+#       then arrive phase 1;
+#   compute: wait phase 0; per tile: wait its full barrier (armed and every
+#       sender's rows landed), read, release the stage on every member's empty
+#       barrier; arrive phase 1; epilogue; wait phase 1; exit;
+#   weight loader: its work, wait phase 0, arrive phase 1.
+# The copies' landings are separate, unordered events. Every interleaving is
+# explored for small rings.
+
+
+def multicast_programs(tiles):
+    loader = [("arrive",), ("wait",)]
+    compute = [("arrive",), ("wait",)]
+    for i in range(tiles):
+        loader += [("wait_empty", i), ("arm", i), ("issue", i)]
+        compute += [("wait_full", i), ("release", i)]
+    loader += [("arrive",)]
+    compute += [("arrive",), ("epilogue",), ("wait",)]
+    weight = [("arrive",), ("work",), ("wait",), ("arrive",)]
+    return {"compute": compute, "activation loader": loader, "weight loader": weight}
+
+
+def explore_multicast(ctas=2, tiles=3, stages=2, senders=None, programs=None):
+    """Problems in every reachable state: deadlocks, a copy landing in a stage
+    its target still reads or in a phase not yet armed for, remote operations
+    on a CTA not running, not initialised or gone."""
+    senders = set(range(ctas)) if senders is None else set(senders)
+    programs = programs or multicast_programs(tiles)
+    threads = [(cta, role) for cta in range(ctas) for role in programs]
+    progs = [programs[role] for _, role in threads]
+    problems = set()
+
+    def done(pcs, t, event):
+        return event in progs[t][:pcs[t]]
+
+    def thread(cta, role):
+        return threads.index((cta, role))
+
+    def arrivals(pcs, t):
+        return sum(1 for e in progs[t][:pcs[t]] if e == ("arrive",))
+
+    def waits(pcs, t):
+        return sum(1 for e in progs[t][:pcs[t]] if e == ("wait",))
+
+    def exited(pcs, cta):
+        return all(pcs[t] == len(progs[t]) for t in range(len(threads)) if threads[t][0] == cta)
+
+    def initialised(pcs, cta):  # thread 0 inits before its phase-0 arrival
+        return all(arrivals(pcs, t) >= 1 for t in range(len(threads)) if threads[t][0] == cta)
+
+    def full_complete(pcs, landed, cta, i):
+        armed = done(pcs, thread(cta, "activation loader"), ("arm", i))
+        return armed and all((cta, i, q) in landed for q in senders)
+
+    def released(pcs, cta, i):  # releases of tile i on cta's empty barrier
+        return all(done(pcs, thread(q, "compute"), ("release", i)) for q in range(ctas))
+
+    start = (tuple(0 for _ in threads), frozenset(), frozenset())
+    seen, stack = set(), [start]
+    while stack:
+        state = stack.pop()
+        if state in seen:
+            continue
+        seen.add(state)
+        pcs, in_flight, landed = state
+        moves = []
+        for copy in in_flight:  # a copy lands: (target, tile, sender)
+            target, i, q = copy
+            if exited(pcs, target):
+                problems.add(f"a copy lands in CTA {target} after it exited")
+            if exited(pcs, q):
+                problems.add(f"CTA {q} exited with a copy in flight")
+            if i >= stages and not done(pcs, thread(target, "compute"), ("release", i - stages)):
+                problems.add(f"tile {i} lands in CTA {target} while it still reads tile {i - stages}")
+            moves.append((pcs, in_flight - {copy}, landed | {copy}))
+        for t, (cta, role) in enumerate(threads):
+            if pcs[t] == len(progs[t]):
+                continue
+            event = progs[t][pcs[t]]
+            name = event[0]
+            if name == "wait":
+                if min(arrivals(pcs, u) for u in range(len(threads))) <= waits(pcs, t):
+                    continue
+            if name == "arrive" and arrivals(pcs, t) > waits(pcs, t):
+                problems.add(f"{role} of CTA {cta} arrives twice without a wait")
+            if name == "wait_empty" and event[1] >= stages and not released(pcs, cta, event[1] - stages):
+                continue
+            if name == "wait_full" and not full_complete(pcs, landed, cta, event[1]):
+                continue
+            new_flight = in_flight
+            if name == "arm" and event[1] >= stages and not full_complete(pcs, landed, cta,
+                                                                          event[1] - stages):
+                problems.add(f"CTA {cta} arms tile {event[1]} before tile {event[1] - stages} completed")
+            if name in ("issue", "release"):
+                for target in range(ctas):
+                    if not initialised(pcs, target):
+                        problems.add(f"CTA {cta} {name}s into CTA {target} before its barriers exist")
+                    if exited(pcs, target):
+                        problems.add(f"CTA {cta} {name}s into CTA {target} after it exited")
+                if name == "issue" and cta in senders:
+                    new_flight = in_flight | {(target, event[1], cta) for target in range(ctas)}
+            next_pcs = pcs[:t] + (pcs[t] + 1,) + pcs[t + 1:]
+            moves.append((next_pcs, new_flight, landed))
+        if not moves and any(pcs[t] < len(progs[t]) for t in range(len(threads))):
+            problems.add(f"deadlock at {pcs}")
+        stack.extend(moves)
+    return problems
+
+
+@pytest.mark.parametrize("ctas,tiles,stages,senders", [
+    (2, 3, 2, None), (2, 2, 1, None), (2, 3, 1, None), (2, 3, 2, {0}), (3, 2, 1, {0}),
+])
+def test_multicast_ring_protocol_is_safe_and_live(ctas, tiles, stages, senders):
+    assert explore_multicast(ctas, tiles, stages, senders) == set()
+
+
+def _without(program, event):
+    return [e for e in program if e != event]
+
+
+@pytest.mark.parametrize("role,change,problem", [
+    # the loader refills without waiting for every member's release
+    ("activation loader", lambda p: _without(p, ("wait_empty", 2)), "while it still reads"),
+    # no phase-0 wait: copies may reach a member before its barriers exist
+    ("activation loader", lambda p: [p[0]] + p[2:-1] + [("wait",), ("arrive",)],
+     "before its barriers exist"),
+    # compute exits without waiting for phase 1: members may still arrive on it
+    ("compute", lambda p: p[:-1], "after it exited"),
+    # compute arrives on phase 1 before its last release
+    ("compute", lambda p: p[:-5] + [("arrive",), p[-5], ("epilogue",), ("wait",)],
+     "exited"),
+])
+def test_multicast_model_catches_broken_protocols(role, change, problem):
+    programs = multicast_programs(3)
+    programs[role] = change(programs[role])
+    problems = explore_multicast(2, 3, 1, None, programs)
+    assert any(problem in p for p in problems), problems
