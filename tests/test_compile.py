@@ -152,16 +152,18 @@ def _run_facts(jobs, timeout=900, import_cutlass=False):
     return json.loads(lines[0][len("FACTS "):])
 
 
-#: the experimental cluster split of K, compiled for Blackwell in the same process
+#: the cluster split of K and the activation multicast, compiled for
+#: Blackwell in the same process
 SM100_K_SPLIT = (1536, 7168, WarpSplitKTactic(16, 8, 256, 8, 1, 2))
+SM100_MULTICAST = (1536, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, 1, 4))
 
 
 @pytest.fixture(scope="module")
 def sm100_facts():
     jobs = [["sm_100a", n, k, t.short(), False] for _, n, k, t in
             (c for c in CASES if c[0] == "sm_100a")]
-    n, k, t = SM100_K_SPLIT
-    jobs.append(["sm_100a", n, k, t.short(), False])
+    for n, k, t in (SM100_K_SPLIT, SM100_MULTICAST):
+        jobs.append(["sm_100a", n, k, t.short(), False])
     results = _run_facts(jobs)
     return {(n, k, WarpSplitKTactic.parse(short)): f
             for (_, n, k, short, _), f in zip(jobs, results)}
@@ -174,6 +176,13 @@ def test_compile_sm100a(sm100_facts, arch, n, k, tactic):
 
 def test_compile_sm100a_cluster_split_of_k(sm100_facts):
     n, k, tactic = SM100_K_SPLIT
+    f = sm100_facts[(n, k, tactic)]
+    assert f["target"] == "sm_100a" and f["audit"] == []
+    assert f["spill_bytes"] == 0 and not f["local_memory"]
+
+
+def test_compile_sm100a_activation_multicast(sm100_facts):
+    n, k, tactic = SM100_MULTICAST
     f = sm100_facts[(n, k, tactic)]
     assert f["target"] == "sm_100a" and f["audit"] == []
     assert f["spill_bytes"] == 0 and not f["local_memory"]
@@ -329,6 +338,40 @@ def test_cluster_split_of_k_compiles_with_its_reduction(tactic, n, k):
     assert report.spill_bytes == 0 and report.local_bytes == 0
     assert len(__import__("re").findall(r"st\.shared::cluster\.f32", report.ptx)) == \
         4 * (tactic.output_tile // 16) * (tactic.token_tile // 8)
+
+
+@pytest.mark.parametrize("tactic,n,k", [
+    (WarpSplitKTactic(16, 16, 256, 4, 1, 1, 2), 1536, 7168),
+    (WarpSplitKTactic(32, 32, 128, 3, 1, 1, 4), 2048, 2048),
+    (WarpSplitKTactic(48, 32, 128, 6, 1, 1, 2), 2304, 1536),
+    (WarpSplitKTactic(64, 16, 128, 4, 1, 1, 2), 1024, 2048),
+    (WarpSplitKTactic(16, 8, 128, 1, 1, 1, 4), 64, 128),      # one tile
+], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_activation_multicast_compiles_with_its_protocol(tactic, n, k):
+    """x_multicast (experimental): per stage one armed full barrier and one
+    bulk copy per owned token row (predicated by lane), a release of every
+    stage to each member, the two cluster barrier phases; no spills, and no
+    thread-issued activation copies left."""
+    import re
+    report = compile_for_arch(n, k, tactic, "sm_90a")
+    assert report.audit() == []
+    assert report.spill_bytes == 0 and report.local_bytes == 0
+    ptx = report.ptx
+    k_tiles = k // tactic.k_tile
+    assert len(re.findall(r"multicast::cluster", ptx)) == k_tiles
+    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == k_tiles
+    assert len(re.findall(r"mbarrier\.arrive\.release\.cluster", ptx)) == \
+        k_tiles * tactic.x_multicast
+    assert not re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 16, ", ptx)  # no zfill
+
+
+def test_audit_requires_the_multicast_only_with_x_multicast():
+    shipped = compile_for_arch(256, 512, WarpSplitKTactic(16, 8, 128, 2, 1), "sm_90a")
+    assert any("missing activation rows multicast" in p
+               for p in audit_ptx(shipped.ptx, k_tiles=4, x_multicast=2))
+    multicast = compile_for_arch(256, 512, WarpSplitKTactic(16, 8, 128, 2, 1, 1, 2), "sm_90a")
+    assert any("without x_multicast" in p for p in audit_ptx(multicast.ptx, k_tiles=4))
+    assert audit_ptx(multicast.ptx, k_tiles=4, x_multicast=2) == []
 
 
 def test_audit_requires_the_cluster_reduction_only_with_k_split():
