@@ -42,12 +42,12 @@ case "$stage" in
 tests)
   # one pytest per GPU test module, side by side: compiling is CPU-bound and
   # the machine has 16 cores; correctness tests do not mind sharing the GPU
-  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama gpu_k_split; do
+  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama gpu_k_split gpu_x_multicast; do
     timeout ${TESTS_LIMIT:-330} python3 -m pytest -q -m gpu "tests/test_$module.py" \
       > "$OUT/$module.log" 2>&1 &
   done
   wait
-  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama gpu_k_split; do
+  for module in gpu_kernel gpu_reliability gpu_linear gpu_llama gpu_k_split gpu_x_multicast; do
     echo "$module: $(tail -1 "$OUT/$module.log")"
   done
   timeout 45 python3 scripts/host_overhead.py --json "$OUT/host-overhead.json" \
@@ -125,9 +125,14 @@ verify)
       > "$OUT/gpu_kernel-${part//[^a-z]/_}.log" 2>&1 &
   done
   CASE_LIMIT=$LIMIT bash scripts/sanitize.sh > "$OUT/sanitizer.log" 2>&1 &
-  # the cluster split of K under the sanitizer too (every family's k_split 2)
-  OUT=$OUT/k-split K_SPLIT=1 SUBSET=rotate CASE_LIMIT=$LIMIT \
-    bash scripts/sanitize.sh > "$OUT/sanitizer-k-split.log" 2>&1 &
+  # the cluster split of K and the activation multicast under the sanitizer
+  # too (every family's k_split 2, x_multicast 2 and 4; one ring variant each)
+  OUT=$OUT/clusters K_SPLIT=1 X_MULTICAST=1 SUBSET=rotate CASE_LIMIT=$LIMIT \
+    bash scripts/sanitize.sh > "$OUT/sanitizer-clusters.log" 2>&1 &
+  # the experimental activation multicast alone, short limit: a protocol
+  # fault hangs
+  timeout -k 5 ${MULTICAST_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_x_multicast.py \
+    > "$OUT/gpu_x_multicast.log" 2>&1 &
   timeout -k 5 $LIMIT python3 scripts/reliability.py soak --replays 100000 \
     --json "$OUT/soak-100k.json" > "$OUT/soak-100k.log" 2>&1 &
   wait
@@ -136,7 +141,7 @@ verify)
   done
   grep -A30 "relative error vs fp64" "$OUT/gpu_reliability.log" | grep "K=" | head -20
   cat "$OUT/sanitizer.log"
-  echo "with k_split 2: $(cut -c1-900 "$OUT/sanitizer-k-split.log")"
+  echo "with k_split 2 and x_multicast 2/4: $(cut -c1-1200 "$OUT/sanitizer-clusters.log")"
   echo "soak 100k: $(tail -1 "$OUT/soak-100k.log")"
   timeout 40 python3 scripts/host_overhead.py --json "$OUT/host-overhead.json" \
     > "$OUT/host-overhead.log" 2>&1

@@ -2,7 +2,8 @@
 
     python3 scripts/reliability.py cases --subset all|rotate [--shard I --shards N] [--json OUT]
         Every tactic family (output_tile x token_tile x k_tile x
-        b_loader_warps; with --k-split also each with k_split 2) with a one-stage ring (K = k_tile), a ring shorter
+        b_loader_warps; with --k-split also each with k_split 2, with
+        --x-multicast each with x_multicast 2 and 4) with a one-stage ring (K = k_tile), a ring shorter
         than the K-tile count and a ring equal to it; M = 1, token_tile - 1,
         token_tile, token_tile + 1 (where <= 32) and 32; each case launched
         twice back to back on one stream (the PDL path: the second grid's
@@ -38,28 +39,30 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def family_cases(subset, offset=0, k_splits=(1,)):
+def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,)):
     cases = []
-    families = list(itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS,
-                                      k_splits))
-    for index, (o, t, kt, b, c) in enumerate(families):
+    families = [f for f in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS,
+                                             k_splits, x_multicasts)
+                if f[5] == 1 or (f[3] == 1 and f[4] == 1)]  # multicast: one loader warp, no split
+    for index, (o, t, kt, b, c, x) in enumerate(families):
         # per CTA: one stage; a ring shorter than its K tiles; one equal to them
         rings = [(1, c * kt), (2, 3 * c * kt), (3, 3 * c * kt)]
         if subset == "rotate":
             rings = [rings[(index + offset) % 3]]
+        n = 2 * x * o  # two output tiles, or two clusters of them
         for stages, k in rings:
-            tactic = WarpSplitKTactic(o, t, kt, stages, b, c)
-            if not is_legal(tactic, 2 * o, k):
+            tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x)
+            if not is_legal(tactic, n, k):
                 continue  # a combination check_tactic refuses (48/64-row tiles need k_tile 128)
             ms = sorted({1, max(1, t - 1), t, min(32, t + 1), 32})
-            cases.append((tactic, 2 * o, k, ms))
+            cases.append((tactic, n, k, ms))
     return cases
 
 
-def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,)):
+def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,)):
     torch.manual_seed(0)
     results = []
-    for tactic, n, k, ms in family_cases(subset, offset, k_splits)[shard::shards]:
+    for tactic, n, k, ms in family_cases(subset, offset, k_splits, x_multicasts)[shard::shards]:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         prepared = PreparedWarpSplitK(w, {m: tactic for m in ms})
         for m in ms:
@@ -156,6 +159,8 @@ def main():
     c.add_argument("--shards", type=int, default=1)
     c.add_argument("--k-split", action="store_true",
                    help="also the cluster split of K (k_split 2) of every family")
+    c.add_argument("--x-multicast", action="store_true",
+                   help="also the activation multicast (x_multicast 2 and 4) of every family")
     c.add_argument("--json")
     s = sub.add_parser("soak")
     s.add_argument("--projections", type=int, default=64)
@@ -166,7 +171,8 @@ def main():
     args = p.parse_args()
     if args.cmd == "cases":
         results, bad = run_cases(args.subset, args.offset, args.shard, args.shards,
-                                (1, 2) if args.k_split else (1,))
+                                (1, 2) if args.k_split else (1,),
+                                (1, 2, 4) if args.x_multicast else (1,))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

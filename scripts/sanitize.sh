@@ -16,6 +16,7 @@
 #                    as errors though no kernel is involved (docs/gpu-runs.md,
 #                    runs 6-7); MEMCHECK_FLAGS= counts them again
 #   K_SPLIT=1        add every family's cluster split of K (k_split 2)
+#   X_MULTICAST=1    add every family's activation multicast (x_multicast 2, 4)
 #   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
 #                    (compile.ARRIVALS): all: loaders also arrive themselves;
 #                    lane0: one stage release per compute warp (the build
@@ -30,6 +31,7 @@ TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
 SHARDS=${SHARDS:-2}
 subset=${SUBSET:-all}
 split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
+[ "${X_MULTICAST:-0}" = 1 ] && split_flag="$split_flag --x-multicast"
 offset=0
 for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do

@@ -19,6 +19,9 @@ Pruning, before anything is measured:
   activation re-reads, which are small for 8-token tiles);
 * k_tile 128 only where 256 cannot give two tiles;
 * the default heuristic's own choice is always a candidate;
+* with ``x_multicasts=(1, 2, 4)`` (``warpsplitk tune --x-multicast``;
+  experimental, not yet run on a GPU) the activation multicast for 16- and
+  32-token tiles, pruned like the rest;
 * with ``k_splits=(1, 2)`` (the default; ``warpsplitk tune --no-k-split``
   leaves it out) the cluster split of K too, only where ``N / output_tile`` token-tile CTAs
   leave SMs idle, pruned like the rest.
@@ -65,16 +68,19 @@ def representative(m: int) -> int:
 
 
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
-               k_splits=(1, 2)) -> list[WarpSplitKTactic]:
+               k_splits=(1, 2), x_multicasts=(1,)) -> list[WarpSplitKTactic]:
     cover = min(t for t in TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = {default_tactic(m, n, k, sm_count)}
-    for token_tile, output_tile, k_tile, k_split in itertools.product(
-            sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits):
-        b_warps = 1 if token_tile == 8 else 2
+    for token_tile, output_tile, k_tile, k_split, x_multicast in itertools.product(
+            sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits, x_multicasts):
+        b_warps = 1 if token_tile == 8 or x_multicast > 1 else 2
         if output_tile >= WIDE_TILE and token_tile == 8:
             continue  # wide tiles pay off only where activation re-reads matter
-        family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split)
+        if x_multicast > 1 and (k_split > 1 or token_tile == 8):
+            continue  # not combinable; 8-token stages are too small to be worth sharing
+        family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split,
+                                   x_multicast)
                   for s in range(1, MAX_STAGES + 1)]
         family = [t for t in family if is_legal(t, n, k)]
         if not family:
@@ -136,7 +142,7 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
-         jobs=None) -> DecodePlan:
+         x_multicasts=(1,), jobs=None) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -158,7 +164,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     if sm_count is None:
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     reps = sorted({representative(m) for m in ms})
-    work = {(n, k, r): candidates(r, n, k, sm_count, k_splits) for n, k in shapes for r in reps}
+    work = {(n, k, r): candidates(r, n, k, sm_count, k_splits, x_multicasts)
+            for n, k in shapes for r in reps}
     done = _read_log(log_path) if resume else {}
     progress(f"{sum(len(v) for v in work.values())} candidates to measure, "
              f"{len({(n, k, t) for (n, k, _), ts in work.items() for t in ts})} distinct kernels")

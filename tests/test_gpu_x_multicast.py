@@ -1,0 +1,66 @@
+"""The experimental activation multicast (x_multicast 2 and 4) on the GPU.
+
+Its own module so that the device session runs it in its own process with a
+short time limit: a fault in the cluster protocol would hang, and must not
+take the other kernel tests with it.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic  # noqa: E402
+
+from test_gpu_kernel import check, rel_err  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+# A cluster of x_multicast CTAs along N loads each activation stage once and
+# multicasts it to all. Ms across the token-tile boundaries: rows past M are
+# never copied, and a member may own no row inside M (M = 1 with 4 members).
+MULTICAST_CASES = [
+    (WarpSplitKTactic(16, 16, 256, 4, 1, 1, 2), 1536, 7168),
+    (WarpSplitKTactic(32, 32, 256, 4, 1, 1, 2), 2624, 6144),
+    (WarpSplitKTactic(16, 32, 256, 4, 1, 1, 4), 4224, 7168),
+    (WarpSplitKTactic(48, 32, 128, 6, 1, 1, 2), 2304, 1536),
+    (WarpSplitKTactic(64, 16, 128, 4, 1, 1, 4), 1024, 2048),
+    (WarpSplitKTactic(16, 8, 128, 1, 1, 1, 4), 256, 128),     # one tile per CTA
+]
+
+
+@pytest.mark.parametrize("tactic,n,k", MULTICAST_CASES,
+                         ids=[f"{t.short()}-{n}x{k}" for t, n, k in MULTICAST_CASES])
+def test_activation_multicast(tactic, n, k):
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    ms = (1, 2, 8, 9, 17, 31, 32)
+    for b in (None, bias):
+        prepared = PreparedWarpSplitK(w, {m: tactic for m in ms}, bias=b)
+        for m in ms:
+            check(prepared, m, n, k, w, b)
+    # captured, replayed with new values, two launches back to back (PDL)
+    x = torch.randn(9, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((9, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out2 = torch.full((9, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prepared.run(x, out)
+        prepared.run(x, out2)
+    x.copy_(torch.randn(9, k, device="cuda", dtype=torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, x, w, bias) < 1e-2 and torch.equal(out, out2)
+
+
+def test_multicast_matches_the_plain_kernel_bitwise():
+    """The same rows, the same fixed-order reduction: only where x comes from differs."""
+    n, k = 1024, 2048
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    plain = PreparedWarpSplitK(w, {32: WarpSplitKTactic(16, 32, 256, 4, 1)})
+    shared = PreparedWarpSplitK(w, {32: WarpSplitKTactic(16, 32, 256, 4, 1, 1, 4)})
+    x = torch.randn(32, k, device="cuda", dtype=torch.bfloat16)
+    a, b = plain.run(x, torch.empty(32, n, device="cuda", dtype=torch.bfloat16)), \
+        shared.run(x, torch.empty(32, n, device="cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
