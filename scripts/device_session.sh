@@ -126,7 +126,7 @@ verify)
   done
   CASE_LIMIT=$LIMIT bash scripts/sanitize.sh > "$OUT/sanitizer.log" 2>&1 &
   # the cluster split of K and the activation multicast under the sanitizer
-  # too (every family's k_split 2, x_multicast 2 and 4; one ring variant each)
+  # too (every family's k_split 2, x_multicast 2 to 4; one ring variant each)
   OUT=$OUT/clusters K_SPLIT=1 X_MULTICAST=1 SUBSET=rotate CASE_LIMIT=$LIMIT \
     bash scripts/sanitize.sh > "$OUT/sanitizer-clusters.log" 2>&1 &
   # the experimental activation multicast alone, short limit: a protocol
@@ -141,7 +141,7 @@ verify)
   done
   grep -A30 "relative error vs fp64" "$OUT/gpu_reliability.log" | grep "K=" | head -20
   cat "$OUT/sanitizer.log"
-  echo "with k_split 2 and x_multicast 2/4: $(cut -c1-1200 "$OUT/sanitizer-clusters.log")"
+  echo "with k_split 2 and x_multicast 2-4: $(cut -c1-1200 "$OUT/sanitizer-clusters.log")"
   echo "soak 100k: $(tail -1 "$OUT/soak-100k.log")"
   timeout 40 python3 scripts/host_overhead.py --json "$OUT/host-overhead.json" \
     > "$OUT/host-overhead.log" 2>&1

@@ -3,7 +3,7 @@
     python3 scripts/reliability.py cases --subset all|rotate [--shard I --shards N] [--json OUT]
         Every tactic family (output_tile x token_tile x k_tile x
         b_loader_warps; with --k-split also each with k_split 2, with
-        --x-multicast each with x_multicast 2 and 4) with a one-stage ring (K = k_tile), a ring shorter
+        --x-multicast each with x_multicast 2, 3 and 4) with a one-stage ring (K = k_tile), a ring shorter
         than the K-tile count and a ring equal to it; M = 1, token_tile - 1,
         token_tile, token_tile + 1 (where <= 32) and 32; each case launched
         twice back to back on one stream (the PDL path: the second grid's
@@ -160,7 +160,7 @@ def main():
     c.add_argument("--k-split", action="store_true",
                    help="also the cluster split of K (k_split 2) of every family")
     c.add_argument("--x-multicast", action="store_true",
-                   help="also the activation multicast (x_multicast 2 and 4) of every family")
+                   help="also the activation multicast (x_multicast 2, 3 and 4) of every family")
     c.add_argument("--json")
     s = sub.add_parser("soak")
     s.add_argument("--projections", type=int, default=64)
@@ -172,7 +172,7 @@ def main():
     if args.cmd == "cases":
         results, bad = run_cases(args.subset, args.offset, args.shard, args.shards,
                                 (1, 2) if args.k_split else (1,),
-                                (1, 2, 4) if args.x_multicast else (1,))
+                                (1, 2, 3, 4) if args.x_multicast else (1,))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

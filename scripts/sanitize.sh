@@ -16,7 +16,7 @@
 #                    as errors though no kernel is involved (docs/gpu-runs.md,
 #                    runs 6-7); MEMCHECK_FLAGS= counts them again
 #   K_SPLIT=1        add every family's cluster split of K (k_split 2)
-#   X_MULTICAST=1    add every family's activation multicast (x_multicast 2, 4)
+#   X_MULTICAST=1    add every family's activation multicast (x_multicast 2-4)
 #   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
 #                    (compile.ARRIVALS): all: loaders also arrive themselves;
 #                    lane0: one stage release per compute warp (the build

@@ -346,6 +346,7 @@ def test_cluster_split_of_k_compiles_with_its_reduction(tactic, n, k):
     (WarpSplitKTactic(48, 32, 128, 6, 1, 1, 2), 2304, 1536),
     (WarpSplitKTactic(64, 16, 128, 4, 1, 1, 2), 1024, 2048),
     (WarpSplitKTactic(16, 8, 128, 1, 1, 1, 4), 64, 128),      # one tile
+    (WarpSplitKTactic(16, 32, 256, 4, 1, 1, 3), 3216, 7168),  # a cluster of 3
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_activation_multicast_compiles_with_its_protocol(tactic, n, k):
     """x_multicast (experimental): per stage one armed full barrier and one

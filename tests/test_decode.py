@@ -258,7 +258,7 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
 
 @pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs", [
     ([], (1, 2), (1,), None),
-    (["--no-k-split", "--jobs", "3", "--x-multicast"], (1,), (1, 2, 4), 3)])
+    (["--no-k-split", "--jobs", "3", "--x-multicast"], (1,), (1, 2, 3, 4), 3)])
 def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, x_multicasts,
                                         jobs):
     import warpsplitk.tune as tune_module
@@ -280,9 +280,9 @@ def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, 
 
 def test_multicast_candidates_only_on_request_and_for_wide_token_tiles():
     assert not [t for t in candidates(32, 4224, 7168, 132) if t.x_multicast > 1]
-    found = candidates(32, 4224, 7168, 132, x_multicasts=(1, 2, 4))
+    found = candidates(32, 4224, 7168, 132, x_multicasts=(1, 2, 3, 4))
     shared = [t for t in found if t.x_multicast > 1]
     assert shared and all(is_legal(t, 4224, 7168) for t in shared)
     assert all(t.token_tile >= 16 and t.b_loader_warps == 1 and t.k_split == 1 for t in shared)
-    assert not [t for t in candidates(1, 4224, 7168, 132, x_multicasts=(1, 2, 4))
+    assert not [t for t in candidates(1, 4224, 7168, 132, x_multicasts=(1, 2, 3, 4))
                 if t.x_multicast > 1]

@@ -249,6 +249,7 @@ MULTICAST = [
     (WarpSplitKTactic(16, 8, 128, 1, 1, 1, 4), 1, 64, 128),       # one tile, one row in use
     (WarpSplitKTactic(48, 32, 128, 3, 1, 1, 2), 32, 96, 384),
     (WarpSplitKTactic(64, 16, 128, 2, 1, 1, 2), 16, 128, 256),
+    (WarpSplitKTactic(16, 32, 256, 2, 1, 1, 3), 31, 96, 512),    # 32 rows over 3 members
 ]
 
 
@@ -275,7 +276,7 @@ def test_multicast_without_the_pad_has_bank_conflicts(monkeypatch):
 
 
 def test_multicast_row_owners_cover_the_tile_once():
-    for c in (2, 4):
+    for c in (2, 3, 4):
         for t in (8, 16, 32):
             rows = sorted(r for rank in range(c) for r in layout.multicast_rows(rank, t, c))
             assert rows == list(range(t))

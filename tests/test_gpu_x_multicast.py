@@ -1,4 +1,4 @@
-"""The experimental activation multicast (x_multicast 2 and 4) on the GPU.
+"""The experimental activation multicast (x_multicast 2 to 4) on the GPU.
 
 Its own module so that the device session runs it in its own process with a
 short time limit: a fault in the cluster protocol would hang, and must not
@@ -23,6 +23,7 @@ MULTICAST_CASES = [
     (WarpSplitKTactic(16, 16, 256, 4, 1, 1, 2), 1536, 7168),
     (WarpSplitKTactic(32, 32, 256, 4, 1, 1, 2), 2624, 6144),
     (WarpSplitKTactic(16, 32, 256, 4, 1, 1, 4), 4224, 7168),
+    (WarpSplitKTactic(16, 32, 256, 4, 1, 1, 3), 3216, 7168),    # 201 tiles = 3 x 67
     (WarpSplitKTactic(48, 32, 128, 6, 1, 1, 2), 2304, 1536),
     (WarpSplitKTactic(64, 16, 128, 4, 1, 1, 4), 1024, 2048),
     (WarpSplitKTactic(16, 8, 128, 1, 1, 1, 4), 256, 128),     # one tile per CTA

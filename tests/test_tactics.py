@@ -312,7 +312,7 @@ def test_x_multicast_rules_and_text():
 
 def test_x_multicast_excludes_k_split_and_second_loader_warp():
     with pytest.raises(ValueError, match="x_multicast must be one of"):
-        check_tactic(T(16, 16, 256, 4, 1, 1, 3), 1536, 7168)
+        check_tactic(T(16, 16, 256, 4, 1, 1, 5), 1536, 7168)
     with pytest.raises(ValueError, match="cannot be combined"):
         check_tactic(T(16, 16, 256, 4, 1, 2, 2), 1536, 7168)
     with pytest.raises(ValueError, match="takes b_loader_warps 1"):

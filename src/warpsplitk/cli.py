@@ -92,7 +92,7 @@ def _cmd_tune(args):
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
                 progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget,
                 k_splits=(1, 2) if args.k_split else (1,),
-                x_multicasts=(1, 2, 4) if args.x_multicast else (1,), jobs=args.jobs)
+                x_multicasts=(1, 2, 3, 4) if args.x_multicast else (1,), jobs=args.jobs)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -181,7 +181,7 @@ def main(argv=None):
                    help="also measure the cluster split of K (k_split 2) where the grid "
                         "leaves SMs idle (default: on)")
     p.add_argument("--x-multicast", action="store_true",
-                   help="also measure the experimental activation multicast (x_multicast 2, 4) "
+                   help="also measure the experimental activation multicast (x_multicast 2-4) "
                         "for 16- and 32-token tiles")
     p.add_argument("--from-log", action="store_true",
                    help="no GPU: rebuild the plan from the measurements already in --log")

@@ -23,7 +23,7 @@ B_LOADER_WARPS = (1, 2)
 K_SPLITS = (1, 2)
 #: CTAs of a cluster along N that share each activation stage: one load from
 #: L2, multicast into every member's ring (experimental, see kernel.py).
-X_MULTICASTS = (1, 2, 4)
+X_MULTICASTS = (1, 2, 3, 4)
 #: K tiles per CTA at most: the compute loop is fully unrolled over them.
 MAX_K_TILES = 64
 MAX_M = 32
@@ -54,7 +54,7 @@ class WarpSplitKTactic:
         shapes whose N leaves SMs idle; measured by the tuner, never the
         default heuristic's choice).
     x_multicast: CTAs of a cluster along N that share their activation
-        stages, 1, 2 or 4: each x stage is read from L2 once per cluster
+        stages, 1 to 4: each x stage is read from L2 once per cluster
         and multicast into every member's ring, cutting the activation
         re-reads that bound M >= 16 (experimental: not yet run on a GPU, so
         nothing picks it unless asked).

@@ -19,7 +19,7 @@ Pruning, before anything is measured:
   activation re-reads, which are small for 8-token tiles);
 * k_tile 128 only where 256 cannot give two tiles;
 * the default heuristic's own choice is always a candidate;
-* with ``x_multicasts=(1, 2, 4)`` (``warpsplitk tune --x-multicast``;
+* with ``x_multicasts=(1, 2, 3, 4)`` (``warpsplitk tune --x-multicast``;
   experimental, not yet run on a GPU) the activation multicast for 16- and
   32-token tiles, pruned like the rest;
 * with ``k_splits=(1, 2)`` (the default; ``warpsplitk tune --no-k-split``
