@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic  # noqa: E402
 
-from test_gpu_kernel import check, rel_err  # noqa: E402
+from test_gpu_kernel import check_prepared_in_a_graph  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -32,20 +32,6 @@ K_SPLIT_CASES = [
 def test_cluster_split_of_k(tactic, n, k):
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    ms = (1, 8, 9, 32)
     for b in (None, bias):
-        prepared = PreparedWarpSplitK(w, {m: tactic for m in ms}, bias=b)
-        for m in ms:
-            check(prepared, m, n, k, w, b)
-    # captured, replayed with new values, and two launches back to back (PDL)
-    x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
-    out = torch.full((8, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    out2 = torch.full((8, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        prepared.run(x, out)
-        prepared.run(x, out2)
-    x.copy_(torch.randn(8, k, device="cuda", dtype=torch.bfloat16))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel_err(out, x, w, bias) < 1e-2 and torch.equal(out, out2)
+        prepared = PreparedWarpSplitK(w, {m: tactic for m in (1, 8, 9, 32)}, bias=b)
+        check_prepared_in_a_graph(prepared, 8, n, k, w, b)

@@ -23,6 +23,24 @@ def rel_err(out, x, w, bias=None):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
+def check_prepared_in_a_graph(prepared, m, n, k, w, bias=None):
+    """Every M of ``prepared`` checked twice, then M = ``m`` captured as two
+    launches back to back (PDL), replayed with new values."""
+    for each in sorted(prepared.tactics):
+        check(prepared, each, n, k, w, bias)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out2 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prepared.run(x, out)
+        prepared.run(x, out2)
+    x.copy_(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, x, w, bias) < 1e-2 and torch.equal(out, out2)
+
+
 def check(prepared, m, n, k, w, bias=None):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)

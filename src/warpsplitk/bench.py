@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 from . import shapes as shape_table
 from . import timing
-from .tactics import WarpSplitKTactic, default_tactic
+from .tactics import default_tactic
 
 DATASHEET_TBPS = {"NVIDIA H200": 4.8, "NVIDIA H100 80GB HBM3": 3.35}
 DEFAULT_MS = (1, 4, 8, 16, 32)

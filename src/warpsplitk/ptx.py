@@ -9,7 +9,6 @@ kernel keeps every address computation in its own hands (through
 from __future__ import annotations
 
 from cutlass import Float32, Int32, Int64
-from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
