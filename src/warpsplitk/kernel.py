@@ -304,7 +304,8 @@ class WarpSplitKKernel:
             stage, _ = layout.ring_slot(i, t.stages)
             parity = layout.empty_parity(i, t.stages)
             if parity is not None:
-                ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity)
+                ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity,
+                                  cluster=True)
             full = self._barrier(smem, self.smem.full_b, stage)
             ptx.mbarrier_arrive_expect_tx_if(full, valid_rows * row_bytes, arm)
             ptx.cp_async_bulk_multicast_if(dst_row + stage * self.smem.b_stage_bytes,

@@ -98,11 +98,15 @@ def mbarrier_init(barrier, count, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def mbarrier_wait(barrier, parity, *, loc=None, ip=None):
-    """Spin (with the hardware's suspend hint) until phase ``parity`` of ``barrier`` completed."""
+def mbarrier_wait(barrier, parity, cluster=False, *, loc=None, ip=None):
+    """Spin (with the hardware's suspend hint) until phase ``parity`` of ``barrier``
+    completed. ``cluster``: acquire at cluster scope, for a barrier other CTAs
+    of the cluster arrive on (release.cluster) to hand over their own shared
+    memory, which this thread then has overwritten by a multicast copy."""
+    scope = ".acquire.cluster" if cluster else ""
     _asm(None, [Int32(barrier), Int32(parity)],
          "{\n.reg .pred P1;\nWSK_WAIT_${:uid}:\n"
-         "mbarrier.try_wait.parity.shared::cta.b64 P1, [$0], $1;\n"
+         f"mbarrier.try_wait.parity{scope}.shared::cta.b64 P1, [$0], $1;\n"
          "@!P1 bra WSK_WAIT_${:uid};\n}",
          "r,r,~{memory}", loc, ip)
 
