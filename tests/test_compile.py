@@ -364,6 +364,9 @@ def test_activation_multicast_compiles_with_its_protocol(tactic, n, k):
     assert len(re.findall(r"mbarrier\.arrive\.release\.cluster", ptx)) == \
         k_tiles * tactic.x_multicast
     assert not re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 16, ", ptx)  # no zfill
+    # each refill of an activation stage waits for the members' releases at cluster scope
+    refills = max(0, k_tiles - tactic.stages)
+    assert len(re.findall(r"try_wait\.parity\.acquire\.cluster", ptx)) == refills
 
 
 def test_audit_requires_the_multicast_only_with_x_multicast():

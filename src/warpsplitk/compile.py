@@ -252,8 +252,6 @@ PTX_AUDIT_MULTICAST = (
     (r"barrier\.cluster\.arrive\.release", "cluster barrier phase 1 (last remote arrival made)"),
     (r"barrier\.cluster\.wait\.acquire", "cluster barrier waits"),
     (r"mapa\.shared::cluster", "members' empty barriers mapped"),
-    (r"mbarrier\.try_wait\.parity\.acquire\.cluster",
-     "refills wait for the members' releases at cluster scope"),
 )
 
 
