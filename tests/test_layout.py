@@ -426,15 +426,21 @@ def test_cluster_barrier_model_catches_broken_protocols(role, program, problem):
 # explored for small rings.
 
 
-def multicast_programs(tiles):
+def multicast_programs(tiles, weights=False):
+    """Each role's events; with ``weights`` the weight loader's ring too (it
+    waits on the same empty barriers, so its refills also wait for every
+    member's release, and the compute waits for its tiles)."""
     loader = [("arrive",), ("wait",)]
     compute = [("arrive",), ("wait",)]
+    weight = [("arrive",)]
     for i in range(tiles):
         loader += [("wait_empty", i), ("arm", i), ("issue", i)]
         compute += [("wait_full", i), ("release", i)]
+        if weights:
+            weight += [("wait_empty", i), ("load_weight", i)]
     loader += [("arrive",)]
     compute += [("arrive",), ("epilogue",), ("wait",)]
-    weight = [("arrive",), ("work",), ("wait",), ("arrive",)]
+    weight += [("work",), ("wait",), ("arrive",)]
     return {"compute": compute, "activation loader": loader, "weight loader": weight}
 
 
@@ -470,6 +476,11 @@ def explore_multicast(ctas=2, tiles=3, stages=2, senders=None, programs=None):
         armed = done(pcs, thread(cta, "activation loader"), ("arm", i))
         return armed and all((cta, i, q) in landed for q in senders)
 
+    def weight_ready(pcs, cta, i):  # full_a: the weight tile (when modelled) landed
+        program = progs[thread(cta, "weight loader")]
+        return ("load_weight", i) not in program or done(pcs, thread(cta, "weight loader"),
+                                                         ("load_weight", i))
+
     def released(pcs, cta, i):  # releases of tile i on cta's empty barrier
         return all(done(pcs, thread(q, "compute"), ("release", i)) for q in range(ctas))
 
@@ -503,8 +514,12 @@ def explore_multicast(ctas=2, tiles=3, stages=2, senders=None, programs=None):
                 problems.add(f"{role} of CTA {cta} arrives twice without a wait")
             if name == "wait_empty" and event[1] >= stages and not released(pcs, cta, event[1] - stages):
                 continue
-            if name == "wait_full" and not full_complete(pcs, landed, cta, event[1]):
+            if name == "wait_full" and not (full_complete(pcs, landed, cta, event[1])
+                                             and weight_ready(pcs, cta, event[1])):
                 continue
+            if (name == "load_weight" and event[1] >= stages
+                    and not done(pcs, thread(cta, "compute"), ("release", event[1] - stages))):
+                problems.add(f"CTA {cta} refills its weight stage while its compute reads it")
             new_flight = in_flight
             if name == "arm" and event[1] >= stages and not full_complete(pcs, landed, cta,
                                                                           event[1] - stages):
@@ -530,6 +545,16 @@ def explore_multicast(ctas=2, tiles=3, stages=2, senders=None, programs=None):
 ])
 def test_multicast_ring_protocol_is_safe_and_live(ctas, tiles, stages, senders):
     assert explore_multicast(ctas, tiles, stages, senders) == set()
+
+
+def test_multicast_ring_with_the_weight_ring_is_safe_and_live():
+    """The weight loaders wait on the same cluster-wide empty barriers: no
+    cycle between the two rings and the members."""
+    assert explore_multicast(2, 2, 1, None, multicast_programs(2, weights=True)) == set()
+    assert explore_multicast(2, 3, 2, {0}, multicast_programs(3, weights=True)) == set()
+    broken = multicast_programs(2, weights=True)
+    broken["weight loader"] = _without(broken["weight loader"], ("wait_empty", 1))
+    assert any("refills its weight stage" in p for p in explore_multicast(2, 2, 1, None, broken))
 
 
 def _without(program, event):
