@@ -11,11 +11,12 @@
 #           table with it; the benchmark (independent and chain) with it
 #   checks  compute-sanitizer (4 tools), the long soak, the Llama example,
 #           cold and warm start of the 16-shape table
-#   arrive  speed and racecheck of the all-lanes stage release (arrive_ab.py)
+#   ab      two builds timed side by side (scripts/build_ab.py; COMPARE=
+#           pdl-trigger, the default, or release)
 #   verify  'tests' and the correctness half of 'checks' in one call: the GPU
 #           tests, compute-sanitizer (also with the cluster split of K) and
 #           the 100k soak side by side, then (alone on the GPU) host
-#           overhead, determinism and the lane-0 vs all-lanes release speed
+#           overhead, determinism and the early PDL trigger's speed
 #   llama   the Llama example's accuracy and decode-step timing
 #
 # EARLY_LAUNCH=1 runs any stage on the experimental early PDL trigger build
@@ -148,8 +149,9 @@ verify)
   echo "host overhead rc=$?"; tail -4 "$OUT/host-overhead.log"
   for i in 1 2; do timeout 35 python3 scripts/reliability.py digest; done > "$OUT/digest.log" 2>&1
   echo "digests: $(sort -u "$OUT/digest.log" | wc -l) distinct of $(wc -l < "$OUT/digest.log")"
-  timeout 120 python3 scripts/arrive_ab.py --json "$OUT/arrive-ab.json" > "$OUT/arrive-ab.log" 2>&1
-  echo "arrive A/B rc=$?"; tail -12 "$OUT/arrive-ab.log"
+  timeout 120 python3 scripts/build_ab.py --compare pdl-trigger --json "$OUT/pdl-trigger-ab.json" \
+    > "$OUT/pdl-trigger-ab.log" 2>&1
+  echo "PDL trigger A/B rc=$?"; tail -16 "$OUT/pdl-trigger-ab.log"
   grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_*.log | head -20
   ;;
 llama)
@@ -157,11 +159,9 @@ llama)
     > "$OUT/llama.log" 2>&1
   echo "llama rc=$?"; tail -12 "$OUT/llama.log"
   ;;
-arrive)
-  # what every compute lane arriving on the empty barrier costs, and whether
-  # racecheck is clean with it alone (docs/reliability.md)
-  timeout 150 python3 scripts/arrive_ab.py --json "$OUT/arrive-ab.json" 2>&1 | tail -12
-  THREAD_ARRIVE=compute TOOLS=racecheck SHARDS=6 CASE_LIMIT=200 bash scripts/sanitize.sh | cut -c1-1500
+ab)
+  timeout 200 python3 scripts/build_ab.py --compare "${COMPARE:-pdl-trigger}" \
+    --json "$OUT/ab.json" 2>&1 | tail -16
   ;;
 sanitize)
   # compute-sanitizer alone (TOOLS, SHARDS as scripts/sanitize.sh), beside the
@@ -175,5 +175,5 @@ sanitize)
   head -c 9000 "$OUT/sanitizer-report.txt"
   ;;
 *)
-  echo "unknown stage $stage (tests | tune | bench | checks | verify | arrive | llama | sanitize)"; exit 2 ;;
+  echo "unknown stage $stage (tests | tune | bench | checks | verify | ab | llama | sanitize)"; exit 2 ;;
 esac

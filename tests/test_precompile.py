@@ -46,7 +46,7 @@ def test_missing_dedups_and_skips_stored(cache):
     assert precompile.missing(KERNELS + KERNELS, "sm_90a") == KERNELS
     (cache / f"{disk_cache.key('sm_90a', *KERNELS[0])}.o").write_bytes(b"stored")
     assert precompile.missing(KERNELS, "sm_90a") == KERNELS[1:]
-    assert precompile.missing(KERNELS, "sm_90a", arrivals="lane0") == KERNELS
+    assert precompile.missing(KERNELS, "sm_90a", {"arrivals": "lane0"}) == KERNELS
 
 
 @pytest.mark.parametrize("setting", ["one job", "cache off", "one kernel"])

@@ -7,6 +7,7 @@ bandwidth measured in the same run.
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import time
@@ -119,10 +120,8 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
                device_arch(torch.cuda.current_device()), progress=progress)
     rows = []
     for n, k in shapes:
-        def tactic_for_shape(m, n=n, k=k):
-            return tactic_for(m, n, k)
-        for m, (tactic, source), ours, default_us, cublas in bench_shape(n, k, ms,
-                                                                         tactic_for_shape):
+        for m, (tactic, source), ours, default_us, cublas in bench_shape(
+                n, k, ms, functools.partial(tactic_for, n=n, k=k)):
             weight_bytes = n * k * 2
             row = BenchRow(n, k, m, tactic.short(), source, round(ours.median_us, 3),
                            round(ours.spread, 3), None if default_us is None else round(default_us, 3),

@@ -72,6 +72,12 @@ def _early_launch_from_env() -> bool:
     return value == "1"
 
 
+def build_variant() -> dict:
+    """This process's kernel variant (``_build`` keyword arguments), from the
+    diagnostic and experimental switches above; part of every cache key."""
+    return {"arrivals": _arrivals_from_env(), "early_launch": _early_launch_from_env()}
+
+
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None):
     check_tactic(tactic, n, k)
     _, cute = _cute()
@@ -97,13 +103,12 @@ def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl):
 
     from . import disk_cache
     arch = device_arch(device_index)
-    arrivals, early = _arrivals_from_env(), _early_launch_from_env()
-    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, arrivals, early)
+    variant = build_variant()
+    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, **variant)
     with torch.cuda.device(device_index):
         compiled = disk_cache.load(stem)
         if compiled is None:
-            compiled = _build(n, k, tactic, has_bias, use_pdl, arch, arrivals=arrivals,
-                              early_launch=early)
+            compiled = _build(n, k, tactic, has_bias, use_pdl, arch, **variant)
             disk_cache.store(stem, compiled)
         return compiled
 

@@ -143,8 +143,7 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
         index = weight.device.index
         try:
             arch = device_arch(torch.cuda.current_device() if index is None else index)
-            kernels = [(n, k, plan.lookup(n, k, m) or default_tactic(m, n, k), has_bias, True)
-                       for m in ms]
+            kernels = [(n, k, plan.tactic_for(n, k, m), has_bias, True) for m in ms]
         except ValueError:
             continue
         by_arch.setdefault(arch, []).extend(kernels)

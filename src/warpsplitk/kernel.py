@@ -64,7 +64,8 @@ class WarpSplitKKernel:
         # also correct under the PTX memory model, but compute-sanitizer's
         # racecheck does not follow it and reports every refill as a hazard;
         # per-lane arrivals it follows, and on the H200 they cost nothing
-        # measurable (scripts/arrive_ab.py: 0.99-1.01x over 10 shape/M cells).
+        # measurable (scripts/build_ab.py --compare release: 0.99-1.01x over 10
+        # shape/M cells).
         # False builds the lane-0 release, kept for that comparison.
         # loader_thread_arrive (diagnostic, never shipped): a loader waits for
         # its copies of a tile (cp.async.wait_all) and arrives itself, instead
@@ -72,7 +73,7 @@ class WarpSplitKKernel:
         # (cp.async.mbarrier.arrive.noinc), which gives up copy overlap.
         self.loader_thread_arrive = loader_thread_arrive
         self.compute_thread_arrive = compute_thread_arrive
-        # early_launch (experimental, for scripts/pdl_trigger_ab.py): let the
+        # early_launch (experimental, scripts/build_ab.py --compare pdl-trigger): let the
         # next kernel launch before this one's griddepcontrol.wait instead
         # of after the last activation tile is issued. Its CTAs can then
         # become resident and prefetch their weight while this grid (and the
@@ -288,7 +289,7 @@ class WarpSplitKKernel:
                                      Int32(t.token_tile))
         token = first_token + lane
         issue = (cutlass.select_(lane < t.token_tile, Int32(1), Int32(0))
-                 * cutlass.select_(lane % c == rank, Int32(1), Int32(0))
+                 * cutlass.select_(layout.multicast_owner(lane, c) == rank, Int32(1), Int32(0))
                  * cutlass.select_(token < m, Int32(1), Int32(0)))
         arm = cutlass.select_(lane == 0, Int32(1), Int32(0))
         # rows this lane never issues still form an address inside x

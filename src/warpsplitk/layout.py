@@ -68,9 +68,14 @@ def b_offset(row, col, k_tile, multicast=False):
     return padded(row, col, k_tile) if multicast else swizzle(row, col, k_tile)
 
 
+def multicast_owner(row, x_multicast):
+    """The cluster CTA that loads token row ``row`` of a stage for all members."""
+    return row % x_multicast
+
+
 def multicast_rows(rank, token_tile, x_multicast):
     """Token rows of a stage that cluster CTA ``rank`` loads for all members."""
-    return [r for r in range(token_tile) if r % x_multicast == rank]
+    return [r for r in range(token_tile) if multicast_owner(r, x_multicast) == rank]
 
 
 # ---------------------------------------------------------------- loaders

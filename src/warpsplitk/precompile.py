@@ -53,11 +53,11 @@ def _compile_job(job: dict):
     from .compile import _build
     tactic = WarpSplitKTactic.parse(job["tactic"])
     stem = disk_cache.key(job["arch"], job["n"], job["k"], tactic, job["bias"], job["pdl"],
-                          job["arrivals"], job["early_launch"])
+                          **job["variant"])
     if disk_cache.path_for(stem).is_file():
         return None
     compiled = _build(job["n"], job["k"], tactic, job["bias"], job["pdl"], job["arch"],
-                      arrivals=job["arrivals"], early_launch=job["early_launch"])
+                      **job["variant"])
     if disk_cache.store(stem, compiled) is None:
         return "could not write the disk cache"
     return None
@@ -79,15 +79,17 @@ def _worker_main() -> int:
     return 0
 
 
-def missing(kernels, arch: str, arrivals: str = "", early_launch: bool = False) -> list:
-    """The distinct kernels of ``kernels`` the disk cache does not hold."""
+def missing(kernels, arch: str, variant: dict | None = None) -> list:
+    """The distinct kernels of ``kernels`` the disk cache does not hold
+    (``variant``: ``compile.build_variant()``, the shipped kernel if None)."""
+    variant = variant or {}
     seen, todo = set(), []
     for n, k, tactic, has_bias, use_pdl in kernels:
         item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl))
         if item in seen:
             continue
         seen.add(item)
-        stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, arrivals, early_launch)
+        stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, **variant)
         if not disk_cache.path_for(stem).is_file():
             todo.append(item)
     return todo
@@ -101,13 +103,13 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
     will raise the real error); empty when all are stored, or when there is
     nothing to gain (cache off, one job, fewer than two kernels missing).
     """
-    from .compile import _arrivals_from_env, _early_launch_from_env
+    from .compile import build_variant
     jobs = default_jobs() if jobs is None else int(jobs)
     if not disk_cache.enabled() or jobs < 2:
         return {}
-    arrivals, early = _arrivals_from_env(), _early_launch_from_env()
+    variant = build_variant()
     todo = []
-    for item in missing(kernels, arch, arrivals, early):
+    for item in missing(kernels, arch, variant):
         check_tactic(item[2], item[0], item[1])  # an illegal tactic is the caller's error
         todo.append(item)
     if len(todo) < 2:
@@ -134,7 +136,7 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
                     break
                 n, k, tactic, has_bias, use_pdl = item
                 job = {"arch": arch, "n": n, "k": k, "tactic": tactic.short(), "bias": has_bias,
-                       "pdl": use_pdl, "arrivals": arrivals, "early_launch": early}
+                       "pdl": use_pdl, "variant": variant}
                 try:
                     worker.stdin.write(json.dumps(job) + "\n")
                     worker.stdin.flush()

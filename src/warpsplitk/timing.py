@@ -99,5 +99,4 @@ def measured_read_bandwidth(gib: float = 2.0) -> float:
     data = torch.rand(n, device="cuda", dtype=torch.float32)
     out = torch.empty((), device="cuda", dtype=torch.float32)
     timing = time_calls([lambda: torch.sum(data, dim=0, out=out)], replays=5)
-    del data
     return n * 4 / (timing.median_us * 1e-6)

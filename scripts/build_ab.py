@@ -1,12 +1,21 @@
-"""Where the next kernel may launch under PDL: after the last activation tile
-is issued (shipped) vs before this kernel's griddepcontrol.wait (early).
+"""Two builds of the same kernel, timed side by side.
 
-    python3 scripts/pdl_trigger_ab.py [--json OUT]
+    python3 scripts/build_ab.py --compare release|pdl-trigger [--m 1,32] [--chain-only]
+                                [--json OUT]
+
+Comparisons (the second build of each is the candidate, the ratio is its
+time over the first's):
+  release      the compute warps' stage release: lane 0 per warp after
+               bar.warp.sync vs every lane itself (shipped since run 16;
+               racecheck follows only the latter)
+  pdl-trigger  where the next kernel may launch under PDL: after the last
+               activation tile is issued (shipped) vs before this kernel's
+               griddepcontrol.wait (early_launch, experimental)
 
 Default tactics, both builds in one process, each checked against fp64
 first, timed as the benchmark times: independent calls back to back in a
-CUDA graph over weight copies >= 3x L2, and a dependent chain of one square
-shape (each output the next input).
+CUDA graph over weight copies >= 3x L2, then a dependent chain of one
+square shape (each output the next input).
 """
 
 from __future__ import annotations
@@ -22,30 +31,38 @@ from warpsplitk.compile import _build, device_arch, gmem_pointer
 from warpsplitk.prepared import _stream_handle
 from warpsplitk.tactics import default_tactic
 
-SHAPES = ((7168, 768), (2048, 2048), (1152, 1536), (768, 128), (2112, 7168))
-VARIANTS = (("shipped", False), ("early", True))
+SHAPES = ((4224, 7168), (2112, 7168), (7168, 768), (2048, 2048), (1152, 1536), (768, 128))
+CHAIN_SHAPE = (2048, 2048)
+#: (name, _build keyword arguments) of the two builds of each comparison
+COMPARISONS = {
+    "release": (("lane0", {"arrivals": "lane0"}), ("all", {"arrivals": ""})),
+    "pdl-trigger": (("shipped", {"early_launch": False}), ("early", {"early_launch": True})),
+}
 
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--compare", choices=sorted(COMPARISONS), required=True)
     p.add_argument("--m", default="1,32")
     p.add_argument("--chain-only", action="store_true")
     p.add_argument("--json")
     args = p.parse_args()
     device = torch.device("cuda", 0)
     arch = device_arch(0)
+    (first, first_kw), (second, second_kw) = COMPARISONS[args.compare]
 
     def stream():
         return driver.CUstream(_stream_handle(device))
 
     rows = []
-    print(f"{'mode':>5} {'N':>5} {'K':>5} {'M':>2} {'tactic':>15} {'shipped':>8} {'early':>8} {'ratio':>6}")
-    shapes = [(s, False) for s in SHAPES if not args.chain_only] + [((2048, 2048), True)]
+    print(f"{'mode':>5} {'N':>5} {'K':>5} {'M':>2} {'tactic':>15} {first:>8} {second:>8} {'ratio':>6}")
+    shapes = [(s, False) for s in SHAPES if not args.chain_only] + [(CHAIN_SHAPE, True)]
     for (n, k), chain in shapes:
         weights = timing.random_weights(n, k, timing.copies_for(n * k * 2), "cuda", seed=5)
         if chain:
             for w in weights:
                 w.mul_(k ** -0.5)  # keep the chained activations O(1)
+        ptrs = [gmem_pointer(w.data_ptr()) for w in weights]
         for m in (int(v) for v in args.m.split(",")):
             tactic = default_tactic(m, n, k)
             x0 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -53,11 +70,10 @@ def main():
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             ref = x0.double() @ weights[-1].double().t()
             xp, op = gmem_pointer(x.data_ptr()), gmem_pointer(out.data_ptr())
-            ptrs = [gmem_pointer(w.data_ptr()) for w in weights]
             row = {"mode": "chain" if chain else "indep", "n": n, "k": k, "m": m,
                    "tactic": tactic.short()}
-            for name, early in VARIANTS:
-                code = _build(n, k, tactic, False, True, arch, arrivals="", early_launch=early)
+            for name, kwargs in ((first, first_kw), (second, second_kw)):
+                code = _build(n, k, tactic, False, True, arch, **kwargs)
                 x.copy_(x0)  # a chain before this one overwrote x
                 out.fill_(float("nan"))
                 code(ptrs[-1], xp, ptrs[-1], op, m, stream())
@@ -71,14 +87,15 @@ def main():
                 else:
                     calls = [lambda w=w, c=code: c(w, xp, ptrs[-1], op, m, stream()) for w in ptrs]
                 row[f"{name}_us"] = round(timing.time_calls(calls).median_us, 3)
-            row["ratio"] = round(row["early_us"] / row["shipped_us"], 4)
+            row["ratio"] = round(row[f"{second}_us"] / row[f"{first}_us"], 4)
             rows.append(row)
-            print(f"{row['mode']:>5} {n:>5} {k:>5} {m:>2} {row['tactic']:>15} {row['shipped_us']:>8.2f} "
-                  f"{row['early_us']:>8.2f} {row['ratio']:>6.3f}", flush=True)
+            print(f"{row['mode']:>5} {n:>5} {k:>5} {m:>2} {row['tactic']:>15} "
+                  f"{row[f'{first}_us']:>8.2f} {row[f'{second}_us']:>8.2f} {row['ratio']:>6.3f}",
+                  flush=True)
         del weights
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"compare": args.compare, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
