@@ -73,11 +73,13 @@ tune)
   timeout ${TUNE_LIMIT:-570} python3 -m warpsplitk.cli tune --log "$OUT/tune-log.jsonl" \
     --time-budget ${TUNE_BUDGET:-450} ${TUNE_FLAGS:-} -o "$OUT/plan-run.json" > "$OUT/tune.log" 2>&1
   echo "tune rc=$? ($(wc -l < "$OUT/tune-log.jsonl") log records)"
+  cp "$OUT/tune-log.jsonl" "$RESULTS/"  # for a 'bench' in the same call: TUNE_LOG=$OUT/tune-log.jsonl
   grep -E "candidates to|fastest|dropped" "$OUT/tune.log" | tail -40
   ;;
 bench)
   # the plan the committed log gives, then the benchmark with it and chains
-  python3 -m warpsplitk.cli tune --from-log --log docs/gpu-runs/2026-12-02-tune-log.jsonl \
+  # TUNE_LOG: another log than the committed one (a 'tune' earlier in the same call)
+  python3 -m warpsplitk.cli tune --from-log --log "${TUNE_LOG:-docs/gpu-runs/2026-12-02-tune-log.jsonl}" \
     --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
     --sm-count "$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)')" \
     -o "$OUT/plan-h200.json"

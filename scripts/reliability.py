@@ -1,6 +1,7 @@
 """Reliability runs on a GPU: sanitizer cases, soak, determinism across processes.
 
     python3 scripts/reliability.py cases --subset all|rotate [--shard I --shards N] [--json OUT]
+                                         [--k-split] [--x-multicast] [--clusters-only] [--progress]
         Every tactic family (output_tile x token_tile x k_tile x
         b_loader_warps; with --k-split also each with k_split 2, with
         --x-multicast each with x_multicast 2, 3 and 4) with a one-stage ring (K = k_tile), a ring shorter
@@ -59,10 +60,16 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,)):
     return cases
 
 
-def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,)):
+def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,),
+              clusters_only=False, progress=False):
     torch.manual_seed(0)
     results = []
-    for tactic, n, k, ms in family_cases(subset, offset, k_splits, x_multicasts)[shard::shards]:
+    cases = family_cases(subset, offset, k_splits, x_multicasts)
+    if clusters_only:
+        cases = [case for case in cases if case[0].k_split > 1 or case[0].x_multicast > 1]
+    for tactic, n, k, ms in cases[shard::shards]:
+        if progress:  # under a slow tool, which case a timeout stopped in
+            print(f"case {tactic.short()} N={n} K={k} M={ms}", flush=True)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         prepared = PreparedWarpSplitK(w, {m: tactic for m in ms})
         for m in ms:
@@ -161,6 +168,9 @@ def main():
                    help="also the cluster split of K (k_split 2) of every family")
     c.add_argument("--x-multicast", action="store_true",
                    help="also the activation multicast (x_multicast 2, 3 and 4) of every family")
+    c.add_argument("--clusters-only", action="store_true",
+                   help="only the cases with k_split or x_multicast > 1")
+    c.add_argument("--progress", action="store_true", help="a line per case as it starts")
     c.add_argument("--json")
     s = sub.add_parser("soak")
     s.add_argument("--projections", type=int, default=64)
@@ -172,7 +182,8 @@ def main():
     if args.cmd == "cases":
         results, bad = run_cases(args.subset, args.offset, args.shard, args.shards,
                                 (1, 2) if args.k_split else (1,),
-                                (1, 2, 3, 4) if args.x_multicast else (1,))
+                                (1, 2, 3, 4) if args.x_multicast else (1,),
+                                args.clusters_only, args.progress)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

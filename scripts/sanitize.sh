@@ -17,6 +17,7 @@
 #                    runs 6-7); MEMCHECK_FLAGS= counts them again
 #   K_SPLIT=1        add every family's cluster split of K (k_split 2)
 #   X_MULTICAST=1    add every family's activation multicast (x_multicast 2-4)
+#   CLUSTERS_ONLY=1  with K_SPLIT / X_MULTICAST: only those cluster cases
 #   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
 #                    (compile.ARRIVALS): all: loaders also arrive themselves;
 #                    lane0: one stage release per compute warp (the build
@@ -32,6 +33,7 @@ SHARDS=${SHARDS:-2}
 subset=${SUBSET:-all}
 split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 [ "${X_MULTICAST:-0}" = 1 ] && split_flag="$split_flag --x-multicast"
+[ "${CLUSTERS_ONLY:-0}" = 1 ] && split_flag="$split_flag --clusters-only"
 offset=0
 for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do
@@ -39,7 +41,7 @@ for tool in $TOOLS; do
     ( timeout -k 5 "${CASE_LIMIT:-600}" "$CS" --tool "$tool" --print-limit 20 --error-exitcode 9 \
         $tool_flags ${SANITIZER_FLAGS:-} \
         python3 scripts/reliability.py cases --subset "$subset" --offset $offset \
-        --shard "$shard" --shards "$SHARDS" $split_flag > "$LOGS/$tool-$shard.log" 2>&1
+        --shard "$shard" --shards "$SHARDS" $split_flag --progress > "$LOGS/$tool-$shard.log" 2>&1
       echo $? > "$LOGS/$tool-$shard.rc" ) &
   done
   offset=$((offset + 1))

@@ -315,6 +315,14 @@ def test_early_launch_variant_moves_only_the_pdl_trigger(tmp_path, monkeypatch):
     assert shipped.index("griddepcontrol.wait") < shipped.index("griddepcontrol.launch_dependents")
     assert early.index("griddepcontrol.launch_dependents") < early.index("griddepcontrol.wait")
     assert sorted(shipped.splitlines()) == sorted(early.splitlines())  # the same instructions
+    # the tactic's early_launch builds the same kernel as the process-wide switch
+    from dataclasses import replace
+    by_tactic = _build(64, 512, replace(tactic, early_launch=True), False, True, "sm_90a",
+                       arrivals="", early_launch=False,
+                       options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
+    by_tactic = by_tactic.decode() if isinstance(by_tactic, bytes) else by_tactic
+    assert by_tactic.index("griddepcontrol.launch_dependents") < by_tactic.index("griddepcontrol.wait")
+    assert sorted(by_tactic.splitlines()) == sorted(early.splitlines())
     monkeypatch.delenv("WARPSPLITK_EARLY_LAUNCH", raising=False)
     assert _early_launch_from_env() is False
     monkeypatch.setenv("WARPSPLITK_EARLY_LAUNCH", "1")

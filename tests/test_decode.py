@@ -1,5 +1,6 @@
 """Decode plans: file round trip, validation, lookup and fallback; the tuner's pruning."""
 
+import dataclasses
 import json
 import warnings
 
@@ -120,8 +121,13 @@ def test_representative_buckets():
 @pytest.mark.parametrize("n,k", [(s["n"], s["k"]) for s in shapes.load()["shapes"]])
 def test_candidates_are_legal_small_and_include_default(m, n, k):
     found = candidates(m, n, k, 132)
+    late = [t for t in found if not t.early_launch]
     # a measurement is ~50 ms, a compile ~1 s of one core: the set stays small
-    assert found and len([t for t in found if t.k_split == 1]) <= 16 and len(found) <= 32
+    assert late and len([t for t in late if t.k_split == 1]) <= 16 and len(late) <= 32
+    # every candidate is measured with both PDL trigger points, by default
+    assert sorted(dataclasses.replace(t, early_launch=True) for t in late) == \
+        [t for t in found if t.early_launch]
+    assert late == candidates(m, n, k, 132, early_launches=(False,))
     assert found == candidates(m, n, k, 132, k_splits=(1, 2))  # the split of K is on by default
     assert default_tactic(m, n, k, 132) in found
     assert all(is_legal(t, n, k) for t in found)
@@ -176,6 +182,27 @@ def test_choose_tactics_reuses_within_tolerance():
     assert picks[1] == (b, 13.7)       # c not measured at M=1: the fastest
     strict = choose_tactics(times, tolerance=0.0)
     assert strict[8] == (b, 13.8)
+
+
+def test_choose_tactics_takes_the_early_trigger_only_when_clearly_faster():
+    from warpsplitk.tune import choose_tactics
+    a = T(16, 8, 256, 9, 1)
+    early = dataclasses.replace(a, early_launch=True)
+    b = T(32, 8, 256, 11, 1)
+    # 1.5% faster: within the tolerance, the late trigger stays
+    assert choose_tactics({1: {a: 10.0, early: 9.85, b: 10.1}})[1] == (a, 10.0)
+    # 5% faster: the early trigger wins
+    assert choose_tactics({1: {a: 10.0, early: 9.5, b: 10.1}})[1] == (early, 9.5)
+    # nothing else measured: it is the only choice
+    assert choose_tactics({1: {early: 9.9}})[1] == (early, 9.9)
+    # chosen for M=32 does not make it a candidate for reuse where it is not
+    # clearly faster; where it is, it is reused
+    picks = choose_tactics({32: {early: 9.0, a: 10.0}, 8: {early: 9.6, a: 9.5, b: 9.45}})
+    assert picks[32] == (early, 9.0) and picks[8] == (b, 9.45)
+    b_early = dataclasses.replace(b, early_launch=True)
+    picks = choose_tactics({32: {early: 9.0, a: 10.0},
+                            8: {early: 8.8, b_early: 8.7, a: 9.5, b: 9.1}})
+    assert picks[8] == (early, 8.8)
 
 
 def test_choose_tactics_never_picks_outside_tolerance():
@@ -256,11 +283,12 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
     assert not [t for t in candidates(1, 7168, 768, 132, k_splits=(1, 2)) if t.k_split == 2]
 
 
-@pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs", [
-    ([], (1, 2), (1,), None),
-    (["--no-k-split", "--jobs", "3", "--x-multicast"], (1,), (1, 2, 3, 4), 3)])
+@pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early", [
+    ([], (1, 2), (1,), None, (False, True)),
+    (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch"], (1,), (1, 2, 3, 4),
+     3, (False,))])
 def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, x_multicasts,
-                                        jobs):
+                                        jobs, early):
     import warpsplitk.tune as tune_module
     from warpsplitk.cli import main
     seen = {}
@@ -273,7 +301,7 @@ def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, 
     out = tmp_path / "plan.json"
     assert main(["tune", "--shapes", "256,512", "--m", "1-4", "-o", str(out), *flags]) == 0
     assert seen["k_splits"] == k_splits and seen["jobs"] == jobs
-    assert seen["x_multicasts"] == x_multicasts
+    assert seen["x_multicasts"] == x_multicasts and seen["early_launches"] == early
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
     assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
 
@@ -284,5 +312,7 @@ def test_multicast_candidates_only_on_request_and_for_wide_token_tiles():
     shared = [t for t in found if t.x_multicast > 1]
     assert shared and all(is_legal(t, 4224, 7168) for t in shared)
     assert all(t.token_tile >= 16 and t.b_loader_warps == 1 and t.k_split == 1 for t in shared)
+    # the token tile that covers M, the late trigger only
+    assert all(t.token_tile == 32 and not t.early_launch for t in shared)
     assert not [t for t in candidates(1, 4224, 7168, 132, x_multicasts=(1, 2, 3, 4))
                 if t.x_multicast > 1]

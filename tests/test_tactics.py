@@ -323,3 +323,26 @@ def test_x_multicast_excludes_k_split_and_second_loader_warp():
     assert not any(t.x_multicast > 1 for t in legal_tactics(16, 1536, 7168))
     # padded activation rows: 16 B more per token row and stage
     assert T(16, 16, 256, 4, 1, 1, 2).smem_bytes == T(16, 16, 256, 4, 1).smem_bytes + 4 * 16 * 16
+
+
+def test_early_launch_text_and_rules():
+    t = T(32, 8, 256, 11, 1, early_launch=True)
+    assert t.short() == "32,8,256,11,1+early" and T.parse(t.short()) == t
+    for tactic in (T(32, 8, 256, 10, 1, 2, early_launch=True),
+                   T(16, 16, 256, 4, 1, 1, 2, early_launch=True)):
+        assert T.parse(tactic.short()) == tactic
+    assert T.parse("32,8,256,10,1,2+early").k_split == 2
+    assert not T.parse("32,8,256,11,1").early_launch
+    for bad in ("32,8,256,11,1+late", "+early", "32,8,256,11,1,+early"):
+        with pytest.raises(ValueError, match="a tactic is five integers"):
+            T.parse(bad)
+    check_tactic(t, 4224, 7168)
+    # an integer is not a trigger point: a plan file must say what it means
+    with pytest.raises(ValueError, match="early_launch must be one of"):
+        check_tactic(T(32, 8, 256, 11, 1, early_launch=1), 4224, 7168)
+    # the same shared memory, threads and residency as the late trigger
+    assert t.smem_bytes == T(32, 8, 256, 11, 1).smem_bytes
+    legal = legal_tactics(8, 4224, 7168, early_launches=(False, True))
+    assert sum(x.early_launch for x in legal) * 2 == len(legal)
+    assert not any(x.early_launch for x in legal_tactics(8, 4224, 7168))
+    assert not any(default_tactic(m, 4224, 7168).early_launch for m in (1, 8, 16, 32))

@@ -133,13 +133,13 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     return env, rows
 
 
-HEADER = (f"{'N':>6} {'K':>6} {'M':>3} {'tactic':>16} {'ours us':>8} {'default':>8} "
+HEADER = (f"{'N':>6} {'K':>6} {'M':>3} {'tactic':>22} {'ours us':>8} {'default':>8} "
           f"{'cuBLAS':>8} {'speedup':>7} {'TB/s':>5} {'%floor':>6}")
 
 
 def format_row(r: BenchRow) -> str:
     default = f"{r.default_us:8.2f}" if r.default_us is not None else f"{'-':>8}"
-    return (f"{r.n:>6} {r.k:>6} {r.m:>3} {r.tactic:>16} {r.ours_us:8.2f} {default} "
+    return (f"{r.n:>6} {r.k:>6} {r.m:>3} {r.tactic:>22} {r.ours_us:8.2f} {default} "
             f"{r.cublas_us:8.2f} {r.speedup:7.2f} {r.weight_tbps:5.2f} "
             f"{100 * r.floor_measured_us / r.ours_us:5.0f}%")
 

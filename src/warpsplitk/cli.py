@@ -92,7 +92,8 @@ def _cmd_tune(args):
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
                 progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget,
                 k_splits=(1, 2) if args.k_split else (1,),
-                x_multicasts=(1, 2, 3, 4) if args.x_multicast else (1,), jobs=args.jobs)
+                x_multicasts=(1, 2, 3, 4) if args.x_multicast else (1,),
+                early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -119,7 +120,7 @@ def _cmd_plan(args):
     ms = shape_table.parse_ms(args.m)
     print(f"# tactics from {source}; {args.arch}, {args.sm_count} SMs; floor at "
           f"{args.tbps} TB/s; registers {'compiled here' if args.compile else 'from the model'}")
-    print(f"{'projection':<34} {'N':>5} {'K':>5} {'M':>3} {'tactic':>15} {'CTAs':>5} {'waves':>5} "
+    print(f"{'projection':<34} {'N':>5} {'K':>5} {'M':>3} {'tactic':>21} {'CTAs':>5} {'waves':>5} "
           f"{'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'L2 x':>5} {'floor us':>8} "
           f"{'meas us':>7} {'%floor':>6}")
     for shape in table["shapes"]:
@@ -137,7 +138,7 @@ def _cmd_plan(args):
             measured = plan.entries.get((n, k), {}).get(m, (None, None))[1]
             shown = ("-", "-") if measured is None else (f"{measured:.2f}",
                                                          f"{100 * floor / measured:.0f}")
-            print(f"{name:<34} {n:>5} {k:>5} {m:>3} {tactic.short():>15} "
+            print(f"{name:<34} {n:>5} {k:>5} {m:>3} {tactic.short():>21} "
                   f"{grid_ctas(tactic, m, n):>5} {waves(tactic, m, n, args.sm_count):>5.2f} "
                   f"{ctas_per_sm(tactic):>6} {tactic.smem_bytes:>7} {regs:>4} "
                   f"{l2_read_factor(tactic, m):>5.2f} {floor:>8.2f} {shown[0]:>7} {shown[1]:>6}")
@@ -183,6 +184,9 @@ def main(argv=None):
     p.add_argument("--x-multicast", action="store_true",
                    help="also measure the experimental activation multicast (x_multicast 2-4) "
                         "for 16- and 32-token tiles")
+    p.add_argument("--early-launch", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure every candidate with the early PDL trigger; it is "
+                        "chosen only where it wins by more than 2%% (default: on)")
     p.add_argument("--from-log", action="store_true",
                    help="no GPU: rebuild the plan from the measurements already in --log")
     p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")

@@ -73,13 +73,16 @@ class WarpSplitKKernel:
         # (cp.async.mbarrier.arrive.noinc), which gives up copy overlap.
         self.loader_thread_arrive = loader_thread_arrive
         self.compute_thread_arrive = compute_thread_arrive
-        # early_launch (experimental, scripts/build_ab.py --compare pdl-trigger): let the
-        # next kernel launch before this one's griddepcontrol.wait instead
-        # of after the last activation tile is issued. Its CTAs can then
-        # become resident and prefetch their weight while this grid (and the
-        # one before it) still runs; its own wait still orders every read of
-        # x and write of out after this grid completes.
-        self.early_launch = early_launch
+        # early launch (the tactic's early_launch, or early_launch=True for
+        # a whole-process build, scripts/build_ab.py --compare pdl-trigger):
+        # let the next kernel launch before this one's griddepcontrol.wait
+        # instead of after the last activation tile is issued. Its CTAs can
+        # then become resident and prefetch their weight while this grid
+        # (and the one before it) still runs; its own wait still orders
+        # every read of x and write of out after this grid completes. The
+        # cost: the early-launched CTAs hold shared memory while they wait,
+        # so a grid that does not fit beside them leaves stragglers.
+        self.early_launch = early_launch or tactic.early_launch
         t = tactic
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
         # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)

@@ -24,6 +24,12 @@ K_SPLITS = (1, 2)
 #: CTAs of a cluster along N that share each activation stage: one load from
 #: L2, multicast into every member's ring (experimental, see kernel.py).
 X_MULTICASTS = (1, 2, 3, 4)
+#: Where the kernel lets the next PDL kernel launch: False after its last
+#: activation tile is issued, True before its griddepcontrol.wait (see
+#: WarpSplitKTactic.early_launch).
+EARLY_LAUNCHES = (False, True)
+#: ``short()`` suffix of a tactic with the early PDL trigger.
+EARLY_SUFFIX = "+early"
 #: K tiles per CTA at most: the compute loop is fully unrolled over them.
 MAX_K_TILES = 64
 MAX_M = 32
@@ -58,6 +64,16 @@ class WarpSplitKTactic:
         and multicast into every member's ring, cutting the activation
         re-reads that bound M >= 16 (experimental: not yet run on a GPU, so
         nothing picks it unless asked).
+    early_launch: where the kernel triggers the next PDL kernel's launch.
+        False: once its last activation tile is issued (late in the CTA's
+        life when the ring is shallower than K). True: before its
+        griddepcontrol.wait, so the next kernel's CTAs become resident and
+        prefetch their weight while this grid still streams. Either way
+        every read of x and write of out waits for the previous grid to
+        complete, so the choice is speed only: measured on the H200 it is
+        0.84-1.08x on independent calls and 0.95-1.17x in dependent
+        chains, depending on the tactic (docs/NOTES.md); the tuner picks it
+        only where it is measurably faster.
     """
 
     output_tile: int = 16
@@ -67,6 +83,7 @@ class WarpSplitKTactic:
     b_loader_warps: int = 1
     k_split: int = 1
     x_multicast: int = 1
+    early_launch: bool = False
 
     @property
     def threads(self) -> int:
@@ -81,25 +98,34 @@ class WarpSplitKTactic:
 
     def short(self) -> str:
         """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1,
-        ``o,t,k,s,b,c,x`` when x_multicast x > 1)."""
+        ``o,t,k,s,b,c,x`` when x_multicast x > 1), then ``+early`` with the
+        early PDL trigger."""
         text = (f"{self.output_tile},{self.token_tile},{self.k_tile},"
                 f"{self.stages},{self.b_loader_warps}")
         if self.x_multicast > 1:
-            return f"{text},{self.k_split},{self.x_multicast}"
-        return text if self.k_split == 1 else f"{text},{self.k_split}"
+            text = f"{text},{self.k_split},{self.x_multicast}"
+        elif self.k_split > 1:
+            text = f"{text},{self.k_split}"
+        return text + EARLY_SUFFIX if self.early_launch else text
 
     @classmethod
     def parse(cls, text: str) -> "WarpSplitKTactic":
         """Inverse of :meth:`short`."""
+        body = text.strip() if isinstance(text, str) else ""
+        early = body.endswith(EARLY_SUFFIX)
+        if early:
+            body = body[:-len(EARLY_SUFFIX)]
         try:
-            fields = [int(v) for v in text.split(",")]
+            fields = [int(v) for v in body.split(",")]
         except ValueError:
             fields = []
         if len(fields) not in (5, 6, 7):
             raise ValueError(
                 "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
-                f"b_loader_warps', then optionally k_split and x_multicast, got {text!r}")
-        return cls(*fields)
+                "b_loader_warps', then optionally k_split and x_multicast, then "
+                f"optionally '{EARLY_SUFFIX}', got {text!r}")
+        fields += [1] * (7 - len(fields))
+        return cls(*fields, early_launch=early)
 
 
 def _field_error(name, value, allowed):
@@ -125,6 +151,8 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         raise _field_error("k_split", tactic.k_split, K_SPLITS)
     if tactic.x_multicast not in X_MULTICASTS:
         raise _field_error("x_multicast", tactic.x_multicast, X_MULTICASTS)
+    if tactic.early_launch not in EARLY_LAUNCHES or not isinstance(tactic.early_launch, bool):
+        raise _field_error("early_launch", tactic.early_launch, EARLY_LAUNCHES)
     if tactic.x_multicast > 1 and tactic.k_split > 1:
         raise ValueError("warp split-K tactic: x_multicast and k_split cannot be combined "
                          f"(got x_multicast {tactic.x_multicast}, k_split {tactic.k_split})")
@@ -180,25 +208,27 @@ def is_legal(tactic: WarpSplitKTactic, n: int, k: int) -> bool:
     return True
 
 
-def all_tactics(k_splits=(1,), x_multicasts=(1,)):
+def all_tactics(k_splits=(1,), x_multicasts=(1,), early_launches=(False,)):
     """Every tactic of the kernel's space, legal for some shape or not (with
     ``k_splits=K_SPLITS``, the cluster split of K too; with
-    ``x_multicasts=X_MULTICASTS``, the experimental activation multicast)."""
-    for o, t, kt, s, b, c, x in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES,
-                                                  range(1, MAX_STAGES + 1), B_LOADER_WARPS,
-                                                  k_splits, x_multicasts):
+    ``x_multicasts=X_MULTICASTS``, the experimental activation multicast;
+    with ``early_launches=EARLY_LAUNCHES``, both PDL trigger points)."""
+    for o, t, kt, s, b, c, x, e in itertools.product(
+            OUTPUT_TILES, TOKEN_TILES, K_TILES, range(1, MAX_STAGES + 1), B_LOADER_WARPS,
+            k_splits, x_multicasts, early_launches):
         if x > 1 and (c > 1 or b > 1):
             continue  # never legal (check_tactic)
-        yield WarpSplitKTactic(o, t, kt, s, b, c, x)
+        yield WarpSplitKTactic(o, t, kt, s, b, c, x, e)
 
 
-def legal_tactics(m: int, n: int, k: int, k_splits=(1,), x_multicasts=(1,)) -> list[WarpSplitKTactic]:
+def legal_tactics(m: int, n: int, k: int, k_splits=(1,), x_multicasts=(1,),
+                  early_launches=(False,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
     larger than needed to cover ``m`` in one tile (a bigger tile only loads
     zeros)."""
     _check_m(m)
     need = min(t for t in TOKEN_TILES if t >= m)
-    return [t for t in all_tactics(k_splits, x_multicasts)
+    return [t for t in all_tactics(k_splits, x_multicasts, early_launches)
             if t.token_tile <= need and is_legal(t, n, k)]
 
 

@@ -19,25 +19,33 @@ Pruning, before anything is measured:
   activation re-reads, which are small for 8-token tiles);
 * k_tile 128 only where 256 cannot give two tiles;
 * the default heuristic's own choice is always a candidate;
-* with ``x_multicasts=(1, 2, 3, 4)`` (``warpsplitk tune --x-multicast``;
-  experimental, not yet run on a GPU) the activation multicast for 16- and
-  32-token tiles, pruned like the rest;
+* with ``x_multicasts=(1, 2, 3, 4)`` (``warpsplitk tune --x-multicast``)
+  the activation multicast for 16- and 32-token tiles that cover M, pruned
+  like the rest, with the late PDL trigger only;
 * with ``k_splits=(1, 2)`` (the default; ``warpsplitk tune --no-k-split``
   leaves it out) the cluster split of K too, only where ``N / output_tile`` token-tile CTAs
-  leave SMs idle, pruned like the rest.
+  leave SMs idle, pruned like the rest;
+* with ``early_launches=(False, True)`` (the default; ``--no-early-launch``
+  leaves it out) every candidate also with the early PDL trigger
+  (``WarpSplitKTactic.early_launch``), which can be 16% faster or slower
+  depending on the tactic's residency, so it is measured rather than modelled.
 
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
 Candidates that fail to compile or are wrong are dropped and reported.
 Among tactics within ``TOLERANCE`` of the fastest, one already chosen for
 another M of the shape is preferred (``choose_tactics``): fewer distinct
-kernels per shape, a shorter cold start, at no measurable cost.
+kernels per shape, a shorter cold start, at no measurable cost. The early
+PDL trigger must win by more than ``TOLERANCE``: it is measured on
+independent calls, and in dependent chains it was up to 16% slower
+(docs/NOTES.md), so a tie goes to the late trigger.
 Every measurement is appended to a JSON-lines log; with ``resume`` a rerun
 skips what the log already holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -68,7 +76,8 @@ def representative(m: int) -> int:
 
 
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
-               k_splits=(1, 2), x_multicasts=(1,)) -> list[WarpSplitKTactic]:
+               k_splits=(1, 2), x_multicasts=(1,),
+               early_launches=(False, True)) -> list[WarpSplitKTactic]:
     cover = min(t for t in TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = {default_tactic(m, n, k, sm_count)}
@@ -77,8 +86,10 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         b_warps = 1 if token_tile == 8 or x_multicast > 1 else 2
         if output_tile >= WIDE_TILE and token_tile == 8:
             continue  # wide tiles pay off only where activation re-reads matter
-        if x_multicast > 1 and (k_split > 1 or token_tile == 8):
-            continue  # not combinable; 8-token stages are too small to be worth sharing
+        if x_multicast > 1 and (k_split > 1 or token_tile == 8 or token_tile != cover):
+            # not combinable; 8-token stages are too small to be worth sharing;
+            # half-size token tiles re-read the weight, which sharing x does not fix
+            continue
         family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split,
                                    x_multicast)
                   for s in range(1, MAX_STAGES + 1)]
@@ -98,7 +109,10 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
                 fits_any = True
         if not fits_any:  # several waves whatever the ring: most resident, deepest
             found.add(max(family, key=lambda t: (ctas_per_sm(t), t.stages)))
-    return sorted(found)
+    # the early trigger's twin of each (not of the multicast ones: that would
+    # double the largest part of the space for a choice residency decides)
+    return sorted({dataclasses.replace(t, early_launch=e) for t in found for e in early_launches
+                   if not (e and t.x_multicast > 1)})
 
 
 def _log_key(n, k, m, tactic):
@@ -125,12 +139,18 @@ TOLERANCE = 0.02
 def choose_tactics(times_by_m, tolerance=TOLERANCE):
     """``{m: {tactic: us}}`` -> ``{m: (tactic, us)}``: per M the fastest
     tactic, except that one already chosen for a larger M of the same shape
-    wins when it is within ``tolerance`` of the fastest."""
+    wins when it is within ``tolerance`` of the fastest, and that an early
+    PDL trigger counts only when it beats every late one by more than
+    ``tolerance``."""
     chosen, picks = [], {}
     for m in sorted(times_by_m, reverse=True):
-        times = times_by_m[m]
+        times = dict(times_by_m[m])
         if not times:
             continue
+        late = [us for t, us in times.items() if not t.early_launch]
+        if late:
+            bar = min(late) / (1 + tolerance)
+            times = {t: us for t, us in times.items() if not t.early_launch or us < bar}
         fastest = min(times.values())
         reuse = [t for t in chosen if t in times and times[t] <= fastest * (1 + tolerance)]
         tactic = min(reuse, key=times.get) if reuse else min(times, key=times.get)
@@ -142,7 +162,7 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
-         x_multicasts=(1,), jobs=None) -> DecodePlan:
+         x_multicasts=(1,), early_launches=(False, True), jobs=None) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -164,7 +184,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     if sm_count is None:
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     reps = sorted({representative(m) for m in ms})
-    work = {(n, k, r): candidates(r, n, k, sm_count, k_splits, x_multicasts)
+    work = {(n, k, r): candidates(r, n, k, sm_count, k_splits, x_multicasts, early_launches)
             for n, k in shapes for r in reps}
     done = _read_log(log_path) if resume else {}
     progress(f"{sum(len(v) for v in work.values())} candidates to measure, "
