@@ -123,7 +123,7 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
     found = candidates(m, n, k, 132)
     late = [t for t in found if not t.early_launch]
     # a measurement is ~50 ms, a compile ~1 s of one core: the set stays small
-    assert late and len([t for t in late if t.k_split == 1]) <= 16 and len(late) <= 32
+    assert late and len([t for t in late if t.k_split == 1]) <= 20 and len(late) <= 40
     # every candidate is measured with both PDL trigger points, by default
     assert sorted(dataclasses.replace(t, early_launch=True) for t in late) == \
         [t for t in found if t.early_launch]
@@ -135,7 +135,6 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
     for t in found:
         assert t.token_tile in (cover, cover // 2)
         assert t.b_loader_warps == (1 if t.token_tile == 8 else 2)
-        assert not (t.output_tile >= 48 and t.token_tile == 8)
 
 
 # ------------------------------------------------------------ plan view
@@ -279,8 +278,10 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
     assert all((1536 // t.output_tile) < 132 for t in split)
     assert candidates(1, 1536, 7168, 132, (1,)) == [t for t in candidates(1, 1536, 7168, 132)
                                                   if t.k_split == 1]
-    # 7168 rows: 448 CTAs of 16, the grid covers the GPU
-    assert not [t for t in candidates(1, 7168, 768, 132, k_splits=(1, 2)) if t.k_split == 2]
+    # 7168 rows: 448 CTAs of 16 or 224 of 32 cover the GPU; only 64-row tiles
+    # (112 CTAs) leave SMs idle
+    split = [t for t in candidates(1, 7168, 768, 132, k_splits=(1, 2)) if t.k_split == 2]
+    assert split and all(t.output_tile == 64 for t in split)
 
 
 @pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early", [
