@@ -1,18 +1,23 @@
-"""Two builds of the same kernel, timed side by side.
+"""Builds of the same kernel, timed side by side.
 
-    python3 scripts/build_ab.py --compare release|pdl-trigger [--m 1,32] [--chain-only]
-                                [--json OUT]
+    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl [--m 1,32] [--chain-only]
+                                [--tactics default|plan] [--json OUT]
 
-Comparisons (the second build of each is the candidate, the ratio is its
-time over the first's):
+Comparisons (the first build of each is the reference, the ratios are the
+others' times over its):
   release      the compute warps' stage release: lane 0 per warp after
                bar.warp.sync vs every lane itself (shipped since run 16;
                racecheck follows only the latter)
   pdl-trigger  where the next kernel may launch under PDL: after the last
                activation tile is issued (shipped) vs before this kernel's
-               griddepcontrol.wait (early_launch, experimental)
+               griddepcontrol.wait (early_launch)
+  pdl          what the PDL dependency costs independent calls: the
+               tactic as built (the wait before reading x), the same
+               without griddepcontrol.wait (diagnostic only: correct here
+               because no call reads another's output), and without PDL
+               at all (plain stream order); independent mode only
 
-Default tactics, both builds in one process, each checked against fp64
+Default tactics (or the built-in H200 plan's, --tactics plan), all builds in one process, each checked against fp64
 first, timed as the benchmark times: independent calls back to back in a
 CUDA graph over weight copies >= 3x L2, then a dependent chain of one
 square shape (each output the next input).
@@ -31,13 +36,17 @@ from warpsplitk.compile import _build, device_arch, gmem_pointer
 from warpsplitk.prepared import _stream_handle
 from warpsplitk.tactics import default_tactic
 
-SHAPES = ((4224, 7168), (2112, 7168), (7168, 768), (2048, 2048), (1152, 1536), (768, 128))
+SHAPES = ((4224, 7168), (2112, 7168), (7168, 768), (2304, 1536), (7168, 384), (2048, 2048),
+          (1152, 1536), (768, 128))
 CHAIN_SHAPE = (2048, 2048)
 #: (name, _build keyword arguments) of the two builds of each comparison
 COMPARISONS = {
     "release": (("lane0", {"arrivals": "lane0"}), ("all", {"arrivals": ""})),
     "pdl-trigger": (("shipped", {"early_launch": False}), ("early", {"early_launch": True})),
+    "pdl": (("wait", {}), ("no-wait", {"dependency_wait": False}), ("no-pdl", {"use_pdl": False})),
 }
+#: comparisons whose builds are wrong for dependent calls: no chain part
+INDEPENDENT_ONLY = {"pdl"}
 
 
 def main():
@@ -45,18 +54,28 @@ def main():
     p.add_argument("--compare", choices=sorted(COMPARISONS), required=True)
     p.add_argument("--m", default="1,32")
     p.add_argument("--chain-only", action="store_true")
+    p.add_argument("--tactics", choices=("default", "plan"), default="default")
     p.add_argument("--json")
     args = p.parse_args()
     device = torch.device("cuda", 0)
     arch = device_arch(0)
-    (first, first_kw), (second, second_kw) = COMPARISONS[args.compare]
+    builds = COMPARISONS[args.compare]
+    names = [name for name, _ in builds]
+    plan = None
+    if args.tactics == "plan":
+        from warpsplitk.decode import builtin_plan
+        plan = builtin_plan("h200")
 
     def stream():
         return driver.CUstream(_stream_handle(device))
 
     rows = []
-    print(f"{'mode':>5} {'N':>5} {'K':>5} {'M':>2} {'tactic':>15} {first:>8} {second:>8} {'ratio':>6}")
-    shapes = [(s, False) for s in SHAPES if not args.chain_only] + [(CHAIN_SHAPE, True)]
+    print(f"{'mode':>5} {'N':>5} {'K':>5} {'M':>2} {'tactic':>22} "
+          + " ".join(f"{name:>8}" for name in names)
+          + " " + " ".join(f"{'/' + names[0]:>8}" for _ in names[1:]))
+    shapes = [(s, False) for s in SHAPES if not args.chain_only]
+    if args.compare not in INDEPENDENT_ONLY:
+        shapes.append((CHAIN_SHAPE, True))
     for (n, k), chain in shapes:
         weights = timing.random_weights(n, k, timing.copies_for(n * k * 2), "cuda", seed=5)
         if chain:
@@ -64,7 +83,7 @@ def main():
                 w.mul_(k ** -0.5)  # keep the chained activations O(1)
         ptrs = [gmem_pointer(w.data_ptr()) for w in weights]
         for m in (int(v) for v in args.m.split(",")):
-            tactic = default_tactic(m, n, k)
+            tactic = plan.tactic_for(n, k, m) if plan is not None else default_tactic(m, n, k)
             x0 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             x = x0.clone()
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -72,8 +91,9 @@ def main():
             xp, op = gmem_pointer(x.data_ptr()), gmem_pointer(out.data_ptr())
             row = {"mode": "chain" if chain else "indep", "n": n, "k": k, "m": m,
                    "tactic": tactic.short()}
-            for name, kwargs in ((first, first_kw), (second, second_kw)):
-                code = _build(n, k, tactic, False, True, arch, **kwargs)
+            for name, kwargs in builds:
+                kwargs = dict(kwargs)
+                code = _build(n, k, tactic, False, kwargs.pop("use_pdl", True), arch, **kwargs)
                 x.copy_(x0)  # a chain before this one overwrote x
                 out.fill_(float("nan"))
                 code(ptrs[-1], xp, ptrs[-1], op, m, stream())
@@ -87,11 +107,14 @@ def main():
                 else:
                     calls = [lambda w=w, c=code: c(w, xp, ptrs[-1], op, m, stream()) for w in ptrs]
                 row[f"{name}_us"] = round(timing.time_calls(calls).median_us, 3)
-            row["ratio"] = round(row[f"{second}_us"] / row[f"{first}_us"], 4)
+            for name in names[1:]:
+                row[f"ratio_{name}"] = round(row[f"{name}_us"] / row[f"{names[0]}_us"], 4)
+            if len(names) == 2:
+                row["ratio"] = row[f"ratio_{names[1]}"]
             rows.append(row)
-            print(f"{row['mode']:>5} {n:>5} {k:>5} {m:>2} {row['tactic']:>15} "
-                  f"{row[f'{first}_us']:>8.2f} {row[f'{second}_us']:>8.2f} {row['ratio']:>6.3f}",
-                  flush=True)
+            print(f"{row['mode']:>5} {n:>5} {k:>5} {m:>2} {row['tactic']:>22} "
+                  + " ".join(f"{row[f'{name}_us']:>8.2f}" for name in names) + " "
+                  + " ".join(f"{row[f'ratio_{name}']:>8.3f}" for name in names[1:]), flush=True)
         del weights
     if args.json:
         with open(args.json, "w") as f:

@@ -17,6 +17,10 @@
 #           tests, compute-sanitizer (also with the cluster split of K) and
 #           the 100k soak side by side, then (alone on the GPU) host
 #           overhead, determinism and the early PDL trigger's speed
+#   plan-check  the torch integration and Llama tests (the shipped plan's
+#           kernels) beside racecheck over the activation multicast
+#   pdl     what PDL and its griddepcontrol.wait cost independent calls
+#           (scripts/build_ab.py --compare pdl, plan tactics)
 #   llama   the Llama example's accuracy and decode-step timing
 #
 # EARLY_LAUNCH=1 runs any stage on the experimental early PDL trigger build
@@ -156,6 +160,28 @@ verify)
   echo "PDL trigger A/B rc=$?"; tail -16 "$OUT/pdl-trigger-ab.log"
   grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_*.log | head -20
   ;;
+plan-check)
+  # the shipped plan's kernels in the torch integration and the Llama
+  # example, beside racecheck over the activation multicast alone (slow
+  # under racecheck: 8 shards, a progress line per case)
+  for module in gpu_linear gpu_llama; do
+    timeout -k 5 ${PHASE1_LIMIT:-200} python3 -m pytest -q -m gpu "tests/test_$module.py" \
+      > "$OUT/$module.log" 2>&1 &
+  done
+  OUT=$OUT/multicast-racecheck TOOLS=racecheck SHARDS=8 X_MULTICAST=1 CLUSTERS_ONLY=1 \
+    SUBSET=rotate CASE_LIMIT=${PHASE1_LIMIT:-200} bash scripts/sanitize.sh \
+    > "$OUT/multicast-racecheck.log" 2>&1 &
+  wait
+  for log in "$OUT"/gpu_*.log; do echo "$(basename "$log" .log): $(tail -1 "$log")"; done
+  cut -c1-1500 "$OUT/multicast-racecheck.log"
+  echo "multicast cases started under racecheck: $(tar -xzOf "$OUT/multicast-racecheck/sanitizer-logs.tar.gz" \
+    --wildcards '*.log' 2>/dev/null | grep -c '^case')"
+  ;;
+pdl)
+  # what PDL and its dependency wait cost independent calls, plan tactics
+  timeout ${AB_LIMIT:-300} python3 scripts/build_ab.py --compare pdl --tactics plan \
+    --json "$OUT/pdl-ab.json" 2>&1 | tail -20
+  ;;
 llama)
   timeout 300 python3 examples/llama_decode.py --batch 1 8 32 --json "$OUT/llama.json" \
     > "$OUT/llama.log" 2>&1
@@ -177,5 +203,5 @@ sanitize)
   head -c 9000 "$OUT/sanitizer-report.txt"
   ;;
 *)
-  echo "unknown stage $stage (tests | tune | bench | checks | verify | ab | llama | sanitize)"; exit 2 ;;
+  echo "unknown stage $stage (tests | tune | bench | checks | verify | ab | plan-check | pdl | llama | sanitize)"; exit 2 ;;
 esac

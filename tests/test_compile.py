@@ -391,3 +391,20 @@ def test_audit_requires_the_cluster_reduction_only_with_k_split():
     assert audit_ptx(shipped.ptx, k_tiles=4, k_split=2)  # missing cluster reduction
     split = compile_for_arch(256, 512, WarpSplitKTactic(16, 8, 128, 2, 1, 2), "sm_90a")
     assert any("without k_split" in p for p in audit_ptx(split.ptx, k_tiles=2, k_split=1))
+
+
+def test_diagnostic_build_without_the_dependency_wait(tmp_path):
+    """scripts/build_ab.py --compare pdl: the same kernel without
+    griddepcontrol.wait, to measure what the wait costs independent calls.
+    The library never builds it (no switch reaches it from the public API)."""
+    from warpsplitk.compile import _build
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1, early_launch=True)
+    ptx = _build(64, 512, tactic, False, True, "sm_90a", dependency_wait=False,
+                 options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    assert "griddepcontrol.wait" not in ptx
+    assert ptx.count("griddepcontrol.launch_dependents") == 1
+    import inspect
+
+    from warpsplitk import compile as compile_module
+    assert "dependency_wait" not in inspect.signature(compile_module.compile_warp_splitk).parameters

@@ -78,7 +78,8 @@ def build_variant() -> dict:
     return {"arrivals": _arrivals_from_env(), "early_launch": _early_launch_from_env()}
 
 
-def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None):
+def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None,
+           dependency_wait=True):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
@@ -91,7 +92,7 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, ear
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
                               loader_thread_arrive=arrivals == "all",
                               compute_thread_arrive=arrivals != "lane0",
-                              early_launch=early_launch)
+                              early_launch=early_launch, dependency_wait=dependency_wait)
     args = _fake_args()
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())

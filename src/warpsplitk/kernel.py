@@ -52,7 +52,8 @@ class WarpSplitKKernel:
 
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
                  use_pdl: bool = True, loader_thread_arrive: bool = False,
-                 compute_thread_arrive: bool = True, early_launch: bool = False):
+                 compute_thread_arrive: bool = True, early_launch: bool = False,
+                 dependency_wait: bool = True):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
@@ -83,6 +84,12 @@ class WarpSplitKKernel:
         # cost: the early-launched CTAs hold shared memory while they wait,
         # so a grid that does not fit beside them leaves stragglers.
         self.early_launch = early_launch or tactic.early_launch
+        # dependency_wait=False (diagnostic, scripts/build_ab.py --compare pdl
+        # only; nothing in the library builds it): no griddepcontrol.wait, so
+        # x may be read before the previous kernel wrote it. It measures what
+        # the wait's serialisation costs on calls whose inputs are in fact
+        # independent.
+        self.dependency_wait = dependency_wait
         t = tactic
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
         # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)
@@ -251,7 +258,7 @@ class WarpSplitKKernel:
         first_token = tile_t * t.token_tile
         if cutlass.const_expr(self.use_pdl and self.early_launch):
             ptx.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(self.use_pdl):
+        if cutlass.const_expr(self.use_pdl and self.dependency_wait):
             ptx.griddepcontrol_wait()
         for i in range(self.k_tiles):
             stage, _ = layout.ring_slot(i, t.stages)
@@ -301,7 +308,7 @@ class WarpSplitKKernel:
         mask = (1 << c) - 1
         if cutlass.const_expr(self.use_pdl and self.early_launch):
             ptx.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(self.use_pdl):
+        if cutlass.const_expr(self.use_pdl and self.dependency_wait):
             ptx.griddepcontrol_wait()
         ptx.cluster_wait()  # phase 0: every member's barriers exist
         for i in range(self.k_tiles):
