@@ -62,8 +62,9 @@ class WarpSplitKTactic:
     x_multicast: CTAs of a cluster along N that share their activation
         stages, 1 to 4: each x stage is read from L2 once per cluster
         and multicast into every member's ring, cutting the activation
-        re-reads that bound M >= 16 (experimental: not yet run on a GPU, so
-        nothing picks it unless asked).
+        re-reads that bound M >= 16 (experimental: correct on the H200 but
+        1.4-5x slower than the best tactic without it, so nothing picks it
+        unless asked; docs/NOTES.md).
     early_launch: where the kernel triggers the next PDL kernel's launch.
         False: once its last activation tile is issued (late in the CTA's
         life when the ring is shallower than K). True: before its
