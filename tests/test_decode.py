@@ -123,7 +123,7 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
     found = candidates(m, n, k, 132)
     late = [t for t in found if not t.early_launch]
     # a measurement is ~50 ms, a compile ~1 s of one core: the set stays small
-    assert late and len([t for t in late if t.k_split == 1]) <= 20 and len(late) <= 40
+    assert late and len([t for t in late if t.k_split == 1]) <= 32 and len(late) <= 48
     # every candidate is measured with both PDL trigger points, by default
     assert sorted(dataclasses.replace(t, early_launch=True) for t in late) == \
         [t for t in found if t.early_launch]
@@ -134,7 +134,10 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
     cover = min(t for t in (8, 16, 32) if t >= m)
     for t in found:
         assert t.token_tile in (cover, cover // 2)
-        assert t.b_loader_warps == (1 if t.token_tile == 8 else 2)
+        # 8-token tiles: one activation-loader warp, or two when x has
+        # real rows past the first (its copies follow the dependency wait)
+        assert t.b_loader_warps in ((1, 2) if t.token_tile == 8 and m > 1 else
+                                    (1,) if t.token_tile == 8 else (2,))
 
 
 # ------------------------------------------------------------ plan view

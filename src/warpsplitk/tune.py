@@ -8,8 +8,11 @@ Pruning, before anything is measured:
   M in 2..8 takes the M=8 winner, 9..16 the M=16 winner, and so on;
 * token_tile: the smallest tile covering M, or half of it (two token tiles
   that each re-read the weight tile from L2) when that is still >= 8;
-* b_loader_warps: 1 for 8-token tiles, 2 above (one warp issues twice the
-  copies of two, and never won a measurement);
+* b_loader_warps: 2 for 16- and 32-token tiles; for 8-token tiles 1, and 2
+  as well when M > 1: the activation copies are issued after the
+  dependency wait, on every call's critical path once the weight is
+  prefetched (run 23), so two warps issuing them may pay where one used to
+  suffice;
 * stages, per (output_tile, token_tile, k_tile): the grid needs
   ``r = ceil(CTAs / SMs)`` resident CTAs per SM for one wave; the deepest
   rings that fit r, r + 1 and 2r per SM (room beside a running grid lets
@@ -84,9 +87,11 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     cover = min(t for t in TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = {default_tactic(m, n, k, sm_count)}
-    for token_tile, output_tile, k_tile, k_split, x_multicast in itertools.product(
-            sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits, x_multicasts):
-        b_warps = 1 if token_tile == 8 or x_multicast > 1 else 2
+    for token_tile, output_tile, k_tile, k_split, x_multicast, b_warps in itertools.product(
+            sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits, x_multicasts, (1, 2)):
+        if b_warps != (1 if token_tile == 8 or x_multicast > 1 else 2) and not (
+                token_tile == 8 and m > 1):
+            continue
         if x_multicast > 1 and (k_split > 1 or token_tile == 8 or token_tile != cover):
             # not combinable; 8-token stages are too small to be worth sharing;
             # half-size token tiles re-read the weight, which sharing x does not fix
