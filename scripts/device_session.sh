@@ -92,13 +92,14 @@ bench)
   # the benchmark then loads its plan kernels from the same cache
   export WARPSPLITK_CACHE_DIR=$(mktemp -d)
   for run in cold warm; do
+    [ -n "${SKIP_START:-}" ] && break  # SKIP_START=1: no start-time measurement
     timeout 150 python3 scripts/cold_start.py --plan "$OUT/plan-h200.json" \
       --json "$OUT/start-$run.json" 2>&1 | tail -1
   done
   timeout ${BENCH_LIMIT:-420} python3 -m warpsplitk.cli bench --plan "$OUT/plan-h200.json" \
     --json "$OUT/bench.json" --plot "$OUT/bench-h200.png" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"
-  timeout 120 python3 -m warpsplitk.cli bench --chain --m 1,8,32 --plan "$OUT/plan-h200.json" \
+  timeout ${CHAIN_LIMIT:-120} python3 -m warpsplitk.cli bench --chain --m 1,8,32 --plan "$OUT/plan-h200.json" \
     --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
   echo "chain rc=$?"
   tail -90 "$OUT/bench.log"

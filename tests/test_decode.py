@@ -289,7 +289,8 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
 
 @pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early", [
     ([], (1, 2), (1,), None, (False, True)),
-    (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch"], (1,), (1, 2, 3, 4),
+    (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0"],
+     (1,), (1, 2, 3, 4),
      3, (False,))])
 def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, x_multicasts,
                                         jobs, early):
@@ -306,6 +307,7 @@ def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, 
     assert main(["tune", "--shapes", "256,512", "--m", "1-4", "-o", str(out), *flags]) == 0
     assert seen["k_splits"] == k_splits and seen["jobs"] == jobs
     assert seen["x_multicasts"] == x_multicasts and seen["early_launches"] == early
+    assert seen["confirm"] == (3 if not flags else 0)
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
     assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
 
@@ -320,3 +322,36 @@ def test_multicast_candidates_only_on_request_and_for_wide_token_tiles():
     assert all(t.token_tile == 32 and not t.early_launch for t in shared)
     assert not [t for t in candidates(1, 4224, 7168, 132, x_multicasts=(1, 2, 3, 4))
                 if t.x_multicast > 1]
+
+
+def test_plan_from_log_counts_confirmations_with_the_mean(tmp_path):
+    from warpsplitk.tune import plan_from_log
+    a, b = "16,8,256,4,1", "32,8,256,4,1+early"
+    records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
+    records += [(1024, 4096, r, b, 4.0) for r in REPRESENTATIVE_MS]
+    _log(tmp_path / "log.jsonl", records)
+    with open(tmp_path / "log.jsonl", "a") as f:
+        # b's second timing at M = 1 is much slower: the mean (6.0) loses to a
+        for tactic, us in ((b, 8.0), (a, 5.0)):
+            f.write(json.dumps({"key": f"confirm:1024,4096,1,{tactic}", "n": 1024, "k": 4096,
+                                "m": 1, "tactic": tactic, "confirm": True, "ok": True,
+                                "us": us}) + "\n")
+        # a confirmation without a first timing of its own is ignored
+        f.write(json.dumps({"key": "confirm:1024,4096,8,64,8,128,4,1", "n": 1024, "k": 4096,
+                            "m": 8, "tactic": "64,8,128,4,1", "confirm": True, "ok": True,
+                            "us": 1.0}) + "\n")
+    plan, partial = plan_from_log(str(tmp_path / "log.jsonl"))
+    assert not partial
+    by_m = plan.entries[(1024, 4096)]
+    assert by_m[1] == (WarpSplitKTactic.parse(a), 5.0)
+    assert by_m[8] == (WarpSplitKTactic.parse(b), 4.0)
+
+
+def test_confirmation_helpers():
+    from warpsplitk.tune import _confirm_candidates, _confirm_key, _mean_times
+    a, b, c = T(16, 8, 256, 4, 1), T(32, 8, 256, 4, 1), T(32, 8, 256, 4, 1, early_launch=True)
+    cell = {a: [5.0], b: [4.0, 4.4], c: [3.0]}
+    assert _confirm_candidates(cell, 2) == [c, b]
+    assert _confirm_candidates(cell, 0) == []
+    assert _mean_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
+    assert _confirm_key(1, 2, 8, c) == "confirm:1,2,8,32,8,256,4,1+early"

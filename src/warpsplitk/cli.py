@@ -93,7 +93,8 @@ def _cmd_tune(args):
                 progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget,
                 k_splits=(1, 2) if args.k_split else (1,),
                 x_multicasts=(1, 2, 3, 4) if args.x_multicast else (1,),
-                early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs)
+                early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs,
+                confirm=args.confirm)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -187,6 +188,9 @@ def main(argv=None):
     p.add_argument("--early-launch", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure every candidate with the early PDL trigger; it is "
                         "chosen only where it wins by more than 2%% (default: on)")
+    p.add_argument("--confirm", type=int, default=3,
+                   help="time each cell's N fastest candidates a second time and use the "
+                        "mean of both (default 3; 0: one timing each)")
     p.add_argument("--from-log", action="store_true",
                    help="no GPU: rebuild the plan from the measurements already in --log")
     p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")
