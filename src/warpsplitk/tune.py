@@ -265,12 +265,12 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                 x_ptr, out_ptr = gmem_pointer(x.data_ptr()), gmem_pointer(out.data_ptr())
                 ref = x.double() @ weights[-1].double().t()
 
-                def time_code(code):
+                def time_code(code, ptrs=weight_ptrs, x_ptr=x_ptr, out_ptr=out_ptr, r=r):
                     # the stream is looked up at each call, as run() does:
                     # timing captures on its own stream
                     return timing.time_calls([
                         lambda wp=wp, c=code: c(wp, x_ptr, bias_ptr, out_ptr, r, stream())
-                        for wp in weight_ptrs])
+                        for wp in ptrs])
 
                 cell = samples.setdefault((n, k), {}).setdefault(r, {})
                 for tactic in work[(n, k, r)]:
