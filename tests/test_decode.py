@@ -289,7 +289,7 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
 
 @pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early", [
     ([], (1, 2), (1,), None, (False, True)),
-    (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0"],
+    (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "3"],
      (1,), (1, 2, 3, 4),
      3, (False,))])
 def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, x_multicasts,
@@ -307,7 +307,7 @@ def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, 
     assert main(["tune", "--shapes", "256,512", "--m", "1-4", "-o", str(out), *flags]) == 0
     assert seen["k_splits"] == k_splits and seen["jobs"] == jobs
     assert seen["x_multicasts"] == x_multicasts and seen["early_launches"] == early
-    assert seen["confirm"] == (3 if not flags else 0)
+    assert seen["confirm"] == (0 if not flags else 3)
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
     assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
 

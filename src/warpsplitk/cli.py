@@ -188,9 +188,9 @@ def main(argv=None):
     p.add_argument("--early-launch", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure every candidate with the early PDL trigger; it is "
                         "chosen only where it wins by more than 2%% (default: on)")
-    p.add_argument("--confirm", type=int, default=3,
+    p.add_argument("--confirm", type=int, default=0,
                    help="time each cell's N fastest candidates a second time and use the "
-                        "mean of both (default 3; 0: one timing each)")
+                        "mean of both (e.g. 3; default 0: one timing each)")
     p.add_argument("--from-log", action="store_true",
                    help="no GPU: rebuild the plan from the measurements already in --log")
     p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")

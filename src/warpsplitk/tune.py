@@ -39,7 +39,8 @@ Pruning, before anything is measured:
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
 Candidates that fail to compile or are wrong are dropped and reported.
-The ``CONFIRM`` fastest of each cell are then timed once more, in a newly
+With ``confirm`` (``--confirm N``; off by default until it has run on a
+GPU) the N fastest of each cell are then timed once more, in a newly
 captured graph, and count with the mean of both timings: a single replay
 set can flatter a tactic (the early trigger's replays are bimodal on small
 kernels: 768x128 at M = 8 measured 1.26 us in one run, 1.37 in the next).
@@ -133,8 +134,11 @@ def _log_key(n, k, m, tactic):
 #: one of a cell's fastest candidates, in a freshly captured graph).
 CONFIRM_PREFIX = "confirm:"
 
-#: How many of each cell's fastest candidates are timed a second time.
-CONFIRM = 3
+#: How many of each cell's fastest candidates are timed a second time by
+#: default. 0 until the pass has run on a GPU (written at the end of session
+#: 4, when the device time was spent); ``warpsplitk tune --confirm 3`` asks
+#: for it.
+CONFIRM = 0
 
 
 def _confirm_key(n, k, m, tactic):
@@ -314,10 +318,13 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                         rec = {"key": key, "n": n, "k": k, "m": r, "tactic": tactic.short(),
                                "confirm": True, "ok": True, "us": round(t.median_us, 3),
                                "spread": round(t.spread, 3)}
+                        if t.median_us < timing.physical_floor_us(n * k * 2):
+                            rec.update(ok=False, error="under the HBM floor: measurement broken")
                         if log:
                             log.write(json.dumps(rec) + "\n")
                             log.flush()
-                    cell[tactic].append(rec["us"])
+                    if rec.get("ok"):
+                        cell[tactic].append(rec["us"])
                 times = measured.setdefault((n, k), {})[r] = _mean_times(cell)
                 fastest = min(times, key=times.get) if times else None
                 progress(f"N={n:>6} K={k:>6} M={r:>2}: {len(work[(n, k, r)])} candidates, fastest "
@@ -373,7 +380,7 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE):
             tactic = WarpSplitKTactic.parse(rec["tactic"])
             samples.setdefault((rec["n"], rec["k"]), {}).setdefault(rec["m"], {})[tactic] = [rec["us"]]
     for rec in records.values():  # a confirmation counts only beside its first timing
-        if rec.get("confirm"):
+        if rec.get("confirm") and rec.get("ok"):
             tactic = WarpSplitKTactic.parse(rec["tactic"])
             cell = samples.get((rec["n"], rec["k"]), {}).get(rec["m"], {})
             if tactic in cell:
