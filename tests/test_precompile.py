@@ -111,6 +111,8 @@ def test_an_unguarded_main_script_runs_once(cache, tmp_path):
     assert len(disk_cache.entries()) == 2
 
 
+# a feeder thread must not die on the dead worker's closed pipe
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_workers_that_die_leave_the_kernels_to_the_caller(cache, monkeypatch):
     import sys
     monkeypatch.setattr(sys, "executable", "/bin/false")  # every worker exits at once

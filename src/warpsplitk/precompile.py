@@ -154,7 +154,10 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
                              f"{time.perf_counter() - started:.1f} s")
                 if error == "the worker died":
                     break
-            worker.stdin.close()
+            try:
+                worker.stdin.close()
+            except OSError:  # a dead worker's pipe: its job is already counted as failed
+                pass
 
     with tempfile.TemporaryFile("w+") as log:
         threads = [threading.Thread(target=feed, args=(log,), daemon=True) for _ in range(workers)]
