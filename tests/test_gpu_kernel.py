@@ -69,7 +69,8 @@ def test_random_legal_tactics(n, k):
     rng = random.Random(n * 100003 + k)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     for m in rng.sample(MS, 3):
-        tactic = rng.choice(legal_tactics(m, n, k))
+        # both PDL trigger points: the shipped plans use both
+        tactic = rng.choice(legal_tactics(m, n, k, early_launches=(False, True)))
         prepared = PreparedWarpSplitK(w, {m: tactic})
         check(prepared, m, n, k, w)
 
