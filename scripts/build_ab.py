@@ -1,6 +1,7 @@
 """Builds of the same kernel, timed side by side.
 
-    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl [--m 1,32] [--chain-only]
+    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl|mc-release [--m 1,32]
+                                [--chain-only]
                                 [--tactics default|plan] [--json OUT]
 
 Comparisons (the first build of each is the reference, the ratios are the
@@ -16,6 +17,10 @@ others' times over its):
                without griddepcontrol.wait (diagnostic only: correct here
                because no call reads another's output), and without PDL
                at all (plain stream order); independent mode only
+  mc-release   the activation multicast's stage release: every compute
+               lane arriving on every member's empty barrier (the default)
+               vs lane 0 of each warp after bar.warp.sync; the multicast
+               tactics of MULTICAST_CELLS, independent mode only
 
 Default tactics (or the built-in H200 plan's, --tactics plan), all builds in one process, each checked against fp64
 first, timed as the benchmark times: independent calls back to back in a
@@ -34,7 +39,7 @@ from cuda.bindings import driver
 from warpsplitk import timing
 from warpsplitk.compile import _build, device_arch, gmem_pointer
 from warpsplitk.prepared import _stream_handle
-from warpsplitk.tactics import default_tactic
+from warpsplitk.tactics import WarpSplitKTactic, default_tactic
 
 SHAPES = ((4224, 7168), (2112, 7168), (7168, 768), (2304, 1536), (7168, 384), (2048, 2048),
           (1152, 1536), (768, 128))
@@ -44,9 +49,20 @@ COMPARISONS = {
     "release": (("lane0", {"arrivals": "lane0"}), ("all", {"arrivals": ""})),
     "pdl-trigger": (("shipped", {"early_launch": False}), ("early", {"early_launch": True})),
     "pdl": (("wait", {}), ("no-wait", {"dependency_wait": False}), ("no-pdl", {"use_pdl": False})),
+    "mc-release": (("lanes", {"arrivals": ""}), ("lane0", {"arrivals": "lane0"})),
 }
 #: comparisons whose builds are wrong for dependent calls: no chain part
-INDEPENDENT_ONLY = {"pdl"}
+INDEPENDENT_ONLY = {"pdl", "mc-release"}
+#: mc-release: the activation multicast's fastest tactic per cell in the tune
+#: log (runs 21-22), each cell's best tactic without it noted for reference
+MULTICAST_CELLS = (
+    (4224, 7168, 32, "32,32,256,6,1,1,2"),   # best without: 14.84 us
+    (3216, 7168, 32, "16,32,256,8,1,1,3"),   # 14.41
+    (2048, 2048, 32, "32,32,256,6,1,1,2"),   # 3.87
+    (7168, 768, 32, "64,32,128,6,1,1,2"),    # 4.26
+    (1152, 1536, 16, "32,16,256,6,1,1,2"),   # 2.27
+    (768, 128, 16, "32,16,128,1,1,1,2"),     # 1.28
+)
 
 
 def main():
@@ -74,6 +90,11 @@ def main():
           + " ".join(f"{name:>8}" for name in names)
           + " " + " ".join(f"{'/' + names[0]:>8}" for _ in names[1:]))
     shapes = [(s, False) for s in SHAPES if not args.chain_only]
+    fixed = {}  # (n, k) -> {m: tactic}: cells with their own tactics
+    if args.compare == "mc-release":
+        for n, k, m, text in MULTICAST_CELLS:
+            fixed.setdefault((n, k), {})[m] = WarpSplitKTactic.parse(text)
+        shapes = [(s, False) for s in fixed]
     if args.compare not in INDEPENDENT_ONLY:
         shapes.append((CHAIN_SHAPE, True))
     for (n, k), chain in shapes:
@@ -82,8 +103,12 @@ def main():
             for w in weights:
                 w.mul_(k ** -0.5)  # keep the chained activations O(1)
         ptrs = [gmem_pointer(w.data_ptr()) for w in weights]
-        for m in (int(v) for v in args.m.split(",")):
-            tactic = plan.tactic_for(n, k, m) if plan is not None else default_tactic(m, n, k)
+        ms = sorted(fixed[(n, k)]) if (n, k) in fixed else [int(v) for v in args.m.split(",")]
+        for m in ms:
+            if (n, k) in fixed:
+                tactic = fixed[(n, k)][m]
+            else:
+                tactic = plan.tactic_for(n, k, m) if plan is not None else default_tactic(m, n, k)
             x0 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             x = x0.clone()
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)

@@ -19,6 +19,8 @@
 #           overhead, determinism and the early PDL trigger's speed
 #   plan-check  the torch integration and Llama tests (the shipped plan's
 #           kernels) beside racecheck over the activation multicast
+#   multicast  the activation multicast's per-warp stage release: its GPU
+#           tests and an A/B against the per-lane release
 #   pdl     what PDL and its griddepcontrol.wait cost independent calls
 #           (scripts/build_ab.py --compare pdl, plan tactics)
 #   llama   the Llama example's accuracy and decode-step timing
@@ -178,6 +180,16 @@ plan-check)
   echo "multicast cases started under racecheck: $(tar -xzOf "$OUT/multicast-racecheck/sanitizer-logs.tar.gz" \
     --wildcards '*.log' 2>/dev/null | grep -c '^case')"
   ;;
+multicast)
+  # the activation multicast with one remote stage release per warp
+  # (WARPSPLITK_THREAD_ARRIVE=lane0) against one per lane: GPU tests of the
+  # lane-0 build, then both timed on the multicast's best tactics
+  WARPSPLITK_THREAD_ARRIVE=lane0 timeout -k 5 ${MULTICAST_LIMIT:-150} python3 -m pytest -q -m gpu \
+    tests/test_gpu_x_multicast.py > "$OUT/gpu_x_multicast-lane0.log" 2>&1
+  echo "gpu_x_multicast (lane-0 release): $(tail -1 "$OUT/gpu_x_multicast-lane0.log")"
+  timeout ${AB_LIMIT:-200} python3 scripts/build_ab.py --compare mc-release \
+    --json "$OUT/mc-release-ab.json" 2>&1 | tail -10
+  ;;
 pdl)
   # what PDL and its dependency wait cost independent calls, plan tactics
   timeout ${AB_LIMIT:-300} python3 scripts/build_ab.py --compare pdl --tactics plan \
@@ -204,5 +216,5 @@ sanitize)
   head -c 9000 "$OUT/sanitizer-report.txt"
   ;;
 *)
-  echo "unknown stage $stage (tests | tune | bench | checks | verify | ab | plan-check | pdl | llama | sanitize)"; exit 2 ;;
+  echo "unknown stage $stage (tests | tune | bench | checks | verify | ab | plan-check | multicast | pdl | llama | sanitize)"; exit 2 ;;
 esac

@@ -408,3 +408,35 @@ def test_diagnostic_build_without_the_dependency_wait(tmp_path):
 
     from warpsplitk import compile as compile_module
     assert "dependency_wait" not in inspect.signature(compile_module.compile_warp_splitk).parameters
+
+
+def test_multicast_lane0_release_build(tmp_path):
+    """WARPSPLITK_THREAD_ARRIVE=lane0 with x_multicast: one remote release per
+    compute warp and member (predicated on lane 0, after bar.warp.sync)
+    instead of one per lane; the barriers expect 4 c arrivals. Built to
+    measure whether the per-lane remote arrivals make the multicast slow."""
+    import re
+
+    from warpsplitk.compile import _build
+    tactic, n, k = WarpSplitKTactic(16, 16, 256, 4, 1, 1, 2), 1536, 7168
+
+    def ptx(arrivals):
+        text = _build(n, k, tactic, False, True, "sm_90a", arrivals=arrivals,
+                      options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
+        return text.decode() if isinstance(text, bytes) else text
+    lanes, lane0 = ptx(""), ptx("lane0")
+    k_tiles = k // tactic.k_tile
+    for text in (lanes, lane0):
+        assert audit_ptx(text, k_tiles=k_tiles, x_multicast=2) == []
+        assert len(re.findall(r"mbarrier\.arrive\.release\.cluster", text)) == k_tiles * 2
+    assert not re.search(r"@P1 mbarrier\.arrive\.release\.cluster", lanes)
+    assert len(re.findall(r"@P1 mbarrier\.arrive\.release\.cluster", lane0)) == k_tiles * 2
+    assert lane0.count("bar.warp.sync") >= k_tiles
+    # empty barriers initialised for 4 warps x 2 members instead of 128 lanes x 2
+    # (the counts reach mbarrier.init through registers)
+
+    def init_counts(text):
+        regs = set(re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (%r\d+);", text))
+        return {int(v) for r in regs for v in re.findall(rf"mov\.[ub]32\s+{r}, (\d+);", text)}
+    assert init_counts(lane0) == {64, 8, 1}
+    assert init_counts(lanes) == {64, 256, 1}

@@ -183,11 +183,12 @@ class WarpSplitKKernel:
             # multicast: one arrival (the local expect_tx) plus the stage's bytes
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_b, stage),
                               1 if self.multicast else self.b_threads)
-            # multicast: every compute lane of every member releases every stage
-            # (the stage's next rows come from all of them)
-            releases = (self.compute_threads * self.x_multicast if self.multicast
-                        else self.compute_threads if self.compute_thread_arrive
-                        else layout.COMPUTE_WARPS)
+            # multicast: every compute lane (or, in the lane-0 build, every
+            # compute warp) of every member releases every stage (the stage's
+            # next rows come from all of them)
+            per_cta = (self.compute_threads if self.compute_thread_arrive
+                       else layout.COMPUTE_WARPS)
+            releases = per_cta * self.x_multicast if self.multicast else per_cta
             ptx.mbarrier_init(self._barrier(smem, self.smem.empty, stage), releases)
         ptx.fence_mbarrier_init()
 
@@ -363,10 +364,18 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
-            if self.multicast:
+            if self.multicast and self.compute_thread_arrive:
                 # the next rows of this stage come from every member: release it to all
                 for q in range(self.x_multicast):
                     ptx.mbarrier_arrive_cluster(empty_of[q] + stage * layout.MBARRIER_BYTES)
+            elif self.multicast:
+                # lane-0 build: one remote arrival per warp and member instead of
+                # 32 (measured next: whether the 128 c remote arrivals per stage
+                # are what makes the multicast slow, docs/NOTES.md)
+                ptx.syncwarp()
+                for q in range(self.x_multicast):
+                    ptx.mbarrier_arrive_cluster_lane0(
+                        empty_of[q] + stage * layout.MBARRIER_BYTES, lane)
             elif self.compute_thread_arrive:
                 ptx.mbarrier_arrive(self._barrier(smem, self.smem.empty, stage))
             else:

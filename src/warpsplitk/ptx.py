@@ -213,6 +213,17 @@ def mbarrier_arrive_cluster(address, *, loc=None, ip=None):
          "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];", "r,~{memory}", loc, ip)
 
 
+@dsl_user_op
+def mbarrier_arrive_cluster_lane0(address, lane, *, loc=None, ip=None):
+    """Lane 0 of the warp arrives (release, cluster scope) on the mbarrier at
+    shared::cluster ``address``; a preceding ``bar.warp.sync`` gathers the
+    other lanes' reads under that release, as in ``mbarrier_arrive_lane0``."""
+    _asm(None, [Int32(address), Int32(lane)],
+         "{\n.reg .pred P1;\nsetp.eq.u32 P1, $1, 0;\n"
+         "@P1 mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];\n}",
+         "r,r,~{memory}", loc, ip)
+
+
 # --------------------------------------------------------------- PDL
 
 
