@@ -42,6 +42,9 @@ THREADS_PER_SM = 2048
 REGISTERS_PER_SM = 65536
 BLOCKS_PER_SM = 32
 DEFAULT_SM_COUNT = 132
+#: default_tactic: a 32-row weight tile over the whole K up to this size
+#: counts as short (fixed costs dominate; fewer, longer CTAs win).
+SHORT_K_TILE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, order=True)
@@ -313,15 +316,25 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
     - token_tile: the smallest tile that holds all M tokens, so the weight is
       read from HBM once and x once per weight tile;
     - k_tile: 256 when K allows (half the barrier round trips per byte), else 128;
-    - output_tile: 32 when there are more than 16 tokens and 32-row tiles
-      still give every SM a CTA (it halves the activation re-reads per weight
-      byte), else 16 for more CTAs;
+    - output_tile: 32 when N allows and either the 32-row grid still gives
+      three SMs in four a CTA, or a 32-row tile of the whole K is at most
+      256 KB (short K: the per-call fixed costs dominate, and fewer, longer
+      CTAs measured faster); else 16, for more CTAs to stream a long K.
+      32 rows also halve the activation re-reads per weight byte;
     - stages: the grid needs ``r = ceil(CTAs / SMs)`` CTAs resident per SM to
       run in one wave; take the deepest ring with which exactly ``r`` fit.
       Deeper rings put more weight bytes in flight per SM, and a ring that
       leaves no room for an (r+1)-th CTA stops the block scheduler from
       doubling CTAs up on some SMs while others idle;
-    - b_loader_warps: 2 when the activation tile is 16 tokens or more.
+    - b_loader_warps: 2 when M > 1 (the activation copies follow the
+      dependency wait, on every call's critical path), 1 for one token.
+
+    Chosen (v3, session 4) against the 80 measured cells of the tuner's log
+    (``docs/gpu-runs/2026-12-02-tune-log.jsonl``): its tactic is within a
+    median 1.024 (mean 1.056, worst 1.395) of the fastest measured tactic
+    without the early trigger, against 1.058 (1.093, 1.502) for v2, which
+    took 32 rows only for 32-token tiles covering every SM and one
+    activation warp for 8-token tiles.
     """
     _check_m(m)
     if sm_count is None:
@@ -334,8 +347,12 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
                          f"{MAX_K_TILES * 128}, or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
     token_tile = min(t for t in TOKEN_TILES if t >= m)
     k_tile = 256 if k % 256 == 0 and (k // 256 >= 2 or k // 128 > MAX_K_TILES) else 128
-    output_tile = 32 if (token_tile == 32 and n % 32 == 0 and n // 32 >= sm_count) else 16
-    b_warps = 2 if token_tile >= 16 else 1
+    output_tile = 16
+    if n % 32 == 0:
+        ctas_32 = (n // 32) * -(-m // token_tile)
+        if 4 * ctas_32 >= 3 * sm_count or 32 * k * layout.ELEMENT_BYTES <= SHORT_K_TILE_BYTES:
+            output_tile = 32
+    b_warps = 2 if m > 1 else 1
     k_tiles = k // k_tile
     if k_tiles == 1:
         return WarpSplitKTactic(output_tile, token_tile, k_tile, 1, b_warps)
