@@ -139,6 +139,10 @@ verify)
   # too (every family's k_split 2, x_multicast 2 to 4; one ring variant each)
   OUT=$OUT/clusters K_SPLIT=1 X_MULTICAST=1 SUBSET=rotate CASE_LIMIT=$LIMIT \
     bash scripts/sanitize.sh > "$OUT/sanitizer-clusters.log" 2>&1 &
+  # the early PDL trigger (the shipped plan's "+early" tactics) under the
+  # sanitizer too: every family built with it, one ring variant each
+  WARPSPLITK_EARLY_LAUNCH=1 OUT=$OUT/early SUBSET=rotate CASE_LIMIT=$LIMIT \
+    bash scripts/sanitize.sh > "$OUT/sanitizer-early.log" 2>&1 &
   # the experimental activation multicast alone, short limit: a protocol
   # fault hangs
   timeout -k 5 ${MULTICAST_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_x_multicast.py \
@@ -152,6 +156,7 @@ verify)
   grep -A30 "relative error vs fp64" "$OUT/gpu_reliability.log" | grep "K=" | head -20
   cat "$OUT/sanitizer.log"
   echo "with k_split 2 and x_multicast 2-4: $(cut -c1-1200 "$OUT/sanitizer-clusters.log")"
+  echo "early PDL trigger: $(cut -c1-1200 "$OUT/sanitizer-early.log")"
   echo "soak 100k: $(tail -1 "$OUT/soak-100k.log")"
   timeout 40 python3 scripts/host_overhead.py --json "$OUT/host-overhead.json" \
     > "$OUT/host-overhead.log" 2>&1
