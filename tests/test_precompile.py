@@ -119,3 +119,27 @@ def test_workers_that_die_leave_the_kernels_to_the_caller(cache, monkeypatch):
     failures = precompile.precompile(KERNELS, "sm_90a", jobs=2)
     assert set(failures) == set(KERNELS)
     assert disk_cache.entries() == []
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_worker_that_hangs_is_killed(cache, monkeypatch, tmp_path):
+    import sys
+    import time
+    hang = tmp_path / "hang.sh"
+    hang.write_text("#!/bin/sh\nexec sleep 60\n")  # reads nothing, answers nothing
+    hang.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(hang))
+    monkeypatch.setenv("WARPSPLITK_COMPILE_TIMEOUT", "1.5")
+    started = time.perf_counter()
+    failures = precompile.precompile(KERNELS, "sm_90a", jobs=2)
+    assert time.perf_counter() - started < 20
+    assert set(failures) == set(KERNELS)
+    assert any("timed out after 1.5 s" in text for text in failures.values())
+    assert disk_cache.entries() == []
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-3"])
+def test_compile_timeout_must_be_positive_seconds(monkeypatch, value):
+    monkeypatch.setenv("WARPSPLITK_COMPILE_TIMEOUT", value)
+    with pytest.raises(ValueError, match="WARPSPLITK_COMPILE_TIMEOUT"):
+        precompile.compile_timeout()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,26 @@ def default_jobs() -> int:
             raise ValueError(f"WARPSPLITK_COMPILE_JOBS must be >= 1, got {jobs}")
         return jobs
     return max(1, min(16, (os.cpu_count() or 1) - 1))
+
+
+#: Seconds one kernel may take in a worker before the worker is killed and
+#: the kernel left to the caller's own compile (``WARPSPLITK_COMPILE_TIMEOUT``).
+#: The slowest measured is ~15 s (K = 16384, 64 unrolled tiles, on a busy host).
+COMPILE_TIMEOUT_S = 300.0
+
+
+def compile_timeout() -> float:
+    explicit = os.environ.get("WARPSPLITK_COMPILE_TIMEOUT")
+    if not explicit:
+        return COMPILE_TIMEOUT_S
+    try:
+        seconds = float(explicit)
+    except ValueError:
+        raise ValueError(f"WARPSPLITK_COMPILE_TIMEOUT must be a number of seconds, "
+                         f"got {explicit!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"WARPSPLITK_COMPILE_TIMEOUT must be > 0, got {explicit!r}")
+    return seconds
 
 
 def _compile_job(job: dict):
@@ -115,6 +136,7 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
     if len(todo) < 2:
         return {}
     started = time.perf_counter()
+    timeout = compile_timeout()
     workers = min(jobs, len(todo))
     pending = queue.Queue()
     for item in todo:
@@ -140,8 +162,14 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
                 try:
                     worker.stdin.write(json.dumps(job) + "\n")
                     worker.stdin.flush()
-                    reply = worker.stdout.readline()
-                    error = json.loads(reply)["error"] if reply else "the worker died"
+                    # a worker that hangs is killed: its kernel (and those it
+                    # would have taken) are left to the other workers and the caller
+                    if not select.select([worker.stdout], [], [], timeout)[0]:
+                        worker.kill()
+                        error = f"timed out after {timeout:g} s"
+                    else:
+                        reply = worker.stdout.readline()
+                        error = json.loads(reply)["error"] if reply else "the worker died"
                 except (OSError, ValueError, KeyError) as exc:
                     error = f"the worker failed: {exc}"
                 with lock:
@@ -152,7 +180,7 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
                 if progress and (count == len(todo) or count % 20 == 0):
                     progress(f"compiled {count}/{len(todo)} kernels in {workers} processes, "
                              f"{time.perf_counter() - started:.1f} s")
-                if error == "the worker died":
+                if error and (error == "the worker died" or error.startswith("timed out")):
                     break
             try:
                 worker.stdin.close()
