@@ -81,7 +81,8 @@ def test_round_trip_keeps_the_cubin(cache, compiled):
     assert disk_cache.load(stem) is None
     path = disk_cache.store(stem, compiled)
     assert path == cache / f"{stem}.o" and path.is_file()
-    assert list(cache.iterdir()) == [path]  # no scratch folder left behind
+    # no scratch folder left behind; beside the kernel, what built it
+    assert sorted(cache.iterdir()) == [path.with_suffix(".build.json"), path]
     loaded = disk_cache.load(stem)
     assert loaded is not None and marshals_as_slots(loaded)
     cubin = compile_for_arch(N, K, TACTIC, "sm_90a").cubin
@@ -190,3 +191,26 @@ def test_cache_cli(cache, compiled, capsys):
     assert main(["cache", "--clear"]) == 0
     assert "removed 1 compiled kernels" in capsys.readouterr().out
     assert disk_cache.entries() == []
+
+
+def test_prune_removes_kernels_of_other_versions_or_sources(cache, compiled, monkeypatch, capsys):
+    from warpsplitk.cli import main
+    current = disk_cache.store("ab" * 20, compiled)
+    assert (cache / f"{'ab' * 20}.build.json").is_file()
+    assert disk_cache.stale() == []
+    # a kernel left by another version of the library
+    with monkeypatch.context() as patch:
+        patch.setattr(disk_cache, "_versions", lambda: {"warpsplitk": "0.0.1",
+                                                        "cutlass_dsl": "4.8.1"})
+        old = disk_cache.store("cd" * 20, compiled)
+    # and one without a record of what built it (written before records existed)
+    bare = cache / f"{'ef' * 20}.o"
+    bare.write_bytes(current.read_bytes())
+    assert disk_cache.stale() == [old, bare]
+    assert main(["cache"]) == 0
+    assert "3 compiled kernels" in (out := capsys.readouterr().out) and "(2 stale" in out
+    assert main(["cache", "--prune"]) == 0
+    assert "removed 2 stale compiled kernels" in capsys.readouterr().out
+    assert disk_cache.entries() == [current]
+    assert sorted(p.name for p in cache.iterdir()) == [f"{'ab' * 20}.build.json", current.name]
+    assert disk_cache.load("ab" * 20) is not None

@@ -106,10 +106,15 @@ def _cmd_cache(args):
     if args.clear:
         print(f"removed {disk_cache.clear()} compiled kernels from {folder}")
         return 0
+    if args.prune:
+        print(f"removed {disk_cache.prune()} stale compiled kernels from {folder}")
+        return 0
     files = disk_cache.entries()
     size = sum(f.stat().st_size for f in files)
     state = "on" if disk_cache.enabled() else "off (WARPSPLITK_DISK_CACHE)"
-    print(f"{folder}: {len(files)} compiled kernels, {size / 1e6:.1f} MB; disk cache {state}")
+    print(f"{folder}: {len(files)} compiled kernels, {size / 1e6:.1f} MB "
+          f"({len(disk_cache.stale())} stale: other versions or kernel sources, "
+          f"'warpsplitk cache --prune' removes them); disk cache {state}")
     return 0
 
 
@@ -199,8 +204,11 @@ def main(argv=None):
                    help="processes compiling the candidates first (default: one per core but one)")
     p.set_defaults(func=_cmd_tune)
 
-    p = sub.add_parser("cache", help="show or clear the compiled kernels kept on disk")
+    p = sub.add_parser("cache", help="show, prune or clear the compiled kernels kept on disk")
     p.add_argument("--clear", action="store_true", help="remove them all")
+    p.add_argument("--prune", action="store_true",
+                   help="remove those built by other warpsplitk or CuTe DSL versions or "
+                        "other kernel sources")
     p.set_defaults(func=_cmd_cache)
 
     p = sub.add_parser("plan", help="show tactics, occupancy and the HBM floor per shape (no GPU)")

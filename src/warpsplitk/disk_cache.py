@@ -99,6 +99,16 @@ def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arriva
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
 
 
+def _generation() -> dict:
+    # what makes a kernel file stale when it changes: this library's and
+    # the DSL's versions and the kernel sources (written beside each file)
+    return {**_versions(), "sources": _sources_digest()}
+
+
+def _generation_path(path: Path) -> Path:
+    return path.with_suffix(".build.json")
+
+
 def _symbol(stem: str) -> str:
     # the exported functions' symbol prefix: a C identifier, unique per kernel
     return f"warpsplitk_{stem}"
@@ -123,10 +133,7 @@ def load(stem: str):
     except Exception as exc:  # a truncated, foreign or stale file: compile again
         _warn_once("load", f"could not load {path} ({type(exc).__name__}: {exc}); "
                            "compiling instead and replacing it")
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        _remove(path)
         return None
 
 
@@ -145,6 +152,9 @@ def store(stem: str, compiled) -> Path | None:
             # rename within one file system: readers see all of it or nothing
             final = path_for(stem)
             os.replace(produced, final)
+            generation = Path(scratch) / "generation.json"
+            generation.write_text(json.dumps(_generation(), sort_keys=True))
+            os.replace(generation, _generation_path(final))
         return final
     except Exception as exc:
         _warn_once("store", f"could not write to {folder} ({type(exc).__name__}: {exc}); "
@@ -157,15 +167,42 @@ def entries() -> list[Path]:
     return sorted(folder.glob("*.o")) if folder.is_dir() else []
 
 
-def clear() -> int:
-    """Remove every cached kernel; returns how many files were removed."""
-    removed = 0
+def stale() -> list[Path]:
+    """Cached kernels built by another warpsplitk or CuTe DSL version or from
+    other kernel sources (their keys can never be asked for again), or
+    without a record of what built them."""
+    current = _generation()
+    found = []
     for path in entries():
         try:
-            path.unlink()
-            removed += 1
-        except OSError:
-            pass
+            built = json.loads(_generation_path(path).read_text())
+        except (OSError, ValueError):
+            built = None
+        if built != current:
+            found.append(path)
+    return found
+
+
+def _remove(path: Path) -> bool:
+    try:
+        path.unlink()
+    except OSError:
+        return False
+    try:
+        _generation_path(path).unlink()
+    except OSError:
+        pass
+    return True
+
+
+def prune() -> int:
+    """Remove the stale kernels (``stale``); returns how many."""
+    return sum(_remove(path) for path in stale())
+
+
+def clear() -> int:
+    """Remove every cached kernel; returns how many files were removed."""
+    removed = sum(_remove(path) for path in entries())
     folder = cache_dir()
     if folder.is_dir():
         for scratch in folder.glob(".export-*"):
@@ -173,4 +210,5 @@ def clear() -> int:
     return removed
 
 
-__all__ = ["cache_dir", "enabled", "key", "load", "store", "entries", "clear", "path_for"]
+__all__ = ["cache_dir", "enabled", "key", "load", "store", "entries", "stale", "prune", "clear",
+           "path_for"]
