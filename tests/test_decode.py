@@ -355,3 +355,17 @@ def test_confirmation_helpers():
     assert _confirm_candidates(cell, 0) == []
     assert _mean_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
     assert _confirm_key(1, 2, 8, c) == "confirm:1,2,8,32,8,256,4,1+early"
+
+
+@pytest.mark.parametrize("n,k", [(16, 128), (112, 640), (256, 16384), (8192, 1024), (48, 8448),
+                                 (4096, 4096), (11008, 4096)])
+def test_candidates_for_shapes_outside_the_table(n, k):
+    """Users tune their own shapes: every candidate is legal, the default is
+    one, and each has its early-trigger twin."""
+    for m in REPRESENTATIVE_MS:
+        found = candidates(m, n, k, 132)
+        assert default_tactic(m, n, k, 132) in found
+        assert all(is_legal(t, n, k) for t in found)
+        late = {t for t in found if not t.early_launch}
+        assert {dataclasses.replace(t, early_launch=True) for t in late} == \
+            {t for t in found if t.early_launch}
