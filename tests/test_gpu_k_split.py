@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic  # noqa: E402
+from warpsplitk import WarpSplitKTactic  # noqa: E402
 
-from test_gpu_kernel import check_prepared_in_a_graph  # noqa: E402
+from test_gpu_kernel import check_tactic_with_and_without_bias  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -30,8 +30,4 @@ K_SPLIT_CASES = [
 @pytest.mark.parametrize("tactic,n,k", K_SPLIT_CASES,
                          ids=[f"{t.short()}-{n}x{k}" for t, n, k in K_SPLIT_CASES])
 def test_cluster_split_of_k(tactic, n, k):
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    for b in (None, bias):
-        prepared = PreparedWarpSplitK(w, {m: tactic for m in (1, 8, 9, 32)}, bias=b)
-        check_prepared_in_a_graph(prepared, 8, n, k, w, b)
+    check_tactic_with_and_without_bias(tactic, n, k, (1, 8, 9, 32), graph_m=8)

@@ -41,6 +41,16 @@ def check_prepared_in_a_graph(prepared, m, n, k, w, bias=None):
     assert rel_err(out, x, w, bias) < 1e-2 and torch.equal(out, out2)
 
 
+def check_tactic_with_and_without_bias(tactic, n, k, ms, graph_m):
+    """One tactic prepared for ``ms`` on a random ``[n, k]`` weight, without
+    and with a bias: every M checked, then ``graph_m`` in a graph (PDL)."""
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    for b in (None, bias):
+        prepared = PreparedWarpSplitK(w, {m: tactic for m in ms}, bias=b)
+        check_prepared_in_a_graph(prepared, graph_m, n, k, w, b)
+
+
 def check(prepared, m, n, k, w, bias=None):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic  # noqa: E402
 
-from test_gpu_kernel import check_prepared_in_a_graph  # noqa: E402
+from test_gpu_kernel import check_tactic_with_and_without_bias  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -33,11 +33,7 @@ MULTICAST_CASES = [
 @pytest.mark.parametrize("tactic,n,k", MULTICAST_CASES,
                          ids=[f"{t.short()}-{n}x{k}" for t, n, k in MULTICAST_CASES])
 def test_activation_multicast(tactic, n, k):
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    for b in (None, bias):
-        prepared = PreparedWarpSplitK(w, {m: tactic for m in (1, 2, 8, 9, 17, 31, 32)}, bias=b)
-        check_prepared_in_a_graph(prepared, 9, n, k, w, b)
+    check_tactic_with_and_without_bias(tactic, n, k, (1, 2, 8, 9, 17, 31, 32), graph_m=9)
 
 
 def test_multicast_matches_the_plain_kernel_bitwise():
