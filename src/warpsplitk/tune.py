@@ -86,6 +86,15 @@ def representative(m: int) -> int:
     return 1 if m == 1 else min(r for r in REPRESENTATIVE_MS if r >= m)
 
 
+def _activation_warps(token_tile, x_multicast, m):
+    """The b_loader_warps worth measuring (see the module docstring)."""
+    if x_multicast > 1:
+        return (1,)  # one lane per token row issues the bulk copies
+    if token_tile == 8:
+        return (1, 2) if m > 1 else (1,)
+    return (2,)
+
+
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
                k_splits=(1, 2), x_multicasts=(1,),
                early_launches=(False, True)) -> list[WarpSplitKTactic]:
@@ -94,8 +103,7 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     found = {default_tactic(m, n, k, sm_count)}
     for token_tile, output_tile, k_tile, k_split, x_multicast, b_warps in itertools.product(
             sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits, x_multicasts, (1, 2)):
-        if b_warps != (1 if token_tile == 8 or x_multicast > 1 else 2) and not (
-                token_tile == 8 and m > 1):
+        if b_warps not in _activation_warps(token_tile, x_multicast, m):
             continue
         if x_multicast > 1 and (k_split > 1 or token_tile == 8 or token_tile != cover):
             # not combinable; 8-token stages are too small to be worth sharing;
