@@ -47,7 +47,8 @@ def _fake_args():
 #: Ring arrival variants of the kernel (kernel.py): "" the shipped one
 #: (copy completion arrives for the loaders, every compute lane releases);
 #: "lane0": one release per compute warp by lane 0 after bar.warp.sync (the
-#: earlier build, for speed comparisons); "all": loaders also arrive
+#: earlier build, for speed comparisons; with x_multicast, one remote release
+#: per warp and member instead of one per lane); "all": loaders also arrive
 #: themselves after waiting for their copies (diagnostic, for racecheck).
 ARRIVALS = ("", "lane0", "all")
 
@@ -63,9 +64,9 @@ def _arrivals_from_env() -> str:
 
 
 def _early_launch_from_env() -> bool:
-    # the experimental PDL trigger before the wait (kernel.py, early_launch)
-    # for the whole process: WARPSPLITK_EARLY_LAUNCH=1; lets every GPU test,
-    # the sanitizer and the benchmark run on it before it is shipped
+    # WARPSPLITK_EARLY_LAUNCH=1 builds every kernel of the process with the
+    # early PDL trigger, whatever its tactic says (kernel.py, early_launch):
+    # every GPU test, the sanitizer and the soak then run on it
     value = os.environ.get("WARPSPLITK_EARLY_LAUNCH", "0").strip()
     if value not in ("0", "1", ""):
         raise ValueError(f"WARPSPLITK_EARLY_LAUNCH must be 0 or 1, got {value!r}")

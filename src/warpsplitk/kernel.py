@@ -217,6 +217,19 @@ class WarpSplitKKernel:
                 ptx.cluster_wait()
             ptx.cluster_arrive()
 
+    def _pdl_before_x(self):
+        """An activation loader's PDL steps before its first read of x: the
+        early trigger, then the wait for the previous grid (which wrote x)."""
+        if cutlass.const_expr(self.use_pdl and self.early_launch):
+            ptx.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.use_pdl and self.dependency_wait):
+            ptx.griddepcontrol_wait()
+
+    def _pdl_after_x(self):
+        """... and after its last tile is issued: the late trigger."""
+        if cutlass.const_expr(self.use_pdl and not self.early_launch):
+            ptx.griddepcontrol_launch_dependents()
+
     def issue_weight_tile(self, smem, weight, thread, tile_n, k_tile_index, policy, hinted,
                           rank=None):
         t = self.tactic
@@ -257,10 +270,7 @@ class WarpSplitKKernel:
         if self.k_split > 1:
             x_base = x_base + self._k_base(rank)
         first_token = tile_t * t.token_tile
-        if cutlass.const_expr(self.use_pdl and self.early_launch):
-            ptx.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(self.use_pdl and self.dependency_wait):
-            ptx.griddepcontrol_wait()
+        self._pdl_before_x()
         for i in range(self.k_tiles):
             stage, _ = layout.ring_slot(i, t.stages)
             parity = layout.empty_parity(i, t.stages)
@@ -279,8 +289,7 @@ class WarpSplitKKernel:
                        + layout.swizzle(row, col, t.k_tile) * _BYTES)
                 ptx.cp_async_16_zfill(dst, src, cutlass.select_(valid, Int32(16), Int32(0)))
             self._loader_arrive(self._barrier(smem, self.smem.full_b, stage))
-        if cutlass.const_expr(self.use_pdl and not self.early_launch):
-            ptx.griddepcontrol_launch_dependents()
+        self._pdl_after_x()
         ptx.cp_async_wait_all()
         self._cluster_done()
 
@@ -307,10 +316,7 @@ class WarpSplitKKernel:
         src_row = x.toint() + Int64(cutlass.select_(issue != 0, token, Int32(0))) * (self.k * _BYTES)
         dst_row = smem + self.smem.b_ring + layout.padded(lane % t.token_tile, 0, t.k_tile) * _BYTES
         mask = (1 << c) - 1
-        if cutlass.const_expr(self.use_pdl and self.early_launch):
-            ptx.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(self.use_pdl and self.dependency_wait):
-            ptx.griddepcontrol_wait()
+        self._pdl_before_x()
         ptx.cluster_wait()  # phase 0: every member's barriers exist
         for i in range(self.k_tiles):
             stage, _ = layout.ring_slot(i, t.stages)
@@ -323,8 +329,7 @@ class WarpSplitKKernel:
             ptx.cp_async_bulk_multicast_if(dst_row + stage * self.smem.b_stage_bytes,
                                            src_row + Int64(i * row_bytes), row_bytes, full,
                                            mask, issue)
-        if cutlass.const_expr(self.use_pdl and not self.early_launch):
-            ptx.griddepcontrol_launch_dependents()
+        self._pdl_after_x()
         self._cluster_done(waited=True)
 
     def compute(self, smem, tidx, warp, tile_n, tile_t, m, bias, out, rank):
