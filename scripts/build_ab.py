@@ -1,6 +1,7 @@
 """Builds of the same kernel, timed side by side.
 
-    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl|mc-release [--m 1,32]
+    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl|mc-release|x-copies
+                                [--m 1,32]
                                 [--chain-only]
                                 [--tactics default|plan] [--json OUT]
 
@@ -21,6 +22,11 @@ others' times over its):
                lane arriving on every member's empty barrier (the default)
                vs lane 0 of each warp after bar.warp.sync; the multicast
                tactics of MULTICAST_CELLS, independent mode only
+  x-copies     what follows the dependency wait, on SHAPES and LONG_K_SHAPES:
+               the tactic as is; with its activations by bulk copy (bulk_x,
+               one activation warp); and that with the L2 prefetch of the
+               weight past the ring's first fill too (l2_prefetch; cells
+               whose ring holds all of K repeat the bulk time)
 
 Default tactics (or the built-in H200 plan's, --tactics plan), all builds in one process, each checked against fp64
 first, timed as the benchmark times: independent calls back to back in a
@@ -31,6 +37,7 @@ square shape (each output the next input).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -39,18 +46,25 @@ from cuda.bindings import driver
 from warpsplitk import timing
 from warpsplitk.compile import _build, device_arch, gmem_pointer
 from warpsplitk.prepared import _stream_handle
-from warpsplitk.tactics import WarpSplitKTactic, default_tactic
+from warpsplitk.tactics import WarpSplitKTactic, default_tactic, is_legal
 
 SHAPES = ((4224, 7168), (2112, 7168), (7168, 768), (2304, 1536), (7168, 384), (2048, 2048),
           (1152, 1536), (768, 128))
 CHAIN_SHAPE = (2048, 2048)
+#: x-copies: long-K weights too (rings that do not hold all of K)
+LONG_K_SHAPES = ((4608, 1536), (2624, 6144), (3216, 7168), (2112, 7168), (768, 7168))
 #: (name, _build keyword arguments) of the two builds of each comparison
 COMPARISONS = {
     "release": (("lane0", {"arrivals": "lane0"}), ("all", {"arrivals": ""})),
     "pdl-trigger": (("shipped", {"early_launch": False}), ("early", {"early_launch": True})),
     "pdl": (("wait", {}), ("no-wait", {"dependency_wait": False}), ("no-pdl", {"use_pdl": False})),
     "mc-release": (("lanes", {"arrivals": ""}), ("lane0", {"arrivals": "lane0"})),
+    # tactic fields, not build switches: main() applies them (TACTIC_FIELDS)
+    "x-copies": (("cp.async", {}), ("bulk", {"bulk_x": True}),
+                 ("bulk+pf", {"bulk_x": True, "l2_prefetch": True})),
 }
+#: build "keywords" that change the tactic instead
+TACTIC_FIELDS = ("bulk_x", "l2_prefetch")
 #: comparisons whose builds are wrong for dependent calls: no chain part
 INDEPENDENT_ONLY = {"pdl", "mc-release"}
 #: mc-release: the activation multicast's fastest tactic per cell in the tune
@@ -90,6 +104,8 @@ def main():
           + " ".join(f"{name:>8}" for name in names)
           + " " + " ".join(f"{'/' + names[0]:>8}" for _ in names[1:]))
     shapes = [(s, False) for s in SHAPES if not args.chain_only]
+    if args.compare == "x-copies" and not args.chain_only:
+        shapes += [(s, False) for s in LONG_K_SHAPES if s not in SHAPES]
     fixed = {}  # (n, k) -> {m: tactic}: cells with their own tactics
     if args.compare == "mc-release":
         for n, k, m, text in MULTICAST_CELLS:
@@ -118,7 +134,15 @@ def main():
                    "tactic": tactic.short()}
             for name, kwargs in builds:
                 kwargs = dict(kwargs)
-                code = _build(n, k, tactic, False, kwargs.pop("use_pdl", True), arch, **kwargs)
+                fields = {f: kwargs.pop(f) for f in TACTIC_FIELDS if f in kwargs}
+                if fields.get("bulk_x"):
+                    fields["b_loader_warps"] = 1  # one lane per row issues the copies
+                built = dataclasses.replace(tactic, **fields)
+                if fields.get("l2_prefetch") and not is_legal(built, n, k):
+                    # the ring holds all of K: the build without the prefetch
+                    row[f"{name}_us"] = row[f"{names[-2]}_us"]
+                    continue
+                code = _build(n, k, built, False, kwargs.pop("use_pdl", True), arch, **kwargs)
                 x.copy_(x0)  # a chain before this one overwrote x
                 out.fill_(float("nan"))
                 code(ptrs[-1], xp, ptrs[-1], op, m, stream())

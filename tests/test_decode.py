@@ -287,13 +287,13 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
     assert split and all(t.output_tile == 64 for t in split)
 
 
-@pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early", [
-    ([], (1, 2), (1,), None, (False, True)),
-    (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "3"],
-     (1,), (1, 2, 3, 4),
-     3, (False,))])
+@pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch", [
+    ([], (1, 2), (1,), None, (False, True), None, (False, True), True),
+    (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0",
+      "--no-bulk-x", "--no-l2-prefetch"],
+     (1,), (1, 2, 3, 4), 3, (False,), 0, (False,), False)])
 def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, x_multicasts,
-                                        jobs, early):
+                                        jobs, early, confirm, bulk, prefetch):
     import warpsplitk.tune as tune_module
     from warpsplitk.cli import main
     seen = {}
@@ -307,7 +307,9 @@ def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, 
     assert main(["tune", "--shapes", "256,512", "--m", "1-4", "-o", str(out), *flags]) == 0
     assert seen["k_splits"] == k_splits and seen["jobs"] == jobs
     assert seen["x_multicasts"] == x_multicasts and seen["early_launches"] == early
-    assert seen["confirm"] == (0 if not flags else 3)
+    # None: the tuner's own default (tune.CONFIRM, 3)
+    assert seen["confirm"] == confirm
+    assert seen["bulk_xs"] == bulk and seen["l2_prefetch"] is prefetch
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
     assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
 

@@ -94,7 +94,8 @@ def _cmd_tune(args):
                 k_splits=(1, 2) if args.k_split else (1,),
                 x_multicasts=(1, 2, 3, 4) if args.x_multicast else (1,),
                 early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs,
-                confirm=args.confirm)
+                confirm=args.confirm, bulk_xs=(False, True) if args.bulk_x else (False,),
+                l2_prefetch=args.l2_prefetch)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -193,9 +194,15 @@ def main(argv=None):
     p.add_argument("--early-launch", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure every candidate with the early PDL trigger; it is "
                         "chosen only where it wins by more than 2%% (default: on)")
-    p.add_argument("--confirm", type=int, default=0,
+    p.add_argument("--bulk-x", action=argparse.BooleanOptionalAction, default=True,
+                   help="at M = 1 also measure every candidate with its activation row "
+                        "copied in bulk (default: on)")
+    p.add_argument("--l2-prefetch", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure each cell's fastest candidates with the L2 prefetch of "
+                        "the weight past the ring, for weights up to 16 MiB (default: on)")
+    p.add_argument("--confirm", type=int, default=None,
                    help="time each cell's N fastest candidates a second time and use the "
-                        "mean of both (e.g. 3; default 0: one timing each)")
+                        "mean of both (default: 3; 0 times each once)")
     p.add_argument("--from-log", action="store_true",
                    help="no GPU: rebuild the plan from the measurements already in --log")
     p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")

@@ -178,7 +178,7 @@ class CompileReport:
     def audit(self) -> list[str]:
         t = self.tactic
         return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split,
-                         x_multicast=t.x_multicast)
+                         x_multicast=t.x_multicast, l2_prefetch=t.l2_prefetch, bulk_x=t.bulk_x)
 
     def summary(self) -> str:
         t = self.tactic
@@ -262,18 +262,38 @@ PTX_AUDIT_MULTICAST = (
 )
 
 
+#: What bulk activation copies (bulk_x) add.
+PTX_AUDIT_BULK_X = (
+    (r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes \[",
+     "activation rows by bulk copy"),
+    (r"mbarrier\.arrive\.expect_tx\.shared::cta", "the stage's bytes expected on its full barrier"),
+)
+
+
+#: What the L2 prefetch (l2_prefetch) adds.
+PTX_AUDIT_PREFETCH = (
+    (r"cp\.async\.bulk\.prefetch\.L2\.global", "weight past the ring prefetched into L2"),
+)
+
+
 def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
-              x_multicast: int = 1) -> list[str]:
+              x_multicast: int = 1, l2_prefetch: bool = False,
+              bulk_x: bool = False) -> list[str]:
     """Problems with a kernel's PTX: required instructions missing, forbidden ones
     present. ``k_tiles`` (per CTA) ``== 1`` waives the L2 hint (a one-tile
     weight has only the unhinted prologue copy); ``k_split > 1`` requires the
-    cluster reduction, ``x_multicast > 1`` the activation multicast; each is
-    forbidden without its tactic."""
+    cluster reduction, ``x_multicast > 1`` the activation multicast,
+    ``l2_prefetch`` the bulk L2 prefetch, ``bulk_x`` the bulk activation
+    copies; each is forbidden without its tactic."""
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
     if k_split > 1:
         required += list(PTX_AUDIT_CLUSTER)
     if x_multicast > 1:
         required += list(PTX_AUDIT_MULTICAST)
+    if l2_prefetch:
+        required += list(PTX_AUDIT_PREFETCH)
+    if bulk_x:
+        required += list(PTX_AUDIT_BULK_X)
     problems = [f"missing {why} ({pattern})" for pattern, why in required
                 if not re.search(pattern, ptx_text)]
     problems += [f"found {why} ({pattern})" for pattern, why in PTX_FORBIDDEN
@@ -287,6 +307,13 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
         problems += [f"found {why} ({pattern}) without x_multicast"
                      for pattern, why in PTX_AUDIT_MULTICAST
                      if pattern not in allowed and re.search(pattern, ptx_text)]
+    if not bulk_x:
+        problems += [f"found {why} ({pattern}) without bulk_x"
+                     for pattern, why in PTX_AUDIT_BULK_X
+                     if pattern not in allowed and re.search(pattern, ptx_text)]
+    if not l2_prefetch:
+        problems += [f"found {why} ({pattern}) without l2_prefetch"
+                     for pattern, why in PTX_AUDIT_PREFETCH if re.search(pattern, ptx_text)]
     return problems
 
 

@@ -101,9 +101,10 @@ def _load_stage(ring, stage_base, source_rows, k_tile_index, rows, k_tile, threa
 
 def _multicast_stage(ring, source_rows, k_tile_index, token_tile, k_tile, x_multicast,
                      writes=None):
-    """An activation stage as the cluster fills it (x_multicast > 1): each
-    member CTA copies its rows (``layout.multicast_rows``) whole, one bulk
-    copy per token row, into every member's stage; rows past M are not
+    """An activation stage filled by bulk copies (bulk_x, or the cluster
+    with x_multicast > 1): each member CTA (the only one, for bulk_x) copies
+    its rows (``layout.multicast_rows``) whole, one bulk copy per token row,
+    into every member's stage; rows past M are not
     copied and keep whatever the stage held (their outputs are never stored)."""
     for rank in range(x_multicast):
         for row in layout.multicast_rows(rank, token_tile, x_multicast):
@@ -123,9 +124,9 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
     t = tactic
     m, k = x.shape
     k_tiles = k // t.k_tile
-    multicast = t.x_multicast > 1
+    bulk = t.bulk_activations  # row-padded stages filled by bulk copies
     a_stage = t.output_tile * t.k_tile
-    b_stage = t.token_tile * (t.k_tile + (layout.B_ROW_PAD if multicast else 0))
+    b_stage = t.token_tile * (t.k_tile + (layout.B_ROW_PAD if bulk else 0))
     a_ring = np.full(t.stages * a_stage, np.nan, dtype=np.float32)
     b_ring = np.full(t.stages * b_stage, np.nan, dtype=np.float32)
     a_threads = layout.A_LOADER_WARPS * layout.WARP
@@ -149,13 +150,13 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
         a_view[:] = np.nan  # a stale stage must not hide a missed copy
         b_view[:] = np.nan
         _load_stage(a_view, 0, weight_rows, i, t.output_tile, t.k_tile, a_threads, a_writes)
-        if multicast:
+        if bulk:
             _multicast_stage(b_view, token_rows, i, t.token_tile, t.k_tile, t.x_multicast,
                              b_writes)
         else:
             _load_stage(b_view, 0, token_rows, i, t.token_tile, t.k_tile, b_threads, b_writes)
         if check_coverage:
-            if multicast:
+            if bulk:
                 # every element of a token row inside M exactly once, no pad
                 # and no row past M ever written
                 expected = np.zeros(b_stage, dtype=np.int64)
@@ -172,7 +173,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
         for warp in range(layout.COMPUTE_WARPS):
             for p in range(steps // 2):
                 b_regs = [ldmatrix_x4(b_view, [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile,
-                                                                        multicast)
+                                                                        bulk)
                                                for lane in lanes])
                           for ni in range(n_iters)]
                 for half in range(2):
@@ -318,9 +319,9 @@ def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
     t = tactic
     problems = []
     lanes = range(layout.WARP)
-    multicast = t.x_multicast > 1
+    bulk = t.bulk_activations
     copied = [(t.output_tile, layout.A_LOADER_WARPS * layout.WARP, "A copy")]
-    if not multicast:  # multicast stages are written by bulk copies, not by threads
+    if not bulk:  # these stages are written by bulk copies, not by threads
         copied.append((t.token_tile, t.b_loader_warps * layout.WARP, "B copy"))
     for rows, threads, name in copied:
         for copy in range(layout.copies_per_thread(rows, t.k_tile, threads)):
@@ -336,7 +337,7 @@ def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
                         problems.append(f"A ldmatrix warp {warp} step {s} m {mi}: {phase}")
         for p in range(layout.k_steps(t.k_tile) // 2):
             for ni in range(t.token_tile // layout.MMA_N):
-                offs = [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, multicast)
+                offs = [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, bulk)
                         for lane in lanes]
                 for phase in ldmatrix_phases(offs):
                     if not conflict_free(phase, 16):

@@ -100,9 +100,12 @@ class WarpSplitKKernel:
         # output tiles, the same token tile) shares every activation stage
         self.x_multicast = t.x_multicast
         self.multicast = t.x_multicast > 1
+        # activation rows by bulk copy into row-padded stages (bulk_x, or the
+        # multicast): the same loader, its cluster of one CTA or of several
+        self.bulk_x = t.bulk_activations
         self.clustered = self.k_split > 1 or self.multicast
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
-                                     t.x_multicast)
+                                     t.x_multicast, t.bulk_x)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
         self.b_threads = t.b_loader_warps * layout.WARP
         self.compute_threads = layout.COMPUTE_WARPS * layout.WARP
@@ -168,8 +171,9 @@ class WarpSplitKKernel:
             self.compute(smem, tidx, warp, tile_n, tile_t, m, bias, out, rank)
         elif is_a_loader:
             self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, rank)
-        elif cutlass.const_expr(self.multicast):
-            self.activation_multicast(smem, x, tidx - first_b_warp * layout.WARP, tile_n, tile_t, m)
+        elif cutlass.const_expr(self.bulk_x):
+            self.activation_bulk(smem, x, tidx - first_b_warp * layout.WARP, tile_n, tile_t, m,
+                                 rank)
         else:
             self.activation_loader(smem, x, tidx - first_b_warp * layout.WARP, tile_t, m, rank)
 
@@ -180,9 +184,9 @@ class WarpSplitKKernel:
     def init_barriers(self, smem):
         for stage in range(self.tactic.stages):
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_a, stage), self.a_threads)
-            # multicast: one arrival (the local expect_tx) plus the stage's bytes
+            # bulk copies: one arrival (the local expect_tx) plus the stage's bytes
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_b, stage),
-                              1 if self.multicast else self.b_threads)
+                              1 if self.bulk_x else self.b_threads)
             # multicast: every compute lane (or, in the lane-0 build, every
             # compute warp) of every member releases every stage (the stage's
             # next rows come from all of them)
@@ -247,6 +251,23 @@ class WarpSplitKKernel:
             else:
                 ptx.cp_async_16(dst, src)
 
+    def prefetch_weight_tail(self, weight, thread, tile_n, rank):
+        """l2_prefetch: ask L2 for each tile row's K past the ring's first
+        fill, one bulk prefetch per row (``layout.l2_prefetch_span``). Issued
+        right after that fill, before any wait: the HBM stream of the rest
+        of this CTA's weight then overlaps the previous grid (PDL) and the
+        ring's drain, and the refills hit L2."""
+        t = self.tactic
+        first, count = layout.l2_prefetch_span(self.k_tiles, t.stages, t.k_tile)
+        valid = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
+        src = (weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
+               + Int64(cutlass.select_(valid, thread, Int32(0))) * (self.k * _BYTES)
+               + first * _BYTES)
+        if self.k_split > 1:
+            src = src + self._k_base(rank)
+        ptx.cp_async_bulk_prefetch_l2_if(src, count * _BYTES,
+                                         cutlass.select_(valid, Int32(1), Int32(0)))
+
     def weight_loader(self, smem, weight, thread, tile_n, rank):
         t = self.tactic
         # a one-tile weight is all prologue: no hinted copy, no policy to make
@@ -260,6 +281,8 @@ class WarpSplitKKernel:
                 self.issue_weight_tile(smem, weight, thread, tile_n, i, policy, hinted=True,
                                        rank=rank)
             self._loader_arrive(self._barrier(smem, self.smem.full_a, stage))
+            if t.l2_prefetch and i == t.stages - 1:
+                self.prefetch_weight_tail(weight, thread, tile_n, rank)
         ptx.cp_async_wait_all()
         self._cluster_done()
 
@@ -293,16 +316,17 @@ class WarpSplitKKernel:
         ptx.cp_async_wait_all()
         self._cluster_done()
 
-    def activation_multicast(self, smem, x, lane, tile_n, tile_t, m):
-        """x_multicast > 1: one warp; lane r issues token row r of each stage
-        when this CTA owns it (``layout.multicast_rows``) and it is inside M,
-        as one bulk copy into the stage of every CTA of the cluster. Lane 0
+    def activation_bulk(self, smem, x, lane, tile_n, tile_t, m, k_rank):
+        """bulk_x or x_multicast > 1: one warp; lane r issues token row r of
+        each stage when it is inside M (and, multicast, this CTA owns it:
+        ``layout.multicast_rows``) as one bulk copy, into this CTA's stage
+        or, multicast, into the stage of every CTA of the cluster. Lane 0
         arms this CTA's full barrier for all the stage's rows, whoever sends
-        them. A stage is refilled once every member's compute warps released
-        it (the empty barrier counts them all)."""
+        them. A stage is refilled once the compute warps (multicast: every
+        member's) released it (the empty barrier counts them all)."""
         t = self.tactic
         c = self.x_multicast
-        rank = tile_n % c  # the cluster spans c consecutive output tiles
+        rank = tile_n % c  # the multicast cluster spans c consecutive output tiles
         row_bytes = t.k_tile * _BYTES
         first_token = tile_t * t.token_tile
         valid_rows = cutlass.select_(m - first_token < t.token_tile, m - first_token,
@@ -314,23 +338,28 @@ class WarpSplitKKernel:
         arm = cutlass.select_(lane == 0, Int32(1), Int32(0))
         # rows this lane never issues still form an address inside x
         src_row = x.toint() + Int64(cutlass.select_(issue != 0, token, Int32(0))) * (self.k * _BYTES)
+        if self.k_split > 1:
+            src_row = src_row + self._k_base(k_rank)  # this CTA's share of K
         dst_row = smem + self.smem.b_ring + layout.padded(lane % t.token_tile, 0, t.k_tile) * _BYTES
         mask = (1 << c) - 1
         self._pdl_before_x()
-        ptx.cluster_wait()  # phase 0: every member's barriers exist
+        if cutlass.const_expr(self.multicast):
+            ptx.cluster_wait()  # phase 0: every member's barriers exist
         for i in range(self.k_tiles):
             stage, _ = layout.ring_slot(i, t.stages)
             parity = layout.empty_parity(i, t.stages)
             if parity is not None:
                 ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity,
-                                  cluster=True)
+                                  cluster=self.multicast)
             full = self._barrier(smem, self.smem.full_b, stage)
             ptx.mbarrier_arrive_expect_tx_if(full, valid_rows * row_bytes, arm)
-            ptx.cp_async_bulk_multicast_if(dst_row + stage * self.smem.b_stage_bytes,
-                                           src_row + Int64(i * row_bytes), row_bytes, full,
-                                           mask, issue)
+            dst, src = dst_row + stage * self.smem.b_stage_bytes, src_row + Int64(i * row_bytes)
+            if self.multicast:
+                ptx.cp_async_bulk_multicast_if(dst, src, row_bytes, full, mask, issue)
+            else:
+                ptx.cp_async_bulk_if(dst, src, row_bytes, full, issue)
         self._pdl_after_x()
-        self._cluster_done(waited=True)
+        self._cluster_done(waited=self.multicast)
 
     def compute(self, smem, tidx, warp, tile_n, tile_t, m, bias, out, rank):
         t = self.tactic
@@ -344,7 +373,7 @@ class WarpSplitKKernel:
                    + layout.a_fragment_offset(lane, warp, mi, s, t.k_tile) * _BYTES
                    for s in range(steps)] for mi in range(m_iters)]
         b_addr = [[smem + self.smem.b_ring
-                   + layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, self.multicast) * _BYTES
+                   + layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, self.bulk_x) * _BYTES
                    for p in range(pairs)] for ni in range(n_iters)]
         if cutlass.const_expr(self.multicast):
             ptx.cluster_wait()  # phase 0: every member's empty barriers exist

@@ -50,13 +50,13 @@ def swizzle(row, col, k_tile):
     return row * k_tile + (col ^ ((row % 8) * CHUNK))
 
 
-#: Elements of padding after each activation row of a multicast stage.
+#: Elements of padding after each activation row of a bulk-copied stage.
 B_ROW_PAD = CHUNK
 
 
 def padded(row, col, k_tile):
     """Element offset of ``(row, col)`` in a row-padded ``[rows, k_tile + 8]``
-    activation stage (x_multicast > 1). A bulk copy writes one row of x as it
+    activation stage (bulk_x, or x_multicast > 1). A bulk copy writes one row of x as it
     is in memory, so the stage cannot be swizzled; the 16-byte pad shifts each
     row by four banks instead, which keeps the ldmatrix phases (8 rows x 16 B
     at one column) on 32 distinct banks."""
@@ -95,6 +95,26 @@ def loader_copy(thread, copy, k_tile, threads):
     """
     linear = thread * CHUNK + copy * threads * CHUNK
     return linear // k_tile, linear % k_tile
+
+
+# ------------------------------------------------------- the L2 prefetch
+
+
+def l2_prefetch_threads(output_tile):
+    """Weight-loader threads that issue the L2 prefetch: thread ``r`` of the
+    first ``output_tile`` takes tile row ``r`` (one bulk prefetch per row;
+    a tile has at most 64 rows, the weight loaders are 64 threads)."""
+    if output_tile > A_LOADER_WARPS * WARP:
+        raise ValueError(f"{output_tile} rows, {A_LOADER_WARPS * WARP} weight-loader threads")
+    return output_tile
+
+
+def l2_prefetch_span(k_tiles, stages, k_tile):
+    """``(first, count)``: the elements of each row of a CTA's K share past
+    the ring's first fill, which the ``l2_prefetch`` tactic asks L2 for
+    before the dependency wait (``count`` 0 when the ring holds them all)."""
+    first = min(stages, k_tiles) * k_tile
+    return first, k_tiles * k_tile - first
 
 
 # -------------------------------------------------------- fragment loads
@@ -194,15 +214,17 @@ class SmemPlan:
     total: int
 
 
-def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1):
+def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
+              bulk_x=False):
     """Where the two rings, the reduction buffer and the mbarriers live.
 
     With ``k_split`` CTAs per cluster sharing K, the reduction buffer holds
     the partials of every compute warp of the cluster (``[k_split * 4]``
     warps): the other CTAs write theirs into the first CTA's buffer. With
-    ``x_multicast`` > 1 the activation stages are row-padded (``padded``)."""
+    ``bulk_x`` or ``x_multicast`` > 1 the activation stages are row-padded
+    (``padded``)."""
     a_stage = output_tile * k_tile * ELEMENT_BYTES
-    b_row = k_tile + (B_ROW_PAD if x_multicast > 1 else 0)
+    b_row = k_tile + (B_ROW_PAD if bulk_x or x_multicast > 1 else 0)
     b_stage = token_tile * b_row * ELEMENT_BYTES  # a multiple of 128 B either way
     a_ring = 0
     b_ring = _align(a_ring + stages * a_stage, REGION_ALIGN)

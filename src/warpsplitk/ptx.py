@@ -74,6 +74,18 @@ def cp_async_16_zfill(dst, src, src_bytes, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def cp_async_bulk_prefetch_l2_if(src, nbytes, predicate, *, loc=None, ip=None):
+    """Ask L2 to fetch ``nbytes`` (a multiple of 16) of global memory from
+    ``src`` (16-byte aligned), only if ``predicate`` is non-zero: one
+    instruction for a whole row segment, no shared memory, nothing to wait
+    for. A hint: a later copy of the same bytes is correct whether it hits
+    or not."""
+    _asm(None, [Int64(src), Int32(nbytes), Int32(predicate)],
+         "{\n.reg .pred P1;\nsetp.ne.u32 P1, $2, 0;\n"
+         "@P1 cp.async.bulk.prefetch.L2.global [$0], $1;\n}", "l,r,r", loc, ip)
+
+
+@dsl_user_op
 def cp_async_mbarrier_arrive_noinc(barrier, *, loc=None, ip=None):
     """Arrive on ``barrier`` once all this thread's earlier cp.async have landed.
 
@@ -203,6 +215,19 @@ def cp_async_bulk_multicast_if(dst, src, nbytes, barrier, cta_mask, predicate, *
          "@P1 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
          " [$0], [$1], $2, [$3], M;\n}",
          "r,l,r,r,r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def cp_async_bulk_if(dst, src, nbytes, barrier, predicate, *, loc=None, ip=None):
+    """If ``predicate``: copy ``nbytes`` (a multiple of 16) from global ``src`` to
+    this CTA's shared ``dst``, completing ``nbytes`` on the mbarrier at
+    ``barrier`` (bulk_x: the multicast's copy with the cluster of one CTA
+    every launch is)."""
+    _asm(None, [Int32(dst), Int64(src), Int32(nbytes), Int32(barrier), Int32(predicate)],
+         "{\n.reg .pred P1;\nsetp.ne.u32 P1, $4, 0;\n"
+         "@P1 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+         " [$0], [$1], $2, [$3];\n}",
+         "r,l,r,r,r,~{memory}", loc, ip)
 
 
 @dsl_user_op

@@ -30,6 +30,16 @@ X_MULTICASTS = (1, 2, 3, 4)
 EARLY_LAUNCHES = (False, True)
 #: ``short()`` suffix of a tactic with the early PDL trigger.
 EARLY_SUFFIX = "+early"
+#: Whether the weight loaders ask L2 for the rest of their K share before the
+#: dependency wait (see WarpSplitKTactic.l2_prefetch).
+L2_PREFETCHES = (False, True)
+#: ``short()`` suffix of a tactic with the L2 prefetch.
+PREFETCH_SUFFIX = "+prefetch"
+#: Whether activation rows arrive by one bulk copy per row and stage (see
+#: WarpSplitKTactic.bulk_x).
+BULK_XS = (False, True)
+#: ``short()`` suffix of a tactic with bulk activation copies.
+BULK_SUFFIX = "+bulk"
 #: K tiles per CTA at most: the compute loop is fully unrolled over them.
 MAX_K_TILES = 64
 MAX_M = 32
@@ -78,6 +88,23 @@ class WarpSplitKTactic:
         0.84-1.08x on independent calls and 0.95-1.17x in dependent
         chains, depending on the tactic (docs/NOTES.md); the tuner picks it
         only where it is measurably faster.
+    l2_prefetch: whether the weight loaders, once the ring's first fill is
+        issued, ask L2 (``cp.async.bulk.prefetch.L2``, one instruction per
+        weight row) for the rest of the CTA's K share. The weight does not
+        depend on the previous kernel, so under PDL that stream can run while
+        this CTA still waits for the previous grid, instead of only as fast
+        as the ring drains after it. Legal only when the ring does not
+        already hold the CTA's whole K share. A hint: it changes no result.
+    bulk_x: how activation rows reach the ring. False: every activation-
+        loader thread issues 16-byte ``cp.async`` copies, rows past M
+        zero-filled (``token_tile * k_tile / 8`` copies per stage, M or
+        not). True: one lane per token row inside M issues one
+        ``cp.async.bulk`` of the row's stage slice, completing on the
+        stage's barrier by byte count, into row-padded stages; rows past M
+        are never written (their outputs are never stored). The copies
+        follow the dependency wait, so their issue cost is on every call's
+        critical path. One activation warp. The activation multicast
+        (x_multicast > 1) always copies this way, so it takes False here.
     """
 
     output_tile: int = 16
@@ -88,6 +115,14 @@ class WarpSplitKTactic:
     k_split: int = 1
     x_multicast: int = 1
     early_launch: bool = False
+    l2_prefetch: bool = False
+    bulk_x: bool = False
+
+    @property
+    def bulk_activations(self) -> bool:
+        """Activation rows by bulk copy into row-padded stages (bulk_x, or
+        the multicast, which always copies that way)."""
+        return self.bulk_x or self.x_multicast > 1
 
     @property
     def threads(self) -> int:
@@ -98,27 +133,34 @@ class WarpSplitKTactic:
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one CTA: both rings, reduction buffer, mbarriers."""
         return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages,
-                                self.k_split, self.x_multicast).total
+                                self.k_split, self.x_multicast, self.bulk_x).total
 
     def short(self) -> str:
         """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1,
         ``o,t,k,s,b,c,x`` when x_multicast x > 1), then ``+early`` with the
-        early PDL trigger."""
+        early PDL trigger, ``+prefetch`` with the L2 prefetch and ``+bulk``
+        with bulk activation copies."""
         text = (f"{self.output_tile},{self.token_tile},{self.k_tile},"
                 f"{self.stages},{self.b_loader_warps}")
         if self.x_multicast > 1:
             text = f"{text},{self.k_split},{self.x_multicast}"
         elif self.k_split > 1:
             text = f"{text},{self.k_split}"
-        return text + EARLY_SUFFIX if self.early_launch else text
+        if self.early_launch:
+            text += EARLY_SUFFIX
+        if self.l2_prefetch:
+            text += PREFETCH_SUFFIX
+        return text + BULK_SUFFIX if self.bulk_x else text
 
     @classmethod
     def parse(cls, text: str) -> "WarpSplitKTactic":
         """Inverse of :meth:`short`."""
         body = text.strip() if isinstance(text, str) else ""
-        early = body.endswith(EARLY_SUFFIX)
-        if early:
-            body = body[:-len(EARLY_SUFFIX)]
+        flags = {EARLY_SUFFIX: False, PREFETCH_SUFFIX: False, BULK_SUFFIX: False}
+        for suffix in (BULK_SUFFIX, PREFETCH_SUFFIX, EARLY_SUFFIX):  # short()'s order, reversed
+            if body.endswith(suffix):
+                flags[suffix] = True
+                body = body[:-len(suffix)]
         try:
             fields = [int(v) for v in body.split(",")]
         except ValueError:
@@ -127,9 +169,11 @@ class WarpSplitKTactic:
             raise ValueError(
                 "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
                 "b_loader_warps', then optionally k_split and x_multicast, then "
-                f"optionally '{EARLY_SUFFIX}', got {text!r}")
+                f"optionally '{EARLY_SUFFIX}', '{PREFETCH_SUFFIX}' and '{BULK_SUFFIX}' in "
+                f"that order, got {text!r}")
         fields += [1] * (7 - len(fields))
-        return cls(*fields, early_launch=early)
+        return cls(*fields, early_launch=flags[EARLY_SUFFIX], l2_prefetch=flags[PREFETCH_SUFFIX],
+                   bulk_x=flags[BULK_SUFFIX])
 
 
 def _field_error(name, value, allowed):
@@ -157,6 +201,17 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         raise _field_error("x_multicast", tactic.x_multicast, X_MULTICASTS)
     if tactic.early_launch not in EARLY_LAUNCHES or not isinstance(tactic.early_launch, bool):
         raise _field_error("early_launch", tactic.early_launch, EARLY_LAUNCHES)
+    if tactic.l2_prefetch not in L2_PREFETCHES or not isinstance(tactic.l2_prefetch, bool):
+        raise _field_error("l2_prefetch", tactic.l2_prefetch, L2_PREFETCHES)
+    if tactic.bulk_x not in BULK_XS or not isinstance(tactic.bulk_x, bool):
+        raise _field_error("bulk_x", tactic.bulk_x, BULK_XS)
+    if tactic.bulk_x and tactic.x_multicast > 1:
+        raise ValueError(f"warp split-K tactic: x_multicast {tactic.x_multicast} already copies "
+                         "activations in bulk; bulk_x is for x_multicast 1")
+    if tactic.bulk_x and tactic.b_loader_warps != 1:
+        # one lane per token row issues the stage's bulk copies
+        raise ValueError(f"warp split-K tactic: bulk_x takes b_loader_warps 1, got "
+                         f"{tactic.b_loader_warps}")
     if tactic.x_multicast > 1 and tactic.k_split > 1:
         raise ValueError("warp split-K tactic: x_multicast and k_split cannot be combined "
                          f"(got x_multicast {tactic.x_multicast}, k_split {tactic.k_split})")
@@ -195,6 +250,10 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
     if tactic.stages > cta_tiles:
         raise ValueError(f"warp split-K: stages={tactic.stages} exceeds the {cta_tiles} "
                          f"K tiles{per_cta} of K={k} (k_tile {tactic.k_tile})")
+    if tactic.l2_prefetch and tactic.stages >= cta_tiles:
+        raise ValueError(f"warp split-K: l2_prefetch needs more K tiles{per_cta} than ring "
+                         f"stages; the {tactic.stages}-stage ring already holds all {cta_tiles} "
+                         f"of K={k} (k_tile {tactic.k_tile}), leaving nothing to prefetch")
     if tactic.stages == 1 and cta_tiles > 1:
         raise ValueError(f"warp split-K: a one-stage ring serialises load and compute; "
                          f"K={k} spans {cta_tiles} tiles{per_cta}, use stages >= 2")
@@ -212,27 +271,32 @@ def is_legal(tactic: WarpSplitKTactic, n: int, k: int) -> bool:
     return True
 
 
-def all_tactics(k_splits=(1,), x_multicasts=(1,), early_launches=(False,)):
+def all_tactics(k_splits=(1,), x_multicasts=(1,), early_launches=(False,),
+                l2_prefetches=(False,), bulk_xs=(False,)):
     """Every tactic of the kernel's space, legal for some shape or not (with
     ``k_splits=K_SPLITS``, the cluster split of K too; with
     ``x_multicasts=X_MULTICASTS``, the experimental activation multicast;
-    with ``early_launches=EARLY_LAUNCHES``, both PDL trigger points)."""
-    for o, t, kt, s, b, c, x, e in itertools.product(
+    with ``early_launches=EARLY_LAUNCHES``, both PDL trigger points; with
+    ``l2_prefetches=L2_PREFETCHES``, the L2 prefetch too; with
+    ``bulk_xs=BULK_XS``, bulk activation copies too)."""
+    for o, t, kt, s, b, c, x, e, f, bx in itertools.product(
             OUTPUT_TILES, TOKEN_TILES, K_TILES, range(1, MAX_STAGES + 1), B_LOADER_WARPS,
-            k_splits, x_multicasts, early_launches):
-        if x > 1 and (c > 1 or b > 1):
+            k_splits, x_multicasts, early_launches, l2_prefetches, bulk_xs):
+        if (x > 1 and (c > 1 or b > 1 or bx)) or (bx and b > 1):
             continue  # never legal (check_tactic)
-        yield WarpSplitKTactic(o, t, kt, s, b, c, x, e)
+        yield WarpSplitKTactic(o, t, kt, s, b, c, x, e, f, bx)
 
 
 def legal_tactics(m: int, n: int, k: int, k_splits=(1,), x_multicasts=(1,),
-                  early_launches=(False,)) -> list[WarpSplitKTactic]:
+                  early_launches=(False,), l2_prefetches=(False,),
+                  bulk_xs=(False,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
     larger than needed to cover ``m`` in one tile (a bigger tile only loads
     zeros)."""
     _check_m(m)
     need = min(t for t in TOKEN_TILES if t >= m)
-    return [t for t in all_tactics(k_splits, x_multicasts, early_launches)
+    return [t for t in all_tactics(k_splits, x_multicasts, early_launches, l2_prefetches,
+                                   bulk_xs)
             if t.token_tile <= need and is_legal(t, n, k)]
 
 

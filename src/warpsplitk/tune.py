@@ -34,13 +34,24 @@ Pruning, before anything is measured:
 * with ``early_launches=(False, True)`` (the default; ``--no-early-launch``
   leaves it out) every candidate also with the early PDL trigger
   (``WarpSplitKTactic.early_launch``), which can be 16% faster or slower
-  depending on the tactic's residency, so it is measured rather than modelled.
+  depending on the tactic's residency, so it is measured rather than modelled;
+* with ``bulk_xs=(False, True)`` (the default; ``--no-bulk-x`` leaves it
+  out), at M = 1 every candidate also with its activation row copied by
+  one bulk copy per stage (``bulk_x``, one activation warp): 0.90-0.97x
+  on most of the table at M = 1, but 1.2-1.5x at M = 8, where eight small
+  bulk copies per stage cost more than 16-byte copies (run 27);
+* measured neighbours: with ``l2_prefetch`` (the default;
+  ``--no-l2-prefetch`` leaves it out), once a cell's candidates are timed,
+  its ``PREFETCH_TOP`` fastest are timed again with the L2 prefetch of the
+  weight past the ring (``WarpSplitKTactic.l2_prefetch``), for weights up to
+  ``PREFETCH_MAX_BYTES``: it was 0.90-0.97x on some 11-14 MB weights, but
+  1.05-1.26x on 22-61 MB ones and 1.19x on 2048x2048 at M = 32 (runs 25, 27),
+  too mixed to model and too often a loss to double the space for.
 
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
 Candidates that fail to compile or are wrong are dropped and reported.
-With ``confirm`` (``--confirm N``; off by default until it has run on a
-GPU) the N fastest of each cell are then timed once more, in a newly
+With ``confirm`` (``--confirm N``, default ``CONFIRM`` = 3) the N fastest of each cell are then timed once more, in a newly
 captured graph, and count with the mean of both timings: a single replay
 set can flatter a tactic (the early trigger's replays are bimodal on small
 kernels: 768x128 at M = 8 measured 1.26 us in one run, 1.37 in the next).
@@ -86,9 +97,14 @@ def representative(m: int) -> int:
     return 1 if m == 1 else min(r for r in REPRESENTATIVE_MS if r >= m)
 
 
-def _activation_warps(token_tile, x_multicast, m):
+#: the L2 prefetch's measured-neighbour rule (module docstring)
+PREFETCH_TOP = 3
+PREFETCH_MAX_BYTES = 16 * 2**20
+
+
+def _activation_warps(token_tile, x_multicast, m, bulk_x=False):
     """The b_loader_warps worth measuring (see the module docstring)."""
-    if x_multicast > 1:
+    if x_multicast > 1 or bulk_x:
         return (1,)  # one lane per token row issues the bulk copies
     if token_tile == 8:
         return (1, 2) if m > 1 else (1,)
@@ -97,20 +113,23 @@ def _activation_warps(token_tile, x_multicast, m):
 
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
                k_splits=(1, 2), x_multicasts=(1,),
-               early_launches=(False, True)) -> list[WarpSplitKTactic]:
+               early_launches=(False, True), bulk_xs=(False, True)) -> list[WarpSplitKTactic]:
     cover = min(t for t in TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = {default_tactic(m, n, k, sm_count)}
-    for token_tile, output_tile, k_tile, k_split, x_multicast, b_warps in itertools.product(
-            sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits, x_multicasts, (1, 2)):
-        if b_warps not in _activation_warps(token_tile, x_multicast, m):
+    for token_tile, output_tile, k_tile, k_split, x_multicast, b_warps, bulk_x in \
+            itertools.product(sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits,
+                              x_multicasts, (1, 2), bulk_xs):
+        if bulk_x and (m > 1 or x_multicast > 1):
+            continue  # one bulk copy per stage pays; eight do not (module docstring)
+        if b_warps not in _activation_warps(token_tile, x_multicast, m, bulk_x):
             continue
         if x_multicast > 1 and (k_split > 1 or token_tile == 8 or token_tile != cover):
             # not combinable; 8-token stages are too small to be worth sharing;
             # half-size token tiles re-read the weight, which sharing x does not fix
             continue
         family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split,
-                                   x_multicast)
+                                   x_multicast, bulk_x=bulk_x)
                   for s in range(1, MAX_STAGES + 1)]
         family = [t for t in family if is_legal(t, n, k)]
         if not family:
@@ -134,6 +153,17 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
                    if not (e and t.x_multicast > 1)})
 
 
+def prefetch_twins(times, n, k, top=PREFETCH_TOP) -> list[WarpSplitKTactic]:
+    """``{tactic: us}`` of one cell -> its ``top`` fastest tactics with the L2
+    prefetch, where legal (the ring does not hold all of K) and the weight
+    is at most ``PREFETCH_MAX_BYTES``; none already in ``times``."""
+    if n * k * 2 > PREFETCH_MAX_BYTES:
+        return []
+    fastest = sorted((t for t in times if not t.l2_prefetch), key=times.get)[:top]
+    twins = [dataclasses.replace(t, l2_prefetch=True) for t in fastest]
+    return [t for t in twins if t not in times and is_legal(t, n, k)]
+
+
 def _log_key(n, k, m, tactic):
     return f"{n},{k},{m},{tactic.short()}"
 
@@ -143,10 +173,8 @@ def _log_key(n, k, m, tactic):
 CONFIRM_PREFIX = "confirm:"
 
 #: How many of each cell's fastest candidates are timed a second time by
-#: default. 0 until the pass has run on a GPU (written at the end of session
-#: 4, when the device time was spent); ``warpsplitk tune --confirm 3`` asks
-#: for it.
-CONFIRM = 0
+#: default (``warpsplitk tune --confirm N``).
+CONFIRM = 3
 
 
 def _confirm_key(n, k, m, tactic):
@@ -211,19 +239,23 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
-         confirm=CONFIRM) -> DecodePlan:
+         confirm=None, bulk_xs=(False, True), l2_prefetch=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
     plan (lookups fall back to the default heuristic) and reported; a rerun
     with the same log resumes where this one stopped. The candidates are
     compiled first, ``jobs`` worker processes at a time (default: one per
-    core but one), so measuring only loads them. Then each cell's
-    ``confirm`` fastest candidates are timed again and count with the mean
-    of both timings (``_mean_times``)."""
+    core but one), so measuring only loads them. Then, with ``l2_prefetch``,
+    each cell's fastest candidates are timed with the L2 prefetch
+    (``prefetch_twins``), and each cell's ``confirm`` fastest tactics are
+    timed again and count with the mean of both timings (``_mean_times``)."""
     import torch
 
     from cuda.bindings import driver
+
+    if confirm is None:
+        confirm = CONFIRM
 
     from .compile import compile_warp_splitk, gmem_pointer
     from .prepared import _stream_handle
@@ -235,7 +267,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     if sm_count is None:
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     reps = sorted({representative(m) for m in ms})
-    work = {(n, k, r): candidates(r, n, k, sm_count, k_splits, x_multicasts, early_launches)
+    work = {(n, k, r): candidates(r, n, k, sm_count, k_splits, x_multicasts, early_launches,
+                                  bulk_xs)
             for n, k in shapes for r in reps}
     done = _read_log(log_path) if resume else {}
     progress(f"{sum(len(v) for v in work.values())} candidates to measure, "
@@ -252,6 +285,15 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
         logged = {t: [done[_log_key(n, k, r, t)]["us"]] for t in ts
                   if done.get(_log_key(n, k, r, t), {}).get("ok")}
         to_build |= {(n, k, t) for t in ts if _log_key(n, k, r, t) not in done}
+        if l2_prefetch:
+            # the twins of the logged fastest (a cell whose fastest are not
+            # logged yet compiles its twins when it gets there)
+            twins = prefetch_twins({t: v[0] for t, v in logged.items()}, n, k)
+            to_build |= {(n, k, t) for t in twins if _log_key(n, k, r, t) not in done}
+            for t in twins:
+                rec = done.get(_log_key(n, k, r, t), {})
+                if rec.get("ok"):
+                    logged[t] = [rec["us"]]
         to_build |= {(n, k, t) for t in _confirm_candidates(logged, confirm)
                      if _confirm_key(n, k, r, t) not in done}
     precompile([(n, k, t, False, True) for n, k, t in sorted(to_build)], device_arch(device),
@@ -285,7 +327,9 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                         for wp in ptrs])
 
                 cell = samples.setdefault((n, k), {}).setdefault(r, {})
-                for tactic in work[(n, k, r)]:
+
+                def measure(tactic, n=n, k=k, r=r, x_ptr=x_ptr, out_ptr=out_ptr, ref=ref,
+                            out=out, cell=cell, time_code=time_code):
                     key = _log_key(n, k, r, tactic)
                     rec = done.get(key)
                     if rec is None:
@@ -316,8 +360,14 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                             log.flush()
                     if not rec.get("ok"):
                         progress(f"dropped {key}: {rec.get('error')}")
-                        continue
+                        return
                     cell[tactic] = [rec["us"]]
+
+                for tactic in work[(n, k, r)]:
+                    measure(tactic)
+                if l2_prefetch:
+                    for tactic in prefetch_twins({t: v[0] for t, v in cell.items()}, n, k):
+                        measure(tactic)
                 for tactic in _confirm_candidates(cell, confirm):
                     key = _confirm_key(n, k, r, tactic)
                     rec = done.get(key)
