@@ -1,11 +1,14 @@
 """Reliability runs on a GPU: sanitizer cases, soak, determinism across processes.
 
     python3 scripts/reliability.py cases --subset all|rotate [--shard I --shards N] [--json OUT]
-                                         [--k-split] [--x-multicast] [--clusters-only] [--progress]
+                                         [--k-split] [--x-multicast] [--bulk-x] [--l2-prefetch]
+                                         [--clusters-only | --x-copies-only] [--progress]
         Every tactic family (output_tile x token_tile x k_tile x
         b_loader_warps; with --k-split also each with k_split 2, with
-        --x-multicast each with x_multicast 2, 3 and 4) with a one-stage ring (K = k_tile), a ring shorter
-        than the K-tile count and a ring equal to it; M = 1, token_tile - 1,
+        --x-multicast each with x_multicast 2, 3 and 4, with --bulk-x each
+        one-warp family also with bulk activation copies) with a one-stage
+        ring (K = k_tile), a ring shorter than the K-tile count (with
+        --l2-prefetch also with the L2 prefetch) and a ring equal to it; M = 1, token_tile - 1,
         token_tile, token_tile + 1 (where <= 32) and 32; each case launched
         twice back to back on one stream (the PDL path: the second grid's
         weight prologue overlaps the first) and checked against fp64.
@@ -24,6 +27,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -40,33 +44,41 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,)):
+def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(False,),
+                 l2_prefetch=False):
     cases = []
     families = [f for f in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS,
-                                             k_splits, x_multicasts)
-                if f[5] == 1 or (f[3] == 1 and f[4] == 1)]  # multicast: one loader warp, no split
-    for index, (o, t, kt, b, c, x) in enumerate(families):
+                                             k_splits, x_multicasts, bulk_xs)
+                # multicast: one loader warp, no split; bulk_x: one loader warp, no multicast
+                if (f[5] == 1 or (f[3] == 1 and f[4] == 1)) and not (f[6] and (f[3] > 1 or f[5] > 1))]
+    for index, (o, t, kt, b, c, x, bulk) in enumerate(families):
         # per CTA: one stage; a ring shorter than its K tiles; one equal to them
         rings = [(1, c * kt), (2, 3 * c * kt), (3, 3 * c * kt)]
         if subset == "rotate":
             rings = [rings[(index + offset) % 3]]
         n = 2 * x * o  # two output tiles, or two clusters of them
         for stages, k in rings:
-            tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x)
+            tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk)
             if not is_legal(tactic, n, k):
                 continue  # a combination check_tactic refuses (48/64-row tiles need k_tile 128)
             ms = sorted({1, max(1, t - 1), t, min(32, t + 1), 32})
             cases.append((tactic, n, k, ms))
+            prefetching = dataclasses.replace(tactic, l2_prefetch=True)
+            if l2_prefetch and is_legal(prefetching, n, k):  # a ring shorter than K
+                cases.append((prefetching, n, k, ms))
     return cases
 
 
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,),
-              clusters_only=False, progress=False):
+              clusters_only=False, progress=False, bulk_xs=(False,), l2_prefetch=False,
+              x_copies_only=False):
     torch.manual_seed(0)
     results = []
-    cases = family_cases(subset, offset, k_splits, x_multicasts)
+    cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch)
     if clusters_only:
         cases = [case for case in cases if case[0].k_split > 1 or case[0].x_multicast > 1]
+    if x_copies_only:
+        cases = [case for case in cases if case[0].bulk_x or case[0].l2_prefetch]
     for tactic, n, k, ms in cases[shard::shards]:
         if progress:  # under a slow tool, which case a timeout stopped in
             print(f"case {tactic.short()} N={n} K={k} M={ms}", flush=True)
@@ -168,8 +180,14 @@ def main():
                    help="also the cluster split of K (k_split 2) of every family")
     c.add_argument("--x-multicast", action="store_true",
                    help="also the activation multicast (x_multicast 2, 3 and 4) of every family")
+    c.add_argument("--bulk-x", action="store_true",
+                   help="also bulk activation copies (bulk_x) of every one-warp family")
+    c.add_argument("--l2-prefetch", action="store_true",
+                   help="also the L2 prefetch of every case whose ring is shorter than K")
     c.add_argument("--clusters-only", action="store_true",
                    help="only the cases with k_split or x_multicast > 1")
+    c.add_argument("--x-copies-only", action="store_true",
+                   help="only the cases with bulk_x or the L2 prefetch")
     c.add_argument("--progress", action="store_true", help="a line per case as it starts")
     c.add_argument("--json")
     s = sub.add_parser("soak")
@@ -183,7 +201,9 @@ def main():
         results, bad = run_cases(args.subset, args.offset, args.shard, args.shards,
                                 (1, 2) if args.k_split else (1,),
                                 (1, 2, 3, 4) if args.x_multicast else (1,),
-                                args.clusters_only, args.progress)
+                                args.clusters_only, args.progress,
+                                (False, True) if args.bulk_x else (False,), args.l2_prefetch,
+                                args.x_copies_only)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

@@ -18,6 +18,9 @@
 #   K_SPLIT=1        add every family's cluster split of K (k_split 2)
 #   X_MULTICAST=1    add every family's activation multicast (x_multicast 2-4)
 #   CLUSTERS_ONLY=1  with K_SPLIT / X_MULTICAST: only those cluster cases
+#   BULK_X=1         add every one-warp family with bulk activation copies
+#   L2_PREFETCH=1    add the L2 prefetch of every case whose ring is shorter than K
+#   X_COPIES_ONLY=1  with BULK_X / L2_PREFETCH: only those cases
 #   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
 #                    (compile.ARRIVALS): all: loaders also arrive themselves;
 #                    lane0: one stage release per compute warp (the build
@@ -34,6 +37,9 @@ subset=${SUBSET:-all}
 split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 [ "${X_MULTICAST:-0}" = 1 ] && split_flag="$split_flag --x-multicast"
 [ "${CLUSTERS_ONLY:-0}" = 1 ] && split_flag="$split_flag --clusters-only"
+[ "${BULK_X:-0}" = 1 ] && split_flag="$split_flag --bulk-x"
+[ "${L2_PREFETCH:-0}" = 1 ] && split_flag="$split_flag --l2-prefetch"
+[ "${X_COPIES_ONLY:-0}" = 1 ] && split_flag="$split_flag --x-copies-only"
 offset=0
 for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do

@@ -79,8 +79,10 @@ def test_random_legal_tactics(n, k):
     rng = random.Random(n * 100003 + k)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     for m in rng.sample(MS, 3):
-        # both PDL trigger points: the shipped plans use both
-        tactic = rng.choice(legal_tactics(m, n, k, early_launches=(False, True)))
+        # both PDL trigger points, both activation copies, with and without
+        # the L2 prefetch: the shipped plans use them all
+        tactic = rng.choice(legal_tactics(m, n, k, early_launches=(False, True),
+                                          l2_prefetches=(False, True), bulk_xs=(False, True)))
         prepared = PreparedWarpSplitK(w, {m: tactic})
         check(prepared, m, n, k, w)
 
@@ -170,3 +172,23 @@ def test_wide_tiles_and_plan_tactics(tactic, n, k):
     prepared = PreparedWarpSplitK(w, {m: tactic for m in (1, 15, 17, 32)})
     for m in (1, 15, 17, 32):
         check(prepared, m, n, k, w)
+
+
+@pytest.mark.parametrize("text,n,k", [
+    ("32,8,256,8,1+early+bulk", 2048, 2048),              # the H200 plan's pick at M = 1
+    ("16,8,256,16,1+bulk", 2112, 7168),                   # a ring shorter than K
+    ("32,8,256,10,1,2+early+prefetch+bulk", 768, 7168),   # k_split: each CTA its K share
+    ("64,8,128,3,1+early+bulk", 7168, 384),
+    ("32,16,256,4,1+bulk", 1024, 2048),                   # 16 and 32 rows, one per lane
+    ("16,32,128,2,1+bulk", 512, 1024),
+    ("32,8,128,1,1+bulk", 768, 128),                      # one K tile
+    ("32,8,256,5,2+early+prefetch", 4608, 1536),
+    ("64,16,128,4,2+early+prefetch", 7168, 768),
+    ("48,32,128,3,2,2+prefetch", 3216, 7168),
+])
+def test_bulk_activations_and_l2_prefetch(text, n, k):
+    """bulk_x (rows past M never written) and the L2 prefetch (a hint) give
+    the same results as the 16-byte copies, every M, with and without bias,
+    in a graph."""
+    tactic = WarpSplitKTactic.parse(text)
+    check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=min(tactic.token_tile, 9))
