@@ -156,13 +156,15 @@ def _run_facts(jobs, timeout=900, import_cutlass=False):
 #: Blackwell in the same process
 SM100_K_SPLIT = (1536, 7168, WarpSplitKTactic(16, 8, 256, 8, 1, 2))
 SM100_MULTICAST = (1536, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, 1, 4))
+SM100_X_COPIES = (768, 7168, WarpSplitKTactic(32, 8, 256, 10, 1, 2, early_launch=True,
+                                              l2_prefetch=True, bulk_x=True))
 
 
 @pytest.fixture(scope="module")
 def sm100_facts():
     jobs = [["sm_100a", n, k, t.short(), False] for _, n, k, t in
             (c for c in CASES if c[0] == "sm_100a")]
-    for n, k, t in (SM100_K_SPLIT, SM100_MULTICAST):
+    for n, k, t in (SM100_K_SPLIT, SM100_MULTICAST, SM100_X_COPIES):
         jobs.append(["sm_100a", n, k, t.short(), False])
     results = _run_facts(jobs)
     return {(n, k, WarpSplitKTactic.parse(short)): f
@@ -185,6 +187,13 @@ def test_compile_sm100a_activation_multicast(sm100_facts):
     n, k, tactic = SM100_MULTICAST
     f = sm100_facts[(n, k, tactic)]
     assert f["target"] == "sm_100a" and f["audit"] == []
+    assert f["spill_bytes"] == 0 and not f["local_memory"]
+
+
+def test_compile_sm100a_bulk_x_and_l2_prefetch(sm100_facts):
+    n, k, tactic = SM100_X_COPIES
+    f = sm100_facts[(n, k, tactic)]
+    assert f["target"] == "sm_100a" and f["audit"] == []  # the audit requires both
     assert f["spill_bytes"] == 0 and not f["local_memory"]
 
 
@@ -440,3 +449,44 @@ def test_multicast_lane0_release_build(tmp_path):
         return {int(v) for r in regs for v in re.findall(rf"mov\.[ub]32\s+{r}, (\d+);", text)}
     assert init_counts(lane0) == {64, 8, 1}
     assert init_counts(lanes) == {64, 256, 1}
+
+
+@pytest.mark.parametrize("tactic,n,k", [
+    (WarpSplitKTactic(32, 8, 256, 8, 1, bulk_x=True), 2048, 2048),
+    (WarpSplitKTactic(16, 32, 128, 3, 1, bulk_x=True), 512, 1024),
+    (WarpSplitKTactic(32, 8, 256, 10, 1, 2, bulk_x=True, l2_prefetch=True), 768, 7168),
+    (WarpSplitKTactic(64, 16, 128, 4, 2, l2_prefetch=True, early_launch=True), 7168, 768),
+], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_bulk_x_and_l2_prefetch_compile_with_their_instructions(tactic, n, k):
+    """bulk_x: per stage one armed full barrier and one bulk copy (predicated
+    by lane), no thread-issued activation copies; l2_prefetch: one bulk L2
+    prefetch (predicated by thread), once, before any ring wait; no spills."""
+    import re
+    report = compile_for_arch(n, k, tactic, "sm_90a")
+    assert report.audit() == []
+    assert report.spill_bytes == 0 and report.local_bytes == 0
+    ptx = report.ptx
+    k_tiles = k // (tactic.k_tile * tactic.k_split)
+    bulk = re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes \[",
+                      ptx)
+    assert len(bulk) == (k_tiles if tactic.bulk_x else 0)
+    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == (k_tiles if tactic.bulk_x else 0)
+    zfill = re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 16, %r", ptx)
+    assert bool(zfill) == (not tactic.bulk_x)
+    prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global", ptx)
+    assert len(prefetches) == (1 if tactic.l2_prefetch else 0)
+    assert not re.search(r"multicast::cluster|mbarrier\.arrive\.release\.cluster", ptx)
+
+
+def test_audit_requires_bulk_x_and_the_prefetch_only_with_their_fields():
+    plain = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 256, 2, 1), "sm_90a")
+    assert any("missing activation rows by bulk copy" in p
+               for p in audit_ptx(plain.ptx, k_tiles=4, bulk_x=True))
+    assert any("missing weight past the ring prefetched" in p
+               for p in audit_ptx(plain.ptx, k_tiles=4, l2_prefetch=True))
+    both = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 256, 2, 1, bulk_x=True,
+                                                        l2_prefetch=True), "sm_90a")
+    problems = audit_ptx(both.ptx, k_tiles=4)
+    assert any("without bulk_x" in p for p in problems)
+    assert any("without l2_prefetch" in p for p in problems)
+    assert audit_ptx(both.ptx, k_tiles=4, bulk_x=True, l2_prefetch=True) == []

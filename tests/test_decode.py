@@ -137,7 +137,12 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
         # 8-token tiles: one activation-loader warp, or two when x has
         # real rows past the first (its copies follow the dependency wait)
         assert t.b_loader_warps in ((1, 2) if t.token_tile == 8 and m > 1 else
-                                    (1,) if t.token_tile == 8 else (2,))
+                                    (1,) if t.token_tile == 8 or t.bulk_x else (2,))
+    # bulk activation copies at M = 1 only, every candidate family also so;
+    # the L2 prefetch is never a candidate of its own (prefetch_twins)
+    bulk = [t for t in found if t.bulk_x]
+    assert bool(bulk) == (m == 1) and not any(t.l2_prefetch for t in found)
+    assert [t for t in found if not t.bulk_x] == candidates(m, n, k, 132, bulk_xs=(False,))
 
 
 # ------------------------------------------------------------ plan view
@@ -371,3 +376,21 @@ def test_candidates_for_shapes_outside_the_table(n, k):
         late = {t for t in found if not t.early_launch}
         assert {dataclasses.replace(t, early_launch=True) for t in late} == \
             {t for t in found if t.early_launch}
+
+
+def test_prefetch_twins_of_the_fastest_small_weights_only():
+    from warpsplitk.tune import PREFETCH_MAX_BYTES, PREFETCH_TOP, prefetch_twins
+    n, k = 768, 7168  # 11 MB, 28 K tiles of 256
+    times = {WarpSplitKTactic(32, 8, 256, s, 1): 4.0 + s / 100 for s in (4, 6, 8, 10, 12)}
+    times[WarpSplitKTactic(32, 8, 256, 28, 1)] = 1.0  # fastest, but its ring holds all of K
+    twins = prefetch_twins(times, n, k)
+    assert twins == [WarpSplitKTactic(32, 8, 256, s, 1, l2_prefetch=True) for s in (4, 6)]
+    # all but the illegal: 28 stages (nor 12 of 32 x 256: too much shared memory)
+    assert [t.stages for t in prefetch_twins(times, n, k, top=10)] == [4, 6, 8, 10]
+    assert PREFETCH_TOP == 3
+    # a twin already measured is not measured again; nor twins of twins
+    times[twins[0]] = 3.0
+    assert prefetch_twins(times, n, k) == [twins[1]]
+    # weights over the limit: the prefetch lost there (runs 25, 27)
+    assert n * 7168 * 2 <= PREFETCH_MAX_BYTES < 3216 * 7168 * 2
+    assert prefetch_twins(times, 3216, 7168) == []

@@ -1,6 +1,7 @@
 """The NumPy emulator of the kernel's data movement: exact on integers, conflict-free,
 and able to notice a broken layout."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -280,3 +281,41 @@ def test_multicast_row_owners_cover_the_tile_once():
         for t in (8, 16, 32):
             rows = sorted(r for rank in range(c) for r in layout.multicast_rows(rank, t, c))
             assert rows == list(range(t))
+
+
+# ----------------------------------------- bulk activation copies (bulk_x)
+
+BULK_X = [
+    (WarpSplitKTactic(32, 8, 256, 2, 1, bulk_x=True), 1, 64, 768),     # M = 1: one copy per stage
+    (WarpSplitKTactic(16, 8, 128, 3, 1, bulk_x=True), 5, 32, 384),     # rows 5-7 never written
+    (WarpSplitKTactic(16, 16, 256, 2, 1, bulk_x=True), 9, 32, 512),
+    (WarpSplitKTactic(64, 32, 128, 2, 1, bulk_x=True), 32, 128, 256),  # one row per lane
+    (WarpSplitKTactic(32, 8, 256, 2, 1, 2, bulk_x=True), 3, 64, 1024),  # each CTA its K share
+    (WarpSplitKTactic(16, 8, 128, 1, 1, bulk_x=True), 1, 16, 128),     # one tile
+]
+
+
+@pytest.mark.parametrize("tactic,m,n,k", BULK_X,
+                         ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_bulk_x_stages_exact(tactic, m, n, k):
+    """bulk_x: one bulk copy per token row inside M fills each row-padded
+    stage (every such row exactly once, pads and rows past M never), and the
+    stale rows past M (NaN here) reach no output."""
+    x, w, bias = integer_problem(m, n, k, seed=3 * m + n + k, with_bias=True)
+    out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
+    np.testing.assert_array_equal(out, reference(x, w, bias))
+
+
+@pytest.mark.parametrize("tactic", [t for t, *_ in BULK_X], ids=lambda t: t.short())
+def test_bulk_x_padded_stage_has_no_bank_conflicts(tactic):
+    assert bank_conflicts(tactic) == []
+
+
+def test_l2_prefetch_changes_no_result():
+    """The L2 prefetch is a hint: the emulated result is bit for bit the
+    tactic's without it."""
+    x, w, _ = integer_problem(7, 64, 1024, seed=11)
+    plain = WarpSplitKTactic(32, 8, 256, 2, 1)
+    np.testing.assert_array_equal(
+        emulate(x, w, dataclasses.replace(plain, l2_prefetch=True), round_output=False),
+        emulate(x, w, plain, round_output=False))

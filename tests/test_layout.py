@@ -578,3 +578,36 @@ def test_multicast_model_catches_broken_protocols(role, change, problem):
     programs[role] = change(programs[role])
     problems = explore_multicast(2, 3, 1, None, programs)
     assert any(problem in p for p in problems), problems
+
+
+# --------------------------------------------------------- the L2 prefetch
+
+
+@pytest.mark.parametrize("output_tile", (16, 32, 48, 64))
+@pytest.mark.parametrize("k_tiles,stages,k_tile", [(28, 11, 256), (6, 5, 256), (3, 2, 128),
+                                                   (64, 16, 256), (4, 4, 128)])
+def test_l2_prefetch_covers_each_row_past_the_ring_once(output_tile, k_tiles, stages, k_tile):
+    """Rows 0..output_tile-1 by one weight-loader thread each, every element
+    of a row's K share past the ring's first fill in one 16-byte-aligned
+    span of whole 16-byte chunks, nothing the first fill already loads."""
+    threads = layout.A_LOADER_WARPS * layout.WARP
+    issuing = layout.l2_prefetch_threads(output_tile)
+    assert issuing == output_tile <= threads  # thread r prefetches row r
+    first, count = layout.l2_prefetch_span(k_tiles, stages, k_tile)
+    assert first == min(stages, k_tiles) * k_tile and first + count == k_tiles * k_tile
+    assert (first * layout.ELEMENT_BYTES) % 16 == 0 and (count * layout.ELEMENT_BYTES) % 16 == 0
+    first_fill = {(row, col + i * k_tile + e)
+                  for i in range(min(stages, k_tiles)) for copy in
+                  range(layout.copies_per_thread(output_tile, k_tile, threads))
+                  for thread in range(threads)
+                  for row, col in [layout.loader_copy(thread, copy, k_tile, threads)]
+                  for e in range(layout.CHUNK)}
+    prefetched = {(row, c) for row in range(issuing) for c in range(first, first + count)}
+    assert not first_fill & prefetched
+    assert first_fill | prefetched == {(r, c) for r in range(output_tile)
+                                      for c in range(k_tiles * k_tile)}
+
+
+def test_l2_prefetch_threads_refuse_a_tile_wider_than_the_loaders():
+    with pytest.raises(ValueError):
+        layout.l2_prefetch_threads(layout.A_LOADER_WARPS * layout.WARP + 16)

@@ -372,3 +372,41 @@ def test_default_heuristic_against_the_measured_log():
     assert len(ratios) == 16 * 5
     assert statistics.median(ratios) < 1.03
     assert max(ratios) < 1.45
+
+
+def test_l2_prefetch_and_bulk_x_text_and_rules():
+    t = T(32, 8, 256, 10, 1, 2, early_launch=True, l2_prefetch=True, bulk_x=True)
+    assert t.short() == "32,8,256,10,1,2+early+prefetch+bulk" and T.parse(t.short()) == t
+    for text in ("32,8,256,11,1+prefetch", "32,8,256,11,1+bulk", "16,16,256,4,1+early+bulk"):
+        assert T.parse(text).short() == text
+    for bad in ("32,8,256,11,1+bulk+prefetch", "32,8,256,11,1+bulk+early", "32,8,256,11,1+pf"):
+        with pytest.raises(ValueError, match="a tactic is five integers"):
+            T.parse(bad)
+    check_tactic(t, 768, 7168)
+    for field in ("l2_prefetch", "bulk_x"):
+        with pytest.raises(ValueError, match=f"{field} must be one of"):
+            check_tactic(dataclasses.replace(T(32, 8, 256, 4, 1), **{field: 1}), 4224, 7168)
+    # nothing to prefetch when the ring holds the CTA's whole K share
+    with pytest.raises(ValueError, match="l2_prefetch needs more K tiles"):
+        check_tactic(T(32, 8, 256, 8, 1, l2_prefetch=True), 2048, 2048)
+    with pytest.raises(ValueError, match=r"l2_prefetch needs more K tiles per CTA \(k_split 2\)"):
+        check_tactic(T(32, 8, 256, 4, 1, 2, l2_prefetch=True), 2048, 2048)
+    check_tactic(T(32, 8, 256, 3, 1, 2, l2_prefetch=True), 2048, 2048)
+    # one lane per token row issues the bulk copies; the multicast already does
+    with pytest.raises(ValueError, match="bulk_x takes b_loader_warps 1"):
+        check_tactic(T(32, 8, 256, 4, 2, bulk_x=True), 2048, 2048)
+    with pytest.raises(ValueError, match="already copies activations in bulk"):
+        check_tactic(T(16, 16, 256, 4, 1, 1, 2, bulk_x=True), 2048, 2048)
+    # the bulk-copied stage is row-padded like the multicast's; the prefetch
+    # needs no shared memory
+    assert T(16, 16, 256, 4, 1, bulk_x=True).smem_bytes == T(16, 16, 256, 4, 1, 1, 2).smem_bytes
+    assert T(32, 8, 256, 4, 1, l2_prefetch=True).smem_bytes == T(32, 8, 256, 4, 1).smem_bytes
+    assert T(32, 8, 256, 4, 1, bulk_x=True).bulk_activations
+    assert T(32, 8, 256, 4, 1, 1, 2).bulk_activations and not T(32, 8, 256, 4, 1).bulk_activations
+    legal = legal_tactics(1, 2048, 2048, l2_prefetches=(False, True), bulk_xs=(False, True))
+    assert any(x.bulk_x and x.l2_prefetch for x in legal)
+    assert all(x.b_loader_warps == 1 for x in legal if x.bulk_x)
+    assert all(x.stages < 2048 // (x.k_tile * x.k_split) for x in legal if x.l2_prefetch)
+    assert not any(x.bulk_x or x.l2_prefetch for x in legal_tactics(1, 2048, 2048))
+    assert not any(default_tactic(m, 4224, 7168).bulk_x or default_tactic(m, 4224, 7168).l2_prefetch
+                   for m in (1, 8, 16, 32))

@@ -15,6 +15,16 @@ walks all of K through two shared-memory rings of ``stages`` slots:
   L2 evict_first policy: the weight is read once, the activations are read by
   every CTA of a row of tiles, so the weight must not push them out of L2.
 * warps 6(-7) stream the activations; rows past M are zero-filled, never read.
+  With ``bulk_x`` (and always with the multicast) one warp does it instead,
+  one ``cp.async.bulk`` per token row inside M and stage, into row-padded
+  stages; rows past M are then never written (their outputs never stored).
+  Fewer instructions after the dependency wait: 3-10% faster at M = 1, but
+  slower from a few rows on, where many small bulk copies cost more than
+  16-byte copies (docs/NOTES.md).
+* ``l2_prefetch``: once the weight ring's first fill is issued, each weight
+  loader thread asks L2 for the rest of one tile row's K share with one
+  ``cp.async.bulk.prefetch.L2``, so that stream does not wait for the ring
+  to drain (a hint; measured per cell, it wins on some 11-14 MB weights).
 
 Each stage has three mbarriers: ``full_a`` / ``full_b`` complete when a
 stage's copies land (``cp.async.mbarrier.arrive.noinc`` by every loader
