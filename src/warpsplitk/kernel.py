@@ -112,7 +112,7 @@ class WarpSplitKKernel:
         self.multicast = t.x_multicast > 1
         # activation rows by bulk copy into row-padded stages (bulk_x, or the
         # multicast): the same loader, its cluster of one CTA or of several
-        self.bulk_x = t.bulk_activations
+        self.bulk_activations = t.bulk_activations
         self.clustered = self.k_split > 1 or self.multicast
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
                                      t.x_multicast, t.bulk_x)
@@ -181,7 +181,7 @@ class WarpSplitKKernel:
             self.compute(smem, tidx, warp, tile_n, tile_t, m, bias, out, rank)
         elif is_a_loader:
             self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, rank)
-        elif cutlass.const_expr(self.bulk_x):
+        elif cutlass.const_expr(self.bulk_activations):
             self.activation_bulk(smem, x, tidx - first_b_warp * layout.WARP, tile_n, tile_t, m,
                                  rank)
         else:
@@ -196,7 +196,7 @@ class WarpSplitKKernel:
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_a, stage), self.a_threads)
             # bulk copies: one arrival (the local expect_tx) plus the stage's bytes
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_b, stage),
-                              1 if self.bulk_x else self.b_threads)
+                              1 if self.bulk_activations else self.b_threads)
             # multicast: every compute lane (or, in the lane-0 build, every
             # compute warp) of every member releases every stage (the stage's
             # next rows come from all of them)
@@ -383,7 +383,8 @@ class WarpSplitKKernel:
                    + layout.a_fragment_offset(lane, warp, mi, s, t.k_tile) * _BYTES
                    for s in range(steps)] for mi in range(m_iters)]
         b_addr = [[smem + self.smem.b_ring
-                   + layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, self.bulk_x) * _BYTES
+                   + layout.b_fragment_offset(lane, warp, ni, p, t.k_tile,
+                                              self.bulk_activations) * _BYTES
                    for p in range(pairs)] for ni in range(n_iters)]
         if cutlass.const_expr(self.multicast):
             ptx.cluster_wait()  # phase 0: every member's empty barriers exist

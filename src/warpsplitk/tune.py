@@ -38,8 +38,9 @@ Pruning, before anything is measured:
 * with ``bulk_xs=(False, True)`` (the default; ``--no-bulk-x`` leaves it
   out), at M = 1 every candidate also with its activation row copied by
   one bulk copy per stage (``bulk_x``, one activation warp): 0.90-0.97x
-  on most of the table at M = 1, but 1.2-1.5x at M = 8, where eight small
-  bulk copies per stage cost more than 16-byte copies (run 27);
+  on most of the table at M = 1, but already 1.01-1.21x at M = 2 and
+  1.03-1.46x at M = 8, where several small bulk copies per stage cost
+  more than 16-byte copies (runs 27, 30);
 * measured neighbours: with ``l2_prefetch`` (the default;
   ``--no-l2-prefetch`` leaves it out), once a cell's candidates are timed,
   its ``PREFETCH_TOP`` fastest are timed again with the L2 prefetch of the
