@@ -24,6 +24,9 @@
 #   pdl     what PDL and its griddepcontrol.wait cost independent calls
 #           (scripts/build_ab.py --compare pdl, plan tactics)
 #   llama   the Llama example's accuracy and decode-step timing
+#   deep    rings deep enough to need the reduction buffer over them: their
+#           GPU tests beside the sanitizer over every such family, then the
+#           tuner (resuming the committed log) and the bench on its log
 #
 # EARLY_LAUNCH=1 runs any stage on the experimental early PDL trigger build
 # (WARPSPLITK_EARLY_LAUNCH, docs/NOTES.md), e.g. verify + bench before it ships.
@@ -191,6 +194,16 @@ plan-check)
   cut -c1-1500 "$OUT/multicast-racecheck.log"
   echo "multicast cases started under racecheck: $(tar -xzOf "$OUT/multicast-racecheck/sanitizer-logs.tar.gz" \
     --wildcards '*.log' 2>/dev/null | grep -c '^case')"
+  ;;
+deep)
+  timeout -k 5 ${PHASE1_LIMIT:-200} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
+    -k over_the_rings > "$OUT/gpu_kernel-deep.log" 2>&1 &
+  OUT=$OUT/deep DEEP_RINGS=1 ALIASED_ONLY=1 BULK_X=1 CASE_LIMIT=${PHASE1_LIMIT:-200} \
+    bash scripts/sanitize.sh > "$OUT/sanitizer-deep.log" 2>&1 &
+  wait
+  echo "gpu_kernel (deep rings): $(tail -1 "$OUT/gpu_kernel-deep.log")"
+  echo "sanitizer (deep rings): $(cut -c1-1200 "$OUT/sanitizer-deep.log")"
+  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-deep.log | head
   ;;
 multicast)
   # the activation multicast with one remote stage release per warp

@@ -2,13 +2,16 @@
 
     python3 scripts/reliability.py cases --subset all|rotate [--shard I --shards N] [--json OUT]
                                          [--k-split] [--x-multicast] [--bulk-x] [--l2-prefetch]
-                                         [--clusters-only | --x-copies-only] [--progress]
+                                         [--deep-rings] [--clusters-only | --x-copies-only |
+                                         --aliased-only] [--progress]
         Every tactic family (output_tile x token_tile x k_tile x
         b_loader_warps; with --k-split also each with k_split 2, with
         --x-multicast each with x_multicast 2, 3 and 4, with --bulk-x each
         one-warp family also with bulk activation copies) with a one-stage
         ring (K = k_tile), a ring shorter than the K-tile count (with
-        --l2-prefetch also with the L2 prefetch) and a ring equal to it; M = 1, token_tile - 1,
+        --l2-prefetch also with the L2 prefetch) and a ring equal to it (with
+        --deep-rings also the deepest ring that fits only with the reduction
+        buffer over the rings, one K tile more than it); M = 1, token_tile - 1,
         token_tile, token_tile + 1 (where <= 32) and 32; each case launched
         twice back to back on one stream (the PDL path: the second grid's
         weight prologue overlaps the first) and checked against fp64.
@@ -36,16 +39,29 @@ import time
 
 import torch
 
-from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic
-from warpsplitk.tactics import B_LOADER_WARPS, K_TILES, OUTPUT_TILES, TOKEN_TILES, is_legal
+from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic, layout
+from warpsplitk.tactics import (B_LOADER_WARPS, K_TILES, MAX_STAGES, OUTPUT_TILES, TOKEN_TILES,
+                                is_legal)
 
 
 def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
+def _deepest_aliased(o, t, kt, b, c, x, bulk):
+    """(stages, K) of the deepest legal ring whose reduction buffer lies over
+    the rings (layout.smem_plan), with one K tile past the ring; None if none."""
+    for stages in range(MAX_STAGES, 1, -1):
+        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk)
+        k = c * (stages + 1) * kt
+        plan = layout.smem_plan(o, t, kt, stages, c, x, bulk)
+        if plan.reduction_aliased and is_legal(tactic, 2 * x * o, k):
+            return stages, k
+    return None
+
+
 def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(False,),
-                 l2_prefetch=False):
+                 l2_prefetch=False, deep_rings=False):
     cases = []
     families = [f for f in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS,
                                              k_splits, x_multicasts, bulk_xs)
@@ -56,6 +72,9 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
         rings = [(1, c * kt), (2, 3 * c * kt), (3, 3 * c * kt)]
         if subset == "rotate":
             rings = [rings[(index + offset) % 3]]
+        deepest = _deepest_aliased(o, t, kt, b, c, x, bulk) if deep_rings else None
+        if deepest:
+            rings.append(deepest)
         n = 2 * x * o  # two output tiles, or two clusters of them
         for stages, k in rings:
             tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk)
@@ -71,10 +90,15 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
 
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,),
               clusters_only=False, progress=False, bulk_xs=(False,), l2_prefetch=False,
-              x_copies_only=False):
+              x_copies_only=False, deep_rings=False, aliased_only=False):
     torch.manual_seed(0)
     results = []
-    cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch)
+    cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch, deep_rings)
+    if aliased_only:
+        cases = [case for case in cases
+                 if layout.smem_plan(case[0].output_tile, case[0].token_tile, case[0].k_tile,
+                                     case[0].stages, case[0].k_split, case[0].x_multicast,
+                                     case[0].bulk_x).reduction_aliased]
     if clusters_only:
         cases = [case for case in cases if case[0].k_split > 1 or case[0].x_multicast > 1]
     if x_copies_only:
@@ -188,6 +212,11 @@ def main():
                    help="only the cases with k_split or x_multicast > 1")
     c.add_argument("--x-copies-only", action="store_true",
                    help="only the cases with bulk_x or the L2 prefetch")
+    c.add_argument("--deep-rings", action="store_true",
+                   help="also each family's deepest ring that fits only with the reduction "
+                        "buffer over the rings")
+    c.add_argument("--aliased-only", action="store_true",
+                   help="only the cases whose reduction buffer lies over the rings")
     c.add_argument("--progress", action="store_true", help="a line per case as it starts")
     c.add_argument("--json")
     s = sub.add_parser("soak")
@@ -203,7 +232,7 @@ def main():
                                 (1, 2, 3, 4) if args.x_multicast else (1,),
                                 args.clusters_only, args.progress,
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,
-                                args.x_copies_only)
+                                args.x_copies_only, args.deep_rings, args.aliased_only)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

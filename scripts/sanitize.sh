@@ -21,6 +21,8 @@
 #   BULK_X=1         add every one-warp family with bulk activation copies
 #   L2_PREFETCH=1    add the L2 prefetch of every case whose ring is shorter than K
 #   X_COPIES_ONLY=1  with BULK_X / L2_PREFETCH: only those cases
+#   DEEP_RINGS=1     add each family's deepest ring, whose reduction buffer
+#                    lies over the rings; ALIASED_ONLY=1: only those cases
 #   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
 #                    (compile.ARRIVALS): all: loaders also arrive themselves;
 #                    lane0: one stage release per compute warp (the build
@@ -40,6 +42,8 @@ split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 [ "${BULK_X:-0}" = 1 ] && split_flag="$split_flag --bulk-x"
 [ "${L2_PREFETCH:-0}" = 1 ] && split_flag="$split_flag --l2-prefetch"
 [ "${X_COPIES_ONLY:-0}" = 1 ] && split_flag="$split_flag --x-copies-only"
+[ "${DEEP_RINGS:-0}" = 1 ] && split_flag="$split_flag --deep-rings"
+[ "${ALIASED_ONLY:-0}" = 1 ] && split_flag="$split_flag --aliased-only"
 offset=0
 for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do

@@ -490,3 +490,17 @@ def test_audit_requires_bulk_x_and_the_prefetch_only_with_their_fields():
     assert any("without bulk_x" in p for p in problems)
     assert any("without l2_prefetch" in p for p in problems)
     assert audit_ptx(both.ptx, k_tiles=4, bulk_x=True, l2_prefetch=True) == []
+
+
+@pytest.mark.parametrize("tactic,n,k,aliased", [
+    (WarpSplitKTactic(32, 32, 256, 7, 2), 2624, 6144, True),
+    (WarpSplitKTactic(48, 32, 128, 11, 2), 3216, 7168, True),
+    (WarpSplitKTactic(32, 32, 256, 6, 2), 2624, 6144, False),
+], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_reduction_over_the_rings_waits_for_every_compute_warp(tactic, n, k, aliased):
+    """With the buffer over the rings the compute warps meet at a named
+    barrier before storing partials, as well as after; never otherwise."""
+    import re
+    report = compile_for_arch(n, k, tactic, "sm_90a")
+    assert report.audit() == [] and report.spill_bytes == 0
+    assert len(re.findall(r"\bbar\.sync\s+1,\s*128;", report.ptx)) == (2 if aliased else 1)

@@ -192,3 +192,21 @@ def test_bulk_activations_and_l2_prefetch(text, n, k):
     in a graph."""
     tactic = WarpSplitKTactic.parse(text)
     check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=min(tactic.token_tile, 9))
+
+
+@pytest.mark.parametrize("text,n,k", [
+    ("32,32,256,7,2+early", 2624, 6144),   # one stage deeper than fits beside the buffer
+    ("48,32,128,11,2", 3216, 7168),
+    ("64,32,128,9,2", 2624, 6144),         # two epilogue rounds out of the aliased buffer
+    ("64,16,128,11,2+early", 1024, 2048),
+    ("16,32,256,9,1+bulk", 512, 2560),     # rows past M never written, then the buffer over them
+])
+def test_reduction_buffer_over_the_rings(text, n, k):
+    """A ring too deep for its own reduction buffer beside it gets the buffer
+    laid over the rings (layout.smem_plan): every M, bias, graph."""
+    from warpsplitk import layout
+    tactic = WarpSplitKTactic.parse(text)
+    t = tactic
+    assert layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
+                            t.x_multicast, t.bulk_x).reduction_aliased
+    check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=min(tactic.token_tile, 17))

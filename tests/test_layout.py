@@ -178,7 +178,7 @@ def test_smem_plan_regions_disjoint_and_aligned():
         regions = [
             ("a_ring", p.a_ring, t.stages * p.a_stage_bytes),
             ("b_ring", p.b_ring, t.stages * p.b_stage_bytes),
-            ("reduction", p.reduction, reduction_bytes),
+            *([] if p.reduction_aliased else [("reduction", p.reduction, reduction_bytes)]),
             ("full_a", p.full_a, t.stages * 8),
             ("full_b", p.full_b, t.stages * 8),
             ("empty", p.empty, t.stages * 8),
@@ -611,3 +611,32 @@ def test_l2_prefetch_covers_each_row_past_the_ring_once(output_tile, k_tiles, st
 def test_l2_prefetch_threads_refuse_a_tile_wider_than_the_loaders():
     with pytest.raises(ValueError):
         layout.l2_prefetch_threads(layout.A_LOADER_WARPS * layout.WARP + 16)
+
+
+# ---------------------------------------- the reduction buffer over the rings
+
+
+def test_reduction_buffer_over_the_rings_only_where_it_would_not_fit():
+    """The buffer lies over the rings exactly when the ring and the buffer
+    side by side exceed a block's shared memory and the rings alone do not
+    (k_split 1); then it starts at the A ring, ends inside the rings, and the
+    mbarriers follow the rings. Every other plan keeps its own buffer, so a
+    tactic measured before keeps its kernel."""
+    seen = 0
+    for o, t, kt, s, c, x, bulk in itertools.product((16, 32, 48, 64), (8, 16, 32), (128, 256),
+                                                     range(1, 17), (1, 2), (1, 2), (False, True)):
+        if (x > 1 and (c > 1 or bulk)) or (o >= 48 and kt == 256):
+            continue
+        p = layout.smem_plan(o, t, kt, s, c, x, bulk)
+        rings_end = p.b_ring + s * p.b_stage_bytes
+        buffer = c * layout.COMPUTE_WARPS * t * layout.reduction_row_words(o) * 4
+        side_by_side = -(-rings_end // 128) * 128 + buffer
+        if p.reduction_aliased:
+            seen += 1
+            assert c == 1 and p.reduction == p.a_ring == 0
+            assert p.reduction + buffer <= rings_end <= p.full_a
+            assert p.total <= layout.SMEM_PER_BLOCK
+            assert side_by_side + 3 * s * layout.MBARRIER_BYTES > layout.SMEM_PER_BLOCK
+        else:
+            assert p.reduction >= rings_end and p.full_a >= p.reduction + buffer
+    assert seen > 20

@@ -436,6 +436,12 @@ class WarpSplitKKernel:
         red = smem + self.smem.reduction
         if self.k_split == 1:
             dest, slot, store = red, warp, ptx.st_shared_f32
+            if self.smem.reduction_aliased:
+                # the buffer lies over the rings (a ring too deep for both):
+                # no partial may land before every compute warp has read its
+                # last tile; the copies into the rings all completed before
+                # those reads (each waited on its stage's full barrier)
+                ptx.named_barrier(1, self.compute_threads)
         else:
             # Every CTA of the cluster writes its partials into the first
             # CTA's buffer (slot rank * 4 + warp), through distributed shared

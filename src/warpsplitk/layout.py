@@ -50,6 +50,9 @@ def swizzle(row, col, k_tile):
     return row * k_tile + (col ^ ((row % 8) * CHUNK))
 
 
+#: Dynamic shared memory a block may opt into on sm_90 and sm_100.
+SMEM_PER_BLOCK = 227 * 1024
+
 #: Elements of padding after each activation row of a bulk-copied stage.
 B_ROW_PAD = CHUNK
 
@@ -212,6 +215,8 @@ class SmemPlan:
     full_b: int  # stages mbarriers: activation stage landed
     empty: int  # stages mbarriers: stage consumed by the 4 compute warps
     total: int
+    #: the reduction buffer lies over the rings (see smem_plan)
+    reduction_aliased: bool = False
 
 
 def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
@@ -222,20 +227,36 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
     the partials of every compute warp of the cluster (``[k_split * 4]``
     warps): the other CTAs write theirs into the first CTA's buffer. With
     ``bulk_x`` or ``x_multicast`` > 1 the activation stages are row-padded
-    (``padded``)."""
+    (``padded``).
+
+    A ring too deep to fit beside the reduction buffer in one block
+    (``SMEM_PER_BLOCK``) gets the buffer laid over its start instead
+    (``reduction_aliased``; k_split 1 only, where no other CTA writes into
+    it): the rings are dead once every compute warp has read its last tile,
+    which the kernel makes sure of with a barrier of the compute warps
+    before the first partial is stored. Only then: a ring that fits either
+    way keeps its own buffer, and with it the kernel the tuner measured."""
     a_stage = output_tile * k_tile * ELEMENT_BYTES
     b_row = k_tile + (B_ROW_PAD if bulk_x or x_multicast > 1 else 0)
     b_stage = token_tile * b_row * ELEMENT_BYTES  # a multiple of 128 B either way
     a_ring = 0
     b_ring = _align(a_ring + stages * a_stage, REGION_ALIGN)
-    reduction = _align(b_ring + stages * b_stage, REGION_ALIGN)
+    rings_end = _align(b_ring + stages * b_stage, REGION_ALIGN)
     reduction_bytes = k_split * COMPUTE_WARPS * token_tile * reduction_row_words(output_tile) * 4
-    barriers = _align(reduction + reduction_bytes, REGION_ALIGN)
-    full_a = barriers
-    full_b = full_a + stages * MBARRIER_BYTES
-    empty = full_b + stages * MBARRIER_BYTES
-    total = empty + stages * MBARRIER_BYTES
-    return SmemPlan(a_stage, b_stage, a_ring, b_ring, reduction, full_a, full_b, empty, total)
+
+    def plan(reduction, barriers, aliased):
+        full_a = barriers
+        full_b = full_a + stages * MBARRIER_BYTES
+        empty = full_b + stages * MBARRIER_BYTES
+        total = empty + stages * MBARRIER_BYTES
+        return SmemPlan(a_stage, b_stage, a_ring, b_ring, reduction, full_a, full_b, empty, total,
+                        aliased)
+
+    separate = plan(rings_end, _align(rings_end + reduction_bytes, REGION_ALIGN), False)
+    if separate.total <= SMEM_PER_BLOCK or k_split > 1 or reduction_bytes > rings_end:
+        return separate
+    aliased = plan(a_ring, rings_end, True)
+    return aliased if aliased.total <= SMEM_PER_BLOCK else separate  # too deep either way
 
 
 # ------------------------------------------------------------- the ring

@@ -44,7 +44,7 @@ BULK_SUFFIX = "+bulk"
 MAX_K_TILES = 64
 MAX_M = 32
 #: Dynamic shared memory a block may opt into on sm_90 and sm_100.
-SMEM_PER_BLOCK = 227 * 1024
+SMEM_PER_BLOCK = layout.SMEM_PER_BLOCK
 #: Shared memory of one SM, and what the driver reserves per resident block.
 SMEM_PER_SM = 228 * 1024
 SMEM_RESERVED_PER_BLOCK = 1024
@@ -132,8 +132,18 @@ class WarpSplitKTactic:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one CTA: both rings, reduction buffer, mbarriers."""
+        return self.smem_plan.total
+
+    @property
+    def smem_plan(self) -> layout.SmemPlan:
         return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages,
-                                self.k_split, self.x_multicast, self.bulk_x).total
+                                self.k_split, self.x_multicast, self.bulk_x)
+
+    @property
+    def reduction_aliased(self) -> bool:
+        """The ring is too deep for the reduction buffer beside it: the buffer
+        lies over the rings (``layout.smem_plan``)."""
+        return self.smem_plan.reduction_aliased
 
     def short(self) -> str:
         """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1,
@@ -389,7 +399,8 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
       run in one wave; take the deepest ring with which exactly ``r`` fit.
       Deeper rings put more weight bytes in flight per SM, and a ring that
       leaves no room for an (r+1)-th CTA stops the block scheduler from
-      doubling CTAs up on some SMs while others idle;
+      doubling CTAs up on some SMs while others idle. Rings deep enough to
+      need the reduction buffer laid over them are left to the tuner;
     - b_loader_warps: 2 when M > 1 (the activation copies follow the
       dependency wait, on every call's critical path), 1 for one token.
 
@@ -422,7 +433,9 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
         return WarpSplitKTactic(output_tile, token_tile, k_tile, 1, b_warps)
     candidates = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
                   for s in range(2, min(k_tiles, MAX_STAGES) + 1)]
-    candidates = [t for t in candidates if is_legal(t, n, k)]
+    # a ring deeper than fits beside its reduction buffer is the tuner's to
+    # measure, not the model's to assume
+    candidates = [t for t in candidates if is_legal(t, n, k) and not t.reduction_aliased]
     ctas = grid_ctas(candidates[0], m, n)
     wanted = -(-ctas // sm_count)
     fitting = [t for t in candidates if ctas_per_sm(t) >= wanted]

@@ -17,7 +17,9 @@ Pruning, before anything is measured:
   ``r = ceil(CTAs / SMs)`` resident CTAs per SM for one wave; the deepest
   rings that fit r, r + 1 and 2r per SM (room beside a running grid lets
   the next kernel's CTAs start under PDL; when no ring fits r, the one with
-  the most CTAs per SM);
+  the most CTAs per SM). At one CTA per SM that can be a ring too deep for
+  the reduction buffer beside it, which then lies over the rings
+  (``layout.smem_plan``): at M >= 16 a stage or two more in flight;
 * every output tile, also 48 and 64 rows with 8-token tiles: first kept
   for 16 tokens and more (they amortise activation re-reads), but on the
   H200 the fewest, longest CTAs measured fastest even with most SMs idle
