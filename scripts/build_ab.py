@@ -1,6 +1,6 @@
 """Builds of the same kernel, timed side by side.
 
-    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl|mc-release|x-copies
+    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl|mc-release|x-copies|tma
                                 [--m 1,32]
                                 [--chain-only]
                                 [--tactics default|plan] [--json OUT]
@@ -27,6 +27,11 @@ others' times over its):
                one activation warp); and that with the L2 prefetch of the
                weight past the ring's first fill too (l2_prefetch; cells
                whose ring holds all of K repeat the bulk time)
+  tma          the same cells: the tactic as is; with its activations as TMA
+               boxes (tma_x, one activation warp); and, for 16- and 32-token
+               tiles, that with the boxes multicast over the smallest legal
+               cluster along N (x_multicast 2-4; cells where none is legal
+               repeat the tma time)
 
 Default tactics (or the built-in H200 plan's, --tactics plan), all builds in one process, each checked against fp64
 first, timed as the benchmark times: independent calls back to back in a
@@ -62,9 +67,11 @@ COMPARISONS = {
     # tactic fields, not build switches: main() applies them (TACTIC_FIELDS)
     "x-copies": (("cp.async", {}), ("bulk", {"bulk_x": True}),
                  ("bulk+pf", {"bulk_x": True, "l2_prefetch": True})),
+    "tma": (("as-is", {}), ("tma", {"tma_x": True}),
+            ("tma+mc", {"tma_x": True, "x_multicast": "smallest"})),
 }
 #: build "keywords" that change the tactic instead
-TACTIC_FIELDS = ("bulk_x", "l2_prefetch")
+TACTIC_FIELDS = ("bulk_x", "l2_prefetch", "tma_x", "x_multicast")
 #: comparisons whose builds are wrong for dependent calls: no chain part
 INDEPENDENT_ONLY = {"pdl", "mc-release"}
 #: mc-release: the activation multicast's fastest tactic per cell in the tune
@@ -104,7 +111,7 @@ def main():
           + " ".join(f"{name:>8}" for name in names)
           + " " + " ".join(f"{'/' + names[0]:>8}" for _ in names[1:]))
     shapes = [(s, False) for s in SHAPES if not args.chain_only]
-    if args.compare == "x-copies" and not args.chain_only:
+    if args.compare in ("x-copies", "tma") and not args.chain_only:
         shapes += [(s, False) for s in LONG_K_SHAPES if s not in SHAPES]
     fixed = {}  # (n, k) -> {m: tactic}: cells with their own tactics
     if args.compare == "mc-release":
@@ -135,8 +142,18 @@ def main():
             for name, kwargs in builds:
                 kwargs = dict(kwargs)
                 fields = {f: kwargs.pop(f) for f in TACTIC_FIELDS if f in kwargs}
-                if fields.get("bulk_x"):
-                    fields["b_loader_warps"] = 1  # one lane per row issues the copies
+                if fields.get("bulk_x") or fields.get("tma_x"):
+                    fields["b_loader_warps"] = 1  # one lane issues the copies
+                if fields.get("tma_x"):
+                    fields["bulk_x"] = False
+                if fields.get("x_multicast") == "smallest":
+                    fields["x_multicast"] = next(
+                        (c for c in (2, 3, 4) if tactic.token_tile >= 16 and is_legal(
+                            dataclasses.replace(tactic, **{**fields, "x_multicast": c}), n, k)),
+                        None)
+                    if fields["x_multicast"] is None:  # none legal: the build before it
+                        row[f"{name}_us"] = row[f"{names[-2]}_us"]
+                        continue
                 built = dataclasses.replace(tactic, **fields)
                 if fields.get("l2_prefetch") and not is_legal(built, n, k):
                     # the ring holds all of K: the build without the prefetch

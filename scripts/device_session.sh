@@ -205,6 +205,29 @@ deep)
   echo "sanitizer (deep rings): $(cut -c1-1200 "$OUT/sanitizer-deep.log")"
   grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-deep.log | head
   ;;
+tma)
+  # TMA activation boxes (tma_x): the GPU tests (kernel cases, the random
+  # legal tactics, the multicast module with the TMA multicast) beside the
+  # sanitizer over every one-warp family with them (k_split 2 too; and the
+  # TMA multicast, racecheck included), then the A/B on the plan's tactics
+  timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
+    -k "tma or random_legal" > "$OUT/gpu_kernel-tma.log" 2>&1 &
+  timeout -k 5 ${MULTICAST_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_x_multicast.py \
+    > "$OUT/gpu_x_multicast.log" 2>&1 &
+  OUT=$OUT/tma TMA_X=1 K_SPLIT=1 X_COPIES_ONLY=1 SUBSET=rotate CASE_LIMIT=${PHASE1_LIMIT:-150} \
+    bash scripts/sanitize.sh > "$OUT/sanitizer-tma.log" 2>&1 &
+  OUT=$OUT/tma-multicast TMA_X=1 X_MULTICAST=1 CLUSTERS_ONLY=1 X_COPIES_ONLY=1 SUBSET=rotate \
+    CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-tma-multicast.log" 2>&1 &
+  wait
+  echo "gpu_kernel (tma): $(tail -1 "$OUT/gpu_kernel-tma.log")"
+  echo "gpu_x_multicast: $(tail -1 "$OUT/gpu_x_multicast.log")"
+  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-tma.log "$OUT"/gpu_x_multicast.log | head
+  echo "sanitizer (tma, k_split): $(cut -c1-900 "$OUT/sanitizer-tma.log")"
+  echo "sanitizer (tma multicast): $(cut -c1-900 "$OUT/sanitizer-tma-multicast.log")"
+  timeout ${AB_LIMIT:-280} python3 scripts/build_ab.py --compare tma --tactics plan \
+    --m ${AB_MS:-1,8,32} --json "$OUT/tma-ab.json" > "$OUT/tma-ab.log" 2>&1
+  echo "tma A/B rc=$?"; tail -30 "$OUT/tma-ab.log"
+  ;;
 multicast)
   # the activation multicast with one remote stage release per warp
   # (WARPSPLITK_THREAD_ARRIVE=lane0) against one per lane: GPU tests of the

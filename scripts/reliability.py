@@ -1,13 +1,15 @@
 """Reliability runs on a GPU: sanitizer cases, soak, determinism across processes.
 
     python3 scripts/reliability.py cases --subset all|rotate [--shard I --shards N] [--json OUT]
-                                         [--k-split] [--x-multicast] [--bulk-x] [--l2-prefetch]
+                                         [--k-split] [--x-multicast] [--bulk-x] [--tma-x]
+                                         [--l2-prefetch]
                                          [--deep-rings] [--clusters-only | --x-copies-only |
                                          --aliased-only] [--progress]
         Every tactic family (output_tile x token_tile x k_tile x
         b_loader_warps; with --k-split also each with k_split 2, with
         --x-multicast each with x_multicast 2, 3 and 4, with --bulk-x each
-        one-warp family also with bulk activation copies) with a one-stage
+        one-warp family also with bulk activation copies, with --tma-x each
+        one-warp family also with TMA activation boxes) with a one-stage
         ring (K = k_tile), a ring shorter than the K-tile count (with
         --l2-prefetch also with the L2 prefetch) and a ring equal to it (with
         --deep-rings also the deepest ring that fits only with the reduction
@@ -48,36 +50,39 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def _deepest_aliased(o, t, kt, b, c, x, bulk):
+def _deepest_aliased(o, t, kt, b, c, x, bulk, tma=False):
     """(stages, K) of the deepest legal ring whose reduction buffer lies over
     the rings (layout.smem_plan), with one K tile past the ring; None if none."""
     for stages in range(MAX_STAGES, 1, -1):
-        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk)
+        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk, tma_x=tma)
         k = c * (stages + 1) * kt
-        plan = layout.smem_plan(o, t, kt, stages, c, x, bulk)
+        plan = tactic.smem_plan
         if plan.reduction_aliased and is_legal(tactic, 2 * x * o, k):
             return stages, k
     return None
 
 
 def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(False,),
-                 l2_prefetch=False, deep_rings=False):
+                 l2_prefetch=False, deep_rings=False, tma_xs=(False,)):
     cases = []
     families = [f for f in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS,
-                                             k_splits, x_multicasts, bulk_xs)
-                # multicast: one loader warp, no split; bulk_x: one loader warp, no multicast
-                if (f[5] == 1 or (f[3] == 1 and f[4] == 1)) and not (f[6] and (f[3] > 1 or f[5] > 1))]
-    for index, (o, t, kt, b, c, x, bulk) in enumerate(families):
+                                             k_splits, x_multicasts, bulk_xs, tma_xs)
+                # multicast: one loader warp, no split; bulk_x: one loader warp, no
+                # multicast unless by TMA; tma_x: one loader warp, not with bulk_x
+                if (f[5] == 1 or (f[3] == 1 and f[4] == 1))
+                and not (f[6] and (f[3] > 1 or f[5] > 1 or f[7]))
+                and not (f[7] and f[3] > 1)]
+    for index, (o, t, kt, b, c, x, bulk, tma) in enumerate(families):
         # per CTA: one stage; a ring shorter than its K tiles; one equal to them
         rings = [(1, c * kt), (2, 3 * c * kt), (3, 3 * c * kt)]
         if subset == "rotate":
             rings = [rings[(index + offset) % 3]]
-        deepest = _deepest_aliased(o, t, kt, b, c, x, bulk) if deep_rings else None
+        deepest = _deepest_aliased(o, t, kt, b, c, x, bulk, tma) if deep_rings else None
         if deepest:
             rings.append(deepest)
         n = 2 * x * o  # two output tiles, or two clusters of them
         for stages, k in rings:
-            tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk)
+            tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk, tma_x=tma)
             if not is_legal(tactic, n, k):
                 continue  # a combination check_tactic refuses (48/64-row tiles need k_tile 128)
             ms = sorted({1, max(1, t - 1), t, min(32, t + 1), 32})
@@ -90,19 +95,18 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
 
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,),
               clusters_only=False, progress=False, bulk_xs=(False,), l2_prefetch=False,
-              x_copies_only=False, deep_rings=False, aliased_only=False):
+              x_copies_only=False, deep_rings=False, aliased_only=False, tma_xs=(False,)):
     torch.manual_seed(0)
     results = []
-    cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch, deep_rings)
+    cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch, deep_rings,
+                         tma_xs)
     if aliased_only:
-        cases = [case for case in cases
-                 if layout.smem_plan(case[0].output_tile, case[0].token_tile, case[0].k_tile,
-                                     case[0].stages, case[0].k_split, case[0].x_multicast,
-                                     case[0].bulk_x).reduction_aliased]
+        cases = [case for case in cases if case[0].reduction_aliased]
     if clusters_only:
         cases = [case for case in cases if case[0].k_split > 1 or case[0].x_multicast > 1]
     if x_copies_only:
-        cases = [case for case in cases if case[0].bulk_x or case[0].l2_prefetch]
+        cases = [case for case in cases
+                 if case[0].bulk_x or case[0].l2_prefetch or case[0].tma_x]
     for tactic, n, k, ms in cases[shard::shards]:
         if progress:  # under a slow tool, which case a timeout stopped in
             print(f"case {tactic.short()} N={n} K={k} M={ms}", flush=True)
@@ -206,12 +210,14 @@ def main():
                    help="also the activation multicast (x_multicast 2, 3 and 4) of every family")
     c.add_argument("--bulk-x", action="store_true",
                    help="also bulk activation copies (bulk_x) of every one-warp family")
+    c.add_argument("--tma-x", action="store_true",
+                   help="also TMA activation boxes (tma_x) of every one-warp family")
     c.add_argument("--l2-prefetch", action="store_true",
                    help="also the L2 prefetch of every case whose ring is shorter than K")
     c.add_argument("--clusters-only", action="store_true",
                    help="only the cases with k_split or x_multicast > 1")
     c.add_argument("--x-copies-only", action="store_true",
-                   help="only the cases with bulk_x or the L2 prefetch")
+                   help="only the cases with bulk_x, tma_x or the L2 prefetch")
     c.add_argument("--deep-rings", action="store_true",
                    help="also each family's deepest ring that fits only with the reduction "
                         "buffer over the rings")
@@ -232,7 +238,8 @@ def main():
                                 (1, 2, 3, 4) if args.x_multicast else (1,),
                                 args.clusters_only, args.progress,
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,
-                                args.x_copies_only, args.deep_rings, args.aliased_only)
+                                args.x_copies_only, args.deep_rings, args.aliased_only,
+                                (False, True) if args.tma_x else (False,))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

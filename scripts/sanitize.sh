@@ -19,8 +19,9 @@
 #   X_MULTICAST=1    add every family's activation multicast (x_multicast 2-4)
 #   CLUSTERS_ONLY=1  with K_SPLIT / X_MULTICAST: only those cluster cases
 #   BULK_X=1         add every one-warp family with bulk activation copies
+#   TMA_X=1          add every one-warp family with TMA activation boxes
 #   L2_PREFETCH=1    add the L2 prefetch of every case whose ring is shorter than K
-#   X_COPIES_ONLY=1  with BULK_X / L2_PREFETCH: only those cases
+#   X_COPIES_ONLY=1  with BULK_X / TMA_X / L2_PREFETCH: only those cases
 #   DEEP_RINGS=1     add each family's deepest ring, whose reduction buffer
 #                    lies over the rings; ALIASED_ONLY=1: only those cases
 #   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
@@ -40,6 +41,7 @@ split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 [ "${X_MULTICAST:-0}" = 1 ] && split_flag="$split_flag --x-multicast"
 [ "${CLUSTERS_ONLY:-0}" = 1 ] && split_flag="$split_flag --clusters-only"
 [ "${BULK_X:-0}" = 1 ] && split_flag="$split_flag --bulk-x"
+[ "${TMA_X:-0}" = 1 ] && split_flag="$split_flag --tma-x"
 [ "${L2_PREFETCH:-0}" = 1 ] && split_flag="$split_flag --l2-prefetch"
 [ "${X_COPIES_ONLY:-0}" = 1 ] && split_flag="$split_flag --x-copies-only"
 [ "${DEEP_RINGS:-0}" = 1 ] && split_flag="$split_flag --deep-rings"

@@ -158,13 +158,15 @@ SM100_K_SPLIT = (1536, 7168, WarpSplitKTactic(16, 8, 256, 8, 1, 2))
 SM100_MULTICAST = (1536, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, 1, 4))
 SM100_X_COPIES = (768, 7168, WarpSplitKTactic(32, 8, 256, 10, 1, 2, early_launch=True,
                                               l2_prefetch=True, bulk_x=True))
+SM100_TMA = (3216, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, 1, 3, early_launch=True,
+                                          tma_x=True))
 
 
 @pytest.fixture(scope="module")
 def sm100_facts():
     jobs = [["sm_100a", n, k, t.short(), False] for _, n, k, t in
             (c for c in CASES if c[0] == "sm_100a")]
-    for n, k, t in (SM100_K_SPLIT, SM100_MULTICAST, SM100_X_COPIES):
+    for n, k, t in (SM100_K_SPLIT, SM100_MULTICAST, SM100_X_COPIES, SM100_TMA):
         jobs.append(["sm_100a", n, k, t.short(), False])
     results = _run_facts(jobs)
     return {(n, k, WarpSplitKTactic.parse(short)): f
@@ -194,6 +196,13 @@ def test_compile_sm100a_bulk_x_and_l2_prefetch(sm100_facts):
     n, k, tactic = SM100_X_COPIES
     f = sm100_facts[(n, k, tactic)]
     assert f["target"] == "sm_100a" and f["audit"] == []  # the audit requires both
+    assert f["spill_bytes"] == 0 and not f["local_memory"]
+
+
+def test_compile_sm100a_tma_multicast(sm100_facts):
+    n, k, tactic = SM100_TMA
+    f = sm100_facts[(n, k, tactic)]
+    assert f["target"] == "sm_100a" and f["audit"] == []  # the audit requires the boxes
     assert f["spill_bytes"] == 0 and not f["local_memory"]
 
 
@@ -504,3 +513,44 @@ def test_reduction_over_the_rings_waits_for_every_compute_warp(tactic, n, k, ali
     report = compile_for_arch(n, k, tactic, "sm_90a")
     assert report.audit() == [] and report.spill_bytes == 0
     assert len(re.findall(r"\bbar\.sync\s+1,\s*128;", report.ptx)) == (2 if aliased else 1)
+
+
+@pytest.mark.parametrize("tactic,n,k", [
+    (WarpSplitKTactic(32, 8, 256, 4, 1, tma_x=True), 2048, 2048),
+    (WarpSplitKTactic(64, 8, 128, 3, 1, early_launch=True, tma_x=True), 7168, 384),
+    (WarpSplitKTactic(32, 16, 256, 3, 1, 2, l2_prefetch=True, tma_x=True), 2048, 2048),
+    (WarpSplitKTactic(16, 32, 256, 4, 1, 1, 3, tma_x=True), 3216, 7168),
+], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_tma_x_compiles_with_its_instructions(tactic, n, k):
+    """tma_x: per stage one armed full barrier and k_tile / 64 box copies,
+    each entered by the whole warp and issued by one elected lane (multicast:
+    traced for every box, issued by its owner), the tensor map prefetched
+    once; no 16-byte or per-row activation copies; no spills."""
+    import re
+    report = compile_for_arch(n, k, tactic, "sm_90a")
+    assert report.audit() == []
+    assert report.spill_bytes == 0 and report.local_bytes == 0
+    ptx = report.ptx
+    k_tiles = k // (tactic.k_tile * tactic.k_split)
+    boxes = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::(?:cta|cluster)\.global\.tile"
+                       r"\.mbarrier::complete_tx::bytes(\.multicast::cluster)?", ptx)
+    assert len(boxes) == k_tiles * layout.tma_boxes(tactic.k_tile)
+    assert all(bool(b) == (tactic.x_multicast > 1) for b in boxes)
+    assert len(re.findall(r"elect\.sync", ptx)) == len(boxes)
+    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == k_tiles
+    assert len(re.findall(r"prefetch\.tensormap", ptx)) == 1
+    assert not re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 16, %r", ptx)
+    assert not re.search(r"cp\.async\.bulk\.shared::cluster\.global", ptx)
+
+
+def test_audit_requires_tma_x_only_with_its_field():
+    plain = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 256, 2, 1), "sm_90a")
+    assert any("missing activation boxes by TMA" in p
+               for p in audit_ptx(plain.ptx, k_tiles=4, tma_x=True))
+    boxes = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 256, 2, 1, tma_x=True), "sm_90a")
+    assert any("without tma_x" in p for p in audit_ptx(boxes.ptx, k_tiles=4))
+    assert audit_ptx(boxes.ptx, k_tiles=4, tma_x=True) == []
+    # the TMA multicast in place of the row multicast, and not the other way round
+    rows = compile_for_arch(256, 1024, WarpSplitKTactic(16, 16, 256, 2, 1, 1, 2), "sm_90a")
+    assert any("with tma_x" in p or "missing" in p
+               for p in audit_ptx(rows.ptx, k_tiles=4, x_multicast=2, tma_x=True))

@@ -292,13 +292,13 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
     assert split and all(t.output_tile == 64 for t in split)
 
 
-@pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch", [
-    ([], (1, 2), (1,), None, (False, True), None, (False, True), True),
+@pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma", [
+    ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True),
     (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0",
-      "--no-bulk-x", "--no-l2-prefetch"],
-     (1,), (1, 2, 3, 4), 3, (False,), 0, (False,), False)])
+      "--no-bulk-x", "--no-l2-prefetch", "--no-tma-x"],
+     (1,), (1, 2, 3, 4), 3, (False,), 0, (False,), False, False)])
 def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, x_multicasts,
-                                        jobs, early, confirm, bulk, prefetch):
+                                        jobs, early, confirm, bulk, prefetch, tma):
     import warpsplitk.tune as tune_module
     from warpsplitk.cli import main
     seen = {}
@@ -314,7 +314,7 @@ def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, 
     assert seen["x_multicasts"] == x_multicasts and seen["early_launches"] == early
     # None: the tuner's own default (tune.CONFIRM, 3)
     assert seen["confirm"] == confirm
-    assert seen["bulk_xs"] == bulk and seen["l2_prefetch"] is prefetch
+    assert seen["bulk_xs"] == bulk and seen["l2_prefetch"] is prefetch and seen["tma"] is tma
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
     assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
 
@@ -394,3 +394,26 @@ def test_prefetch_twins_of_the_fastest_small_weights_only():
     # weights over the limit: the prefetch lost there (runs 25, 27)
     assert n * 7168 * 2 <= PREFETCH_MAX_BYTES < 3216 * 7168 * 2
     assert prefetch_twins(times, 3216, 7168) == []
+
+
+def test_tma_twins_of_the_fastest():
+    from warpsplitk.tune import TMA_MULTICAST_TOP, TMA_TOP, tma_twins
+    n, k = 4224, 7168  # 264 output tiles of 16: clusters of 2, 3 and 4 all divide them
+    times = {WarpSplitKTactic(16, 32, 256, s, 2): 15.0 + s / 10 for s in (2, 3, 4, 5)}
+    times[WarpSplitKTactic(16, 32, 256, 4, 1, 1, 2)] = 1.0  # the row multicast: never a source
+    twins = tma_twins(times, n, k)
+    plain = [WarpSplitKTactic(16, 32, 256, s, 1, tma_x=True) for s in (2, 3, 4)]
+    shared = [WarpSplitKTactic(16, 32, 256, 2, 1, 1, c, tma_x=True) for c in (2, 3, 4)]
+    assert twins == plain + shared
+    assert (TMA_TOP, TMA_MULTICAST_TOP) == (3, 1)
+    # 8-token tiles get no multicast twin; bulk copies become boxes
+    small = {WarpSplitKTactic(32, 8, 256, 8, 1, bulk_x=True): 2.0,
+             WarpSplitKTactic(32, 8, 256, 4, 2, 2): 2.1}
+    assert tma_twins(small, 2048, 2048) == [WarpSplitKTactic(32, 8, 256, 8, 1, tma_x=True),
+                                            WarpSplitKTactic(32, 8, 256, 4, 1, 2, tma_x=True)]
+    # measured twins are not measured again, nor twins of twins; illegal ones
+    # are left out (3216 rows are 201 tiles of 16: clusters of 3, not 2 or 4)
+    times.update({t: 14.0 for t in twins[:2]})
+    assert tma_twins(times, n, k) == [twins[2]] + shared
+    odd = {WarpSplitKTactic(16, 32, 256, 4, 2): 14.6}
+    assert [t.x_multicast for t in tma_twins(odd, 3216, 7168)] == [1, 3]

@@ -183,8 +183,9 @@ def test_wrong_a_fragment_offset_breaks_emulation(monkeypatch):
 def test_wrong_b_fragment_offset_breaks_emulation(monkeypatch):
     good = layout.b_fragment_offset
 
-    def shifted(lane, warp, n_iter, pair, k_tile, multicast=False):  # tokens read one row off
-        return good((lane + 1) % 8 + lane // 8 * 8, warp, n_iter, pair, k_tile, multicast)
+    def shifted(lane, warp, n_iter, pair, k_tile, kind="swizzle", token_tile=0):
+        # tokens read one row off
+        return good((lane + 1) % 8 + lane // 8 * 8, warp, n_iter, pair, k_tile, kind, token_tile)
 
     monkeypatch.setattr(layout, "b_fragment_offset", shifted)
     x, w, _ = integer_problem(8, 16, 256, seed=4)
@@ -319,3 +320,30 @@ def test_l2_prefetch_changes_no_result():
     np.testing.assert_array_equal(
         emulate(x, w, dataclasses.replace(plain, l2_prefetch=True), round_output=False),
         emulate(x, w, plain, round_output=False))
+
+
+@pytest.mark.parametrize("tactic,n,k,m", [
+    (WarpSplitKTactic(32, 8, 256, 2, 1, tma_x=True), 64, 768, 3),
+    (WarpSplitKTactic(16, 32, 256, 2, 1, 1, 2, tma_x=True), 64, 512, 19),
+    (WarpSplitKTactic(16, 32, 256, 2, 1, 1, 3, tma_x=True), 96, 512, 32),
+    (WarpSplitKTactic(16, 16, 128, 2, 1, 1, 2, tma_x=True), 64, 384, 16),
+    (WarpSplitKTactic(32, 16, 256, 2, 1, 2, tma_x=True), 64, 1024, 9),
+])
+def test_tma_boxes_emulate_exactly(tactic, n, k, m):
+    """TMA boxes (and their multicast): every stage element written once,
+    rows past M zeros, the same exact sums as the reference."""
+    x, w, _ = integer_problem(m, n, k, seed=7)
+    out = emulate(x, w, tactic, round_output=False, check_coverage=True)
+    assert np.array_equal(out, reference(x, w))
+    assert bank_conflicts(tactic) == []
+
+
+def test_wrong_tma_box_owner_is_caught_by_coverage(monkeypatch):
+    monkeypatch.setattr(layout, "tma_box_owner", lambda box, c: 0)  # rank 1 owns nothing...
+    good = layout.tma_owned_boxes
+    # ...and rank 0 is made to issue box 0 twice
+    monkeypatch.setattr(layout, "tma_owned_boxes",
+                        lambda rank, k_tile, c: good(rank, k_tile, 1) + [0] if rank == 0 else [])
+    x, w, _ = integer_problem(16, 32, 256, seed=8)
+    with pytest.raises(AssertionError, match="expected once"):
+        emulate(x, w, WarpSplitKTactic(16, 16, 256, 1, 1, 1, 2, tma_x=True), check_coverage=True)

@@ -82,7 +82,8 @@ def test_random_legal_tactics(n, k):
         # both PDL trigger points, both activation copies, with and without
         # the L2 prefetch: the shipped plans use them all
         tactic = rng.choice(legal_tactics(m, n, k, early_launches=(False, True),
-                                          l2_prefetches=(False, True), bulk_xs=(False, True)))
+                                          l2_prefetches=(False, True), bulk_xs=(False, True),
+                                          tma_xs=(False, True)))
         prepared = PreparedWarpSplitK(w, {m: tactic})
         check(prepared, m, n, k, w)
 
@@ -210,3 +211,53 @@ def test_reduction_buffer_over_the_rings(text, n, k):
     assert layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
                             t.x_multicast, t.bulk_x).reduction_aliased
     check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=min(tactic.token_tile, 17))
+
+
+@pytest.mark.parametrize("text,n,k", [
+    ("32,8,256,4,1+tma", 2048, 2048),
+    ("32,8,256,11,1+early+tma", 4224, 7168),              # a long K, the early trigger
+    ("32,16,256,4,1+tma", 1024, 2048),                    # rows past M: zeros from the map
+    ("16,32,256,4,1+early+prefetch+tma", 3216, 7168),
+    ("64,8,128,3,1+tma", 7168, 384),                      # k_tile 128: two boxes per stage
+    ("48,32,128,4,1,2+tma", 3216, 7168),                  # k_split: each CTA its K share
+    ("32,8,256,10,1,2+early+prefetch+tma", 768, 7168),
+    ("32,32,256,7,1+early+tma", 2624, 6144),              # the buffer over the rings
+    ("32,8,128,1,1+tma", 768, 128),                       # one K tile
+])
+def test_tma_activations(text, n, k):
+    """tma_x (activation boxes by TMA through a per-call tensor map; rows
+    past M zero-filled by the map's bounds) gives the same results as the
+    16-byte copies: every M, with and without bias, in a graph."""
+    tactic = WarpSplitKTactic.parse(text)
+    check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=min(tactic.token_tile, 9))
+
+
+def test_tma_activations_match_the_copies_bitwise():
+    """Only how x reaches shared memory differs: the same bits come out."""
+    n, k = 2048, 2048
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    plain = PreparedWarpSplitK(w, {m: WarpSplitKTactic(32, 32, 256, 4, 2) for m in (5, 32)})
+    boxes = PreparedWarpSplitK(w, {m: WarpSplitKTactic(32, 32, 256, 4, 1, tma_x=True)
+                                   for m in (5, 32)})
+    for m in (5, 32):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        a = plain.run(x, torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+        b = boxes.run(x, torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+        torch.cuda.synchronize()
+        assert torch.equal(a, b)
+
+
+def test_tma_tensor_map_follows_x():
+    """The tensor map is built per call: x at a new address, or a view with
+    another M, is read from where it is now."""
+    n, k = 1024, 2048
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    prepared = PreparedWarpSplitK(w, {m: WarpSplitKTactic(32, 16, 256, 4, 1, tma_x=True)
+                                      for m in range(1, 17)})
+    big = torch.randn(40, k, device="cuda", dtype=torch.bfloat16)
+    for first, m in ((0, 16), (8, 3), (24, 16), (3, 1)):
+        x = big[first:first + m]
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        prepared.run(x, out)
+        torch.cuda.synchronize()
+        assert rel_err(out, x, w) < 1e-2

@@ -640,3 +640,45 @@ def test_reduction_buffer_over_the_rings_only_where_it_would_not_fit():
         else:
             assert p.reduction >= rings_end and p.full_a >= p.reduction + buffer
     assert seen > 20
+
+
+# ------------------------------------------------------------ TMA boxes
+
+
+@pytest.mark.parametrize("token_tile", [8, 16, 32])
+@pytest.mark.parametrize("k_tile", [128, 256])
+def test_tma_swizzle_is_a_permutation_of_the_stage(token_tile, k_tile):
+    offsets = {layout.tma_swizzle(r, c, k_tile, token_tile)
+               for r in range(token_tile) for c in range(k_tile)}
+    assert offsets == set(range(token_tile * k_tile))
+    # box b is one [token_tile, 64] block of 128-byte rows, in order
+    for box in range(layout.tma_boxes(k_tile)):
+        first = box * token_tile * layout.TMA_BOX_COLS
+        rows = {layout.tma_swizzle(r, box * 64 + c, k_tile, token_tile) // 64
+                for r in range(token_tile) for c in range(64)}
+        assert rows == set(range(first // 64, first // 64 + token_tile))
+
+
+def test_tma_swizzle_is_the_hardware_128_byte_swizzle():
+    """Byte address bits 4-6 XOR bits 7-9, of a box starting 1024-aligned."""
+    token_tile, k_tile = 16, 256
+    for r in range(token_tile):
+        for c in range(0, k_tile, layout.CHUNK):
+            box, within = divmod(c, 64)
+            plain = (box * token_tile + r) * 128 + within * 2  # row-major box, bytes
+            swizzled = plain ^ (((plain >> 7) & 7) << 4)
+            assert layout.tma_swizzle(r, c, k_tile, token_tile) * 2 == swizzled
+
+
+def test_tma_box_owners_cover_every_box_once():
+    for k_tile in (128, 256):
+        for c in range(1, layout.tma_boxes(k_tile) + 1):
+            owned = [b for rank in range(c) for b in layout.tma_owned_boxes(rank, k_tile, c)]
+            assert sorted(owned) == list(range(layout.tma_boxes(k_tile)))
+
+
+def test_tma_stages_are_1024_aligned_and_unpadded():
+    for o, t, kt, s in itertools.product((16, 32, 48, 64), (8, 16, 32), (128, 256), (1, 3, 7)):
+        plan = layout.smem_plan(o, t, kt, s, 1, 2, False, True)
+        assert plan.b_ring % layout.TMA_ALIGN == 0 and plan.b_stage_bytes % layout.TMA_ALIGN == 0
+        assert plan.b_stage_bytes == t * kt * 2

@@ -352,8 +352,8 @@ def test_default_heuristic_against_the_measured_log():
     """default_tactic against the H200 tuner's log (every table shape at
     M 1, 8, 16, 24, 32): each of its choices was measured there, and it is
     within a median 3% of the fastest tactic measured in its own space
-    (no early PDL trigger, multicast, bulk copies or L2 prefetch; v2 of the
-    heuristic: 5.8%)."""
+    (no early PDL trigger, multicast, bulk or TMA copies, L2 prefetch or
+    reduction buffer over the rings; v2 of the heuristic: 5.8%)."""
     import json
     import statistics
     from pathlib import Path
@@ -367,7 +367,8 @@ def test_default_heuristic_against_the_measured_log():
     ratios = []
     for (n, k, m), measured in times.items():
         late = [us for t, us in measured.items() if not t.early_launch and t.x_multicast == 1
-                and not t.bulk_x and not t.l2_prefetch]
+                and not t.bulk_x and not t.l2_prefetch and not t.tma_x
+                and not t.reduction_aliased]
         chosen = default_tactic(m, n, k, sm_count=132)
         assert chosen in measured, (n, k, m, chosen.short())
         ratios.append(measured[chosen] / min(late))
@@ -412,3 +413,36 @@ def test_l2_prefetch_and_bulk_x_text_and_rules():
     assert not any(x.bulk_x or x.l2_prefetch for x in legal_tactics(1, 2048, 2048))
     assert not any(default_tactic(m, 4224, 7168).bulk_x or default_tactic(m, 4224, 7168).l2_prefetch
                    for m in (1, 8, 16, 32))
+
+
+def test_tma_x_text_and_rules():
+    t = T(16, 32, 256, 4, 1, 1, 3, early_launch=True, l2_prefetch=True, tma_x=True)
+    assert t.short() == "16,32,256,4,1,1,3+early+prefetch+tma" and T.parse(t.short()) == t
+    assert T.parse("32,8,256,10,1,2+tma") == T(32, 8, 256, 10, 1, 2, tma_x=True)
+    for bad in ("32,8,256,11,1+tma+early", "32,8,256,11,1+tma+bulk", "32,8,256,11,1+bulk+tma+x"):
+        with pytest.raises(ValueError):
+            T.parse(bad)
+    with pytest.raises(ValueError, match="tma_x must be one of"):
+        check_tactic(T(32, 8, 256, 4, 1, tma_x=1), 2048, 2048)
+    with pytest.raises(ValueError, match="choose one"):
+        check_tactic(T(32, 8, 256, 4, 1, bulk_x=True, tma_x=True), 2048, 2048)
+    with pytest.raises(ValueError, match="tma_x takes b_loader_warps 1"):
+        check_tactic(T(32, 8, 256, 4, 2, tma_x=True), 2048, 2048)
+    # every multicast member issues whole 64-column boxes: at most 2 of a
+    # 128-wide stage, 4 of a 256-wide one
+    with pytest.raises(ValueError, match="has 2"):
+        check_tactic(T(16, 16, 128, 4, 1, 1, 3, tma_x=True), 3 * 16 * 4, 2048)
+    check_tactic(T(16, 16, 128, 4, 1, 1, 2, tma_x=True), 2 * 16 * 4, 2048)
+    check_tactic(T(16, 32, 256, 4, 1, 1, 4, tma_x=True), 4224, 7168)
+    # with the TMA the multicast no longer copies rows: unpadded, box layout
+    mc = T(16, 32, 256, 4, 1, 1, 2, tma_x=True)
+    assert not mc.bulk_activations and mc.activation_layout == "tma"
+    assert T(16, 32, 256, 4, 1, 1, 2).activation_layout == "padded"
+    assert T(16, 32, 256, 4, 2).activation_layout == "swizzle"
+    assert mc.smem_bytes == T(16, 32, 256, 4, 2).smem_bytes < T(16, 32, 256, 4, 1, 1, 2).smem_bytes
+    legal = legal_tactics(9, 2048, 2048, x_multicasts=(1, 2, 3, 4), tma_xs=(False, True))
+    tma = [x for x in legal if x.tma_x]
+    assert tma and all(x.b_loader_warps == 1 and not x.bulk_x for x in tma)
+    assert any(x.x_multicast > 1 for x in tma) and any(x.k_split == 1 for x in tma)
+    assert not any(x.tma_x for x in legal_tactics(9, 2048, 2048))
+    assert not any(default_tactic(m, 4224, 7168).tma_x for m in (1, 8, 32))

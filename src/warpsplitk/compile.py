@@ -178,7 +178,8 @@ class CompileReport:
     def audit(self) -> list[str]:
         t = self.tactic
         return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split,
-                         x_multicast=t.x_multicast, l2_prefetch=t.l2_prefetch, bulk_x=t.bulk_x)
+                         x_multicast=t.x_multicast, l2_prefetch=t.l2_prefetch, bulk_x=t.bulk_x,
+                         tma_x=t.tma_x)
 
     def summary(self) -> str:
         t = self.tactic
@@ -270,6 +271,22 @@ PTX_AUDIT_BULK_X = (
 )
 
 
+#: What TMA activation copies (tma_x) add.
+PTX_AUDIT_TMA_X = (
+    (r"cp\.async\.bulk\.tensor\.2d\.shared::(cta|cluster)\.global\.tile\.mbarrier::complete_tx::bytes",
+     "activation boxes by TMA"),
+    (r"prefetch\.tensormap", "the tensor map of x prefetched"),
+    (r"mbarrier\.arrive\.expect_tx\.shared::cta", "the stage's bytes expected on its full barrier"),
+)
+#: The TMA multicast (tma_x with x_multicast > 1), in place of the row multicast.
+PTX_TMA_MULTICAST = (
+    r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
+    r"\.multicast::cluster", "activation boxes multicast into the cluster")
+#: Activation copies of 16 bytes with a source size (rows past M zero-filled).
+PTX_X_ZFILL = (r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 16, %r",
+               "16-byte activation copies")
+
+
 #: What the L2 prefetch (l2_prefetch) adds.
 PTX_AUDIT_PREFETCH = (
     (r"cp\.async\.bulk\.prefetch\.L2\.global", "weight past the ring prefetched into L2"),
@@ -278,18 +295,22 @@ PTX_AUDIT_PREFETCH = (
 
 def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
               x_multicast: int = 1, l2_prefetch: bool = False,
-              bulk_x: bool = False) -> list[str]:
+              bulk_x: bool = False, tma_x: bool = False) -> list[str]:
     """Problems with a kernel's PTX: required instructions missing, forbidden ones
     present. ``k_tiles`` (per CTA) ``== 1`` waives the L2 hint (a one-tile
     weight has only the unhinted prologue copy); ``k_split > 1`` requires the
     cluster reduction, ``x_multicast > 1`` the activation multicast,
     ``l2_prefetch`` the bulk L2 prefetch, ``bulk_x`` the bulk activation
-    copies; each is forbidden without its tactic."""
+    copies, ``tma_x`` TMA boxes of x (and, multicast, their multicast in
+    place of the rows'); each is forbidden without its tactic."""
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
     if k_split > 1:
         required += list(PTX_AUDIT_CLUSTER)
     if x_multicast > 1:
-        required += list(PTX_AUDIT_MULTICAST)
+        required += [PTX_TMA_MULTICAST if tma_x and i == 0 else entry
+                     for i, entry in enumerate(PTX_AUDIT_MULTICAST)]
+    if tma_x:
+        required += list(PTX_AUDIT_TMA_X)
     if l2_prefetch:
         required += list(PTX_AUDIT_PREFETCH)
     if bulk_x:
@@ -307,6 +328,15 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
         problems += [f"found {why} ({pattern}) without x_multicast"
                      for pattern, why in PTX_AUDIT_MULTICAST
                      if pattern not in allowed and re.search(pattern, ptx_text)]
+    tma_patterns = [PTX_AUDIT_TMA_X[0], PTX_AUDIT_TMA_X[1], PTX_TMA_MULTICAST]
+    if tma_x:
+        # the boxes replace every other way activations arrive
+        problems += [f"found {why} ({pattern}) with tma_x"
+                     for pattern, why in (PTX_AUDIT_BULK_X[0], PTX_AUDIT_MULTICAST[0], PTX_X_ZFILL)
+                     if re.search(pattern, ptx_text)]
+    else:
+        problems += [f"found {why} ({pattern}) without tma_x"
+                     for pattern, why in tma_patterns if re.search(pattern, ptx_text)]
     if not bulk_x:
         problems += [f"found {why} ({pattern}) without bulk_x"
                      for pattern, why in PTX_AUDIT_BULK_X

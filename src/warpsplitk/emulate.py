@@ -118,6 +118,25 @@ def _multicast_stage(ring, source_rows, k_tile_index, token_tile, k_tile, x_mult
                 writes[dst:dst + k_tile] += 1
 
 
+def _tma_stage(ring, source_rows, k_tile_index, token_tile, k_tile, x_multicast, writes=None):
+    """An activation stage filled by TMA boxes (tma_x): box ``b`` (64 columns
+    of every token row of the tile) comes from cluster CTA
+    ``layout.tma_box_owner(b)``, 16-byte chunks placed by
+    ``layout.tma_swizzle``; rows past M arrive as zeros (the tensor map's
+    bounds), like every other row written exactly once."""
+    first = k_tile_index * k_tile
+    for rank in range(x_multicast):
+        for box in layout.tma_owned_boxes(rank, k_tile, x_multicast):
+            for row, src in enumerate(source_rows):
+                for chunk in range(layout.TMA_BOX_COLS // layout.CHUNK):
+                    col = box * layout.TMA_BOX_COLS + chunk * layout.CHUNK
+                    dst = layout.tma_swizzle(row, col, k_tile, token_tile)
+                    ring[dst:dst + layout.CHUNK] = (0.0 if src is None
+                                                    else src[first + col:first + col + layout.CHUNK])
+                    if writes is not None:
+                        writes[dst:dst + layout.CHUNK] += 1
+
+
 def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
     """One CTA's K loop over ``x`` and ``weight`` (its share of K): the four
     compute warps' FP32 accumulators ``[warp, m_iter, n_iter, lane, reg]``."""
@@ -125,6 +144,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
     m, k = x.shape
     k_tiles = k // t.k_tile
     bulk = t.bulk_activations  # row-padded stages filled by bulk copies
+    kind = t.activation_layout
     a_stage = t.output_tile * t.k_tile
     b_stage = t.token_tile * (t.k_tile + (layout.B_ROW_PAD if bulk else 0))
     a_ring = np.full(t.stages * a_stage, np.nan, dtype=np.float32)
@@ -150,7 +170,9 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
         a_view[:] = np.nan  # a stale stage must not hide a missed copy
         b_view[:] = np.nan
         _load_stage(a_view, 0, weight_rows, i, t.output_tile, t.k_tile, a_threads, a_writes)
-        if bulk:
+        if t.tma_x:
+            _tma_stage(b_view, token_rows, i, t.token_tile, t.k_tile, t.x_multicast, b_writes)
+        elif bulk:
             _multicast_stage(b_view, token_rows, i, t.token_tile, t.k_tile, t.x_multicast,
                              b_writes)
         else:
@@ -173,7 +195,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
         for warp in range(layout.COMPUTE_WARPS):
             for p in range(steps // 2):
                 b_regs = [ldmatrix_x4(b_view, [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile,
-                                                                        bulk)
+                                                                        kind, t.token_tile)
                                                for lane in lanes])
                           for ni in range(n_iters)]
                 for half in range(2):
@@ -319,9 +341,10 @@ def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
     t = tactic
     problems = []
     lanes = range(layout.WARP)
-    bulk = t.bulk_activations
+    bulk = t.bulk_activations or t.tma_x
+    kind = t.activation_layout
     copied = [(t.output_tile, layout.A_LOADER_WARPS * layout.WARP, "A copy")]
-    if not bulk:  # these stages are written by bulk copies, not by threads
+    if not bulk:  # these stages are written by bulk or TMA copies, not by threads
         copied.append((t.token_tile, t.b_loader_warps * layout.WARP, "B copy"))
     for rows, threads, name in copied:
         for copy in range(layout.copies_per_thread(rows, t.k_tile, threads)):
@@ -337,7 +360,7 @@ def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
                         problems.append(f"A ldmatrix warp {warp} step {s} m {mi}: {phase}")
         for p in range(layout.k_steps(t.k_tile) // 2):
             for ni in range(t.token_tile // layout.MMA_N):
-                offs = [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, bulk)
+                offs = [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, kind, t.token_tile)
                         for lane in lanes]
                 for phase in ldmatrix_phases(offs):
                     if not conflict_free(phase, 16):

@@ -50,6 +50,7 @@ import cutlass
 import cutlass.cute as cute
 from cuda.bindings import driver as cuda_driver
 from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync
 
 from . import layout, ptx
 from .tactics import WarpSplitKTactic
@@ -113,9 +114,12 @@ class WarpSplitKKernel:
         # activation rows by bulk copy into row-padded stages (bulk_x, or the
         # multicast): the same loader, its cluster of one CTA or of several
         self.bulk_activations = t.bulk_activations
+        # activation stages by TMA boxes (tma_x): a tensor map of x per call
+        self.tma_activations = t.tma_x
+        self.b_layout = t.activation_layout
         self.clustered = self.k_split > 1 or self.multicast
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
-                                     t.x_multicast, t.bulk_x)
+                                     t.x_multicast, t.bulk_x, t.tma_x)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
         self.b_threads = t.b_loader_warps * layout.WARP
         self.compute_threads = layout.COMPUTE_WARPS * layout.WARP
@@ -134,7 +138,20 @@ class WarpSplitKKernel:
         token_tiles = (m + (t.token_tile - 1)) // t.token_tile
         cluster = ({"cluster": [self.x_multicast, 1, self.k_split]} if self.clustered
                    else {})
-        self.kernel(weight, x, bias, out, m).launch(
+        if cutlass.const_expr(self.tma_activations):
+            # The tensor map of x: built here, on the host, at every call (x's
+            # address and M change between calls), and passed by value as a
+            # kernel parameter, so a captured graph replays the map it was
+            # captured with. Rows past M read as zeros.
+            x_tensor = cute.make_tensor(x, cute.make_layout((m, self.k), stride=(self.k, 1)))
+            op = (cpasync.CopyBulkTensorTileG2SMulticastOp() if self.multicast
+                  else cpasync.CopyBulkTensorTileG2SOp())
+            tma_atom, tma_x = cpasync.make_tiled_tma_atom(
+                op, x_tensor, self._tma_box_layout(), (t.token_tile, layout.TMA_BOX_COLS))
+            launch = self.kernel_tma(weight, x, bias, out, m, tma_atom, tma_x)
+        else:
+            launch = self.kernel(weight, x, bias, out, m)
+        launch.launch(
             grid=[self.n // t.output_tile, token_tiles, self.k_split],
             block=[self.threads, 1, 1],
             **cluster,
@@ -147,11 +164,30 @@ class WarpSplitKKernel:
             preferred_smem_carveout=100,
         )
 
+    def _tma_box_layout(self):
+        """One ``[token_tile, 64]`` TMA box in shared memory: 128-byte rows
+        under the 128-byte swizzle (``layout.tma_swizzle``); the swizzle is
+        given in bytes (3 bits of 16-byte chunks, XORed from 128-byte rows)."""
+        atom = cute.make_composed_layout(
+            cute.make_swizzle(3, 4, 3), 0,
+            cute.make_layout((8, layout.TMA_BOX_COLS), stride=(layout.TMA_BOX_COLS, 1)))
+        return cute.tile_to_shape(atom, (self.tactic.token_tile, layout.TMA_BOX_COLS), (0, 1))
+
     # ------------------------------------------------------------ kernel
 
     @cute.kernel
     def kernel(self, weight: cute.Pointer, x: cute.Pointer, bias: cute.Pointer,
                out: cute.Pointer, m: Int32):
+        self.body(weight, x, bias, out, m, None)
+
+    @cute.kernel
+    def kernel_tma(self, weight: cute.Pointer, x: cute.Pointer, bias: cute.Pointer,
+                   out: cute.Pointer, m: Int32, tma_atom: cute.CopyAtom, tma_x: cute.Tensor):
+        self.body(weight, x, bias, out, m, (tma_atom, tma_x))
+
+    @cute.jit
+    def body(self, weight, x, bias, out, m, tma):
+        """The kernel, with or without a TMA atom and tensor map of x."""
         tidx, _, _ = cute.arch.thread_idx()
         tile_n, tile_t, rank = cute.arch.block_idx()  # rank: in the cluster (grid z = k_split)
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -181,6 +217,9 @@ class WarpSplitKKernel:
             self.compute(smem, tidx, warp, tile_n, tile_t, m, bias, out, rank)
         elif is_a_loader:
             self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, rank)
+        elif cutlass.const_expr(self.tma_activations):
+            self.activation_tma(smem, tma, tidx - first_b_warp * layout.WARP, tile_n, tile_t,
+                                rank)
         elif cutlass.const_expr(self.bulk_activations):
             self.activation_bulk(smem, x, tidx - first_b_warp * layout.WARP, tile_n, tile_t, m,
                                  rank)
@@ -196,7 +235,8 @@ class WarpSplitKKernel:
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_a, stage), self.a_threads)
             # bulk copies: one arrival (the local expect_tx) plus the stage's bytes
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_b, stage),
-                              1 if self.bulk_activations else self.b_threads)
+                              1 if self.bulk_activations or self.tma_activations
+                              else self.b_threads)
             # multicast: every compute lane (or, in the lane-0 build, every
             # compute warp) of every member releases every stage (the stage's
             # next rows come from all of them)
@@ -371,6 +411,75 @@ class WarpSplitKKernel:
         self._pdl_after_x()
         self._cluster_done(waited=self.multicast)
 
+    def activation_tma(self, smem, tma, lane, tile_n, tile_t, k_rank):
+        """tma_x: one warp; lane 0 arms this CTA's full barrier for the whole
+        stage (``token_tile x k_tile`` elements: TMA counts the zero-filled
+        rows past M too) and one elected lane issues the boxes this CTA owns
+        (``layout.tma_owned_boxes``: all of them, or, multicast, its share,
+        written into every member's stage). The tensor map is a kernel
+        parameter, independent of the previous grid: it is prefetched before
+        the dependency wait."""
+        t = self.tactic
+        tma_atom, tma_tensor = tma
+        c = self.x_multicast
+        rank = tile_n % c  # the multicast cluster spans c consecutive output tiles
+        box_bytes = t.token_tile * layout.TMA_BOX_COLS * _BYTES
+        arm = cutlass.select_(lane == 0, Int32(1), Int32(0))
+        # this CTA's token tile of x, as TMA coordinates: [token_tile, 64] boxes
+        # along K, the first of this CTA's K share at box k_rank * k_cta / 64
+        x_boxes = cute.local_tile(tma_tensor, (t.token_tile, layout.TMA_BOX_COLS),
+                                  (tile_t, None))
+        first_box = k_rank * (self.k_cta // layout.TMA_BOX_COLS)
+        self._tma_prefetch_map(tma_atom, lane)
+        self._pdl_before_x()
+        if cutlass.const_expr(self.multicast):
+            ptx.cluster_wait()  # phase 0: every member's barriers exist
+        for i in range(self.k_tiles):
+            stage, _ = layout.ring_slot(i, t.stages)
+            parity = layout.empty_parity(i, t.stages)
+            if parity is not None:
+                ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity,
+                                  cluster=self.multicast)
+            full = self._barrier(smem, self.smem.full_b, stage)
+            ptx.mbarrier_arrive_expect_tx_if(full, Int32(t.token_tile * t.k_tile * _BYTES), arm)
+            # the rank is dynamic: every box is traced, each issued by its owner.
+            # The whole warp enters the copy, which elects one lane to issue
+            # it (elect.sync over all 32: a branch on the lane would leave it
+            # waiting for lanes that never come)
+            for box in range(layout.tma_boxes(t.k_tile)):
+                dst = smem + self.smem.b_ring + stage * self.smem.b_stage_bytes + box * box_bytes
+                issue = cutlass.select_(layout.tma_box_owner(box, c) == rank, Int32(1), Int32(0))
+                self._tma_copy(tma_atom, x_boxes, first_box + i * layout.tma_boxes(t.k_tile) + box,
+                               dst, full, issue)
+        self._pdl_after_x()
+        self._cluster_done(waited=self.multicast)
+
+    @cute.jit
+    def _tma_prefetch_map(self, tma_atom, lane):
+        if lane == 0:
+            cpasync.prefetch_descriptor(tma_atom)
+
+    @cute.jit
+    def _tma_copy(self, tma_atom, x_boxes, box_index, dst, full, issue):
+        """One box of x (column block ``box_index`` of this CTA's token tile)
+        into shared memory at ``dst``, completing on mbarrier ``full``; with
+        the multicast, into every cluster member's ``dst`` and ``full``.
+        Entered by the whole warp (``issue`` is warp-uniform); one lane issues."""
+        if issue != 0:
+            smem_box = cute.make_tensor(
+                cute.make_ptr(cutlass.BFloat16, dst, cute.AddressSpace.smem,
+                              assumed_align=layout.TMA_ALIGN, swizzle_=cute.make_swizzle(3, 4, 3)),
+                self._tma_box_layout().outer)
+            s_part, g_part = cpasync.tma_partition(
+                tma_atom, 0, cute.make_layout(1), cute.group_modes(smem_box, 0, 2),
+                cute.group_modes(x_boxes, 0, 2))
+            barrier = cute.make_ptr(cutlass.Int64, full, cute.AddressSpace.smem, assumed_align=8)
+            if cutlass.const_expr(self.multicast):
+                cute.copy(tma_atom, g_part[(None, box_index)], s_part, tma_bar_ptr=barrier,
+                          mcast_mask=cutlass.Int16((1 << self.x_multicast) - 1))
+            else:
+                cute.copy(tma_atom, g_part[(None, box_index)], s_part, tma_bar_ptr=barrier)
+
     def compute(self, smem, tidx, warp, tile_n, tile_t, m, bias, out, rank):
         t = self.tactic
         lane = tidx % layout.WARP
@@ -383,8 +492,8 @@ class WarpSplitKKernel:
                    + layout.a_fragment_offset(lane, warp, mi, s, t.k_tile) * _BYTES
                    for s in range(steps)] for mi in range(m_iters)]
         b_addr = [[smem + self.smem.b_ring
-                   + layout.b_fragment_offset(lane, warp, ni, p, t.k_tile,
-                                              self.bulk_activations) * _BYTES
+                   + layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, self.b_layout,
+                                              t.token_tile) * _BYTES
                    for p in range(pairs)] for ni in range(n_iters)]
         if cutlass.const_expr(self.multicast):
             ptx.cluster_wait()  # phase 0: every member's empty barriers exist

@@ -66,9 +66,57 @@ def padded(row, col, k_tile):
     return row * (k_tile + B_ROW_PAD) + col
 
 
-def b_offset(row, col, k_tile, multicast=False):
-    """Element offset of activation ``(row, col)`` in its ring stage."""
-    return padded(row, col, k_tile) if multicast else swizzle(row, col, k_tile)
+#: Columns of one TMA box of activations: 64 BF16 = 128 bytes, the span of
+#: the tensor-memory accelerator's 128-byte swizzle.
+TMA_BOX_COLS = 64
+#: Shared-memory alignment of a TMA stage: its 128-byte swizzle XORs byte
+#: address bits 4-6 with bits 7-9, so a box must start on a 1024-byte boundary
+#: for the pattern to be ``tma_swizzle``'s.
+TMA_ALIGN = 1024
+
+
+def tma_swizzle(row, col, k_tile, token_tile):
+    """Element offset of activation ``(row, col)`` in a TMA-filled stage
+    (``tma_x``): the stage is ``k_tile / 64`` boxes of ``[token_tile, 64]``,
+    one after the other, each row 128 bytes with its 16-byte chunk index
+    XORed with ``row % 8`` (the hardware's 128-byte swizzle). An ldmatrix
+    phase (8 rows x 16 B at one column) then reads 8 distinct chunk slots of
+    8 consecutive 128-byte rows: 32 distinct banks, as with ``swizzle``."""
+    box, within = col // TMA_BOX_COLS, col % TMA_BOX_COLS
+    return (box * token_tile * TMA_BOX_COLS + row * TMA_BOX_COLS
+            + (within ^ ((row % 8) * CHUNK)))
+
+
+def tma_boxes(k_tile):
+    """TMA boxes per activation stage."""
+    return k_tile // TMA_BOX_COLS
+
+
+def tma_box_owner(box, x_multicast):
+    """The cluster CTA that issues box ``box`` of every stage (for all
+    members, with x_multicast > 1; CTA 0 alone otherwise)."""
+    return box % x_multicast
+
+
+def tma_owned_boxes(rank, k_tile, x_multicast):
+    """Boxes of each stage that cluster CTA ``rank`` issues."""
+    return [b for b in range(tma_boxes(k_tile)) if tma_box_owner(b, x_multicast) == rank]
+
+
+#: How an activation stage is laid out, by how it is filled:
+#: 16-byte cp.async copies (swizzled), one bulk copy per row (row-padded),
+#: or TMA boxes (128-byte swizzled boxes).
+B_LAYOUTS = ("swizzle", "padded", "tma")
+
+
+def b_offset(row, col, k_tile, kind="swizzle", token_tile=0):
+    """Element offset of activation ``(row, col)`` in its ring stage, for
+    stage layout ``kind`` (``B_LAYOUTS``; ``token_tile`` for "tma")."""
+    if kind == "padded":
+        return padded(row, col, k_tile)
+    if kind == "tma":
+        return tma_swizzle(row, col, k_tile, token_tile)
+    return swizzle(row, col, k_tile)
 
 
 def multicast_owner(row, x_multicast):
@@ -141,7 +189,7 @@ def a_fragment_offset(lane, warp, m_iter, step, k_tile):
     return swizzle(row, col, k_tile)
 
 
-def b_fragment_offset(lane, warp, n_iter, pair, k_tile, multicast=False):
+def b_fragment_offset(lane, warp, n_iter, pair, k_tile, kind="swizzle", token_tile=0):
     """Element offset of lane's ``ldmatrix.x4`` row address for operand B (activations).
 
     Matrix ``j = lane // 8`` is tokens ``8 * n_iter .. +7`` at K columns
@@ -150,7 +198,7 @@ def b_fragment_offset(lane, warp, n_iter, pair, k_tile, multicast=False):
     """
     row = lane % 8 + n_iter * MMA_N
     col = (lane // 8) * CHUNK + pair * 2 * MMA_K + warp * (k_tile // COMPUTE_WARPS)
-    return b_offset(row, col, k_tile, multicast)
+    return b_offset(row, col, k_tile, kind, token_tile)
 
 
 # ------------------------------------------------------ split-K reduction
@@ -220,14 +268,15 @@ class SmemPlan:
 
 
 def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
-              bulk_x=False):
+              bulk_x=False, tma_x=False):
     """Where the two rings, the reduction buffer and the mbarriers live.
 
     With ``k_split`` CTAs per cluster sharing K, the reduction buffer holds
     the partials of every compute warp of the cluster (``[k_split * 4]``
     warps): the other CTAs write theirs into the first CTA's buffer. With
     ``bulk_x`` or ``x_multicast`` > 1 the activation stages are row-padded
-    (``padded``).
+    (``padded``), unless ``tma_x``: then they are TMA boxes (``tma_swizzle``,
+    1024-byte aligned).
 
     A ring too deep to fit beside the reduction buffer in one block
     (``SMEM_PER_BLOCK``) gets the buffer laid over its start instead
@@ -237,10 +286,12 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
     before the first partial is stored. Only then: a ring that fits either
     way keeps its own buffer, and with it the kernel the tuner measured."""
     a_stage = output_tile * k_tile * ELEMENT_BYTES
-    b_row = k_tile + (B_ROW_PAD if bulk_x or x_multicast > 1 else 0)
+    b_row = k_tile + (B_ROW_PAD if (bulk_x or x_multicast > 1) and not tma_x else 0)
     b_stage = token_tile * b_row * ELEMENT_BYTES  # a multiple of 128 B either way
     a_ring = 0
-    b_ring = _align(a_ring + stages * a_stage, REGION_ALIGN)
+    # TMA boxes need 1024-byte aligned stages (a_stage and b_stage are
+    # multiples of 1024 then: 16+ rows x 256+ bytes, 8+ rows x 128 bytes x boxes)
+    b_ring = _align(a_ring + stages * a_stage, TMA_ALIGN if tma_x else REGION_ALIGN)
     rings_end = _align(b_ring + stages * b_stage, REGION_ALIGN)
     reduction_bytes = k_split * COMPUTE_WARPS * token_tile * reduction_row_words(output_tile) * 4
 

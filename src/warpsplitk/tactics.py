@@ -40,6 +40,10 @@ PREFETCH_SUFFIX = "+prefetch"
 BULK_XS = (False, True)
 #: ``short()`` suffix of a tactic with bulk activation copies.
 BULK_SUFFIX = "+bulk"
+#: Whether activation stages arrive as TMA boxes (see WarpSplitKTactic.tma_x).
+TMA_XS = (False, True)
+#: ``short()`` suffix of a tactic with TMA activation copies.
+TMA_SUFFIX = "+tma"
 #: K tiles per CTA at most: the compute loop is fully unrolled over them.
 MAX_K_TILES = 64
 MAX_M = 32
@@ -104,7 +108,18 @@ class WarpSplitKTactic:
         are never written (their outputs are never stored). The copies
         follow the dependency wait, so their issue cost is on every call's
         critical path. One activation warp. The activation multicast
-        (x_multicast > 1) always copies this way, so it takes False here.
+        (x_multicast > 1) copies this way unless ``tma_x``, so it takes
+        False here.
+    tma_x: activation stages by the tensor-memory accelerator: one lane of
+        one activation warp issues ``k_tile / 64`` copies of a
+        ``[token_tile, 64]`` box of x per stage (``cp.async.bulk.tensor``,
+        through a tensor map built per call from x's address and M), into
+        128-byte-swizzled stages; rows past M arrive as zeros. The same few
+        instructions per stage at any M, where bulk_x needs one per token
+        row. With x_multicast > 1 the cluster's CTAs share the boxes of a
+        stage, each issuing its own to every member, so x is read from L2
+        once per cluster (``layout.tma_owned_boxes``; x_multicast may not
+        exceed the boxes of a stage). Not with bulk_x.
     """
 
     output_tile: int = 16
@@ -117,12 +132,21 @@ class WarpSplitKTactic:
     early_launch: bool = False
     l2_prefetch: bool = False
     bulk_x: bool = False
+    tma_x: bool = False
 
     @property
     def bulk_activations(self) -> bool:
         """Activation rows by bulk copy into row-padded stages (bulk_x, or
-        the multicast, which always copies that way)."""
-        return self.bulk_x or self.x_multicast > 1
+        the multicast, which copies that way unless by TMA)."""
+        return self.bulk_x or (self.x_multicast > 1 and not self.tma_x)
+
+    @property
+    def activation_layout(self) -> str:
+        """The activation stage layout (``layout.B_LAYOUTS``): "tma" for TMA
+        boxes, "padded" for bulk-copied rows, "swizzle" for 16-byte copies."""
+        if self.tma_x:
+            return "tma"
+        return "padded" if self.bulk_activations else "swizzle"
 
     @property
     def threads(self) -> int:
@@ -137,7 +161,7 @@ class WarpSplitKTactic:
     @property
     def smem_plan(self) -> layout.SmemPlan:
         return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages,
-                                self.k_split, self.x_multicast, self.bulk_x)
+                                self.k_split, self.x_multicast, self.bulk_x, self.tma_x)
 
     @property
     def reduction_aliased(self) -> bool:
@@ -148,8 +172,8 @@ class WarpSplitKTactic:
     def short(self) -> str:
         """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1,
         ``o,t,k,s,b,c,x`` when x_multicast x > 1), then ``+early`` with the
-        early PDL trigger, ``+prefetch`` with the L2 prefetch and ``+bulk``
-        with bulk activation copies."""
+        early PDL trigger, ``+prefetch`` with the L2 prefetch, ``+bulk``
+        with bulk activation copies and ``+tma`` with TMA ones."""
         text = (f"{self.output_tile},{self.token_tile},{self.k_tile},"
                 f"{self.stages},{self.b_loader_warps}")
         if self.x_multicast > 1:
@@ -160,14 +184,18 @@ class WarpSplitKTactic:
             text += EARLY_SUFFIX
         if self.l2_prefetch:
             text += PREFETCH_SUFFIX
-        return text + BULK_SUFFIX if self.bulk_x else text
+        if self.bulk_x:
+            text += BULK_SUFFIX
+        return text + TMA_SUFFIX if self.tma_x else text
 
     @classmethod
     def parse(cls, text: str) -> "WarpSplitKTactic":
         """Inverse of :meth:`short`."""
         body = text.strip() if isinstance(text, str) else ""
-        flags = {EARLY_SUFFIX: False, PREFETCH_SUFFIX: False, BULK_SUFFIX: False}
-        for suffix in (BULK_SUFFIX, PREFETCH_SUFFIX, EARLY_SUFFIX):  # short()'s order, reversed
+        flags = {EARLY_SUFFIX: False, PREFETCH_SUFFIX: False, BULK_SUFFIX: False,
+                 TMA_SUFFIX: False}
+        # short()'s order, reversed
+        for suffix in (TMA_SUFFIX, BULK_SUFFIX, PREFETCH_SUFFIX, EARLY_SUFFIX):
             if body.endswith(suffix):
                 flags[suffix] = True
                 body = body[:-len(suffix)]
@@ -179,11 +207,11 @@ class WarpSplitKTactic:
             raise ValueError(
                 "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
                 "b_loader_warps', then optionally k_split and x_multicast, then "
-                f"optionally '{EARLY_SUFFIX}', '{PREFETCH_SUFFIX}' and '{BULK_SUFFIX}' in "
-                f"that order, got {text!r}")
+                f"optionally '{EARLY_SUFFIX}', '{PREFETCH_SUFFIX}', '{BULK_SUFFIX}' and "
+                f"'{TMA_SUFFIX}' in that order, got {text!r}")
         fields += [1] * (7 - len(fields))
         return cls(*fields, early_launch=flags[EARLY_SUFFIX], l2_prefetch=flags[PREFETCH_SUFFIX],
-                   bulk_x=flags[BULK_SUFFIX])
+                   bulk_x=flags[BULK_SUFFIX], tma_x=flags[TMA_SUFFIX])
 
 
 def _field_error(name, value, allowed):
@@ -215,6 +243,20 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         raise _field_error("l2_prefetch", tactic.l2_prefetch, L2_PREFETCHES)
     if tactic.bulk_x not in BULK_XS or not isinstance(tactic.bulk_x, bool):
         raise _field_error("bulk_x", tactic.bulk_x, BULK_XS)
+    if tactic.tma_x not in TMA_XS or not isinstance(tactic.tma_x, bool):
+        raise _field_error("tma_x", tactic.tma_x, TMA_XS)
+    if tactic.tma_x and tactic.bulk_x:
+        raise ValueError("warp split-K tactic: tma_x and bulk_x are two ways to copy the "
+                         "activations; choose one")
+    if tactic.tma_x and tactic.b_loader_warps != 1:
+        # one lane issues a stage's boxes
+        raise ValueError(f"warp split-K tactic: tma_x takes b_loader_warps 1, got "
+                         f"{tactic.b_loader_warps}")
+    if tactic.tma_x and tactic.x_multicast > layout.tma_boxes(tactic.k_tile):
+        raise ValueError(f"warp split-K tactic: with tma_x each of the x_multicast "
+                         f"{tactic.x_multicast} CTAs issues whole boxes of "
+                         f"{layout.TMA_BOX_COLS} columns, and a k_tile {tactic.k_tile} stage "
+                         f"has {layout.tma_boxes(tactic.k_tile)}")
     if tactic.bulk_x and tactic.x_multicast > 1:
         raise ValueError(f"warp split-K tactic: x_multicast {tactic.x_multicast} already copies "
                          "activations in bulk; bulk_x is for x_multicast 1")
@@ -282,31 +324,32 @@ def is_legal(tactic: WarpSplitKTactic, n: int, k: int) -> bool:
 
 
 def all_tactics(k_splits=(1,), x_multicasts=(1,), early_launches=(False,),
-                l2_prefetches=(False,), bulk_xs=(False,)):
+                l2_prefetches=(False,), bulk_xs=(False,), tma_xs=(False,)):
     """Every tactic of the kernel's space, legal for some shape or not (with
     ``k_splits=K_SPLITS``, the cluster split of K too; with
     ``x_multicasts=X_MULTICASTS``, the experimental activation multicast;
     with ``early_launches=EARLY_LAUNCHES``, both PDL trigger points; with
     ``l2_prefetches=L2_PREFETCHES``, the L2 prefetch too; with
-    ``bulk_xs=BULK_XS``, bulk activation copies too)."""
-    for o, t, kt, s, b, c, x, e, f, bx in itertools.product(
+    ``bulk_xs=BULK_XS``, bulk activation copies too; with ``tma_xs=TMA_XS``,
+    TMA activation copies too)."""
+    for o, t, kt, s, b, c, x, e, f, bx, tx in itertools.product(
             OUTPUT_TILES, TOKEN_TILES, K_TILES, range(1, MAX_STAGES + 1), B_LOADER_WARPS,
-            k_splits, x_multicasts, early_launches, l2_prefetches, bulk_xs):
-        if (x > 1 and (c > 1 or b > 1 or bx)) or (bx and b > 1):
+            k_splits, x_multicasts, early_launches, l2_prefetches, bulk_xs, tma_xs):
+        if (x > 1 and (c > 1 or b > 1 or bx)) or (bx and b > 1) or (tx and (bx or b > 1)):
             continue  # never legal (check_tactic)
-        yield WarpSplitKTactic(o, t, kt, s, b, c, x, e, f, bx)
+        yield WarpSplitKTactic(o, t, kt, s, b, c, x, e, f, bx, tx)
 
 
 def legal_tactics(m: int, n: int, k: int, k_splits=(1,), x_multicasts=(1,),
                   early_launches=(False,), l2_prefetches=(False,),
-                  bulk_xs=(False,)) -> list[WarpSplitKTactic]:
+                  bulk_xs=(False,), tma_xs=(False,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
     larger than needed to cover ``m`` in one tile (a bigger tile only loads
     zeros)."""
     _check_m(m)
     need = min(t for t in TOKEN_TILES if t >= m)
     return [t for t in all_tactics(k_splits, x_multicasts, early_launches, l2_prefetches,
-                                   bulk_xs)
+                                   bulk_xs, tma_xs)
             if t.token_tile <= need and is_legal(t, n, k)]
 
 

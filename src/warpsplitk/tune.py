@@ -49,7 +49,15 @@ Pruning, before anything is measured:
   weight past the ring (``WarpSplitKTactic.l2_prefetch``), for weights up to
   ``PREFETCH_MAX_BYTES``: it was 0.90-0.97x on some 11-14 MB weights, but
   1.05-1.26x on 22-61 MB ones and 1.19x on 2048x2048 at M = 32 (runs 25, 27),
-  too mixed to model and too often a loss to double the space for.
+  too mixed to model and too often a loss to double the space for;
+* measured neighbours: with ``tma`` (the default; ``--no-tma-x`` leaves it
+  out), each cell's ``TMA_TOP`` fastest are timed again with their
+  activations as TMA boxes (``WarpSplitKTactic.tma_x``, one activation
+  warp), and its fastest 16- or 32-row tactic also with the boxes multicast
+  over each legal cluster (x_multicast 2-4): 0.92-1.14x of the best without
+  them, a win at M >= 4 on most mid and large weights (run 34), so measured
+  where the cell's own fastest are rather than across the whole space. The
+  multicast has not won a cell (1.3-4.8x slower, docs/NOTES.md).
 
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
@@ -167,6 +175,28 @@ def prefetch_twins(times, n, k, top=PREFETCH_TOP) -> list[WarpSplitKTactic]:
     return [t for t in twins if t not in times and is_legal(t, n, k)]
 
 
+#: the TMA twins' measured-neighbour rule (module docstring)
+TMA_TOP = 3
+TMA_MULTICAST_TOP = 1
+
+
+def tma_twins(times, n, k, top=TMA_TOP, multicast_top=TMA_MULTICAST_TOP) -> list[WarpSplitKTactic]:
+    """``{tactic: us}`` of one cell -> its ``top`` fastest tactics with their
+    activations as TMA boxes (one activation warp), and its
+    ``multicast_top`` fastest with 16 or 32 token rows also with the boxes
+    multicast over each legal cluster along N (x_multicast 2-4); none
+    already in ``times``, all legal."""
+    plain = sorted((t for t in times if not t.tma_x and t.x_multicast == 1), key=times.get)
+    found = []
+    for t in plain[:top]:
+        found.append(dataclasses.replace(t, tma_x=True, bulk_x=False, b_loader_warps=1))
+    for t in [t for t in plain if t.token_tile >= 16 and t.k_split == 1][:multicast_top]:
+        found += [dataclasses.replace(t, tma_x=True, bulk_x=False, b_loader_warps=1,
+                                      x_multicast=c) for c in (2, 3, 4)]
+    unique = list(dict.fromkeys(found))
+    return [t for t in unique if t not in times and is_legal(t, n, k)]
+
+
 def _log_key(n, k, m, tactic):
     return f"{n},{k},{m},{tactic.short()}"
 
@@ -242,7 +272,7 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
-         confirm=None, bulk_xs=(False, True), l2_prefetch=True) -> DecodePlan:
+         confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -251,7 +281,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     compiled first, ``jobs`` worker processes at a time (default: one per
     core but one), so measuring only loads them. Then, with ``l2_prefetch``,
     each cell's fastest candidates are timed with the L2 prefetch
-    (``prefetch_twins``), and each cell's ``confirm`` fastest tactics are
+    (``prefetch_twins``), with ``tma`` with TMA activation boxes
+    (``tma_twins``), and each cell's ``confirm`` fastest tactics are
     timed again and count with the mean of both timings (``_mean_times``)."""
     import torch
 
@@ -292,6 +323,13 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
             # the twins of the logged fastest (a cell whose fastest are not
             # logged yet compiles its twins when it gets there)
             twins = prefetch_twins({t: v[0] for t, v in logged.items()}, n, k)
+            to_build |= {(n, k, t) for t in twins if _log_key(n, k, r, t) not in done}
+            for t in twins:
+                rec = done.get(_log_key(n, k, r, t), {})
+                if rec.get("ok"):
+                    logged[t] = [rec["us"]]
+        if tma:
+            twins = tma_twins({t: v[0] for t, v in logged.items()}, n, k)
             to_build |= {(n, k, t) for t in twins if _log_key(n, k, r, t) not in done}
             for t in twins:
                 rec = done.get(_log_key(n, k, r, t), {})
@@ -370,6 +408,9 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                     measure(tactic)
                 if l2_prefetch:
                     for tactic in prefetch_twins({t: v[0] for t, v in cell.items()}, n, k):
+                        measure(tactic)
+                if tma:
+                    for tactic in tma_twins({t: v[0] for t, v in cell.items()}, n, k):
                         measure(tactic)
                 for tactic in _confirm_candidates(cell, confirm):
                     key = _confirm_key(n, k, r, tactic)
