@@ -554,3 +554,18 @@ def test_audit_requires_tma_x_only_with_its_field():
     rows = compile_for_arch(256, 1024, WarpSplitKTactic(16, 16, 256, 2, 1, 1, 2), "sm_90a")
     assert any("with tma_x" in p or "missing" in p
                for p in audit_ptx(rows.ptx, k_tiles=4, x_multicast=2, tma_x=True))
+
+
+@pytest.mark.parametrize("tactic,n,k", [
+    (WarpSplitKTactic(16, 32, 256, 4, 1, tma_x=True), 3216, 7168),
+    (WarpSplitKTactic(64, 32, 128, 4, 1, tma_x=True), 4608, 1536),
+], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_tma_register_table_is_what_ptxas_allots(tactic, n, k):
+    """The residency model's registers for TMA tactics (tactics.MEASURED_REGISTERS_TMA)
+    are what the compiler gives them: far fewer than the one-warp 16-byte
+    loader's (196 for 16,32,256), so more CTAs per SM."""
+    from warpsplitk.tactics import MEASURED_REGISTERS, register_estimate
+    report = compile_for_arch(n, k, tactic, "sm_90a")
+    assert report.registers <= register_estimate(tactic) < report.registers + 8 + 4
+    copies = MEASURED_REGISTERS[(tactic.output_tile, tactic.token_tile, tactic.k_tile, 1)]
+    assert register_estimate(tactic) < copies

@@ -380,10 +380,28 @@ MEASURED_REGISTERS = {
 }
 
 
+#: The same with TMA activation boxes (``tma_x``, one activation warp that
+#: holds no copy addresses), keyed (output_tile, token_tile, k_tile): the
+#: one-warp 16-byte loader's address registers are what set 196 for 16- and
+#: 32-row tiles of 32 tokens x 256 above; with boxes the compute warps do.
+MEASURED_REGISTERS_TMA = {
+    (16, 8, 128): 32, (16, 8, 256): 40, (16, 16, 128): 32, (16, 16, 256): 40,
+    (16, 32, 128): 46, (16, 32, 256): 55, (32, 8, 128): 40, (32, 8, 256): 72,
+    (32, 16, 128): 52, (32, 16, 256): 72, (32, 32, 128): 69, (32, 32, 256): 78,
+    (48, 8, 128): 56, (48, 16, 128): 56, (48, 32, 128): 84, (64, 8, 128): 72,
+    (64, 16, 128): 72, (64, 32, 128): 102,
+}
+
+
 def register_estimate(tactic: WarpSplitKTactic) -> int:
-    key = (tactic.output_tile, tactic.token_tile, tactic.k_tile, tactic.b_loader_warps)
+    if tactic.tma_x:
+        measured = MEASURED_REGISTERS_TMA.get(
+            (tactic.output_tile, tactic.token_tile, tactic.k_tile), 128)
+    else:
+        key = (tactic.output_tile, tactic.token_tile, tactic.k_tile, tactic.b_loader_warps)
+        measured = MEASURED_REGISTERS.get(key, 128)
     # registers are allocated in units of 8 per thread
-    return -(-MEASURED_REGISTERS.get(key, 128) // 8) * 8
+    return -(-measured // 8) * 8
 
 
 def ctas_per_sm(tactic: WarpSplitKTactic) -> int:

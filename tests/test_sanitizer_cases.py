@@ -1,0 +1,54 @@
+"""The case lists scripts/sanitize.sh hands to compute-sanitizer
+(scripts/reliability.py cases): every tactic feature reaches it, every case
+is legal, the rotation covers every ring variant across the tools."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")  # the script imports it at the top; nothing here runs on a GPU
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "reliability.py"
+
+
+@pytest.fixture(scope="module")
+def reliability():
+    spec = importlib.util.spec_from_file_location("reliability_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _legal(cases):
+    from warpsplitk.tactics import is_legal
+    return all(is_legal(t, n, k) for t, n, k, _ in cases)
+
+
+def test_every_case_is_legal_and_covers_its_ms(reliability):
+    cases = reliability.family_cases("all", k_splits=(1, 2), x_multicasts=(1, 2, 3, 4),
+                                     bulk_xs=(False, True), l2_prefetch=True, deep_rings=True,
+                                     tma_xs=(False, True))
+    assert cases and _legal(cases)
+    for tactic, _, _, ms in cases:
+        assert 1 in ms and 32 in ms and tactic.token_tile in ms
+
+
+def test_tma_cases_reach_the_sanitizer(reliability):
+    cases = reliability.family_cases("rotate", k_splits=(1, 2), x_multicasts=(1, 2, 3, 4),
+                                     tma_xs=(False, True), deep_rings=True)
+    tma = [t for t, *_ in cases if t.tma_x]
+    assert tma and all(t.b_loader_warps == 1 and not t.bulk_x for t in tma)
+    assert any(t.k_split == 2 for t in tma) and any(t.x_multicast == 3 for t in tma)
+    assert any(t.reduction_aliased for t in tma)
+    # without the flag, none
+    assert not any(t.tma_x for t, *_ in reliability.family_cases("all"))
+
+
+def test_rotation_covers_every_ring_variant_across_tools(reliability):
+    full = {(t, n, k) for t, n, k, _ in reliability.family_cases("all", tma_xs=(False, True))}
+    rotated = set()
+    for offset in range(3):
+        rotated |= {(t, n, k) for t, n, k, _ in
+                    reliability.family_cases("rotate", offset, tma_xs=(False, True))}
+    assert rotated == full
