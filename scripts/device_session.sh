@@ -228,6 +228,19 @@ tma)
     --m ${AB_MS:-1,8,32} --json "$OUT/tma-ab.json" > "$OUT/tma-ab.log" 2>&1
   echo "tma A/B rc=$?"; tail -30 "$OUT/tma-ab.log"
   ;;
+mixed)
+  # mixed grids (half_tiles, experimental): the GPU tests beside the
+  # sanitizer over every 32/64-row case as a mixed grid (TMA boxes too),
+  # then the tuner's mixed twins (--mixed-tiles) and the benchmark on that log
+  timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
+    -k mixed > "$OUT/gpu_kernel-mixed.log" 2>&1 &
+  OUT=$OUT/mixed HALF_TILES=1 TMA_X=1 X_COPIES_ONLY=1 SUBSET=rotate \
+    CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-mixed.log" 2>&1 &
+  wait
+  echo "gpu_kernel (mixed): $(tail -1 "$OUT/gpu_kernel-mixed.log")"
+  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-mixed.log | head
+  echo "sanitizer (mixed): $(cut -c1-900 "$OUT/sanitizer-mixed.log")"
+  ;;
 multicast)
   # the activation multicast with one remote stage release per warp
   # (WARPSPLITK_THREAD_ARRIVE=lane0) against one per lane: GPU tests of the

@@ -2,6 +2,7 @@
 
     python3 scripts/reliability.py cases --subset all|rotate [--shard I --shards N] [--json OUT]
                                          [--k-split] [--x-multicast] [--bulk-x] [--tma-x]
+                                         [--half-tiles]
                                          [--l2-prefetch]
                                          [--deep-rings] [--clusters-only | --x-copies-only |
                                          --aliased-only] [--progress]
@@ -9,7 +10,9 @@
         b_loader_warps; with --k-split also each with k_split 2, with
         --x-multicast each with x_multicast 2, 3 and 4, with --bulk-x each
         one-warp family also with bulk activation copies, with --tma-x each
-        one-warp family also with TMA activation boxes) with a one-stage
+        one-warp family also with TMA activation boxes; with --half-tiles
+        each case of a 32- or 64-row family also as a mixed grid, three half
+        tiles after two full ones) with a one-stage
         ring (K = k_tile), a ring shorter than the K-tile count (with
         --l2-prefetch also with the L2 prefetch) and a ring equal to it (with
         --deep-rings also the deepest ring that fits only with the reduction
@@ -63,7 +66,7 @@ def _deepest_aliased(o, t, kt, b, c, x, bulk, tma=False):
 
 
 def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(False,),
-                 l2_prefetch=False, deep_rings=False, tma_xs=(False,)):
+                 l2_prefetch=False, deep_rings=False, tma_xs=(False,), half_tiles=False):
     cases = []
     families = [f for f in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS,
                                              k_splits, x_multicasts, bulk_xs, tma_xs)
@@ -90,23 +93,28 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
             prefetching = dataclasses.replace(tactic, l2_prefetch=True)
             if l2_prefetch and is_legal(prefetching, n, k):  # a ring shorter than K
                 cases.append((prefetching, n, k, ms))
+            mixed = dataclasses.replace(tactic, half_tiles=3)
+            mixed_n = 2 * o + 3 * (o // 2)  # two full tiles, then three half tiles
+            if half_tiles and is_legal(mixed, mixed_n, k):
+                cases.append((mixed, mixed_n, k, ms))
     return cases
 
 
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,),
               clusters_only=False, progress=False, bulk_xs=(False,), l2_prefetch=False,
-              x_copies_only=False, deep_rings=False, aliased_only=False, tma_xs=(False,)):
+              x_copies_only=False, deep_rings=False, aliased_only=False, tma_xs=(False,),
+              half_tiles=False):
     torch.manual_seed(0)
     results = []
     cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch, deep_rings,
-                         tma_xs)
+                         tma_xs, half_tiles)
     if aliased_only:
         cases = [case for case in cases if case[0].reduction_aliased]
     if clusters_only:
         cases = [case for case in cases if case[0].k_split > 1 or case[0].x_multicast > 1]
     if x_copies_only:
         cases = [case for case in cases
-                 if case[0].bulk_x or case[0].l2_prefetch or case[0].tma_x]
+                 if case[0].bulk_x or case[0].l2_prefetch or case[0].tma_x or case[0].half_tiles]
     for tactic, n, k, ms in cases[shard::shards]:
         if progress:  # under a slow tool, which case a timeout stopped in
             print(f"case {tactic.short()} N={n} K={k} M={ms}", flush=True)
@@ -212,12 +220,14 @@ def main():
                    help="also bulk activation copies (bulk_x) of every one-warp family")
     c.add_argument("--tma-x", action="store_true",
                    help="also TMA activation boxes (tma_x) of every one-warp family")
+    c.add_argument("--half-tiles", action="store_true",
+                   help="also a mixed grid (half_tiles 3) of every 32- or 64-row case")
     c.add_argument("--l2-prefetch", action="store_true",
                    help="also the L2 prefetch of every case whose ring is shorter than K")
     c.add_argument("--clusters-only", action="store_true",
                    help="only the cases with k_split or x_multicast > 1")
     c.add_argument("--x-copies-only", action="store_true",
-                   help="only the cases with bulk_x, tma_x or the L2 prefetch")
+                   help="only the cases with bulk_x, tma_x, half tiles or the L2 prefetch")
     c.add_argument("--deep-rings", action="store_true",
                    help="also each family's deepest ring that fits only with the reduction "
                         "buffer over the rings")
@@ -239,7 +249,7 @@ def main():
                                 args.clusters_only, args.progress,
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,
                                 args.x_copies_only, args.deep_rings, args.aliased_only,
-                                (False, True) if args.tma_x else (False,))
+                                (False, True) if args.tma_x else (False,), args.half_tiles)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

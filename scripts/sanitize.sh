@@ -20,8 +20,9 @@
 #   CLUSTERS_ONLY=1  with K_SPLIT / X_MULTICAST: only those cluster cases
 #   BULK_X=1         add every one-warp family with bulk activation copies
 #   TMA_X=1          add every one-warp family with TMA activation boxes
+#   HALF_TILES=1     add every 32/64-row case as a mixed grid (half_tiles 3)
 #   L2_PREFETCH=1    add the L2 prefetch of every case whose ring is shorter than K
-#   X_COPIES_ONLY=1  with BULK_X / TMA_X / L2_PREFETCH: only those cases
+#   X_COPIES_ONLY=1  with BULK_X / TMA_X / HALF_TILES / L2_PREFETCH: only those cases
 #   DEEP_RINGS=1     add each family's deepest ring, whose reduction buffer
 #                    lies over the rings; ALIASED_ONLY=1: only those cases
 #   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
@@ -42,6 +43,7 @@ split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 [ "${CLUSTERS_ONLY:-0}" = 1 ] && split_flag="$split_flag --clusters-only"
 [ "${BULK_X:-0}" = 1 ] && split_flag="$split_flag --bulk-x"
 [ "${TMA_X:-0}" = 1 ] && split_flag="$split_flag --tma-x"
+[ "${HALF_TILES:-0}" = 1 ] && split_flag="$split_flag --half-tiles"
 [ "${L2_PREFETCH:-0}" = 1 ] && split_flag="$split_flag --l2-prefetch"
 [ "${X_COPIES_ONLY:-0}" = 1 ] && split_flag="$split_flag --x-copies-only"
 [ "${DEEP_RINGS:-0}" = 1 ] && split_flag="$split_flag --deep-rings"

@@ -569,3 +569,18 @@ def test_tma_register_table_is_what_ptxas_allots(tactic, n, k):
     assert report.registers <= register_estimate(tactic) < report.registers + 8 + 4
     copies = MEASURED_REGISTERS[(tactic.output_tile, tactic.token_tile, tactic.k_tile, 1)]
     assert register_estimate(tactic) < copies
+
+
+def test_mixed_grid_traces_both_tile_paths():
+    """half_tiles: one kernel, both tile sizes' code; the audit passes and
+    the compute warps' MMAs are the two paths' together (32 rows: 2 m-blocks,
+    16 rows: 1)."""
+    import re
+    n, k = 3216, 7168
+    mixed = compile_for_arch(n, k, WarpSplitKTactic(32, 8, 256, 4, 1, half_tiles=63), "sm_90a")
+    plain = compile_for_arch(n, k, WarpSplitKTactic(16, 8, 256, 4, 1), "sm_90a")
+    assert mixed.audit() == [] and mixed.spill_bytes == 0 and mixed.local_bytes == 0
+
+    def mmas(text):
+        return len(re.findall(r"mma\.sync\.aligned\.m16n8k16", text))
+    assert mmas(mixed.ptx) == 3 * mmas(plain.ptx)

@@ -15,7 +15,7 @@ from warpsplitk.decode import (
     load_plan,
     plan_from_json,
 )
-from warpsplitk.tactics import WarpSplitKTactic, check_tactic, default_tactic, is_legal
+from warpsplitk.tactics import WarpSplitKTactic, check_tactic, default_tactic, grid_ctas, is_legal
 from warpsplitk.tune import REPRESENTATIVE_MS, candidates, representative
 
 T = WarpSplitKTactic
@@ -315,6 +315,7 @@ def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, 
     # None: the tuner's own default (tune.CONFIRM, 3)
     assert seen["confirm"] == confirm
     assert seen["bulk_xs"] == bulk and seen["l2_prefetch"] is prefetch and seen["tma"] is tma
+    assert seen["mixed"] is False
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
     assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
 
@@ -417,3 +418,19 @@ def test_tma_twins_of_the_fastest():
     assert tma_twins(times, n, k) == [twins[2]] + shared
     odd = {WarpSplitKTactic(16, 32, 256, 4, 2): 14.6}
     assert [t.x_multicast for t in tma_twins(odd, 3216, 7168)] == [1, 3]
+
+
+def test_mixed_twins_balance_uneven_grids_only():
+    from warpsplitk.tune import balanced_half_tiles, mixed_twins
+    assert balanced_half_tiles(3216, 32, 132) == 63      # 69 x 32 + 63 x 16
+    assert balanced_half_tiles(3216, 64, 132) is None    # 100.5 64-row tiles
+    assert balanced_half_tiles(2048, 32, 132) is None    # 128 tiles: no half tile fits
+    # 201 CTAs of 16 rows on 132 SMs: 69 SMs with two -> one mixed grid of 132
+    times = {WarpSplitKTactic(16, 32, 256, 4, 2): 14.6}
+    twins = mixed_twins(times, 3216, 7168, 32)
+    assert [(t.output_tile, t.half_tiles) for t in twins] == [(32, 63)]
+    assert all(is_legal(t, 3216, 7168) and grid_ctas(t, 32, 3216) == 132 for t in twins)
+    # the deepest ring one CTA per SM holds (here the one over the reduction buffer)
+    assert twins[0].stages == 7
+    # 4224 rows: 132 CTAs of 32 already fill the SMs evenly -> nothing
+    assert mixed_twins({WarpSplitKTactic(32, 32, 256, 7, 2): 14.8}, 4224, 7168, 32) == []

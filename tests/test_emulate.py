@@ -347,3 +347,15 @@ def test_wrong_tma_box_owner_is_caught_by_coverage(monkeypatch):
     x, w, _ = integer_problem(16, 32, 256, seed=8)
     with pytest.raises(AssertionError, match="expected once"):
         emulate(x, w, WarpSplitKTactic(16, 16, 256, 1, 1, 1, 2, tma_x=True), check_coverage=True)
+
+
+@pytest.mark.parametrize("tactic,n,k,m", [
+    (WarpSplitKTactic(32, 32, 256, 2, 1, tma_x=True, half_tiles=3), 112, 512, 19),
+    (WarpSplitKTactic(64, 8, 128, 2, 2, half_tiles=1), 96, 384, 5),
+    (WarpSplitKTactic(32, 16, 256, 2, 2, early_launch=True, half_tiles=5), 208, 512, 16),
+])
+def test_mixed_grids_emulate_exactly(tactic, n, k, m):
+    """A mixed grid (half_tiles): every output written once, exact sums."""
+    x, w, _ = integer_problem(m, n, k, seed=9)
+    out = emulate(x, w, tactic, round_output=False, check_coverage=True)
+    assert np.array_equal(out, reference(x, w))

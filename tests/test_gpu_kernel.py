@@ -261,3 +261,30 @@ def test_tma_tensor_map_follows_x():
         prepared.run(x, out)
         torch.cuda.synchronize()
         assert rel_err(out, x, w) < 1e-2
+
+
+@pytest.mark.parametrize("text,n,k", [
+    ("32,32,256,7,1+early+tma+half63", 3216, 7168),     # 69 x 32 + 63 x 16 rows, one CTA per SM
+    ("32,8,256,11,1+early+bulk+half63", 3216, 7168),
+    ("32,16,256,9,2+early+half63", 3216, 7168),
+    ("64,8,128,3,1+early+tma+half40", 7168, 384),       # 92 x 64 + 40 x 32
+    ("32,8,128,1,2+half5", 32 * 3 + 16 * 5, 128),       # one K tile
+    ("64,32,128,9,2+prefetch+half3", 64 * 4 + 32 * 3, 1536),
+])
+def test_mixed_grids(text, n, k):
+    """half_tiles (experimental): the last CTAs along N run the half tile's
+    code; every M, with and without bias, in a graph; bitwise equal to the
+    half tile alone over the whole N (the same fixed-order sums)."""
+    tactic = WarpSplitKTactic.parse(text)
+    check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=min(tactic.token_tile, 9))
+    import dataclasses
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    half = dataclasses.replace(tactic, output_tile=tactic.output_tile // 2, half_tiles=0,
+                               stages=min(tactic.stages, 4))
+    x = torch.randn(7, k, device="cuda", dtype=torch.bfloat16)
+    a = PreparedWarpSplitK(w, {7: tactic}).run(x, torch.empty(7, n, device="cuda",
+                                                              dtype=torch.bfloat16))
+    b = PreparedWarpSplitK(w, {7: half}).run(x, torch.empty(7, n, device="cuda",
+                                                            dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)

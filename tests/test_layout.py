@@ -682,3 +682,14 @@ def test_tma_stages_are_1024_aligned_and_unpadded():
         plan = layout.smem_plan(o, t, kt, s, 1, 2, False, True)
         assert plan.b_ring % layout.TMA_ALIGN == 0 and plan.b_stage_bytes % layout.TMA_ALIGN == 0
         assert plan.b_stage_bytes == t * kt * 2
+
+
+def test_mixed_row_tiles_cover_n_once():
+    for n, o, h in ((3216, 32, 63), (7168, 64, 40), (112, 32, 3), (96, 64, 1)):
+        full, half = layout.row_tiles(n, o, h)
+        rows = []
+        for tile_n in range(full + half):
+            size, index = layout.cta_rows(tile_n, o, full)
+            assert size == (o if tile_n < full else o // 2)
+            rows += list(range(index * size, (index + 1) * size))
+        assert rows == list(range(n))

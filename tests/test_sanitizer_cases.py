@@ -52,3 +52,12 @@ def test_rotation_covers_every_ring_variant_across_tools(reliability):
         rotated |= {(t, n, k) for t, n, k, _ in
                     reliability.family_cases("rotate", offset, tma_xs=(False, True))}
     assert rotated == full
+
+
+def test_mixed_grid_cases_reach_the_sanitizer(reliability):
+    cases = reliability.family_cases("all", half_tiles=True, tma_xs=(False, True))
+    mixed = [(t, n) for t, n, _, _ in cases if t.half_tiles]
+    assert mixed and _legal(cases)
+    assert {t.output_tile for t, _ in mixed} == {32, 64}
+    assert any(t.tma_x for t, _ in mixed)
+    assert all(n == 2 * t.output_tile + 3 * (t.output_tile // 2) for t, n in mixed)

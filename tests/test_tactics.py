@@ -446,3 +446,22 @@ def test_tma_x_text_and_rules():
     assert any(x.x_multicast > 1 for x in tma) and any(x.k_split == 1 for x in tma)
     assert not any(x.tma_x for x in legal_tactics(9, 2048, 2048))
     assert not any(default_tactic(m, 4224, 7168).tma_x for m in (1, 8, 32))
+
+
+def test_half_tiles_text_and_rules():
+    t = T(32, 32, 256, 7, 1, early_launch=True, tma_x=True, half_tiles=63)
+    assert t.short() == "32,32,256,7,1+early+tma+half63" and T.parse(t.short()) == t
+    assert T.parse("64,8,128,3,2+half40") == T(64, 8, 128, 3, 2, half_tiles=40)
+    check_tactic(t, 3216, 7168)  # 69 x 32 + 63 x 16 rows
+    assert grid_ctas(t, 32, 3216) == 132 and grid_ctas(t, 8, 3216) == 132
+    with pytest.raises(ValueError, match="63 plus|1008 plus"):
+        check_tactic(t, 3200, 7168)
+    with pytest.raises(ValueError, match="output_tile in"):
+        check_tactic(T(16, 32, 256, 4, 2, half_tiles=3), 16 * 4 + 8 * 3, 7168)
+    with pytest.raises(ValueError, match="k_split 1 and x_multicast 1"):
+        check_tactic(T(32, 8, 256, 4, 1, 2, half_tiles=3), 32 * 4 + 16 * 3, 2048)
+    with pytest.raises(ValueError, match="count >= 0"):
+        check_tactic(T(32, 8, 256, 4, 1, half_tiles=-1), 2048, 2048)
+    # the larger tile's shared memory
+    assert t.smem_bytes == T(32, 32, 256, 7, 1, tma_x=True).smem_bytes
+    assert not any(x.half_tiles for x in legal_tactics(8, 2048, 2048))

@@ -95,7 +95,7 @@ def _cmd_tune(args):
                 x_multicasts=(1, 2, 3, 4) if args.x_multicast else (1,),
                 early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs,
                 confirm=args.confirm, bulk_xs=(False, True) if args.bulk_x else (False,),
-                l2_prefetch=args.l2_prefetch, tma=args.tma_x)
+                l2_prefetch=args.l2_prefetch, tma=args.tma_x, mixed=args.mixed_tiles)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -204,6 +204,9 @@ def main(argv=None):
                    help="also measure each cell's 3 fastest candidates with their activations "
                         "as TMA boxes, and its fastest with 16+ token rows with the boxes "
                         "multicast over clusters of 2-4 (default: on)")
+    p.add_argument("--mixed-tiles", action=argparse.BooleanOptionalAction, default=False,
+                   help="experimental: also measure each cell's fastest uneven grids as mixed "
+                        "grids of tiles and half tiles, one CTA per SM (default: off)")
     p.add_argument("--confirm", type=int, default=None,
                    help="time each cell's N fastest candidates a second time and use the "
                         "mean of both (default: 3; 0 times each once)")

@@ -14,6 +14,8 @@ The bank-conflict and coverage checks at the bottom read the same functions.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from . import layout
@@ -281,9 +283,14 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, round_output=True
     bias = None if bias is None else np.asarray(bias, dtype=np.float32)
     out = np.full((m, n), np.nan, dtype=np.float32)
     written = np.zeros((m, n), dtype=np.int64)
-    for tile_n in range(n // tactic.output_tile):
+    # a mixed grid (half_tiles): its last CTAs along N run the half tile's code
+    full, half = layout.row_tiles(n, tactic.output_tile, tactic.half_tiles)
+    half_tactic = dataclasses.replace(tactic, output_tile=tactic.output_tile // 2, half_tiles=0)
+    for tile_n in range(full + half):
+        rows, index = layout.cta_rows(tile_n, tactic.output_tile, full)
+        cta_tactic = tactic if rows == tactic.output_tile else half_tactic
         for tile_t in range(-(-m // tactic.token_tile)):
-            stores = emulate_cta(x, weight, tactic, tile_n, tile_t, bias,
+            stores = emulate_cta(x, weight, cta_tactic, index, tile_t, bias,
                                  check_coverage=check_coverage)
             for (token, n0), values in stores.items():
                 out[token, n0:n0 + layout.CHUNK] = values

@@ -46,6 +46,9 @@ a per-lane register plus an immediate.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import cutlass
 import cutlass.cute as cute
 from cuda.bindings import driver as cuda_driver
@@ -124,6 +127,15 @@ class WarpSplitKKernel:
         self.b_threads = t.b_loader_warps * layout.WARP
         self.compute_threads = layout.COMPUTE_WARPS * layout.WARP
         self.threads = t.threads
+        # a mixed grid (half_tiles): the last CTAs along N run a view of this
+        # kernel with half the output tile, in this kernel's shared memory
+        # plan (the larger one) and with its barriers
+        self.full_tiles, self.half_tiles = layout.row_tiles(n, t.output_tile, t.half_tiles)
+        self.half_view = None
+        if t.half_tiles:
+            half = copy.copy(self)
+            half.tactic = dataclasses.replace(t, output_tile=t.output_tile // 2, half_tiles=0)
+            self.half_view = half
 
     # ------------------------------------------------------------ launch
 
@@ -152,7 +164,7 @@ class WarpSplitKKernel:
         else:
             launch = self.kernel(weight, x, bias, out, m)
         launch.launch(
-            grid=[self.n // t.output_tile, token_tiles, self.k_split],
+            grid=[self.full_tiles + self.half_tiles, token_tiles, self.k_split],
             block=[self.threads, 1, 1],
             **cluster,
             smem=self.smem.total,
@@ -187,13 +199,31 @@ class WarpSplitKKernel:
 
     @cute.jit
     def body(self, weight, x, bias, out, m, tma):
-        """The kernel, with or without a TMA atom and tensor map of x."""
+        """The kernel, with or without a TMA atom and tensor map of x. A
+        mixed grid (half_tiles) traces the roles twice, once per tile size,
+        and each CTA runs the one its block index selects (the branch is
+        uniform over the CTA)."""
         tidx, _, _ = cute.arch.thread_idx()
         tile_n, tile_t, rank = cute.arch.block_idx()  # rank: in the cluster (grid z = k_split)
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = cutlass.memory.SmemAllocator().allocate_array(
             cutlass.Int8, self.smem.total, byte_alignment=1024)
         smem = storage.toint()
+        if cutlass.const_expr(self.half_view is None):
+            self.roles(smem, weight, x, bias, out, m, tma, tidx, tile_n, tile_t, rank)
+        else:
+            if tile_n < self.full_tiles:
+                self.roles(smem, weight, x, bias, out, m, tma, tidx, tile_n, tile_t, rank)
+            else:
+                # rows from full_tiles * output_tile on, in half-tile units
+                # (layout.cta_rows)
+                self.half_view.roles(smem, weight, x, bias, out, m, tma, tidx,
+                                     tile_n + self.full_tiles, tile_t, rank)
+
+    @cute.jit
+    def roles(self, smem, weight, x, bias, out, m, tma, tidx, tile_n, tile_t, rank):
+        """Barriers, then each warp to its role, for weight rows
+        ``tile_n * output_tile`` on."""
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         first_a_warp = layout.COMPUTE_WARPS
         first_b_warp = first_a_warp + layout.A_LOADER_WARPS
         is_a_loader = warp >= first_a_warp and warp < first_b_warp

@@ -243,6 +243,27 @@ def epilogue_coords(vector, output_tile):
     return vector // chunks_per_token, (vector % chunks_per_token) * CHUNK
 
 
+# ------------------------------------------------------------ row tiles
+
+
+def row_tiles(n, output_tile, half_tiles=0):
+    """``(full, half)``: CTAs along N of ``output_tile`` rows, then of
+    ``output_tile / 2`` rows (a mixed grid, ``half_tiles`` > 0: the last
+    ``half_tiles`` CTAs along N own half as many rows, so that N spreads
+    evenly over the SMs where no single tile size does)."""
+    return (n - half_tiles * (output_tile // 2)) // output_tile, half_tiles
+
+
+def cta_rows(tile_n, output_tile, full_tiles):
+    """``(rows, index)`` of CTA ``tile_n`` along N in a grid whose first
+    ``full_tiles`` CTAs own ``output_tile`` rows and the rest half as many:
+    its first weight row is ``index * rows`` (the half tiles start at row
+    ``full_tiles * output_tile = (full_tiles + full_tiles) * output_tile / 2``)."""
+    if tile_n < full_tiles:
+        return output_tile, tile_n
+    return output_tile // 2, tile_n + full_tiles
+
+
 # ---------------------------------------------------------- shared memory
 
 

@@ -44,6 +44,11 @@ BULK_SUFFIX = "+bulk"
 TMA_XS = (False, True)
 #: ``short()`` suffix of a tactic with TMA activation copies.
 TMA_SUFFIX = "+tma"
+#: ``short()`` suffix of a mixed grid, followed by its count of half tiles.
+HALF_SUFFIX = "+half"
+#: Output tiles that may be mixed with tiles of half their rows (a half
+#: tile must still be a whole number of 16-row mma blocks).
+HALF_TILE_SOURCES = (32, 64)
 #: K tiles per CTA at most: the compute loop is fully unrolled over them.
 MAX_K_TILES = 64
 MAX_M = 32
@@ -120,6 +125,14 @@ class WarpSplitKTactic:
         stage, each issuing its own to every member, so x is read from L2
         once per cluster (``layout.tma_owned_boxes``; x_multicast may not
         exceed the boxes of a stage). Not with bulk_x.
+    half_tiles: a mixed grid (experimental): the last ``half_tiles`` CTAs
+        along N own ``output_tile / 2`` weight rows, the others
+        ``output_tile``, so that N can spread evenly over the SMs where no
+        single tile size does (3216 rows: 69 CTAs of 32 and 63 of 16, one
+        per SM, instead of 201 CTAs of 16 on 132 SMs). Both tile paths are
+        traced into one kernel, chosen by block index; shared memory is the
+        larger tile's. output_tile 32 or 64; not with k_split or
+        x_multicast. Depends on N, so it is never in ``all_tactics``.
     """
 
     output_tile: int = 16
@@ -133,6 +146,7 @@ class WarpSplitKTactic:
     l2_prefetch: bool = False
     bulk_x: bool = False
     tma_x: bool = False
+    half_tiles: int = 0
 
     @property
     def bulk_activations(self) -> bool:
@@ -186,12 +200,18 @@ class WarpSplitKTactic:
             text += PREFETCH_SUFFIX
         if self.bulk_x:
             text += BULK_SUFFIX
-        return text + TMA_SUFFIX if self.tma_x else text
+        if self.tma_x:
+            text += TMA_SUFFIX
+        return f"{text}{HALF_SUFFIX}{self.half_tiles}" if self.half_tiles else text
 
     @classmethod
     def parse(cls, text: str) -> "WarpSplitKTactic":
         """Inverse of :meth:`short`."""
         body = text.strip() if isinstance(text, str) else ""
+        half = 0
+        head, marker, count = body.rpartition(HALF_SUFFIX)
+        if marker and count.isdigit():
+            body, half = head, int(count)
         flags = {EARLY_SUFFIX: False, PREFETCH_SUFFIX: False, BULK_SUFFIX: False,
                  TMA_SUFFIX: False}
         # short()'s order, reversed
@@ -208,10 +228,11 @@ class WarpSplitKTactic:
                 "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
                 "b_loader_warps', then optionally k_split and x_multicast, then "
                 f"optionally '{EARLY_SUFFIX}', '{PREFETCH_SUFFIX}', '{BULK_SUFFIX}' and "
-                f"'{TMA_SUFFIX}' in that order, got {text!r}")
+                f"'{TMA_SUFFIX}' in that order, then optionally '{HALF_SUFFIX}H', "
+                f"got {text!r}")
         fields += [1] * (7 - len(fields))
         return cls(*fields, early_launch=flags[EARLY_SUFFIX], l2_prefetch=flags[PREFETCH_SUFFIX],
-                   bulk_x=flags[BULK_SUFFIX], tma_x=flags[TMA_SUFFIX])
+                   bulk_x=flags[BULK_SUFFIX], tma_x=flags[TMA_SUFFIX], half_tiles=half)
 
 
 def _field_error(name, value, allowed):
@@ -279,7 +300,24 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         raise ValueError(f"warp split-K tactic: output_tile {tactic.output_tile} needs k_tile "
                          f"128 (got k_tile {tactic.k_tile}: the compiled kernel spills or "
                          "holds 150+ registers)")
-    if not isinstance(n, int) or n <= 0 or n % tactic.output_tile:
+    if not isinstance(tactic.half_tiles, int) or isinstance(tactic.half_tiles, bool) \
+            or tactic.half_tiles < 0:
+        raise ValueError(f"warp split-K tactic: half_tiles must be a count >= 0, got "
+                         f"{tactic.half_tiles!r}")
+    if tactic.half_tiles:
+        if tactic.output_tile not in HALF_TILE_SOURCES:
+            raise ValueError(f"warp split-K tactic: half_tiles needs output_tile in "
+                             f"{HALF_TILE_SOURCES} (half tiles of whole 16-row blocks), got "
+                             f"{tactic.output_tile}")
+        if tactic.k_split > 1 or tactic.x_multicast > 1:
+            raise ValueError("warp split-K tactic: half_tiles is for k_split 1 and "
+                             f"x_multicast 1, got {tactic.k_split} and {tactic.x_multicast}")
+        half_rows = tactic.half_tiles * (tactic.output_tile // 2)
+        if not isinstance(n, int) or n <= half_rows or (n - half_rows) % tactic.output_tile:
+            raise ValueError(f"warp split-K: with {tactic.half_tiles} half tiles of "
+                             f"{tactic.output_tile // 2} rows, N must be {half_rows} plus a "
+                             f"positive multiple of output_tile {tactic.output_tile}, got N={n!r}")
+    elif not isinstance(n, int) or n <= 0 or n % tactic.output_tile:
         raise ValueError(f"warp split-K: N must be a positive multiple of output_tile "
                          f"{tactic.output_tile}, got N={n!r}")
     if not isinstance(k, int) or k <= 0 or k % tactic.k_tile:
@@ -413,7 +451,8 @@ def ctas_per_sm(tactic: WarpSplitKTactic) -> int:
 
 
 def grid_ctas(tactic: WarpSplitKTactic, m: int, n: int) -> int:
-    return (n // tactic.output_tile) * -(-m // tactic.token_tile) * tactic.k_split
+    full, half = layout.row_tiles(n, tactic.output_tile, tactic.half_tiles)
+    return (full + half) * -(-m // tactic.token_tile) * tactic.k_split
 
 
 def waves(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int = DEFAULT_SM_COUNT) -> float:

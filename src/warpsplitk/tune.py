@@ -50,6 +50,12 @@ Pruning, before anything is measured:
   ``PREFETCH_MAX_BYTES``: it was 0.90-0.97x on some 11-14 MB weights, but
   1.05-1.26x on 22-61 MB ones and 1.19x on 2048x2048 at M = 32 (runs 25, 27),
   too mixed to model and too often a loss to double the space for;
+* measured neighbours, experimental: with ``mixed`` (``--mixed-tiles``),
+  each cell's ``MIXED_TOP`` fastest whose grid loads some SMs with more
+  CTAs than others (3216x7168 at M = 32: 201 CTAs on 132 SMs, 69 of them
+  with two) are timed again as a mixed grid of 32- or 64-row tiles and
+  their halves, one CTA per SM (``WarpSplitKTactic.half_tiles``; not yet
+  measured on a GPU, docs/NOTES.md);
 * measured neighbours: with ``tma`` (the default; ``--no-tma-x`` leaves it
   out), each cell's ``TMA_TOP`` fastest are timed again with their
   activations as TMA boxes (``WarpSplitKTactic.tma_x``, one activation
@@ -197,6 +203,51 @@ def tma_twins(times, n, k, top=TMA_TOP, multicast_top=TMA_MULTICAST_TOP) -> list
     return [t for t in unique if t not in times and is_legal(t, n, k)]
 
 
+#: the mixed grids' measured-neighbour rule (module docstring)
+MIXED_TOP = 3
+
+
+def balanced_half_tiles(n, output_tile, ctas):
+    """Half tiles that make a mixed grid of exactly ``ctas`` CTAs along N
+    (``full * output_tile + half * output_tile / 2 == n``, ``full + half ==
+    ctas``); None where no such grid has at least one of each."""
+    if (2 * n) % output_tile:
+        return None
+    full = 2 * n // output_tile - ctas
+    half = ctas - full
+    return half if full >= 1 and half >= 1 else None
+
+
+def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> list[WarpSplitKTactic]:
+    """``{tactic: us}`` of one cell -> for its ``top`` fastest whose grid puts
+    more CTAs on some SMs than on others (more CTAs than SMs, not a whole
+    number of waves), the mixed grid of 32- or 64-row tiles and their
+    halves with one CTA per SM per token tile (``half_tiles``), at the
+    deepest ring one CTA per SM holds; none already in ``times``, all legal."""
+    found = []
+    plain = sorted((t for t in times if t.x_multicast == 1 and t.k_split == 1
+                    and not t.half_tiles), key=times.get)
+    for t in plain[:top]:
+        token_tiles = -(-m // t.token_tile)
+        ctas = grid_ctas(t, m, n)
+        if ctas <= sm_count or ctas % sm_count == 0 or sm_count % token_tiles:
+            continue
+        per_row = sm_count // token_tiles
+        for output_tile in (32, 64):
+            if output_tile >= WIDE_TILE and t.k_tile != 128:
+                continue
+            half = balanced_half_tiles(n, output_tile, per_row)
+            if half is None:
+                continue
+            family = [dataclasses.replace(t, output_tile=output_tile, stages=s, half_tiles=half)
+                      for s in range(1, MAX_STAGES + 1)]
+            family = [f for f in family if is_legal(f, n, k) and ctas_per_sm(f) >= 1]
+            if family:
+                found.append(family[-1])
+    unique = list(dict.fromkeys(found))
+    return [t for t in unique if t not in times]
+
+
 def _log_key(n, k, m, tactic):
     return f"{n},{k},{m},{tactic.short()}"
 
@@ -272,7 +323,8 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
-         confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True) -> DecodePlan:
+         confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
+         mixed=False) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -323,6 +375,13 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
             # the twins of the logged fastest (a cell whose fastest are not
             # logged yet compiles its twins when it gets there)
             twins = prefetch_twins({t: v[0] for t, v in logged.items()}, n, k)
+            to_build |= {(n, k, t) for t in twins if _log_key(n, k, r, t) not in done}
+            for t in twins:
+                rec = done.get(_log_key(n, k, r, t), {})
+                if rec.get("ok"):
+                    logged[t] = [rec["us"]]
+        if mixed:
+            twins = mixed_twins({t: v[0] for t, v in logged.items()}, n, k, r, sm_count)
             to_build |= {(n, k, t) for t in twins if _log_key(n, k, r, t) not in done}
             for t in twins:
                 rec = done.get(_log_key(n, k, r, t), {})
@@ -408,6 +467,10 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                     measure(tactic)
                 if l2_prefetch:
                     for tactic in prefetch_twins({t: v[0] for t, v in cell.items()}, n, k):
+                        measure(tactic)
+                if mixed:
+                    for tactic in mixed_twins({t: v[0] for t, v in cell.items()}, n, k, r,
+                                              sm_count):
                         measure(tactic)
                 if tma:
                     for tactic in tma_twins({t: v[0] for t, v in cell.items()}, n, k):
