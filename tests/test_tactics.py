@@ -465,3 +465,16 @@ def test_half_tiles_text_and_rules():
     # the larger tile's shared memory
     assert t.smem_bytes == T(32, 32, 256, 7, 1, tma_x=True).smem_bytes
     assert not any(x.half_tiles for x in legal_tactics(8, 2048, 2048))
+
+
+def test_sm_balance_counts_the_busiest_sms_bytes():
+    from warpsplitk.tactics import sm_balance
+    # 201 CTAs of 16 rows x 32 tokens: 69 SMs read two CTAs' rows
+    assert sm_balance(T(16, 32, 256, 4, 2), 32, 3216) == pytest.approx(96 / (201 * 48 / 132))
+    # the mixed grid: one CTA per SM, the 32-row ones the busiest
+    mixed = T(32, 32, 256, 7, 1, half_tiles=63)
+    assert sm_balance(mixed, 32, 3216) == pytest.approx(64 / ((69 * 64 + 63 * 48) / 132))
+    assert sm_balance(T(32, 32, 256, 7, 2), 32, 4224) == pytest.approx(1.0)
+    # rows past M are not read: M = 20 is token tiles of 16 tokens and of 4,
+    # on SMs 0-65 and 66-131
+    assert sm_balance(T(32, 16, 256, 4, 2), 20, 32 * 66) == pytest.approx(48 / ((48 + 36) / 2))

@@ -121,14 +121,15 @@ def _cmd_cache(args):
 
 def _cmd_plan(args):
     from . import layout
-    from .tactics import ctas_per_sm, grid_ctas, l2_read_factor, register_estimate, waves
+    from .tactics import (ctas_per_sm, grid_ctas, l2_read_factor, register_estimate, sm_balance,
+                          waves)
     plan, source = _resolve_plan(args.plan or "h200")
     table = shape_table.load(args.shapes)
     ms = shape_table.parse_ms(args.m)
     print(f"# tactics from {source}; {args.arch}, {args.sm_count} SMs; floor at "
           f"{args.tbps} TB/s; registers {'compiled here' if args.compile else 'from the model'}")
     print(f"{'projection':<34} {'N':>5} {'K':>5} {'M':>3} {'tactic':>30} {'CTAs':>5} {'waves':>5} "
-          f"{'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'L2 x':>5} {'floor us':>8} "
+          f"{'SM load':>7} {'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'L2 x':>5} {'floor us':>8} "
           f"{'meas us':>7} {'%floor':>6}")
     for shape in table["shapes"]:
         n, k = shape["n"], shape["k"]
@@ -147,7 +148,7 @@ def _cmd_plan(args):
                                                          f"{100 * floor / measured:.0f}")
             print(f"{name:<34} {n:>5} {k:>5} {m:>3} {tactic.short():>30} "
                   f"{grid_ctas(tactic, m, n):>5} {waves(tactic, m, n, args.sm_count):>5.2f} "
-                  f"{ctas_per_sm(tactic):>6} {tactic.smem_bytes:>7} {regs:>4} "
+                  f"{sm_balance(tactic, m, n, args.sm_count):>7.2f} {ctas_per_sm(tactic):>6} {tactic.smem_bytes:>7} {regs:>4} "
                   f"{l2_read_factor(tactic, m):>5.2f} {floor:>8.2f} {shown[0]:>7} {shown[1]:>6}")
     return 0
 

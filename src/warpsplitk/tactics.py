@@ -460,6 +460,28 @@ def waves(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int = DEFAULT_SM_C
     return grid_ctas(tactic, m, n) / (sm_count * max(1, ctas_per_sm(tactic)))
 
 
+def sm_balance(tactic: WarpSplitKTactic, m: int, n: int,
+               sm_count: int = DEFAULT_SM_COUNT) -> float:
+    """Bytes the busiest SM reads through L2 over the mean per SM (1.0: all
+    equal), with CTAs dealt to SMs in launch order, one wave: a CTA reads its
+    weight rows and its token rows inside M, each K long (its K share with
+    k_split). 3216x7168 at M = 32, 201 CTAs of 16 rows: 69 SMs read two
+    CTAs' (2 x (16 + 32) rows), 1.31; the mixed grid of 69 x 32 and 63 x 16
+    rows, one CTA per SM: 1.13. Idle SMs count in the mean (82 CTAs of 32
+    rows: 1.61), so a grid smaller than the GPU shows as unbalanced too."""
+    full, half = layout.row_tiles(n, tactic.output_tile, tactic.half_tiles)
+    load = [0.0] * sm_count
+    cta = 0
+    for _ in range(tactic.k_split):
+        for token_tile in range(-(-m // tactic.token_tile)):
+            tokens = min(tactic.token_tile, m - token_tile * tactic.token_tile)
+            for tile_n in range(full + half):
+                rows, _ = layout.cta_rows(tile_n, tactic.output_tile, full)
+                load[cta % sm_count] += (rows + tokens) / tactic.k_split
+                cta += 1
+    return max(load) / (sum(load) / sm_count)
+
+
 def l2_read_factor(tactic: WarpSplitKTactic, m: int) -> float:
     """Bytes the grid reads through L2 per byte of weight streamed from HBM.
 
