@@ -160,13 +160,14 @@ SM100_X_COPIES = (768, 7168, WarpSplitKTactic(32, 8, 256, 10, 1, 2, early_launch
                                               l2_prefetch=True, bulk_x=True))
 SM100_TMA = (3216, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, 1, 3, early_launch=True,
                                           tma_x=True))
+SM100_MIXED = (3216, 7168, WarpSplitKTactic(32, 32, 256, 7, 1, tma_x=True, half_tiles=63))
 
 
 @pytest.fixture(scope="module")
 def sm100_facts():
     jobs = [["sm_100a", n, k, t.short(), False] for _, n, k, t in
             (c for c in CASES if c[0] == "sm_100a")]
-    for n, k, t in (SM100_K_SPLIT, SM100_MULTICAST, SM100_X_COPIES, SM100_TMA):
+    for n, k, t in (SM100_K_SPLIT, SM100_MULTICAST, SM100_X_COPIES, SM100_TMA, SM100_MIXED):
         jobs.append(["sm_100a", n, k, t.short(), False])
     results = _run_facts(jobs)
     return {(n, k, WarpSplitKTactic.parse(short)): f
@@ -203,6 +204,13 @@ def test_compile_sm100a_tma_multicast(sm100_facts):
     n, k, tactic = SM100_TMA
     f = sm100_facts[(n, k, tactic)]
     assert f["target"] == "sm_100a" and f["audit"] == []  # the audit requires the boxes
+    assert f["spill_bytes"] == 0 and not f["local_memory"]
+
+
+def test_compile_sm100a_mixed_grid(sm100_facts):
+    n, k, tactic = SM100_MIXED
+    f = sm100_facts[(n, k, tactic)]
+    assert f["target"] == "sm_100a" and f["audit"] == []
     assert f["spill_bytes"] == 0 and not f["local_memory"]
 
 

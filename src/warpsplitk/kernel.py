@@ -217,7 +217,8 @@ class WarpSplitKKernel:
                 # rows from full_tiles * output_tile on, in half-tile units
                 # (layout.cta_rows)
                 self.half_view.roles(smem, weight, x, bias, out, m, tma, tidx,
-                                     tile_n + self.full_tiles, tile_t, rank)
+                                     layout.half_tile_index(tile_n, self.full_tiles), tile_t,
+                                     rank)
 
     @cute.jit
     def roles(self, smem, weight, x, bias, out, m, tma, tidx, tile_n, tile_t, rank):

@@ -261,7 +261,13 @@ def cta_rows(tile_n, output_tile, full_tiles):
     ``full_tiles * output_tile = (full_tiles + full_tiles) * output_tile / 2``)."""
     if tile_n < full_tiles:
         return output_tile, tile_n
-    return output_tile // 2, tile_n + full_tiles
+    return output_tile // 2, half_tile_index(tile_n, full_tiles)
+
+
+def half_tile_index(tile_n, full_tiles):
+    """Row-tile index, in half-tile units, of CTA ``tile_n >= full_tiles`` of
+    a mixed grid (the kernel's half path addresses its rows with it)."""
+    return tile_n + full_tiles
 
 
 # ---------------------------------------------------------- shared memory
