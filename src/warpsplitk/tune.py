@@ -104,6 +104,7 @@ from .tactics import (
     default_tactic,
     grid_ctas,
     is_legal,
+    sm_balance,
 )
 
 REPRESENTATIVE_MS = (1, 8, 16, 24, 32)
@@ -223,7 +224,9 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
     more CTAs on some SMs than on others (more CTAs than SMs, not a whole
     number of waves), the mixed grid of 32- or 64-row tiles and their
     halves with one CTA per SM per token tile (``half_tiles``), at the
-    deepest ring one CTA per SM holds; none already in ``times``, all legal."""
+    deepest ring one CTA per SM holds, where that lowers the busiest SM's
+    L2 bytes by 5% or more (``sm_balance``); none already in ``times``, all
+    legal."""
     found = []
     plain = sorted((t for t in times if t.x_multicast == 1 and t.k_split == 1
                     and not t.half_tiles), key=times.get)
@@ -242,7 +245,10 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
             family = [dataclasses.replace(t, output_tile=output_tile, stages=s, half_tiles=half)
                       for s in range(1, MAX_STAGES + 1)]
             family = [f for f in family if is_legal(f, n, k) and ctas_per_sm(f) >= 1]
-            if family:
+            # only where the busiest SM reads measurably less (at M = 1 the
+            # 32-row CTAs carry as much weight as two 16-row ones did)
+            if family and sm_balance(family[-1], m, n, sm_count) < 0.95 * sm_balance(
+                    t, m, n, sm_count):
                 found.append(family[-1])
     unique = list(dict.fromkeys(found))
     return [t for t in unique if t not in times]
