@@ -15,12 +15,19 @@ walks all of K through two shared-memory rings of ``stages`` slots:
   L2 evict_first policy: the weight is read once, the activations are read by
   every CTA of a row of tiles, so the weight must not push them out of L2.
 * warps 6(-7) stream the activations; rows past M are zero-filled, never read.
-  With ``bulk_x`` (and always with the multicast) one warp does it instead,
+  With ``bulk_x`` (and with the multicast, unless by TMA) one warp does it instead,
   one ``cp.async.bulk`` per token row inside M and stage, into row-padded
   stages; rows past M are then never written (their outputs never stored).
   Fewer instructions after the dependency wait: 3-10% faster at M = 1, but
   slower from a few rows on, where many small bulk copies cost more than
   16-byte copies (docs/NOTES.md).
+  With ``tma_x`` one warp copies each stage as ``k_tile / 64`` TMA boxes
+  of ``[token_tile, 64]`` through a tensor map of x built on the host at
+  every call (rows past M arrive as zeros), into 128-byte-swizzled stages;
+  with ``x_multicast`` > 1 as well, each cluster member issues its share of
+  the boxes into every member's stage.
+* ``half_tiles`` (experimental): a mixed grid whose last CTAs along N run
+  the same roles for half as many weight rows (``body`` traces both).
 * ``l2_prefetch``: once the weight ring's first fill is issued, each weight
   loader thread asks L2 for the rest of one tile row's K share with one
   ``cp.async.bulk.prefetch.L2``, so that stream does not wait for the ring
