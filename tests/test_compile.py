@@ -179,36 +179,14 @@ def test_compile_sm100a(sm100_facts, arch, n, k, tactic):
     check_facts(sm100_facts[(n, k, tactic)], arch, n, k, tactic)
 
 
-def test_compile_sm100a_cluster_split_of_k(sm100_facts):
-    n, k, tactic = SM100_K_SPLIT
-    f = sm100_facts[(n, k, tactic)]
-    assert f["target"] == "sm_100a" and f["audit"] == []
-    assert f["spill_bytes"] == 0 and not f["local_memory"]
-
-
-def test_compile_sm100a_activation_multicast(sm100_facts):
-    n, k, tactic = SM100_MULTICAST
-    f = sm100_facts[(n, k, tactic)]
-    assert f["target"] == "sm_100a" and f["audit"] == []
-    assert f["spill_bytes"] == 0 and not f["local_memory"]
-
-
-def test_compile_sm100a_bulk_x_and_l2_prefetch(sm100_facts):
-    n, k, tactic = SM100_X_COPIES
-    f = sm100_facts[(n, k, tactic)]
-    assert f["target"] == "sm_100a" and f["audit"] == []  # the audit requires both
-    assert f["spill_bytes"] == 0 and not f["local_memory"]
-
-
-def test_compile_sm100a_tma_multicast(sm100_facts):
-    n, k, tactic = SM100_TMA
-    f = sm100_facts[(n, k, tactic)]
-    assert f["target"] == "sm_100a" and f["audit"] == []  # the audit requires the boxes
-    assert f["spill_bytes"] == 0 and not f["local_memory"]
-
-
-def test_compile_sm100a_mixed_grid(sm100_facts):
-    n, k, tactic = SM100_MIXED
+@pytest.mark.parametrize("case", [SM100_K_SPLIT, SM100_MULTICAST, SM100_X_COPIES, SM100_TMA,
+                                  SM100_MIXED],
+                         ids=["k_split", "multicast", "bulk_x+prefetch", "tma_multicast", "mixed"])
+def test_compile_sm100a_features(sm100_facts, case):
+    """The cluster split of K, the activation multicast, bulk copies with the
+    L2 prefetch, the TMA multicast and a mixed grid, on Blackwell: the audit
+    (which requires each feature's instructions) passes, nothing spills."""
+    n, k, tactic = case
     f = sm100_facts[(n, k, tactic)]
     assert f["target"] == "sm_100a" and f["audit"] == []
     assert f["spill_bytes"] == 0 and not f["local_memory"]

@@ -404,6 +404,20 @@ class WarpSplitKKernel:
         ptx.cp_async_wait_all()
         self._cluster_done()
 
+    def _arm_activation_stage(self, smem, i, nbytes, arm):
+        """A copy-engine activation loader's turn at K tile ``i`` (bulk rows or
+        TMA boxes): wait until the stage is released (by every member, with
+        the multicast), then arm its full barrier for ``nbytes`` (lane
+        ``arm``). Returns ``(stage, full barrier)``."""
+        stage, _ = layout.ring_slot(i, self.tactic.stages)
+        parity = layout.empty_parity(i, self.tactic.stages)
+        if parity is not None:
+            ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity,
+                              cluster=self.multicast)
+        full = self._barrier(smem, self.smem.full_b, stage)
+        ptx.mbarrier_arrive_expect_tx_if(full, nbytes, arm)
+        return stage, full
+
     def activation_bulk(self, smem, x, lane, tile_n, tile_t, m, k_rank):
         """bulk_x or x_multicast > 1: one warp; lane r issues token row r of
         each stage when it is inside M (and, multicast, this CTA owns it:
@@ -434,13 +448,7 @@ class WarpSplitKKernel:
         if cutlass.const_expr(self.multicast):
             ptx.cluster_wait()  # phase 0: every member's barriers exist
         for i in range(self.k_tiles):
-            stage, _ = layout.ring_slot(i, t.stages)
-            parity = layout.empty_parity(i, t.stages)
-            if parity is not None:
-                ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity,
-                                  cluster=self.multicast)
-            full = self._barrier(smem, self.smem.full_b, stage)
-            ptx.mbarrier_arrive_expect_tx_if(full, valid_rows * row_bytes, arm)
+            stage, full = self._arm_activation_stage(smem, i, valid_rows * row_bytes, arm)
             dst, src = dst_row + stage * self.smem.b_stage_bytes, src_row + Int64(i * row_bytes)
             if self.multicast:
                 ptx.cp_async_bulk_multicast_if(dst, src, row_bytes, full, mask, issue)
@@ -473,13 +481,8 @@ class WarpSplitKKernel:
         if cutlass.const_expr(self.multicast):
             ptx.cluster_wait()  # phase 0: every member's barriers exist
         for i in range(self.k_tiles):
-            stage, _ = layout.ring_slot(i, t.stages)
-            parity = layout.empty_parity(i, t.stages)
-            if parity is not None:
-                ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity,
-                                  cluster=self.multicast)
-            full = self._barrier(smem, self.smem.full_b, stage)
-            ptx.mbarrier_arrive_expect_tx_if(full, Int32(t.token_tile * t.k_tile * _BYTES), arm)
+            stage, full = self._arm_activation_stage(smem, i,
+                                                     Int32(t.token_tile * t.k_tile * _BYTES), arm)
             # the rank is dynamic: every box is traced, each issued by its owner.
             # The whole warp enters the copy, which elects one lane to issue
             # it (elect.sync over all 32: a branch on the lane would leave it

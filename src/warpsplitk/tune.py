@@ -372,29 +372,21 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     from .precompile import precompile
     # what will be timed: candidates not in the log, and the fastest logged
     # ones of each cell whose confirmation is not in the log either
+    # measured neighbours, in order: each rule maps a cell's {tactic: us}
+    # to the twins to time next
+    rules = [rule for on, rule in (
+        (l2_prefetch, lambda times, n, k, r: prefetch_twins(times, n, k)),
+        (mixed, lambda times, n, k, r: mixed_twins(times, n, k, r, sm_count)),
+        (tma, lambda times, n, k, r: tma_twins(times, n, k))) if on]
     to_build = set()
     for (n, k, r), ts in work.items():
         logged = {t: [done[_log_key(n, k, r, t)]["us"]] for t in ts
                   if done.get(_log_key(n, k, r, t), {}).get("ok")}
         to_build |= {(n, k, t) for t in ts if _log_key(n, k, r, t) not in done}
-        if l2_prefetch:
+        for rule in rules:
             # the twins of the logged fastest (a cell whose fastest are not
             # logged yet compiles its twins when it gets there)
-            twins = prefetch_twins({t: v[0] for t, v in logged.items()}, n, k)
-            to_build |= {(n, k, t) for t in twins if _log_key(n, k, r, t) not in done}
-            for t in twins:
-                rec = done.get(_log_key(n, k, r, t), {})
-                if rec.get("ok"):
-                    logged[t] = [rec["us"]]
-        if mixed:
-            twins = mixed_twins({t: v[0] for t, v in logged.items()}, n, k, r, sm_count)
-            to_build |= {(n, k, t) for t in twins if _log_key(n, k, r, t) not in done}
-            for t in twins:
-                rec = done.get(_log_key(n, k, r, t), {})
-                if rec.get("ok"):
-                    logged[t] = [rec["us"]]
-        if tma:
-            twins = tma_twins({t: v[0] for t, v in logged.items()}, n, k)
+            twins = rule({t: v[0] for t, v in logged.items()}, n, k, r)
             to_build |= {(n, k, t) for t in twins if _log_key(n, k, r, t) not in done}
             for t in twins:
                 rec = done.get(_log_key(n, k, r, t), {})
@@ -471,15 +463,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
 
                 for tactic in work[(n, k, r)]:
                     measure(tactic)
-                if l2_prefetch:
-                    for tactic in prefetch_twins({t: v[0] for t, v in cell.items()}, n, k):
-                        measure(tactic)
-                if mixed:
-                    for tactic in mixed_twins({t: v[0] for t, v in cell.items()}, n, k, r,
-                                              sm_count):
-                        measure(tactic)
-                if tma:
-                    for tactic in tma_twins({t: v[0] for t, v in cell.items()}, n, k):
+                for rule in rules:
+                    for tactic in rule({t: v[0] for t, v in cell.items()}, n, k, r):
                         measure(tactic)
                 for tactic in _confirm_candidates(cell, confirm):
                     key = _confirm_key(n, k, r, tactic)
