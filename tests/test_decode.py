@@ -15,7 +15,8 @@ from warpsplitk.decode import (
     load_plan,
     plan_from_json,
 )
-from warpsplitk.tactics import WarpSplitKTactic, check_tactic, default_tactic, grid_ctas, is_legal
+from warpsplitk.tactics import (WarpSplitKTactic, check_tactic, ctas_per_sm, default_tactic, grid_ctas,
+                                is_legal)
 from warpsplitk.tune import REPRESENTATIVE_MS, candidates, representative
 
 T = WarpSplitKTactic
@@ -425,12 +426,26 @@ def test_mixed_twins_balance_uneven_grids_only():
     assert balanced_half_tiles(3216, 32, 132) == 63      # 69 x 32 + 63 x 16
     assert balanced_half_tiles(3216, 64, 132) is None    # 100.5 64-row tiles
     assert balanced_half_tiles(2048, 32, 132) is None    # 128 tiles: no half tile fits
-    # 201 CTAs of 16 rows on 132 SMs: 69 SMs with two -> one mixed grid of 132
+    # 201 CTAs of 16 rows on 132 SMs: 69 SMs with two -> one mixed grid of
+    # 132, with 16-byte activation copies as the parent and with TMA boxes
     times = {WarpSplitKTactic(16, 32, 256, 4, 2): 14.6}
     twins = mixed_twins(times, 3216, 7168, 32)
-    assert [(t.output_tile, t.half_tiles) for t in twins] == [(32, 63)]
+    assert [(t.output_tile, t.half_tiles, t.tma_x, t.b_loader_warps) for t in twins] == [
+        (32, 63, False, 2), (32, 63, True, 1)]
     assert all(is_legal(t, 3216, 7168) and grid_ctas(t, 32, 3216) == 132 for t in twins)
     # the deepest ring one CTA per SM holds (here the one over the reduction buffer)
     assert twins[0].stages == 7
+    for t in twins:
+        deeper = dataclasses.replace(t, stages=t.stages + 1)
+        assert ctas_per_sm(t) == 1
+        assert not is_legal(deeper, 3216, 7168) or ctas_per_sm(deeper) == 0
+    # a TMA parent has one twin, itself with TMA boxes
+    boxes = {WarpSplitKTactic(16, 32, 256, 4, 1, tma_x=True): 13.9}
+    assert [t.short() for t in mixed_twins(boxes, 3216, 7168, 32)] == [twins[1].short()]
+    # fewer CTAs than SMs (2624 rows: 82 CTAs of 32) -> 32 x 32 + 100 x 16 rows
+    idle = mixed_twins({WarpSplitKTactic(32, 32, 256, 7, 2): 10.0}, 2624, 6144, 32)
+    assert {(t.half_tiles, grid_ctas(t, 32, 2624)) for t in idle} == {(100, 132)}
     # 4224 rows: 132 CTAs of 32 already fill the SMs evenly -> nothing
     assert mixed_twins({WarpSplitKTactic(32, 32, 256, 7, 2): 14.8}, 4224, 7168, 32) == []
+    # measured twins are not proposed again
+    assert mixed_twins({**times, **dict.fromkeys(twins, 15.0)}, 3216, 7168, 32) == []

@@ -50,12 +50,13 @@ Pruning, before anything is measured:
   ``PREFETCH_MAX_BYTES``: it was 0.90-0.97x on some 11-14 MB weights, but
   1.05-1.26x on 22-61 MB ones and 1.19x on 2048x2048 at M = 32 (runs 25, 27),
   too mixed to model and too often a loss to double the space for;
-* measured neighbours, experimental: with ``mixed`` (``--mixed-tiles``),
-  each cell's ``MIXED_TOP`` fastest whose grid loads some SMs with more
-  CTAs than others (3216x7168 at M = 32: 201 CTAs on 132 SMs, 69 of them
-  with two) are timed again as a mixed grid of 32- or 64-row tiles and
-  their halves, one CTA per SM (``WarpSplitKTactic.half_tiles``; not yet
-  measured on a GPU, docs/NOTES.md);
+* measured neighbours: with ``mixed`` (``--mixed-tiles``), each cell's
+  ``MIXED_TOP`` fastest whose grid loads some SMs with more CTAs than
+  others (3216x7168 at M = 32: 201 CTAs on 132 SMs, 69 of them with two)
+  or leaves SMs idle (2624x6144: 82 CTAs of 32 rows) are timed again as a
+  mixed grid of 32- or 64-row tiles and their halves, one CTA per SM
+  (``WarpSplitKTactic.half_tiles``), with and without TMA boxes (run 36:
+  2624x6144 M = 32 10.0 -> 9.13 µs, 3216x7168 M = 16 12.8 -> 11.3 µs);
 * measured neighbours: with ``tma`` (the default; ``--no-tma-x`` leaves it
   out), each cell's ``TMA_TOP`` fastest are timed again with their
   activations as TMA boxes (``WarpSplitKTactic.tma_x``, one activation
@@ -220,20 +221,21 @@ def balanced_half_tiles(n, output_tile, ctas):
 
 
 def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> list[WarpSplitKTactic]:
-    """``{tactic: us}`` of one cell -> for its ``top`` fastest whose grid puts
-    more CTAs on some SMs than on others (more CTAs than SMs, not a whole
-    number of waves), the mixed grid of 32- or 64-row tiles and their
-    halves with one CTA per SM per token tile (``half_tiles``), at the
-    deepest ring one CTA per SM holds, where that lowers the busiest SM's
-    L2 bytes by 5% or more (``sm_balance``); none already in ``times``, all
-    legal."""
+    """``{tactic: us}`` of one cell -> for its ``top`` fastest whose grid
+    leaves SMs unevenly loaded (more CTAs than SMs but not a whole number of
+    waves, or fewer CTAs than SMs), the mixed grid of 32- or 64-row tiles and
+    their halves with one CTA per SM per token tile (``half_tiles``), at the
+    deepest ring one CTA per SM holds, where that lowers the busiest SM's L2
+    bytes against the mean by 5% or more (``sm_balance``); each also with
+    its activations as TMA boxes (run 36: 2624x6144 at M = 32 mixed, 9.13 µs
+    with the boxes, 11.9 without). None already in ``times``, all legal."""
     found = []
     plain = sorted((t for t in times if t.x_multicast == 1 and t.k_split == 1
                     and not t.half_tiles), key=times.get)
     for t in plain[:top]:
         token_tiles = -(-m // t.token_tile)
         ctas = grid_ctas(t, m, n)
-        if ctas <= sm_count or ctas % sm_count == 0 or sm_count % token_tiles:
+        if ctas % sm_count == 0 or sm_count % token_tiles:
             continue
         per_row = sm_count // token_tiles
         for output_tile in (32, 64):
@@ -242,14 +244,16 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
             half = balanced_half_tiles(n, output_tile, per_row)
             if half is None:
                 continue
-            family = [dataclasses.replace(t, output_tile=output_tile, stages=s, half_tiles=half)
-                      for s in range(1, MAX_STAGES + 1)]
-            family = [f for f in family if is_legal(f, n, k) and ctas_per_sm(f) >= 1]
-            # only where the busiest SM reads measurably less (at M = 1 the
-            # 32-row CTAs carry as much weight as two 16-row ones did)
-            if family and sm_balance(family[-1], m, n, sm_count) < 0.95 * sm_balance(
-                    t, m, n, sm_count):
-                found.append(family[-1])
+            twin = dataclasses.replace(t, output_tile=output_tile, half_tiles=half)
+            boxes = dataclasses.replace(twin, tma_x=True, bulk_x=False, b_loader_warps=1)
+            for variant in dict.fromkeys((twin, boxes)):
+                family = [dataclasses.replace(variant, stages=s) for s in range(1, MAX_STAGES + 1)]
+                family = [f for f in family if is_legal(f, n, k) and ctas_per_sm(f) >= 1]
+                # only where the busiest SM reads measurably less (at M = 1 the
+                # 32-row CTAs carry as much weight as two 16-row ones did)
+                if family and sm_balance(family[-1], m, n, sm_count) < 0.95 * sm_balance(
+                        t, m, n, sm_count):
+                    found.append(family[-1])
     unique = list(dict.fromkeys(found))
     return [t for t in unique if t not in times]
 
@@ -376,8 +380,9 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     # to the twins to time next
     rules = [rule for on, rule in (
         (l2_prefetch, lambda times, n, k, r: prefetch_twins(times, n, k)),
-        (mixed, lambda times, n, k, r: mixed_twins(times, n, k, r, sm_count)),
-        (tma, lambda times, n, k, r: tma_twins(times, n, k))) if on]
+        (tma, lambda times, n, k, r: tma_twins(times, n, k)),
+        # last: a cell's fastest, TMA twins included, are the mixed grids' parents
+        (mixed, lambda times, n, k, r: mixed_twins(times, n, k, r, sm_count))) if on]
     to_build = set()
     for (n, k, r), ts in work.items():
         logged = {t: [done[_log_key(n, k, r, t)]["us"]] for t in ts
