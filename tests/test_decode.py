@@ -447,5 +447,7 @@ def test_mixed_twins_balance_uneven_grids_only():
     assert {(t.half_tiles, grid_ctas(t, 32, 2624)) for t in idle} == {(100, 132)}
     # 4224 rows: 132 CTAs of 32 already fill the SMs evenly -> nothing
     assert mixed_twins({WarpSplitKTactic(32, 32, 256, 7, 2): 14.8}, 4224, 7168, 32) == []
+    # weights under MIXED_MIN_BYTES: launch-bound, nothing (1536 rows of 128)
+    assert mixed_twins({WarpSplitKTactic(32, 8, 128, 1, 1): 1.2}, 1536, 128, 16) == []
     # measured twins are not proposed again
     assert mixed_twins({**times, **dict.fromkeys(twins, 15.0)}, 3216, 7168, 32) == []

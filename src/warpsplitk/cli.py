@@ -205,9 +205,9 @@ def main(argv=None):
                    help="also measure each cell's 3 fastest candidates with their activations "
                         "as TMA boxes, and its fastest with 16+ token rows with the boxes "
                         "multicast over clusters of 2-4 (default: on)")
-    p.add_argument("--mixed-tiles", action=argparse.BooleanOptionalAction, default=False,
-                   help="experimental: also measure each cell's fastest uneven grids as mixed "
-                        "grids of tiles and half tiles, one CTA per SM (default: off)")
+    p.add_argument("--mixed-tiles", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure each cell's fastest uneven grids as mixed grids of tiles "
+                        "and half tiles, one CTA per SM (default: on)")
     p.add_argument("--confirm", type=int, default=None,
                    help="time each cell's N fastest candidates a second time and use the "
                         "mean of both (default: 3; 0 times each once)")

@@ -26,7 +26,7 @@ walks all of K through two shared-memory rings of ``stages`` slots:
   every call (rows past M arrive as zeros), into 128-byte-swizzled stages;
   with ``x_multicast`` > 1 as well, each cluster member issues its share of
   the boxes into every member's stage.
-* ``half_tiles`` (experimental): a mixed grid whose last CTAs along N run
+* ``half_tiles``: a mixed grid whose last CTAs along N run
   the same roles for half as many weight rows (``body`` traces both).
 * ``l2_prefetch``: once the weight ring's first fill is issued, each weight
   loader thread asks L2 for the rest of one tile row's K share with one

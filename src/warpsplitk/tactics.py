@@ -125,7 +125,7 @@ class WarpSplitKTactic:
         stage, each issuing its own to every member, so x is read from L2
         once per cluster (``layout.tma_owned_boxes``; x_multicast may not
         exceed the boxes of a stage). Not with bulk_x.
-    half_tiles: a mixed grid (experimental): the last ``half_tiles`` CTAs
+    half_tiles: a mixed grid: the last ``half_tiles`` CTAs
         along N own ``output_tile / 2`` weight rows, the others
         ``output_tile``, so that N can spread evenly over the SMs where no
         single tile size does (3216 rows: 69 CTAs of 32 and 63 of 16, one

@@ -207,6 +207,10 @@ def tma_twins(times, n, k, top=TMA_TOP, multicast_top=TMA_MULTICAST_TOP) -> list
 
 #: the mixed grids' measured-neighbour rule (module docstring)
 MIXED_TOP = 3
+#: ...for weights at least this large: below, a CTA streams a few K tiles and
+#: the call is launch and latency, not the busiest SM's bytes (run 37: the
+#: tuner's 1.23 µs mixed pick on 1536x128 at M = 16 benchmarked 1.50)
+MIXED_MIN_BYTES = 4 << 20
 
 
 def balanced_half_tiles(n, output_tile, ctas):
@@ -226,9 +230,12 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
     waves, or fewer CTAs than SMs), the mixed grid of 32- or 64-row tiles and
     their halves with one CTA per SM per token tile (``half_tiles``), at the
     deepest ring one CTA per SM holds, where that lowers the busiest SM's L2
-    bytes against the mean by 5% or more (``sm_balance``); each also with
+    bytes against the mean by 5% or more (``sm_balance``), for weights of
+    ``MIXED_MIN_BYTES`` or more; each also with
     its activations as TMA boxes (run 36: 2624x6144 at M = 32 mixed, 9.13 µs
     with the boxes, 11.9 without). None already in ``times``, all legal."""
+    if n * k * 2 < MIXED_MIN_BYTES:
+        return []
     found = []
     plain = sorted((t for t in times if t.x_multicast == 1 and t.k_split == 1
                     and not t.half_tiles), key=times.get)
@@ -334,7 +341,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
-         mixed=False) -> DecodePlan:
+         mixed=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
