@@ -229,9 +229,9 @@ tma)
   echo "tma A/B rc=$?"; tail -30 "$OUT/tma-ab.log"
   ;;
 mixed)
-  # mixed grids (half_tiles, experimental): the GPU tests beside the
-  # sanitizer over every 32/64-row case as a mixed grid (TMA boxes too),
-  # then the tuner's mixed twins (--mixed-tiles) and the benchmark on that log
+  # mixed grids (half_tiles): the GPU tests beside the sanitizer over every
+  # 32/64-row case as a mixed grid (TMA boxes too); the tuner measures their
+  # twins by default ('tune')
   timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
     -k mixed > "$OUT/gpu_kernel-mixed.log" 2>&1 &
   OUT=$OUT/mixed HALF_TILES=1 TMA_X=1 X_COPIES_ONLY=1 SUBSET=rotate \
