@@ -293,13 +293,13 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
     assert split and all(t.output_tile == 64 for t in split)
 
 
-@pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma", [
-    ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True),
+@pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma,mixed", [
+    ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True),
     (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0",
-      "--no-bulk-x", "--no-l2-prefetch", "--no-tma-x"],
-     (1,), (1, 2, 3, 4), 3, (False,), 0, (False,), False, False)])
+      "--no-bulk-x", "--no-l2-prefetch", "--no-tma-x", "--no-mixed-tiles"],
+     (1,), (1, 2, 3, 4), 3, (False,), 0, (False,), False, False, False)])
 def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, x_multicasts,
-                                        jobs, early, confirm, bulk, prefetch, tma):
+                                        jobs, early, confirm, bulk, prefetch, tma, mixed):
     import warpsplitk.tune as tune_module
     from warpsplitk.cli import main
     seen = {}
@@ -316,7 +316,7 @@ def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, 
     # None: the tuner's own default (tune.CONFIRM, 3)
     assert seen["confirm"] == confirm
     assert seen["bulk_xs"] == bulk and seen["l2_prefetch"] is prefetch and seen["tma"] is tma
-    assert seen["mixed"] is False
+    assert seen["mixed"] is mixed
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
     assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
 
