@@ -445,6 +445,11 @@ def test_mixed_twins_balance_uneven_grids_only():
     # fewer CTAs than SMs (2624 rows: 82 CTAs of 32) -> 32 x 32 + 100 x 16 rows
     idle = mixed_twins({WarpSplitKTactic(32, 32, 256, 7, 2): 10.0}, 2624, 6144, 32)
     assert {(t.half_tiles, grid_ctas(t, 32, 2624)) for t in idle} == {(100, 132)}
+    # 7168 rows of 32 (224 CTAs, two on 92 SMs) -> 92 x 64 + 40 x 32 rows,
+    # with the 128-wide K tiles 64-row tiles take
+    wide = mixed_twins({WarpSplitKTactic(32, 32, 256, 2, 2): 4.0}, 7168, 768, 32)
+    assert {(t.output_tile, t.k_tile, t.half_tiles) for t in wide} == {(64, 128, 40)}
+    assert all(is_legal(t, 7168, 768) and grid_ctas(t, 32, 7168) == 132 for t in wide)
     # 4224 rows: 132 CTAs of 32 already fill the SMs evenly -> nothing
     assert mixed_twins({WarpSplitKTactic(32, 32, 256, 7, 2): 14.8}, 4224, 7168, 32) == []
     # weights under MIXED_MIN_BYTES: launch-bound, nothing (1536 rows of 128)

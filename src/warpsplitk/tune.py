@@ -246,12 +246,12 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
             continue
         per_row = sm_count // token_tiles
         for output_tile in (32, 64):
-            if output_tile >= WIDE_TILE and t.k_tile != 128:
-                continue
             half = balanced_half_tiles(n, output_tile, per_row)
             if half is None:
                 continue
-            twin = dataclasses.replace(t, output_tile=output_tile, half_tiles=half)
+            # 64-row tiles take 128-wide K tiles (``check_tactic``)
+            k_tile = 128 if output_tile >= WIDE_TILE else t.k_tile
+            twin = dataclasses.replace(t, output_tile=output_tile, k_tile=k_tile, half_tiles=half)
             boxes = dataclasses.replace(twin, tma_x=True, bulk_x=False, b_loader_warps=1)
             for variant in dict.fromkeys((twin, boxes)):
                 family = [dataclasses.replace(variant, stages=s) for s in range(1, MAX_STAGES + 1)]
