@@ -213,6 +213,20 @@ def test_choose_tactics_takes_the_early_trigger_only_when_clearly_faster():
     assert picks[8] == (early, 8.8)
 
 
+def test_choose_tactics_takes_a_mixed_grid_only_when_clearly_faster():
+    from warpsplitk.tune import choose_tactics
+    uniform = T(32, 32, 128, 3, 1, early_launch=True, tma_x=True)
+    late = dataclasses.replace(uniform, early_launch=False)
+    mixed = T(64, 32, 128, 3, 1, tma_x=True, half_tiles=40)
+    # 1.4% faster than the early uniform grid (run 39, 7168x384 M = 32): the
+    # uniform one stays, and as the early trigger beats the late uniform grid
+    # clearly, it is the early one
+    assert choose_tactics({32: {mixed: 2.694, uniform: 2.733, late: 2.86}})[32] == (uniform, 2.733)
+    # 10% faster: the mixed grid wins
+    assert choose_tactics({32: {mixed: 9.14, uniform: 10.0, late: 10.1}})[32] == (mixed, 9.14)
+    assert choose_tactics({32: {mixed: 9.14}})[32] == (mixed, 9.14)
+
+
 def test_choose_tactics_never_picks_outside_tolerance():
     import random
 

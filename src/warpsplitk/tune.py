@@ -78,7 +78,9 @@ another M of the shape is preferred (``choose_tactics``): fewer distinct
 kernels per shape, a shorter cold start, at no measurable cost. The early
 PDL trigger must win by more than ``TOLERANCE``: it is measured on
 independent calls, and in dependent chains it was up to 16% slower
-(docs/NOTES.md), so a tie goes to the late trigger.
+(docs/NOTES.md), so a tie goes to the late trigger. So must a mixed grid:
+one 1% faster in the tuner was 6% slower in the benchmark's process
+(7168x384 at M = 32, run 39), so a tie goes to the uniform grid.
 Every measurement is appended to a JSON-lines log; with ``resume`` a rerun
 skips what the log already holds.
 """
@@ -317,17 +319,18 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
     """``{m: {tactic: us}}`` -> ``{m: (tactic, us)}``: per M the fastest
     tactic, except that one already chosen for a larger M of the same shape
     wins when it is within ``tolerance`` of the fastest, and that an early
-    PDL trigger counts only when it beats every late one by more than
-    ``tolerance``."""
+    PDL trigger, or a mixed grid, counts only when it beats every tactic
+    without one by more than ``tolerance``."""
     chosen, picks = [], {}
     for m in sorted(times_by_m, reverse=True):
         times = dict(times_by_m[m])
         if not times:
             continue
-        late = [us for t, us in times.items() if not t.early_launch]
-        if late:
-            bar = min(late) / (1 + tolerance)
-            times = {t: us for t, us in times.items() if not t.early_launch or us < bar}
+        for needs_margin in (lambda t: t.half_tiles, lambda t: t.early_launch):
+            without = [us for t, us in times.items() if not needs_margin(t)]
+            if without:
+                bar = min(without) / (1 + tolerance)
+                times = {t: us for t, us in times.items() if not needs_margin(t) or us < bar}
         fastest = min(times.values())
         reuse = [t for t in chosen if t in times and times[t] <= fastest * (1 + tolerance)]
         tactic = min(reuse, key=times.get) if reuse else min(times, key=times.get)
