@@ -272,7 +272,7 @@ def test_tma_tensor_map_follows_x():
     ("64,32,128,9,2+prefetch+half3", 64 * 4 + 32 * 3, 1536),
 ])
 def test_mixed_grids(text, n, k):
-    """half_tiles (experimental): the last CTAs along N run the half tile's
+    """half_tiles: the last CTAs along N run the half tile's
     code; every M, with and without bias, in a graph; bitwise equal to the
     half tile alone over the whole N (the same fixed-order sums)."""
     tactic = WarpSplitKTactic.parse(text)
