@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 
 import torch
 
@@ -23,6 +24,15 @@ from warpsplitk import PreparedWarpSplitK, builtin_plan, default_tactic, timing
 from warpsplitk.compile import compile_warp_splitk, gmem_pointer
 from warpsplitk.prepared import _stream_handle
 from warpsplitk.tactics import WarpSplitKTactic
+
+
+def gpu_state() -> str:
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,pstate,power.draw",
+             "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def main():
@@ -58,19 +68,25 @@ def main():
             lambda wp=wp, c=code: c(wp, x_ptr, ptrs[-1], out_ptr, m, stream()) for wp in ptrs]
         paths[(t.short(), "bench")] = [lambda p=p: p.run(x, out) for p in prepared]
     samples = {key: [] for key in paths}
+    states = []  # the GPU's clocks and power state before each timing
     for round_ in range(args.rounds):
         order = list(paths) if round_ % 2 == 0 else list(reversed(paths))
         for key in order:
+            states.append(gpu_state())
             samples[key].append(timing.time_calls(paths[key]).median_us)
+            states[-1] += f" -> {samples[key][-1]:.3f} us {key[0]} {key[1]}"
     print(f"{n}x{k} M={m}: median µs per call over {args.rounds} rounds (each a graph median)")
     rows = []
     for (tactic, path), us in samples.items():
         rows.append({"tactic": tactic, "path": path, "us": us})
         print(f"  {tactic:>28} {path:>5}  median {statistics.median(us):6.3f}  "
               f"rounds {' '.join(f'{u:.3f}' for u in us)}")
+    print("GPU state (SM MHz, memory MHz, power state, W) before each timing:")
+    for line in states:
+        print("  " + line)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"n": n, "k": k, "m": m, "rows": rows}, f, indent=1)
+            json.dump({"n": n, "k": k, "m": m, "rows": rows, "states": states}, f, indent=1)
 
 
 if __name__ == "__main__":
