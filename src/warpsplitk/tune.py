@@ -233,9 +233,9 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
     their halves with one CTA per SM per token tile (``half_tiles``), at the
     deepest ring one CTA per SM holds, where that lowers the busiest SM's L2
     bytes against the mean by 5% or more (``sm_balance``), for weights of
-    ``MIXED_MIN_BYTES`` or more; each also with
-    its activations as TMA boxes (run 36: 2624x6144 at M = 32 mixed, 9.13 µs
-    with the boxes, 11.9 without). None already in ``times``, all legal."""
+    ``MIXED_MIN_BYTES`` or more; each also with its activations as TMA boxes
+    (run 36: 2624x6144 at M = 32 mixed, 9.13 µs with the boxes, 11.9
+    without). None already in ``times``, all legal."""
     if n * k * 2 < MIXED_MIN_BYTES:
         return []
     found = []
@@ -326,6 +326,8 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
         times = dict(times_by_m[m])
         if not times:
             continue
+        # mixed grids first: they must beat the early uniform grids too, and
+        # an early trigger then competes only with what is left
         for needs_margin in (lambda t: t.half_tiles, lambda t: t.early_launch):
             without = [us for t, us in times.items() if not needs_margin(t)]
             if without:
