@@ -16,7 +16,6 @@ of the same calls from CUDA events for comparison.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 
@@ -24,6 +23,7 @@ import torch
 
 from warpsplitk import DecodeLinear, PreparedWarpSplitK, default_tactic
 from warpsplitk.tactics import is_legal
+from warpsplitk.tune import with_tma_boxes
 
 
 def per_call_us(fn, calls):
@@ -50,8 +50,7 @@ def main():
     torch.manual_seed(0)
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     prepared = PreparedWarpSplitK(weight, {m: default_tactic(m, n, k) for m in ms})
-    twins = {m: dataclasses.replace(default_tactic(m, n, k), tma_x=True, bulk_x=False,
-                                    b_loader_warps=1) for m in ms}
+    twins = {m: with_tma_boxes(default_tactic(m, n, k)) for m in ms}
     legal = {m: t for m, t in twins.items() if is_legal(t, n, k)}
     boxes = PreparedWarpSplitK(weight, legal) if legal else None
     linear = DecodeLinear(weight, ms=ms)

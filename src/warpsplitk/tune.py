@@ -190,6 +190,12 @@ TMA_TOP = 3
 TMA_MULTICAST_TOP = 1
 
 
+def with_tma_boxes(tactic: WarpSplitKTactic, **changes) -> WarpSplitKTactic:
+    """``tactic`` with its activations as TMA boxes: one activation warp, no
+    bulk rows (``check_tactic``'s rules for ``tma_x``), plus ``changes``."""
+    return dataclasses.replace(tactic, tma_x=True, bulk_x=False, b_loader_warps=1, **changes)
+
+
 def tma_twins(times, n, k, top=TMA_TOP, multicast_top=TMA_MULTICAST_TOP) -> list[WarpSplitKTactic]:
     """``{tactic: us}`` of one cell -> its ``top`` fastest tactics with their
     activations as TMA boxes (one activation warp), and its
@@ -199,10 +205,9 @@ def tma_twins(times, n, k, top=TMA_TOP, multicast_top=TMA_MULTICAST_TOP) -> list
     plain = sorted((t for t in times if not t.tma_x and t.x_multicast == 1), key=times.get)
     found = []
     for t in plain[:top]:
-        found.append(dataclasses.replace(t, tma_x=True, bulk_x=False, b_loader_warps=1))
+        found.append(with_tma_boxes(t))
     for t in [t for t in plain if t.token_tile >= 16 and t.k_split == 1][:multicast_top]:
-        found += [dataclasses.replace(t, tma_x=True, bulk_x=False, b_loader_warps=1,
-                                      x_multicast=c) for c in (2, 3, 4)]
+        found += [with_tma_boxes(t, x_multicast=c) for c in (2, 3, 4)]
     unique = list(dict.fromkeys(found))
     return [t for t in unique if t not in times and is_legal(t, n, k)]
 
@@ -254,7 +259,7 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
             # 64-row tiles take 128-wide K tiles (``check_tactic``)
             k_tile = 128 if output_tile >= WIDE_TILE else t.k_tile
             twin = dataclasses.replace(t, output_tile=output_tile, k_tile=k_tile, half_tiles=half)
-            boxes = dataclasses.replace(twin, tma_x=True, bulk_x=False, b_loader_warps=1)
+            boxes = with_tma_boxes(twin)
             for variant in dict.fromkeys((twin, boxes)):
                 family = [dataclasses.replace(variant, stages=s) for s in range(1, MAX_STAGES + 1)]
                 family = [f for f in family if is_legal(f, n, k) and ctas_per_sm(f) >= 1]
