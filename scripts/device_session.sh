@@ -24,6 +24,7 @@
 #   pdl     what PDL and its griddepcontrol.wait cost independent calls
 #           (scripts/build_ab.py --compare pdl, plan tactics)
 #   llama   the Llama example's accuracy and decode-step timing
+#   narrow  narrow token tiles: their GPU tests beside the sanitizer over them
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -241,6 +242,19 @@ mixed)
   grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-mixed.log | head
   echo "sanitizer (mixed): $(cut -c1-900 "$OUT/sanitizer-mixed.log")"
   ;;
+narrow)
+  # narrow token tiles (1, 2, 4 rows): their GPU tests and the random legal
+  # tactics (narrow ones among them) beside the sanitizer over every narrow
+  # case, with bulk rows, the cluster split of K and mixed grids too
+  timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
+    -k "narrow or random_legal" > "$OUT/gpu_kernel-narrow.log" 2>&1 &
+  OUT=$OUT/narrow NARROW_ONLY=1 K_SPLIT=1 BULK_X=1 HALF_TILES=1 SUBSET=rotate \
+    CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-narrow.log" 2>&1 &
+  wait
+  echo "gpu_kernel (narrow): $(tail -1 "$OUT/gpu_kernel-narrow.log")"
+  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-narrow.log | head
+  echo "sanitizer (narrow): $(cut -c1-900 "$OUT/sanitizer-narrow.log")"
+  ;;
 multicast)
   # the activation multicast with one remote stage release per warp
   # (WARPSPLITK_THREAD_ARRIVE=lane0) against one per lane: GPU tests of the
@@ -277,5 +291,5 @@ sanitize)
   head -c 9000 "$OUT/sanitizer-report.txt"
   ;;
 *)
-  echo "unknown stage $stage (tests | tune | bench | checks | verify | ab | plan-check | multicast | pdl | llama | sanitize)"; exit 2 ;;
+  echo "unknown stage $stage (tests | tune | bench | checks | verify | ab | plan-check | narrow | multicast | pdl | llama | sanitize)"; exit 2 ;;
 esac

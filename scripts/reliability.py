@@ -5,14 +5,15 @@
                                          [--half-tiles]
                                          [--l2-prefetch]
                                          [--deep-rings] [--clusters-only | --x-copies-only |
-                                         --aliased-only] [--progress]
+                                         --aliased-only | --narrow-only] [--progress]
         Every tactic family (output_tile x token_tile x k_tile x
         b_loader_warps; with --k-split also each with k_split 2, with
         --x-multicast each with x_multicast 2, 3 and 4, with --bulk-x each
         one-warp family also with bulk activation copies, with --tma-x each
         one-warp family also with TMA activation boxes; with --half-tiles
         each case of a 32- or 64-row family also as a mixed grid, three half
-        tiles after two full ones) with a one-stage
+        tiles after two full ones; every token tile, the narrow 1-, 2- and
+        4-row ones too, where legal) with a one-stage
         ring (K = k_tile), a ring shorter than the K-tile count (with
         --l2-prefetch also with the L2 prefetch) and a ring equal to it (with
         --deep-rings also the deepest ring that fits only with the reduction
@@ -103,13 +104,15 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,),
               clusters_only=False, progress=False, bulk_xs=(False,), l2_prefetch=False,
               x_copies_only=False, deep_rings=False, aliased_only=False, tma_xs=(False,),
-              half_tiles=False):
+              half_tiles=False, narrow_only=False):
     torch.manual_seed(0)
     results = []
     cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch, deep_rings,
                          tma_xs, half_tiles)
     if aliased_only:
         cases = [case for case in cases if case[0].reduction_aliased]
+    if narrow_only:
+        cases = [case for case in cases if case[0].token_tile < layout.MMA_N]
     if clusters_only:
         cases = [case for case in cases if case[0].k_split > 1 or case[0].x_multicast > 1]
     if x_copies_only:
@@ -233,6 +236,8 @@ def main():
                         "buffer over the rings")
     c.add_argument("--aliased-only", action="store_true",
                    help="only the cases whose reduction buffer lies over the rings")
+    c.add_argument("--narrow-only", action="store_true",
+                   help="only the cases with a narrow token tile (1, 2 or 4 rows)")
     c.add_argument("--progress", action="store_true", help="a line per case as it starts")
     c.add_argument("--json")
     s = sub.add_parser("soak")
@@ -249,7 +254,8 @@ def main():
                                 args.clusters_only, args.progress,
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,
                                 args.x_copies_only, args.deep_rings, args.aliased_only,
-                                (False, True) if args.tma_x else (False,), args.half_tiles)
+                                (False, True) if args.tma_x else (False,), args.half_tiles,
+                                args.narrow_only)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

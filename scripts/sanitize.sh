@@ -23,6 +23,7 @@
 #   HALF_TILES=1     add every 32/64-row case as a mixed grid (half_tiles 3)
 #   L2_PREFETCH=1    add the L2 prefetch of every case whose ring is shorter than K
 #   X_COPIES_ONLY=1  with BULK_X / TMA_X / HALF_TILES / L2_PREFETCH: only those cases
+#   NARROW_ONLY=1    only the cases with a narrow token tile (1, 2 or 4 rows)
 #   DEEP_RINGS=1     add each family's deepest ring, whose reduction buffer
 #                    lies over the rings; ALIASED_ONLY=1: only those cases
 #   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
@@ -48,6 +49,7 @@ split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 [ "${X_COPIES_ONLY:-0}" = 1 ] && split_flag="$split_flag --x-copies-only"
 [ "${DEEP_RINGS:-0}" = 1 ] && split_flag="$split_flag --deep-rings"
 [ "${ALIASED_ONLY:-0}" = 1 ] && split_flag="$split_flag --aliased-only"
+[ "${NARROW_ONLY:-0}" = 1 ] && split_flag="$split_flag --narrow-only"
 offset=0
 for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do

@@ -96,7 +96,7 @@ def test_builtin_plan_is_valid_and_measured():
         assert sorted(by_m) == list(range(1, 33)), (n, k)
         for m, (tactic, us) in by_m.items():
             check_tactic(tactic, n, k)
-            if m in REPRESENTATIVE_MS:
+            if m in plan.meta["representative_ms"]:
                 assert us is not None and us > 0
     table = {(s["n"], s["k"]) for s in shapes.load()["shapes"]}
     assert set(plan.entries) <= table
@@ -112,8 +112,11 @@ def test_plan_from_json_source_in_message():
 
 def test_representative_buckets():
     assert representative(1) == 1
-    assert [representative(m) for m in (2, 8, 9, 16, 17, 24, 25, 32)] == [8, 8, 16, 16, 24, 24,
-                                                                           32, 32]
+    # 2..4 take the M = 4 winner: the Ms a 4-row narrow token tile covers
+    assert [representative(m) for m in (2, 3, 4, 5, 8, 9, 16, 17, 24, 25, 32)] == [
+        4, 4, 4, 8, 8, 16, 16, 24, 24, 32, 32]
+    # a plan tuned with other representatives is rebuilt with them
+    assert [representative(m, (1, 8, 16, 24, 32)) for m in (2, 4, 9)] == [8, 8, 16]
     for m in range(1, 33):
         assert representative(m) >= m
 
@@ -259,7 +262,7 @@ def test_plan_from_log_makes_the_tuners_choices(tmp_path):
     records += [(2048, 4096, r, a, 6.0) for r in (1, 8, 16)]      # stopped mid-shape
     _log(tmp_path / "log.jsonl", records)
     plan, partial = plan_from_log(str(tmp_path / "log.jsonl"), meta={"gpu": "test"})
-    assert partial == {(2048, 4096): [24, 32]}
+    assert partial == {(2048, 4096): [4, 24, 32]}
     assert sorted(plan.entries) == [(1024, 4096)]
     by_m = plan.entries[(1024, 4096)]
     assert sorted(by_m) == list(range(1, 33))
@@ -276,8 +279,8 @@ def test_shipped_plan_is_what_its_log_gives():
     log = Path(__file__).resolve().parent.parent / "docs/gpu-runs/2026-12-02-tune-log.jsonl"
     if not log.exists():
         pytest.skip("the tuner log is not in this checkout")
-    plan, _ = plan_from_log(str(log))
     shipped = builtin_plan("h200")
+    plan, _ = plan_from_log(str(log), reps=tuple(shipped.meta["representative_ms"]))
     assert {nk: {m: t for m, (t, _) in e.items()} for nk, e in plan.entries.items()} == \
         {nk: {m: t for m, (t, _) in e.items()} for nk, e in shipped.entries.items()}
 
@@ -307,13 +310,15 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
     assert split and all(t.output_tile == 64 for t in split)
 
 
-@pytest.mark.parametrize("flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma,mixed", [
-    ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True),
-    (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0",
-      "--no-bulk-x", "--no-l2-prefetch", "--no-tma-x", "--no-mixed-tiles"],
-     (1,), (1, 2, 3, 4), 3, (False,), 0, (False,), False, False, False)])
+@pytest.mark.parametrize(
+    "flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma,mixed,narrow", [
+        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, True),
+        (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0",
+          "--no-bulk-x", "--no-l2-prefetch", "--no-tma-x", "--no-mixed-tiles",
+          "--no-narrow-tiles"],
+         (1,), (1, 2, 3, 4), 3, (False,), 0, (False,), False, False, False, False)])
 def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, x_multicasts,
-                                        jobs, early, confirm, bulk, prefetch, tma, mixed):
+                                        jobs, early, confirm, bulk, prefetch, tma, mixed, narrow):
     import warpsplitk.tune as tune_module
     from warpsplitk.cli import main
     seen = {}
@@ -330,7 +335,7 @@ def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, 
     # None: the tuner's own default (tune.CONFIRM, 3)
     assert seen["confirm"] == confirm
     assert seen["bulk_xs"] == bulk and seen["l2_prefetch"] is prefetch and seen["tma"] is tma
-    assert seen["mixed"] is mixed
+    assert seen["mixed"] is mixed and seen["narrow"] is narrow
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
     assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
 
@@ -470,3 +475,34 @@ def test_mixed_twins_balance_uneven_grids_only():
     assert mixed_twins({WarpSplitKTactic(32, 8, 128, 1, 1): 1.2}, 1536, 128, 16) == []
     # measured twins are not proposed again
     assert mixed_twins({**times, **dict.fromkeys(twins, 15.0)}, 3216, 7168, 32) == []
+
+
+def test_narrow_twins_give_rows_past_m_to_ring_depth():
+    from warpsplitk.tune import NARROW_TOP, narrow_twins
+    n, k = 2112, 7168  # 132 CTAs of 16 rows: one per SM
+    parent = WarpSplitKTactic(16, 8, 256, 16, 1)
+    times = {parent: 7.4, WarpSplitKTactic(32, 8, 256, 10, 2, 2, tma_x=False): 7.5,
+             WarpSplitKTactic(32, 16, 256, 4, 2): 1.0}  # not an 8-token tile: never a parent
+    twins = narrow_twins(times, n, k, 1)
+    assert NARROW_TOP == 3 and all(is_legal(t, n, k) for t in twins)
+    assert {t.token_tile for t in twins} == {1}
+    # each parent at two depths: as resident as the parent, and one CTA more per SM
+    same = [t for t in twins if t.output_tile == 16 and ctas_per_sm(t) == ctas_per_sm(parent)]
+    more = [t for t in twins if t.output_tile == 16 and ctas_per_sm(t) == ctas_per_sm(parent) + 1]
+    assert len(same) == len(more) == 1
+    # one token row's stage is 8.5 KB, not 12: the same residency runs deeper
+    assert same[0].stages > 16 and same[0].smem_bytes < 227 * 1024
+    assert more[0].stages >= 12 and ctas_per_sm(more[0]) == 2
+    # a 1 x 256 stage is 32 copies: one activation warp, whatever the parent had
+    assert all(t.b_loader_warps == 1 for t in twins)
+    # M = 3 and 4 take 4-row tiles; from M = 5 on there is nothing narrower than 8
+    assert {t.token_tile for t in narrow_twins(times, n, k, 3)} == {4}
+    assert narrow_twins(times, n, k, 5) == []
+    # a TMA parent's twin copies by 16 bytes; a bulk parent's keeps its bulk rows
+    boxes = {WarpSplitKTactic(32, 8, 256, 11, 1, tma_x=True, early_launch=True): 13.3}
+    twin = narrow_twins(boxes, 4224, 7168, 4)[0]
+    assert not twin.tma_x and twin.early_launch and twin.token_tile == 4
+    bulk = {WarpSplitKTactic(16, 8, 256, 16, 1, bulk_x=True): 7.4}
+    assert all(t.bulk_x for t in narrow_twins(bulk, n, k, 1))
+    # measured twins are not proposed again
+    assert narrow_twins({**times, **dict.fromkeys(twins, 7.0)}, n, k, 1) == []

@@ -79,6 +79,43 @@ def test_cluster_split_of_k_exact(tactic, m, n, k):
     np.testing.assert_array_equal(out, reference(x, w, bias))
 
 
+@pytest.mark.parametrize("tactic,m,n,k", [
+    (WarpSplitKTactic(16, 1, 256, 3, 1), 1, 32, 768),
+    (WarpSplitKTactic(16, 1, 256, 3, 1), 3, 32, 768),                  # three 1-row CTAs
+    (WarpSplitKTactic(32, 2, 128, 2, 1), 2, 64, 384),
+    (WarpSplitKTactic(16, 4, 256, 2, 2), 3, 48, 512),                  # M inside the tile
+    (WarpSplitKTactic(16, 4, 256, 2, 2), 9, 16, 512),                  # ... and past it
+    (WarpSplitKTactic(64, 4, 128, 2, 2), 4, 64, 256),
+    (WarpSplitKTactic(16, 1, 256, 2, 1, bulk_x=True), 1, 32, 768),     # one bulk row a stage
+    (WarpSplitKTactic(32, 4, 256, 2, 1, bulk_x=True), 2, 32, 512),     # rows past M unwritten
+    (WarpSplitKTactic(32, 2, 256, 2, 1, 2), 2, 64, 1024),              # k_split
+    (WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=3), 1, 32 * 2 + 16 * 3, 512),
+], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_narrow_token_tiles_exact(tactic, m, n, k):
+    """Narrow token tiles (1, 2, 4 rows): the stage holds only the tile's
+    rows, the mma's other columns read duplicates and are never stored;
+    with bulk rows, a cluster split of K and a mixed grid too."""
+    x, w, bias = integer_problem(m, n, k, seed=m * 7 + n + k, with_bias=True)
+    out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
+    np.testing.assert_array_equal(out, reference(x, w, bias))
+
+
+def test_narrow_tile_must_fold_its_columns_back(monkeypatch):
+    """Without ``stage_row``'s fold, the columns past a 1-row tile would
+    address rows 1-7 of a stage that has one: reads past the stage, which
+    the emulator (a stage is exactly its rows) refuses."""
+    import warpsplitk.emulate as em
+    real = em.layout.b_fragment_offset
+    tactic = WarpSplitKTactic(16, 1, 256, 2, 1)
+    x, w, _ = integer_problem(1, 16, 512, seed=9)
+    monkeypatch.setattr(em.layout, "b_fragment_offset",
+                        lambda lane, warp, ni, pair, k_tile, kind="swizzle", token_tile=8:
+                        real(lane, warp, ni, pair, k_tile, kind, 8))
+    with pytest.raises((ValueError, IndexError, AssertionError)):
+        out = emulate(x, w, tactic, round_output=False, check_coverage=True)
+        np.testing.assert_array_equal(out, reference(x, w))
+
+
 def test_cluster_halves_must_both_count(monkeypatch):
     """If the reduction read only the first CTA's four slots, the result
     would be half of K: the test above would see it."""

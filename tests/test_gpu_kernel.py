@@ -288,3 +288,34 @@ def test_mixed_grids(text, n, k):
                                                             dtype=torch.bfloat16))
     torch.cuda.synchronize()
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("text,n,k", [
+    ("16,1,256,24,1", 2112, 7168),                        # deeper than any 8-row ring
+    ("16,1,256,12,1+early+bulk", 2112, 7168),             # two CTAs per SM
+    ("32,1,256,13,1,2", 1536, 7168),                      # k_split: each CTA its K share
+    ("32,4,256,12,2+early", 4224, 7168),
+    ("48,2,128,16,1,2+prefetch", 1536, 7168),
+    ("32,4,256,12,1+early+half3", 2 * 32 + 3 * 16, 7168),   # a mixed grid
+    ("16,4,128,2,2", 512, 256),
+    ("32,2,256,1,1", 768, 256),                           # one K tile
+])
+def test_narrow_token_tiles(text, n, k):
+    """Narrow token tiles (1, 2, 4 rows): every M, M past the tile
+    included (several token tiles), with and without bias, in a graph; and
+    bitwise equal to the 8-row tile with the same other fields, whose real
+    columns are the same sums in the same order."""
+    import dataclasses
+    tactic = WarpSplitKTactic.parse(text)
+    check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=tactic.token_tile)
+    wide = dataclasses.replace(tactic, token_tile=8, stages=min(tactic.stages, 4),
+                               b_loader_warps=1, early_launch=False)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    for m in sorted({1, tactic.token_tile, 5}):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        a = PreparedWarpSplitK(w, {m: tactic}).run(x, torch.empty(m, n, device="cuda",
+                                                                  dtype=torch.bfloat16))
+        b = PreparedWarpSplitK(w, {m: wide}).run(x, torch.empty(m, n, device="cuda",
+                                                                dtype=torch.bfloat16))
+        torch.cuda.synchronize()
+        assert torch.equal(a, b), m

@@ -45,7 +45,9 @@ def test_swizzle_spreads_a_column_over_8_bank_groups():
 
 
 @pytest.mark.parametrize("rows,threads,k_tile",
-                         list(itertools.product(ROWS, (32, 64), K_TILES)))
+                         [(r, t, k) for r, t, k in itertools.product(ROWS, (32, 64), K_TILES)
+                          # check_tactic: every loader thread the same number of copies
+                          if r * k // layout.CHUNK % t == 0])
 def test_loader_copies_cover_each_stage_once(rows, threads, k_tile):
     copies = layout.copies_per_thread(rows, k_tile, threads)
     assert copies * threads * layout.CHUNK == rows * k_tile
@@ -92,9 +94,9 @@ def test_a_fragment_offsets_aligned_and_in_stage(output_tile, k_tile):
 def test_b_fragment_offsets_aligned_and_in_stage(token_tile, k_tile):
     stage = token_tile * k_tile
     for warp, ni, pair, lane in itertools.product(range(layout.COMPUTE_WARPS),
-                                                  range(token_tile // layout.MMA_N),
+                                                  range(layout.mma_token_blocks(token_tile)),
                                                   range(layout.k_steps(k_tile) // 2), range(32)):
-        off = layout.b_fragment_offset(lane, warp, ni, pair, k_tile)
+        off = layout.b_fragment_offset(lane, warp, ni, pair, k_tile, token_tile=token_tile)
         assert off % layout.CHUNK == 0
         assert 0 <= off < stage
 
@@ -112,12 +114,26 @@ def test_a_fragments_read_each_stage_row_chunk_once(output_tile, k_tile):
 
 @pytest.mark.parametrize("token_tile,k_tile", list(itertools.product(TOKEN_TILES, K_TILES)))
 def test_b_fragments_read_each_stage_row_chunk_once(token_tile, k_tile):
+    """...once per mma column that maps to it: a narrow token tile's 8
+    columns read each of its rows 8 / token_tile times (``stage_row``)."""
     seen = [0] * (token_tile * k_tile // layout.CHUNK)
     for warp, ni, pair, lane in itertools.product(range(layout.COMPUTE_WARPS),
-                                                  range(token_tile // layout.MMA_N),
+                                                  range(layout.mma_token_blocks(token_tile)),
                                                   range(layout.k_steps(k_tile) // 2), range(32)):
-        seen[layout.b_fragment_offset(lane, warp, ni, pair, k_tile) // layout.CHUNK] += 1
-    assert seen == [1] * len(seen)
+        off = layout.b_fragment_offset(lane, warp, ni, pair, k_tile, token_tile=token_tile)
+        seen[off // layout.CHUNK] += 1
+    assert seen == [max(1, layout.MMA_N // token_tile)] * len(seen)
+
+
+@pytest.mark.parametrize("token_tile", [t for t in TOKEN_TILES if t < layout.MMA_N])
+def test_narrow_tile_columns_past_the_tile_read_a_real_row(token_tile):
+    """Column c of the mma reads stage row c % token_tile: lanes of one
+    ldmatrix phase that share a row share its address (a broadcast)."""
+    for lane in range(32):
+        row = layout.stage_row(lane % 8, token_tile)
+        assert row == (lane % 8) % token_tile < token_tile
+        assert layout.b_fragment_offset(lane, 0, 0, 0, 256, token_tile=token_tile) == \
+            layout.swizzle(row, (lane // 8) * layout.CHUNK, 256)
 
 
 # ------------------------------------------------------- split-K reduction
@@ -127,12 +143,14 @@ def test_b_fragments_read_each_stage_row_chunk_once(token_tile, k_tile):
 def test_reduction_offsets_distinct_and_in_region(output_tile, token_tile):
     plan = layout.smem_plan(output_tile, token_tile, 128, 2)
     region_words = (plan.full_a - plan.reduction) // 4
+    tokens = layout.reduction_tokens(token_tile)  # every mma column, real or not
+    assert tokens == max(token_tile, layout.MMA_N)
     offsets = [layout.reduction_offset(w, t, r, output_tile, token_tile)
-               for w in range(layout.COMPUTE_WARPS) for t in range(token_tile)
+               for w in range(layout.COMPUTE_WARPS) for t in range(tokens)
                for r in range(output_tile)]
     assert len(set(offsets)) == len(offsets)
     assert min(offsets) >= 0 and max(offsets) < region_words
-    words = layout.COMPUTE_WARPS * token_tile * layout.reduction_row_words(output_tile)
+    words = layout.COMPUTE_WARPS * tokens * layout.reduction_row_words(output_tile)
     assert plan.reduction + 4 * words <= plan.full_a
 
 
@@ -141,9 +159,11 @@ def test_accumulators_land_on_distinct_reduction_words(output_tile, token_tile):
     """Every (m block, n block, lane, register) of a warp owns one (row, token) of the tile."""
     coords = [layout.accumulator_coords(lane, mi, ni, reg)
               for mi in range(output_tile // layout.MMA_M)
-              for ni in range(token_tile // layout.MMA_N)
+              for ni in range(layout.mma_token_blocks(token_tile))
               for lane in range(32) for reg in range(4)]
-    assert sorted(coords) == sorted(itertools.product(range(output_tile), range(token_tile)))
+    # a narrow tile's mma still has 8 columns: its real tokens among them
+    tokens = layout.reduction_tokens(token_tile)
+    assert sorted(coords) == sorted(itertools.product(range(output_tile), range(tokens)))
 
 
 @pytest.mark.parametrize("output_tile,token_tile", TILE_PAIRS)
@@ -173,7 +193,7 @@ def test_smem_plan_regions_disjoint_and_aligned():
         p = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages)
         assert p.a_stage_bytes == t.output_tile * t.k_tile * 2
         assert p.b_stage_bytes == t.token_tile * t.k_tile * 2
-        reduction_bytes = (layout.COMPUTE_WARPS * t.token_tile
+        reduction_bytes = (layout.COMPUTE_WARPS * layout.reduction_tokens(t.token_tile)
                            * layout.reduction_row_words(t.output_tile) * 4)
         regions = [
             ("a_ring", p.a_ring, t.stages * p.a_stage_bytes),
@@ -623,13 +643,14 @@ def test_reduction_buffer_over_the_rings_only_where_it_would_not_fit():
     mbarriers follow the rings. Every other plan keeps its own buffer, so a
     tactic measured before keeps its kernel."""
     seen = 0
-    for o, t, kt, s, c, x, bulk in itertools.product((16, 32, 48, 64), (8, 16, 32), (128, 256),
-                                                     range(1, 17), (1, 2), (1, 2), (False, True)):
-        if (x > 1 and (c > 1 or bulk)) or (o >= 48 and kt == 256):
+    for o, t, kt, s, c, x, bulk in itertools.product((16, 32, 48, 64), TOKEN_TILES, (128, 256),
+                                                     range(1, 33), (1, 2), (1, 2), (False, True)):
+        if (x > 1 and (c > 1 or bulk or t < layout.MMA_N)) or (o >= 48 and kt == 256):
             continue
         p = layout.smem_plan(o, t, kt, s, c, x, bulk)
         rings_end = p.b_ring + s * p.b_stage_bytes
-        buffer = c * layout.COMPUTE_WARPS * t * layout.reduction_row_words(o) * 4
+        buffer = (c * layout.COMPUTE_WARPS * layout.reduction_tokens(t)
+                  * layout.reduction_row_words(o) * 4)
         side_by_side = -(-rings_end // 128) * 128 + buffer
         if p.reduction_aliased:
             seen += 1

@@ -14,6 +14,8 @@ from warpsplitk.tactics import (
     OUTPUT_TILES,
     SMEM_PER_BLOCK,
     TOKEN_TILES,
+    MMA_TOKEN_TILES,
+    NARROW_TOKEN_TILES,
     WarpSplitKTactic,
     all_tactics,
     check_tactic,
@@ -39,13 +41,13 @@ REJECTIONS = [
     # (tactic, N, K, regex the message must match)
     (T(8, 8, 128, 4, 1), 256, 1024, r"output_tile must be one of \(16, 32.*\), got 8"),
     (T(128, 8, 128, 4, 1), 256, 1024, r"output_tile must be one of"),
-    (T(16, 4, 128, 4, 1), 256, 1024, r"token_tile must be one of \(8, 16, 32\), got 4"),
+    (T(16, 3, 128, 4, 1), 256, 1024, r"token_tile must be one of \(1, 2, 4, 8, 16, 32\), got 3"),
     (T(16, 64, 128, 4, 1), 256, 1024, r"token_tile must be one of"),
     (T(16, 8, 64, 4, 1), 256, 1024, r"k_tile must be one of \(128, 256\), got 64"),
     (T(16, 8, 512, 2, 1), 256, 1024, r"k_tile must be one of"),
     (T(64, 8, 256, 2, 1), 256, 1024, r"output_tile 64 needs k_tile 128"),
-    (T(16, 8, 128, 0, 1), 256, 1024, r"stages must be in 1\.\.16, got 0"),
-    (T(16, 8, 128, 17, 1), 256, 8192, r"stages must be in 1\.\.16, got 17"),
+    (T(16, 8, 128, 0, 1), 256, 1024, r"stages must be in 1\.\.32, got 0"),
+    (T(16, 8, 128, 33, 1), 256, 8192, r"stages must be in 1\.\.32, got 33"),
     (T(16, 8, 128, 4, 3), 256, 1024, r"b_loader_warps must be one of \(1, 2\), got 3"),
     (T(16, 8, 128, 4, 0), 256, 1024, r"b_loader_warps must be one of"),
     (T(32, 8, 128, 4, 1), 48, 1024, r"N must be a positive multiple of output_tile 32, got N=48"),
@@ -61,17 +63,22 @@ REJECTIONS = [
     (T(16, 8, 256, 2, 1), 256, 256, r"stages=2 exceeds the 1 K tiles"),
     (T(16, 8, 128, 1, 1), 256, 256, r"one-stage ring.*spans 2 tiles, use stages >= 2"),
     (T(32, 32, 256, 16, 2), 256, 4096, r"needs \d+ B of shared memory, over the 232448 B"),
+    (T(16, 4, 256, 4, 1, tma_x=True), 256, 1024, r"narrow token_tile 4 .* neither tma_x"),
+    (T(16, 2, 256, 4, 1, 1, 2), 256, 1024, r"narrow token_tile 2 .* x_multicast > 1"),
+    (T(16, 1, 128, 4, 1), 256, 1024, r"token_tile 1 x k_tile 128 is 16 16-byte copies, not a "
+                                     r"multiple of the 32 threads"),
+    (T(16, 1, 256, 4, 2), 256, 1024, r"is 32 16-byte copies, not a multiple of the 64 threads"),
 ]
 
 REJECTION_IDS = ['output_tile-8',
                  'output_tile-128',
-                 'token_tile-4',
+                 'token_tile-3',
                  'token_tile-64',
                  'k_tile-64',
                  'k_tile-512',
                  'output_tile-64-k_tile-256',
                  'stages-0',
-                 'stages-17',
+                 'stages-33',
                  'b_loader_warps-3',
                  'b_loader_warps-0',
                  'N-not-multiple-32',
@@ -86,7 +93,11 @@ REJECTION_IDS = ['output_tile-8',
                  'stages-over-tiles',
                  'stages-over-one-tile',
                  'one-stage-ring',
-                 'smem-over-227KB']
+                 'smem-over-227KB',
+                 'narrow-token-tile-tma',
+                 'narrow-token-tile-multicast',
+                 'narrow-token-tile-too-few-copies',
+                 'narrow-token-tile-too-few-copies-two-warps']
 
 
 @pytest.mark.parametrize("tactic,n,k,message", REJECTIONS,
@@ -189,7 +200,7 @@ def test_legal_tactics(m, n, k):
     tactics = legal_tactics(m, n, k)
     assert tactics
     assert tactics == sorted(set(tactics))
-    need = min(t for t in TOKEN_TILES if t >= m)
+    need = min(t for t in MMA_TOKEN_TILES if t >= m)
     for t in tactics:
         check_tactic(t, n, k)
         assert t.token_tile <= need
@@ -207,10 +218,16 @@ def test_legal_tactics_rejects_bad_m():
 
 def test_all_tactics_is_the_full_space():
     tactics = list(all_tactics())
-    assert len(tactics) == len(set(tactics)) == (len(OUTPUT_TILES) * len(TOKEN_TILES) * len(K_TILES)
-                                                 * MAX_STAGES * len(B_LOADER_WARPS))
-    assert {16, 32} <= set(OUTPUT_TILES) and TOKEN_TILES == (8, 16, 32)
-    assert K_TILES == (128, 256) and B_LOADER_WARPS == (1, 2) and MAX_STAGES == 16
+    # a narrow token tile needs a whole number of 16-byte copies per loader thread
+    narrow = sum(1 for t, k, b in itertools.product(NARROW_TOKEN_TILES, K_TILES, B_LOADER_WARPS)
+                 if t * k // 8 % (32 * b) == 0)
+    assert narrow == 8  # 1 x 256 by one warp; 2 x 128 by one, 2 x 256 by one or two; 4 x any
+    assert len(tactics) == len(set(tactics)) == (
+        len(OUTPUT_TILES) * MAX_STAGES
+        * (len(MMA_TOKEN_TILES) * len(K_TILES) * len(B_LOADER_WARPS) + narrow))
+    assert {16, 32} <= set(OUTPUT_TILES) and MMA_TOKEN_TILES == (8, 16, 32)
+    assert NARROW_TOKEN_TILES == (1, 2, 4) and TOKEN_TILES == NARROW_TOKEN_TILES + MMA_TOKEN_TILES
+    assert K_TILES == (128, 256) and B_LOADER_WARPS == (1, 2) and MAX_STAGES == 32
 
 
 # ------------------------------------------------------------- parse/short

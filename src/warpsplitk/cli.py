@@ -95,7 +95,8 @@ def _cmd_tune(args):
                 x_multicasts=(1, 2, 3, 4) if args.x_multicast else (1,),
                 early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs,
                 confirm=args.confirm, bulk_xs=(False, True) if args.bulk_x else (False,),
-                l2_prefetch=args.l2_prefetch, tma=args.tma_x, mixed=args.mixed_tiles)
+                l2_prefetch=args.l2_prefetch, tma=args.tma_x, mixed=args.mixed_tiles,
+                narrow=args.narrow_tiles)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -208,6 +209,10 @@ def main(argv=None):
     p.add_argument("--mixed-tiles", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure each cell's fastest uneven grids as mixed grids of tiles "
                         "and half tiles, one CTA per SM (default: on)")
+    p.add_argument("--narrow-tiles", action=argparse.BooleanOptionalAction, default=True,
+                   help="at M <= 4 also measure each cell's 3 fastest 8-token candidates with "
+                        "a 1-, 2- or 4-row token tile, at the ring depths its smaller stages "
+                        "allow (default: on)")
     p.add_argument("--confirm", type=int, default=None,
                    help="time each cell's N fastest candidates a second time and use the "
                         "mean of both (default: 3; 0 times each once)")

@@ -159,7 +159,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
         token = tile_t * t.token_tile + r
         token_rows.append(x[token] if token < m else None)
     m_iters = t.output_tile // layout.MMA_M
-    n_iters = t.token_tile // layout.MMA_N
+    n_iters = layout.mma_token_blocks(t.token_tile)
     steps = layout.k_steps(t.k_tile)
     acc = np.zeros((layout.COMPUTE_WARPS, m_iters, n_iters, layout.WARP, 4), dtype=np.float32)
     lanes = range(layout.WARP)
@@ -218,12 +218,12 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
     m, k = x.shape
     k_cta = k // t.k_split
     m_iters = t.output_tile // layout.MMA_M
-    n_iters = t.token_tile // layout.MMA_N
+    n_iters = layout.mma_token_blocks(t.token_tile)
     lanes = range(layout.WARP)
     # split-K reduction through the padded buffer: slot rank * 4 + warp; the
     # CTAs of a cluster past the first write theirs into the first's buffer
     slots = t.k_split * layout.COMPUTE_WARPS
-    words = slots * t.token_tile * layout.reduction_row_words(t.output_tile)
+    words = slots * layout.reduction_tokens(t.token_tile) * layout.reduction_row_words(t.output_tile)
     red = np.full(words, np.nan, dtype=np.float32)
     for rank in range(t.k_split):
         share = slice(rank * k_cta, (rank + 1) * k_cta)
@@ -366,14 +366,14 @@ def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
                     if not conflict_free(phase, 16):
                         problems.append(f"A ldmatrix warp {warp} step {s} m {mi}: {phase}")
         for p in range(layout.k_steps(t.k_tile) // 2):
-            for ni in range(t.token_tile // layout.MMA_N):
+            for ni in range(layout.mma_token_blocks(t.token_tile)):
                 offs = [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile, kind, t.token_tile)
                         for lane in lanes]
                 for phase in ldmatrix_phases(offs):
                     if not conflict_free(phase, 16):
                         problems.append(f"B ldmatrix warp {warp} pair {p} n {ni}: {phase}")
         for mi in range(t.output_tile // layout.MMA_M):
-            for ni in range(t.token_tile // layout.MMA_N):
+            for ni in range(layout.mma_token_blocks(t.token_tile)):
                 for reg in range(4):
                     addrs = []
                     for lane in lanes:

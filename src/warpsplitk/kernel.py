@@ -525,7 +525,7 @@ class WarpSplitKKernel:
         t = self.tactic
         lane = tidx % layout.WARP
         m_iters = t.output_tile // layout.MMA_M
-        n_iters = t.token_tile // layout.MMA_N
+        n_iters = layout.mma_token_blocks(t.token_tile)  # one for a narrow token tile
         steps = layout.k_steps(t.k_tile)
         pairs = steps // 2
         # per-lane fragment addresses, computed once; stage offsets are immediates

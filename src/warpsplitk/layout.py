@@ -189,14 +189,35 @@ def a_fragment_offset(lane, warp, m_iter, step, k_tile):
     return swizzle(row, col, k_tile)
 
 
-def b_fragment_offset(lane, warp, n_iter, pair, k_tile, kind="swizzle", token_tile=0):
+def mma_token_blocks(token_tile):
+    """m16n8k16 blocks along the tokens of a CTA's tile: a token tile
+    narrower than the mma's 8 columns still takes one."""
+    return max(1, token_tile // MMA_N)
+
+
+def stage_row(token, token_tile):
+    """Activation stage row that mma column ``token`` of a CTA's tile reads.
+
+    A narrow token tile (1, 2 or 4 rows, for M <= 4) keeps only its own rows
+    in the stage, where an 8-row tile would hold 4-7 rows that M never
+    fills: at M = 1 with 16-row weight tiles that is a third of every stage
+    of shared memory, given back to the ring as depth. The mma still
+    multiplies 8 columns; columns past the tile read a duplicate of a real
+    row (``token % token_tile``: same-address lanes of an ldmatrix phase are
+    a broadcast, not a bank conflict, and nothing is read that the stage's
+    full barrier does not cover), and their sums are never stored."""
+    return token % token_tile if token_tile < MMA_N else token
+
+
+def b_fragment_offset(lane, warp, n_iter, pair, k_tile, kind="swizzle", token_tile=MMA_N):
     """Element offset of lane's ``ldmatrix.x4`` row address for operand B (activations).
 
     Matrix ``j = lane // 8`` is tokens ``8 * n_iter .. +7`` at K columns
     ``8 j .. 8 j + 7`` of the 32-wide K pair ``pair``: registers 0, 1 are
     b0, b1 of k-step ``2 * pair`` and registers 2, 3 those of ``2 * pair + 1``.
+    With a narrow ``token_tile`` the rows past it fold back (``stage_row``).
     """
-    row = lane % 8 + n_iter * MMA_N
+    row = stage_row(lane % 8 + n_iter * MMA_N, token_tile)
     col = (lane // 8) * CHUNK + pair * 2 * MMA_K + warp * (k_tile // COMPUTE_WARPS)
     return b_offset(row, col, k_tile, kind, token_tile)
 
@@ -209,10 +230,17 @@ def reduction_row_words(output_tile):
     return output_tile + REDUCTION_PAD
 
 
+def reduction_tokens(token_tile):
+    """Token rows per warp in the reduction buffer: every mma column, so a
+    narrow tile's accumulators (8 columns, ``token_tile`` of them real) land
+    without a branch; the epilogue reads the real ones only."""
+    return max(token_tile, MMA_N)
+
+
 def reduction_offset(warp, token, weight_row, output_tile, token_tile):
     """Word offset of a partial sum in the ``[warp][token][weight_row]`` buffer."""
     row_words = reduction_row_words(output_tile)
-    return (warp * token_tile + token) * row_words + weight_row
+    return (warp * reduction_tokens(token_tile) + token) * row_words + weight_row
 
 
 def accumulator_coords(lane, m_iter, n_iter, reg):
@@ -314,13 +342,15 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
     way keeps its own buffer, and with it the kernel the tuner measured."""
     a_stage = output_tile * k_tile * ELEMENT_BYTES
     b_row = k_tile + (B_ROW_PAD if (bulk_x or x_multicast > 1) and not tma_x else 0)
-    b_stage = token_tile * b_row * ELEMENT_BYTES  # a multiple of 128 B either way
+    # 16-byte aligned rows either way (a multiple of 128 B from 8 rows on)
+    b_stage = token_tile * b_row * ELEMENT_BYTES
     a_ring = 0
     # TMA boxes need 1024-byte aligned stages (a_stage and b_stage are
     # multiples of 1024 then: 16+ rows x 256+ bytes, 8+ rows x 128 bytes x boxes)
     b_ring = _align(a_ring + stages * a_stage, TMA_ALIGN if tma_x else REGION_ALIGN)
     rings_end = _align(b_ring + stages * b_stage, REGION_ALIGN)
-    reduction_bytes = k_split * COMPUTE_WARPS * token_tile * reduction_row_words(output_tile) * 4
+    reduction_bytes = (k_split * COMPUTE_WARPS * reduction_tokens(token_tile)
+                       * reduction_row_words(output_tile) * 4)
 
     def plan(reduction, barriers, aliased):
         full_a = barriers

@@ -14,9 +14,23 @@ from . import layout
 OUTPUT_TILES = (16, 32, 48, 64)
 #: output tiles from this size on need k_tile 128 (see check_tactic)
 WIDE_TILE = 48
-TOKEN_TILES = (8, 16, 32)
+#: Token tiles of whole mma blocks (8 columns each): the default heuristic's
+#: and the tuner's search space.
+MMA_TOKEN_TILES = (8, 16, 32)
+#: Token tiles narrower than one mma block, for M <= 4: the stage holds only
+#: these rows (``layout.stage_row``), and the shared memory an 8-row stage
+#: would spend on rows past M goes to ring depth. Measured as twins of a
+#: cell's fastest 8-row tactics (``tune.narrow_twins``).
+NARROW_TOKEN_TILES = (1, 2, 4)
+TOKEN_TILES = NARROW_TOKEN_TILES + MMA_TOKEN_TILES
 K_TILES = (128, 256)
-MAX_STAGES = 16
+#: Ring depth at most. 16 bounds every 8-row stage the shared memory holds
+#: but one (16-row tiles x 256 K: 18 stages); narrow token tiles make
+#: stages small enough for up to 26 (16 rows x 256 K, one token row).
+MAX_STAGES = 32
+#: ...and the default heuristic's at most: the depth its rule was fitted to
+#: (v3); deeper rings are the tuner's to measure.
+DEFAULT_MAX_STAGES = 16
 B_LOADER_WARPS = (1, 2)
 #: CTAs of a cluster that share one output tile's K (each streams 1/k_split
 #: of K; their partial sums meet in the first CTA's shared memory).
@@ -73,8 +87,12 @@ class WarpSplitKTactic:
     output_tile: weight rows (output columns) per CTA, 16, 32, 48 or 64 (the
         wider tiles cut the activation re-reads per weight byte, for many
         tokens; 48 divides N where 32 and 64 do not, e.g. 3216 = 48 * 67).
-    token_tile: token rows per CTA, 8, 16 or 32; ``ceil(M / token_tile)`` CTAs
-        share each weight tile.
+    token_tile: token rows per CTA, 1, 2, 4, 8, 16 or 32; ``ceil(M /
+        token_tile)`` CTAs share each weight tile. Below 8 (narrow tiles,
+        for M <= 4) the activation stage holds only the tile's rows and the
+        mma's other columns read duplicates that are never stored
+        (``layout.stage_row``): smaller stages, a deeper ring for the same
+        shared memory. Not with tma_x or x_multicast.
     k_tile: K elements per pipeline stage, 128 or 256.
     stages: depth of the shared-memory rings, 1..16.
     b_loader_warps: warps that load activations, 1 or 2.
@@ -285,6 +303,22 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         # one lane per token row issues the stage's bulk copies
         raise ValueError(f"warp split-K tactic: bulk_x takes b_loader_warps 1, got "
                          f"{tactic.b_loader_warps}")
+    if tactic.token_tile < layout.MMA_N and (tactic.tma_x or tactic.x_multicast > 1):
+        # a TMA stage's boxes must start on 1024-byte boundaries (the
+        # 128-byte swizzle), and a box of fewer than 8 rows is not one; the
+        # multicast shares rows among CTAs, and a narrow tile has too few
+        raise ValueError(f"warp split-K tactic: a narrow token_tile {tactic.token_tile} "
+                         f"(< {layout.MMA_N}) takes neither tma_x nor x_multicast > 1, got "
+                         f"tma_x {tactic.tma_x}, x_multicast {tactic.x_multicast}")
+    chunks = tactic.token_tile * tactic.k_tile // layout.CHUNK
+    b_threads = tactic.b_loader_warps * layout.WARP
+    if not (tactic.bulk_activations or tactic.tma_x) and chunks % b_threads:
+        # the 16-byte loader gives every activation thread the same number of
+        # copies per stage
+        raise ValueError(f"warp split-K tactic: a stage of token_tile {tactic.token_tile} x "
+                         f"k_tile {tactic.k_tile} is {chunks} 16-byte copies, not a multiple "
+                         f"of the {b_threads} threads of b_loader_warps "
+                         f"{tactic.b_loader_warps}")
     if tactic.x_multicast > 1 and tactic.k_split > 1:
         raise ValueError("warp split-K tactic: x_multicast and k_split cannot be combined "
                          f"(got x_multicast {tactic.x_multicast}, k_split {tactic.k_split})")
@@ -375,6 +409,9 @@ def all_tactics(k_splits=(1,), x_multicasts=(1,), early_launches=(False,),
             k_splits, x_multicasts, early_launches, l2_prefetches, bulk_xs, tma_xs):
         if (x > 1 and (c > 1 or b > 1 or bx)) or (bx and b > 1) or (tx and (bx or b > 1)):
             continue  # never legal (check_tactic)
+        if t < layout.MMA_N and (tx or x > 1 or (not bx and (t * kt // layout.CHUNK)
+                                                   % (b * layout.WARP))):
+            continue  # a narrow token tile: never legal this way (check_tactic)
         yield WarpSplitKTactic(o, t, kt, s, b, c, x, e, f, bx, tx)
 
 
@@ -382,10 +419,10 @@ def legal_tactics(m: int, n: int, k: int, k_splits=(1,), x_multicasts=(1,),
                   early_launches=(False,), l2_prefetches=(False,),
                   bulk_xs=(False,), tma_xs=(False,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
-    larger than needed to cover ``m`` in one tile (a bigger tile only loads
-    zeros)."""
+    larger than the mma-wide tile needed to cover ``m`` in one tile (a bigger
+    tile only loads zeros); narrow tiles included."""
     _check_m(m)
-    need = min(t for t in TOKEN_TILES if t >= m)
+    need = min(t for t in MMA_TOKEN_TILES if t >= m)
     return [t for t in all_tactics(k_splits, x_multicasts, early_launches, l2_prefetches,
                                    bulk_xs, tma_xs)
             if t.token_tile <= need and is_legal(t, n, k)]
@@ -432,11 +469,13 @@ MEASURED_REGISTERS_TMA = {
 
 
 def register_estimate(tactic: WarpSplitKTactic) -> int:
+    # a narrow token tile runs the 8-row tile's mma code with fewer copies
+    token_tile = max(tactic.token_tile, layout.MMA_N)
     if tactic.tma_x:
         measured = MEASURED_REGISTERS_TMA.get(
-            (tactic.output_tile, tactic.token_tile, tactic.k_tile), 128)
+            (tactic.output_tile, token_tile, tactic.k_tile), 128)
     else:
-        key = (tactic.output_tile, tactic.token_tile, tactic.k_tile, tactic.b_loader_warps)
+        key = (tactic.output_tile, token_tile, tactic.k_tile, tactic.b_loader_warps)
         measured = MEASURED_REGISTERS.get(key, 128)
     # registers are allocated in units of 8 per thread
     return -(-measured // 8) * 8
@@ -542,7 +581,7 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
             or (k > MAX_K_TILES * 128 and k % 256)):
         raise ValueError(f"warp split-K: K must be a positive multiple of 128 up to "
                          f"{MAX_K_TILES * 128}, or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
-    token_tile = min(t for t in TOKEN_TILES if t >= m)
+    token_tile = min(t for t in MMA_TOKEN_TILES if t >= m)
     k_tile = 256 if k % 256 == 0 and (k // 256 >= 2 or k // 128 > MAX_K_TILES) else 128
     output_tile = 16
     if n % 32 == 0:
@@ -554,7 +593,7 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
     if k_tiles == 1:
         return WarpSplitKTactic(output_tile, token_tile, k_tile, 1, b_warps)
     candidates = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
-                  for s in range(2, min(k_tiles, MAX_STAGES) + 1)]
+                  for s in range(2, min(k_tiles, DEFAULT_MAX_STAGES) + 1)]
     # a ring deeper than fits beside its reduction buffer is the tuner's to
     # measure, not the model's to assume
     candidates = [t for t in candidates if is_legal(t, n, k) and not t.reduction_aliased]

@@ -94,14 +94,15 @@ import math
 import os
 import time
 
-from . import timing
+from . import layout, timing
 from .decode import DecodePlan
 from .tactics import (
     DEFAULT_SM_COUNT,
     MAX_STAGES,
+    MMA_TOKEN_TILES,
+    NARROW_TOKEN_TILES,
     OUTPUT_TILES,
     WIDE_TILE,
-    TOKEN_TILES,
     WarpSplitKTactic,
     ctas_per_sm,
     default_tactic,
@@ -110,12 +111,14 @@ from .tactics import (
     sm_balance,
 )
 
-REPRESENTATIVE_MS = (1, 8, 16, 24, 32)
+#: The Ms the tuner measures; every other M takes the winner of the next one
+#: up. 4 serves 2..4, the Ms a 4-row narrow token tile covers.
+REPRESENTATIVE_MS = (1, 4, 8, 16, 24, 32)
 
 
-def representative(m: int) -> int:
-    """The measured M whose winner serves ``m``."""
-    return 1 if m == 1 else min(r for r in REPRESENTATIVE_MS if r >= m)
+def representative(m: int, reps=REPRESENTATIVE_MS) -> int:
+    """The measured M (of ``reps``) whose winner serves ``m``."""
+    return min(r for r in reps if r >= m)
 
 
 #: the L2 prefetch's measured-neighbour rule (module docstring)
@@ -135,7 +138,7 @@ def _activation_warps(token_tile, x_multicast, m, bulk_x=False):
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
                k_splits=(1, 2), x_multicasts=(1,),
                early_launches=(False, True), bulk_xs=(False, True)) -> list[WarpSplitKTactic]:
-    cover = min(t for t in TOKEN_TILES if t >= m)
+    cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = {default_tactic(m, n, k, sm_count)}
     for token_tile, output_tile, k_tile, k_split, x_multicast, b_warps, bulk_x in \
@@ -272,6 +275,43 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
     return [t for t in unique if t not in times]
 
 
+#: the narrow token tiles' measured-neighbour rule (module docstring)
+NARROW_TOP = 3
+
+
+def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
+                 top=NARROW_TOP) -> list[WarpSplitKTactic]:
+    """``{tactic: us}`` of one cell with M <= 4 -> its ``top`` fastest
+    8-token tactics with the narrowest token tile that still covers M
+    (``NARROW_TOKEN_TILES``: the stage holds M's rows only), activations by
+    16-byte copies (a narrow stage cannot be a TMA box) unless the parent
+    copies rows in bulk, each at two ring depths: the deepest that keeps the
+    parent's CTAs per SM (the shared memory the 8-row stage spent on rows
+    past M, as depth) and the deepest that fits one CTA more per SM (room
+    for the next kernel's CTAs to start under PDL while this grid streams).
+    None already in ``times``, all legal."""
+    if m > NARROW_TOKEN_TILES[-1]:
+        return []
+    token_tile = min(t for t in NARROW_TOKEN_TILES if t >= m)
+    parents = sorted((t for t in times if t.token_tile == 8 and t.x_multicast == 1),
+                     key=times.get)[:top]
+    found = []
+    for parent in parents:
+        twin = dataclasses.replace(parent, token_tile=token_tile, tma_x=False)
+        copies = token_tile * twin.k_tile // layout.CHUNK
+        if not twin.bulk_x and copies % (twin.b_loader_warps * layout.WARP):
+            twin = dataclasses.replace(twin, b_loader_warps=1)  # too few copies for two warps
+        family = [dataclasses.replace(twin, stages=s) for s in range(1, MAX_STAGES + 1)]
+        family = [t for t in family if is_legal(t, n, k)]
+        resident = ctas_per_sm(parent)
+        for r in (resident, resident + 1):
+            fitting = [t for t in family if ctas_per_sm(t) >= r]
+            if fitting:
+                found.append(fitting[-1])
+    unique = list(dict.fromkeys(found))
+    return [t for t in unique if t not in times]
+
+
 def _log_key(n, k, m, tactic):
     return f"{n},{k},{m},{tactic.short()}"
 
@@ -351,7 +391,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
-         mixed=True) -> DecodePlan:
+         mixed=True, narrow=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -398,6 +438,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     rules = [rule for on, rule in (
         (l2_prefetch, lambda times, n, k, r: prefetch_twins(times, n, k)),
         (tma, lambda times, n, k, r: tma_twins(times, n, k)),
+        # after the TMA twins: a TMA parent's narrow twin copies by 16 bytes
+        (narrow, lambda times, n, k, r: narrow_twins(times, n, k, r, sm_count)),
         # last: a cell's fastest, TMA twins included, are the mixed grids' parents
         (mixed, lambda times, n, k, r: mixed_twins(times, n, k, r, sm_count))) if on]
     to_build = set()
@@ -534,22 +576,26 @@ def plan_meta(gpu, sm_count, torch_version, **extra) -> dict:
             "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **extra}
 
 
-def _plan(best, shapes, ms, meta) -> DecodePlan:
+def _plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS) -> DecodePlan:
     plan = DecodePlan(meta=meta)
     for n, k in shapes:
         for m in ms:
-            hit = best.get((n, k, representative(m)))
+            rep = representative(m, reps)
+            hit = best.get((n, k, rep))
             if hit is not None:
-                plan.set(n, k, m, hit[0], hit[1] if representative(m) == m else None)
+                plan.set(n, k, m, hit[0], hit[1] if rep == m else None)
     return plan
 
 
-def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE):
+def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
+                  reps=REPRESENTATIVE_MS):
     """The plan ``tune`` makes from the measurements in its log, without a GPU.
 
     A shape is planned when the log has a correct measurement for every
-    representative M; shapes measured in part (a run stopped mid-shape) are
-    left out and returned with the plan: ``(plan, {(n, k): missing reps})``.
+    representative M (``reps``: a plan tuned before 4 was one of them is
+    rebuilt with its own, ``meta["representative_ms"]``); shapes measured in
+    part (a run stopped mid-shape) are left out and returned with the plan:
+    ``(plan, {(n, k): missing reps})``.
     """
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
     records = _read_log(log_path)
@@ -565,7 +611,7 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE):
                 cell[tactic].append(rec["us"])
     measured = {key: {m: _mean_times(cell) for m, cell in by_m.items()}
                 for key, by_m in samples.items()}
-    reps = sorted({representative(m) for m in ms})
+    reps = sorted({representative(m, reps) for m in ms})
     best, partial = {}, {}
     for (n, k), by_rep in sorted(measured.items()):
         missing = [r for r in reps if not by_rep.get(r)]
@@ -575,4 +621,5 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE):
         for r, pick in choose_tactics({r: by_rep[r] for r in reps}, tolerance).items():
             best[(n, k, r)] = pick
     shapes = sorted({(n, k) for n, k, _ in best})
-    return _plan(best, shapes, ms, dict(meta or {}, source=f"log {os.path.basename(log_path)}")), partial
+    meta = dict(meta or {}, source=f"log {os.path.basename(log_path)}", representative_ms=reps)
+    return _plan(best, shapes, ms, meta, reps), partial
