@@ -94,7 +94,8 @@ class WarpSplitKTactic:
         (``layout.stage_row``): smaller stages, a deeper ring for the same
         shared memory. Not with tma_x or x_multicast.
     k_tile: K elements per pipeline stage, 128 or 256.
-    stages: depth of the shared-memory rings, 1..16.
+    stages: depth of the shared-memory rings, 1..32 (the default heuristic's
+        at most 16).
     b_loader_warps: warps that load activations, 1 or 2.
     k_split: CTAs of a cluster splitting K, 1 or 2 (2 doubles the grid for
         shapes whose N leaves SMs idle; measured by the tuner, never the
