@@ -573,3 +573,34 @@ def test_mixed_grid_traces_both_tile_paths():
     def mmas(text):
         return len(re.findall(r"mma\.sync\.aligned\.m16n8k16", text))
     assert mmas(mixed.ptx) == 3 * mmas(plain.ptx)
+
+
+@pytest.mark.parametrize("narrow,n,k", [
+    (WarpSplitKTactic(16, 1, 256, 4, 1), 2112, 1024),
+    (WarpSplitKTactic(32, 2, 256, 3, 2), 1024, 768),
+    (WarpSplitKTactic(48, 4, 128, 4, 1), 96, 512),
+], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
+def test_narrow_token_tile_is_the_8_row_kernel_with_smaller_stages(narrow, n, k):
+    """A narrow token tile compiles to the 8-row tile's mma and ldmatrix
+    sequence (one mma block of 8 columns), with token_tile / 8 of its
+    activation copies per stage and smaller activation stages."""
+    import dataclasses
+    import re
+    wide = dataclasses.replace(narrow, token_tile=8)
+    reports = {t: compile_for_arch(n, k, t, "sm_90a") for t in (narrow, wide)}
+    got = {t: facts(r) for t, r in reports.items()}
+    for t, f in got.items():
+        assert f["audit"] == [] and f["spill_bytes"] == 0 and f["smem_bytes"] == t.smem_bytes
+    assert got[narrow]["mma"] == got[wide]["mma"]
+    assert got[narrow]["ldmatrix"] == got[wide]["ldmatrix"]
+
+    def zero_fill_copies(report):  # the 16-byte activation copies (src-size operand)
+        return len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 16, %",
+                              report.ptx))
+    tiles = k // narrow.k_tile
+    assert zero_fill_copies(reports[wide]) == tiles * layout.copies_per_thread(
+        8, narrow.k_tile, 32 * narrow.b_loader_warps)
+    assert zero_fill_copies(reports[narrow]) * 8 == \
+        zero_fill_copies(reports[wide]) * narrow.token_tile
+    plan_n, plan_w = narrow.smem_plan, wide.smem_plan
+    assert plan_w.b_stage_bytes == plan_n.b_stage_bytes * 8 // narrow.token_tile
