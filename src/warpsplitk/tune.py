@@ -442,15 +442,23 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
         (narrow, lambda times, n, k, r: narrow_twins(times, n, k, r, sm_count)),
         # last: a cell's fastest, TMA twins included, are the mixed grids' parents
         (mixed, lambda times, n, k, r: mixed_twins(times, n, k, r, sm_count))) if on]
+    def logged_times(n, k, r):
+        return {t: [done[_log_key(n, k, r, t)]["us"]] for t in work[(n, k, r)]
+                if done.get(_log_key(n, k, r, t), {}).get("ok")}
+
     to_build = set()
     for (n, k, r), ts in work.items():
-        logged = {t: [done[_log_key(n, k, r, t)]["us"]] for t in ts
-                  if done.get(_log_key(n, k, r, t), {}).get("ok")}
+        logged = logged_times(n, k, r)
         to_build |= {(n, k, t) for t in ts if _log_key(n, k, r, t) not in done}
+        # a cell not measured yet: its twins are likely those of the next
+        # measured M up (the same tactics ranked alike), compiled now in
+        # parallel rather than one by one when the cell gets there
+        proxy = logged or next((logged_times(n, k, q) for q in reps
+                                if q > r and logged_times(n, k, q)), {})
         for rule in rules:
-            # the twins of the logged fastest (a cell whose fastest are not
-            # logged yet compiles its twins when it gets there)
-            twins = rule({t: v[0] for t, v in logged.items()}, n, k, r)
+            # the twins of the logged fastest (any a proxy missed compile
+            # when their cell gets there)
+            twins = rule({t: v[0] for t, v in proxy.items()}, n, k, r)
             to_build |= {(n, k, t) for t in twins if _log_key(n, k, r, t) not in done}
             for t in twins:
                 rec = done.get(_log_key(n, k, r, t), {})
