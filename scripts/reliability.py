@@ -7,7 +7,7 @@
                                          [--deep-rings] [--clusters-only | --x-copies-only |
                                          --aliased-only | --narrow-only] [--progress]
         Every tactic family (output_tile x token_tile x k_tile x
-        b_loader_warps; with --k-split also each with k_split 2, with
+        b_loader_warps; with --k-split also each with k_split 2 and 4, with
         --x-multicast each with x_multicast 2, 3 and 4, with --bulk-x each
         one-warp family also with bulk activation copies, with --tma-x each
         one-warp family also with TMA activation boxes; with --half-tiles
@@ -216,7 +216,7 @@ def main():
     c.add_argument("--shard", type=int, default=0, help="run cases shard, shard+shards, ...")
     c.add_argument("--shards", type=int, default=1)
     c.add_argument("--k-split", action="store_true",
-                   help="also the cluster split of K (k_split 2) of every family")
+                   help="also the cluster split of K (k_split 2 and 4) of every family")
     c.add_argument("--x-multicast", action="store_true",
                    help="also the activation multicast (x_multicast 2, 3 and 4) of every family")
     c.add_argument("--bulk-x", action="store_true",
@@ -249,7 +249,7 @@ def main():
     args = p.parse_args()
     if args.cmd == "cases":
         results, bad = run_cases(args.subset, args.offset, args.shard, args.shards,
-                                (1, 2) if args.k_split else (1,),
+                                (1, 2, 4) if args.k_split else (1,),
                                 (1, 2, 3, 4) if args.x_multicast else (1,),
                                 args.clusters_only, args.progress,
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,

@@ -70,10 +70,13 @@ def test_emulate_exact_on_integers(tactic, m, n, k):
     (WarpSplitKTactic(16, 32, 256, 2, 2, 2), 32, 16, 1024),
     (WarpSplitKTactic(64, 8, 128, 2, 1, 2), 7, 128, 512),
     (WarpSplitKTactic(48, 16, 128, 2, 2, 2), 17, 48, 512),
+    (WarpSplitKTactic(48, 8, 128, 2, 1, 4), 5, 96, 1024),    # k_split 4: sixteen slots
+    (WarpSplitKTactic(16, 1, 256, 1, 1, 4), 1, 32, 1024),    # one tile per CTA, narrow
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_cluster_split_of_k_exact(tactic, m, n, k):
-    """k_split 2: each CTA of the pair takes half of K; the eight warps'
-    partials meet in the first CTA's buffer (each word written once)."""
+    """k_split 2 (4): each CTA of the cluster takes half (a quarter) of K;
+    the eight (sixteen) warps' partials meet in the first CTA's buffer
+    (each word written once)."""
     x, w, bias = integer_problem(m, n, k, seed=m + n + k, with_bias=True)
     out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
     np.testing.assert_array_equal(out, reference(x, w, bias))

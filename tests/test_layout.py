@@ -408,8 +408,12 @@ def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
     return problems
 
 
-def test_cluster_barrier_protocol_is_safe_and_live():
-    assert explore_cluster() == set()
+@pytest.mark.parametrize("ctas", [2, 3])
+def test_cluster_barrier_protocol_is_safe_and_live(ctas):
+    """k_split 2, and with two peers beside CTA 0 (what k_split 4 adds to 2:
+    more CTAs storing into CTA 0 and arriving on the same phases; four are
+    the same protocol, but their state space is too large to walk here)."""
+    assert explore_cluster(ctas=ctas) == set()
 
 
 @pytest.mark.parametrize("role,program,problem", [

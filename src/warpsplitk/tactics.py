@@ -33,8 +33,11 @@ MAX_STAGES = 32
 DEFAULT_MAX_STAGES = 16
 B_LOADER_WARPS = (1, 2)
 #: CTAs of a cluster that share one output tile's K (each streams 1/k_split
-#: of K; their partial sums meet in the first CTA's shared memory).
-K_SPLITS = (1, 2)
+#: of K; their partial sums meet in the first CTA's shared memory). 4 for
+#: weights whose N leaves most SMs idle even split in two (1536x7168 in
+#: 48-row tiles: 32 x 4 = 128 CTAs of 172 KB where 32-row tiles split in two
+#: give 96 of 229 KB).
+K_SPLITS = (1, 2, 4)
 #: CTAs of a cluster along N that share each activation stage: one load from
 #: L2, multicast into every member's ring (experimental, see kernel.py).
 X_MULTICASTS = (1, 2, 3, 4)
@@ -97,8 +100,8 @@ class WarpSplitKTactic:
     stages: depth of the shared-memory rings, 1..32 (the default heuristic's
         at most 16).
     b_loader_warps: warps that load activations, 1 or 2.
-    k_split: CTAs of a cluster splitting K, 1 or 2 (2 doubles the grid for
-        shapes whose N leaves SMs idle; measured by the tuner, never the
+    k_split: CTAs of a cluster splitting K, 1, 2 or 4 (multiplies the grid
+        for shapes whose N leaves SMs idle; measured by the tuner, never the
         default heuristic's choice).
     x_multicast: CTAs of a cluster along N that share their activation
         stages, 1 to 4: each x stage is read from L2 once per cluster

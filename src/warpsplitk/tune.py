@@ -30,9 +30,10 @@ Pruning, before anything is measured:
 * with ``x_multicasts=(1, 2, 3, 4)`` (``warpsplitk tune --x-multicast``)
   the activation multicast for 16- and 32-token tiles that cover M, pruned
   like the rest, with the late PDL trigger only;
-* with ``k_splits=(1, 2)`` (the default; ``warpsplitk tune --no-k-split``
-  leaves it out) the cluster split of K too, only where ``N / output_tile`` token-tile CTAs
-  leave SMs idle, pruned like the rest;
+* with ``k_splits=(1, 2, 4)`` (the default; ``warpsplitk tune --no-k-split``
+  leaves it out) the cluster split of K too, in two only where ``N /
+  output_tile`` token-tile CTAs leave SMs idle, in four only where the
+  split in two still does, pruned like the rest;
 * with ``early_launches=(False, True)`` (the default; ``--no-early-launch``
   leaves it out) every candidate also with the early PDL trigger
   (``WarpSplitKTactic.early_launch``), which can be 16% faster or slower
@@ -126,6 +127,10 @@ PREFETCH_TOP = 3
 PREFETCH_MAX_BYTES = 16 * 2**20
 
 
+#: the split of K in four: only for weights at least this large
+K_SPLIT_4_MIN_BYTES = 4 << 20
+
+
 def _activation_warps(token_tile, x_multicast, m, bulk_x=False):
     """The b_loader_warps worth measuring (see the module docstring)."""
     if x_multicast > 1 or bulk_x:
@@ -136,7 +141,7 @@ def _activation_warps(token_tile, x_multicast, m, bulk_x=False):
 
 
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
-               k_splits=(1, 2), x_multicasts=(1,),
+               k_splits=(1, 2, 4), x_multicasts=(1,),
                early_launches=(False, True), bulk_xs=(False, True)) -> list[WarpSplitKTactic]:
     cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
@@ -158,8 +163,12 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         family = [t for t in family if is_legal(t, n, k)]
         if not family:
             continue
-        if k_split > 1 and grid_ctas(family[0], m, n) // k_split >= sm_count:
-            continue  # the grid already covers the SMs: no reason to split K
+        if k_split > 1 and grid_ctas(family[0], m, n) // k_split * (k_split // 2) >= sm_count:
+            # the grid already covers the SMs (split in two, for a split in
+            # four): no reason to split K (further)
+            continue
+        if k_split > 2 and n * k * 2 < K_SPLIT_4_MIN_BYTES:
+            continue  # a few K tiles per CTA: the call is launch and cluster sync
         if k_tile == 128 and output_tile < WIDE_TILE and k % 256 == 0 and k // 256 >= 2:
             continue  # 256-wide tiles reach the same depth with half the barriers
         wanted = math.ceil(grid_ctas(family[0], m, n) / sm_count)
@@ -388,7 +397,7 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 
 
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
-         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
+         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2, 4),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
          mixed=True, narrow=True) -> DecodePlan:
