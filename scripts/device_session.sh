@@ -243,17 +243,24 @@ mixed)
   echo "sanitizer (mixed): $(cut -c1-900 "$OUT/sanitizer-mixed.log")"
   ;;
 narrow)
-  # narrow token tiles (1, 2, 4 rows): their GPU tests and the random legal
-  # tactics (narrow ones among them) beside the sanitizer over every narrow
-  # case, with bulk rows, the cluster split of K and mixed grids too
+  # narrow token tiles (1, 2, 4 rows) and the split of K in four: their GPU
+  # tests and the random legal tactics (narrow ones among them) beside the
+  # sanitizer over every narrow case (with bulk rows, the cluster split of
+  # K and mixed grids too) and every k_split 4 case
   timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
     -k "narrow or random_legal" > "$OUT/gpu_kernel-narrow.log" 2>&1 &
+  timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_k_split.py \
+    > "$OUT/gpu_k_split.log" 2>&1 &
   OUT=$OUT/narrow NARROW_ONLY=1 K_SPLIT=1 BULK_X=1 HALF_TILES=1 SUBSET=rotate \
     CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-narrow.log" 2>&1 &
+  OUT=$OUT/split4 SPLIT_FOUR_ONLY=1 K_SPLIT=1 SUBSET=rotate \
+    CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-split4.log" 2>&1 &
   wait
   echo "gpu_kernel (narrow): $(tail -1 "$OUT/gpu_kernel-narrow.log")"
-  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-narrow.log | head
+  echo "gpu_k_split: $(tail -1 "$OUT/gpu_k_split.log")"
+  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-narrow.log "$OUT"/gpu_k_split.log | head
   echo "sanitizer (narrow): $(cut -c1-900 "$OUT/sanitizer-narrow.log")"
+  echo "sanitizer (k_split 4): $(cut -c1-900 "$OUT/sanitizer-split4.log")"
   ;;
 multicast)
   # the activation multicast with one remote stage release per warp

@@ -5,7 +5,8 @@
                                          [--half-tiles]
                                          [--l2-prefetch]
                                          [--deep-rings] [--clusters-only | --x-copies-only |
-                                         --aliased-only | --narrow-only] [--progress]
+                                         --aliased-only | --narrow-only |
+                                         --split-four-only] [--progress]
         Every tactic family (output_tile x token_tile x k_tile x
         b_loader_warps; with --k-split also each with k_split 2 and 4, with
         --x-multicast each with x_multicast 2, 3 and 4, with --bulk-x each
@@ -104,7 +105,7 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,),
               clusters_only=False, progress=False, bulk_xs=(False,), l2_prefetch=False,
               x_copies_only=False, deep_rings=False, aliased_only=False, tma_xs=(False,),
-              half_tiles=False, narrow_only=False):
+              half_tiles=False, narrow_only=False, split_four_only=False):
     torch.manual_seed(0)
     results = []
     cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch, deep_rings,
@@ -113,6 +114,8 @@ def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(
         cases = [case for case in cases if case[0].reduction_aliased]
     if narrow_only:
         cases = [case for case in cases if case[0].token_tile < layout.MMA_N]
+    if split_four_only:
+        cases = [case for case in cases if case[0].k_split == 4]
     if clusters_only:
         cases = [case for case in cases if case[0].k_split > 1 or case[0].x_multicast > 1]
     if x_copies_only:
@@ -238,6 +241,8 @@ def main():
                    help="only the cases whose reduction buffer lies over the rings")
     c.add_argument("--narrow-only", action="store_true",
                    help="only the cases with a narrow token tile (1, 2 or 4 rows)")
+    c.add_argument("--split-four-only", action="store_true",
+                   help="only the cases with k_split 4 (with --k-split)")
     c.add_argument("--progress", action="store_true", help="a line per case as it starts")
     c.add_argument("--json")
     s = sub.add_parser("soak")
@@ -255,7 +260,7 @@ def main():
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,
                                 args.x_copies_only, args.deep_rings, args.aliased_only,
                                 (False, True) if args.tma_x else (False,), args.half_tiles,
-                                args.narrow_only)
+                                args.narrow_only, args.split_four_only)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)
