@@ -523,3 +523,20 @@ def test_k_split_in_four_only_where_the_split_in_two_leaves_sms_idle():
     assert 1152 * 1536 * 2 < K_SPLIT_4_MIN_BYTES
     assert not [t for t in candidates(1, 1152, 1536, 132) if t.k_split == 4]
     assert not [t for t in candidates(1, 1536, 7168, 132, k_splits=(1, 2)) if t.k_split == 4]
+
+
+def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
+    """A log from before M = 4 was measured (or a shape whose M = 4 cell
+    failed): M 2-4 take the M = 8 winner, as they did then, and the plan
+    says so; a shape missing its largest M is still left out."""
+    from warpsplitk.tune import plan_from_log
+    a, b = "16,8,256,4,1", "32,8,256,4,1"
+    records = [(1024, 4096, r, a, 5.0) for r in (1, 16, 24, 32)] + [(1024, 4096, 8, b, 4.0)]
+    records += [(2048, 4096, r, a, 6.0) for r in (1, 4, 8, 16, 24)]
+    _log(tmp_path / "log.jsonl", records)
+    plan, partial = plan_from_log(str(tmp_path / "log.jsonl"))
+    assert partial == {(2048, 4096): [32]}
+    by_m = plan.entries[(1024, 4096)]
+    assert [by_m[m][0].short() for m in (1, 2, 4, 5, 8, 9)] == [a, b, b, b, b, a]
+    assert by_m[4][1] is None and by_m[8][1] == 4.0  # only measured Ms carry a time
+    assert plan.meta["inherited_ms"] == {"1024,4096": [4]}

@@ -593,11 +593,11 @@ def plan_meta(gpu, sm_count, torch_version, **extra) -> dict:
             "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **extra}
 
 
-def _plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS) -> DecodePlan:
+def _plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS, shape_reps=None) -> DecodePlan:
     plan = DecodePlan(meta=meta)
     for n, k in shapes:
         for m in ms:
-            rep = representative(m, reps)
+            rep = representative(m, (shape_reps or {}).get((n, k), reps))
             hit = best.get((n, k, rep))
             if hit is not None:
                 plan.set(n, k, m, hit[0], hit[1] if rep == m else None)
@@ -610,9 +610,13 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
 
     A shape is planned when the log has a correct measurement for every
     representative M (``reps``: a plan tuned before 4 was one of them is
-    rebuilt with its own, ``meta["representative_ms"]``); shapes measured in
-    part (a run stopped mid-shape) are left out and returned with the plan:
-    ``(plan, {(n, k): missing reps})``.
+    rebuilt with its own, ``meta["representative_ms"]``), or for every one
+    but some below its largest measured M: those Ms then take the winner of
+    the next measured M up, as they did before they were representatives
+    (a log older than M = 4's measurement), and the plan's meta lists them
+    (``inherited_ms``). Shapes measured in part (the tuner measures each
+    shape's Ms in ascending order: a run stopped mid-shape lacks the largest)
+    are left out and returned with the plan: ``(plan, {(n, k): missing reps})``.
     """
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
     records = _read_log(log_path)
@@ -629,14 +633,20 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     measured = {key: {m: _mean_times(cell) for m, cell in by_m.items()}
                 for key, by_m in samples.items()}
     reps = sorted({representative(m, reps) for m in ms})
-    best, partial = {}, {}
+    best, partial, inherited, shape_reps = {}, {}, {}, {}
     for (n, k), by_rep in sorted(measured.items()):
+        have = [r for r in reps if by_rep.get(r)]
         missing = [r for r in reps if not by_rep.get(r)]
-        if missing:
+        if not have or max(missing, default=0) > max(have):
             partial[(n, k)] = missing
             continue
-        for r, pick in choose_tactics({r: by_rep[r] for r in reps}, tolerance).items():
+        if missing:
+            inherited[f"{n},{k}"] = missing
+            shape_reps[(n, k)] = have
+        for r, pick in choose_tactics({r: by_rep[r] for r in have}, tolerance).items():
             best[(n, k, r)] = pick
     shapes = sorted({(n, k) for n, k, _ in best})
     meta = dict(meta or {}, source=f"log {os.path.basename(log_path)}", representative_ms=reps)
-    return _plan(best, shapes, ms, meta, reps), partial
+    if inherited:
+        meta["inherited_ms"] = inherited
+    return _plan(best, shapes, ms, meta, reps, shape_reps), partial
