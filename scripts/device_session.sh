@@ -248,19 +248,23 @@ narrow)
   # sanitizer over every narrow case (with bulk rows, the cluster split of
   # K and mixed grids too) and every k_split 4 case
   timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
-    -k "narrow or random_legal" > "$OUT/gpu_kernel-narrow.log" 2>&1 &
+    -k "narrow or random_legal or deeper_than_16" > "$OUT/gpu_kernel-narrow.log" 2>    -k "narrow or random_legal" > "$OUT/gpu_kernel-narrow.log" 2>&1 &1 &
   timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_k_split.py \
     > "$OUT/gpu_k_split.log" 2>&1 &
   OUT=$OUT/narrow NARROW_ONLY=1 K_SPLIT=1 BULK_X=1 HALF_TILES=1 SUBSET=rotate \
     CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-narrow.log" 2>&1 &
   OUT=$OUT/split4 SPLIT_FOUR_ONLY=1 K_SPLIT=1 SUBSET=rotate \
     CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-split4.log" 2>&1 &
+  # rings past 16 stages (narrow tiles and 16-row 8-token stages reach them)
+  OUT=$OUT/past16 DEEP_RINGS=1 PAST_16_ONLY=1 BULK_X=1 SUBSET=rotate \
+    CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-past16.log" 2>&1 &
   wait
   echo "gpu_kernel (narrow): $(tail -1 "$OUT/gpu_kernel-narrow.log")"
   echo "gpu_k_split: $(tail -1 "$OUT/gpu_k_split.log")"
   grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-narrow.log "$OUT"/gpu_k_split.log | head
   echo "sanitizer (narrow): $(cut -c1-900 "$OUT/sanitizer-narrow.log")"
   echo "sanitizer (k_split 4): $(cut -c1-900 "$OUT/sanitizer-split4.log")"
+  echo "sanitizer (past 16 stages): $(cut -c1-900 "$OUT/sanitizer-past16.log")"
   ;;
 multicast)
   # the activation multicast with one remote stage release per warp

@@ -6,7 +6,7 @@
                                          [--l2-prefetch]
                                          [--deep-rings] [--clusters-only | --x-copies-only |
                                          --aliased-only | --narrow-only |
-                                         --split-four-only] [--progress]
+                                         --split-four-only | --past-16-only] [--progress]
         Every tactic family (output_tile x token_tile x k_tile x
         b_loader_warps; with --k-split also each with k_split 2 and 4, with
         --x-multicast each with x_multicast 2, 3 and 4, with --bulk-x each
@@ -18,7 +18,8 @@
         ring (K = k_tile), a ring shorter than the K-tile count (with
         --l2-prefetch also with the L2 prefetch) and a ring equal to it (with
         --deep-rings also the deepest ring that fits only with the reduction
-        buffer over the rings, one K tile more than it); M = 1, token_tile - 1,
+        buffer over the rings, and the deepest past 16 stages, one K tile
+        more than each); M = 1, token_tile - 1,
         token_tile, token_tile + 1 (where <= 32) and 32; each case launched
         twice back to back on one stream (the PDL path: the second grid's
         weight prologue overlaps the first) and checked against fp64.
@@ -67,6 +68,18 @@ def _deepest_aliased(o, t, kt, b, c, x, bulk, tma=False):
     return None
 
 
+def _deepest_past_16(o, t, kt, b, c, x, bulk, tma=False):
+    """(stages, K) of the deepest legal ring past 16 stages (narrow token
+    tiles and small stages reach up to MAX_STAGES), with one K tile past
+    the ring; None if the family's stages are too large for 17."""
+    for stages in range(MAX_STAGES, 16, -1):
+        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk, tma_x=tma)
+        k = c * (stages + 1) * kt
+        if is_legal(tactic, 2 * x * o, k):
+            return stages, k
+    return None
+
+
 def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(False,),
                  l2_prefetch=False, deep_rings=False, tma_xs=(False,), half_tiles=False):
     cases = []
@@ -82,9 +95,11 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
         rings = [(1, c * kt), (2, 3 * c * kt), (3, 3 * c * kt)]
         if subset == "rotate":
             rings = [rings[(index + offset) % 3]]
-        deepest = _deepest_aliased(o, t, kt, b, c, x, bulk, tma) if deep_rings else None
-        if deepest:
-            rings.append(deepest)
+        if deep_rings:
+            for deepest in (_deepest_aliased(o, t, kt, b, c, x, bulk, tma),
+                            _deepest_past_16(o, t, kt, b, c, x, bulk, tma)):
+                if deepest and deepest not in rings:
+                    rings.append(deepest)
         n = 2 * x * o  # two output tiles, or two clusters of them
         for stages, k in rings:
             tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk, tma_x=tma)
@@ -105,7 +120,7 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,),
               clusters_only=False, progress=False, bulk_xs=(False,), l2_prefetch=False,
               x_copies_only=False, deep_rings=False, aliased_only=False, tma_xs=(False,),
-              half_tiles=False, narrow_only=False, split_four_only=False):
+              half_tiles=False, narrow_only=False, split_four_only=False, past_16_only=False):
     torch.manual_seed(0)
     results = []
     cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch, deep_rings,
@@ -116,6 +131,8 @@ def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(
         cases = [case for case in cases if case[0].token_tile < layout.MMA_N]
     if split_four_only:
         cases = [case for case in cases if case[0].k_split == 4]
+    if past_16_only:
+        cases = [case for case in cases if case[0].stages > 16]
     if clusters_only:
         cases = [case for case in cases if case[0].k_split > 1 or case[0].x_multicast > 1]
     if x_copies_only:
@@ -241,6 +258,8 @@ def main():
                    help="only the cases whose reduction buffer lies over the rings")
     c.add_argument("--narrow-only", action="store_true",
                    help="only the cases with a narrow token tile (1, 2 or 4 rows)")
+    c.add_argument("--past-16-only", action="store_true",
+                   help="only the rings deeper than 16 stages (with --deep-rings)")
     c.add_argument("--split-four-only", action="store_true",
                    help="only the cases with k_split 4 (with --k-split)")
     c.add_argument("--progress", action="store_true", help="a line per case as it starts")
@@ -260,7 +279,7 @@ def main():
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,
                                 args.x_copies_only, args.deep_rings, args.aliased_only,
                                 (False, True) if args.tma_x else (False,), args.half_tiles,
-                                args.narrow_only, args.split_four_only)
+                                args.narrow_only, args.split_four_only, args.past_16_only)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

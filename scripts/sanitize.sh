@@ -25,6 +25,7 @@
 #   X_COPIES_ONLY=1  with BULK_X / TMA_X / HALF_TILES / L2_PREFETCH: only those cases
 #   NARROW_ONLY=1    only the cases with a narrow token tile (1, 2 or 4 rows)
 #   SPLIT_FOUR_ONLY=1  with K_SPLIT: only the cases with k_split 4
+#   PAST_16_ONLY=1   with DEEP_RINGS: only the rings deeper than 16 stages
 #   DEEP_RINGS=1     add each family's deepest ring, whose reduction buffer
 #                    lies over the rings; ALIASED_ONLY=1: only those cases
 #   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
@@ -52,6 +53,7 @@ split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 [ "${ALIASED_ONLY:-0}" = 1 ] && split_flag="$split_flag --aliased-only"
 [ "${NARROW_ONLY:-0}" = 1 ] && split_flag="$split_flag --narrow-only"
 [ "${SPLIT_FOUR_ONLY:-0}" = 1 ] && split_flag="$split_flag --split-four-only"
+[ "${PAST_16_ONLY:-0}" = 1 ] && split_flag="$split_flag --past-16-only"
 offset=0
 for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do

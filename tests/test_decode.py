@@ -127,12 +127,13 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
     found = candidates(m, n, k, 132)
     late = [t for t in found if not t.early_launch]
     # a measurement is ~50 ms, a compile ~1 s of one core: the set stays small
-    assert late and len([t for t in late if t.k_split == 1]) <= 32 and len(late) <= 80
+    assert late and len([t for t in late if t.k_split == 1]) <= 32 and len(late) <= 64
     # every candidate is measured with both PDL trigger points, by default
     assert sorted(dataclasses.replace(t, early_launch=True) for t in late) == \
         [t for t in found if t.early_launch]
     assert late == candidates(m, n, k, 132, early_launches=(False,))
-    assert found == candidates(m, n, k, 132, k_splits=(1, 2, 4))  # the split of K: on by default
+    assert found == candidates(m, n, k, 132, k_splits=(1, 2))  # the split of K: on by default
+    assert not [t for t in found if t.k_split == 4]  # in four only on request
     assert default_tactic(m, n, k, 132) in found
     assert all(is_legal(t, n, k) for t in found)
     cover = min(t for t in (8, 16, 32) if t >= m)
@@ -312,7 +313,9 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
 
 @pytest.mark.parametrize(
     "flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma,mixed,narrow", [
-        ([], (1, 2, 4), (1,), None, (False, True), None, (False, True), True, True, True, True),
+        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, True),
+        (["--k-split-4"], (1, 2, 4), (1,), None, (False, True), None, (False, True), True, True,
+         True, True),
         (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0",
           "--no-bulk-x", "--no-l2-prefetch", "--no-tma-x", "--no-mixed-tiles",
           "--no-narrow-tiles"],
@@ -508,9 +511,9 @@ def test_narrow_twins_give_rows_past_m_to_ring_depth():
     assert narrow_twins({**times, **dict.fromkeys(twins, 7.0)}, n, k, 1) == []
 
 
-def test_k_split_in_four_only_where_the_split_in_two_leaves_sms_idle():
+def test_k_split_in_four_on_request_where_the_split_in_two_leaves_sms_idle():
     from warpsplitk.tune import K_SPLIT_4_MIN_BYTES
-    four = [t for t in candidates(1, 1536, 7168, 132) if t.k_split == 4]
+    four = [t for t in candidates(1, 1536, 7168, 132, k_splits=(1, 2, 4)) if t.k_split == 4]
     # 48-row tiles: 32 x 4 = 128 CTAs, one per SM, the whole K share in the ring
     assert any(t.output_tile == 48 and t.stages == 14 and ctas_per_sm(t) == 1 for t in four)
     for t in four:
@@ -519,10 +522,10 @@ def test_k_split_in_four_only_where_the_split_in_two_leaves_sms_idle():
     # 16-row tiles split in two already give 192 CTAs: never split in four
     assert not [t for t in four if t.output_tile == 16]
     # 4224 rows fill the GPU unsplit; small weights are launch-bound
-    assert not [t for t in candidates(1, 4224, 7168, 132) if t.k_split == 4]
+    assert not [t for t in candidates(1, 4224, 7168, 132, k_splits=(1, 2, 4)) if t.k_split == 4]
     assert 1152 * 1536 * 2 < K_SPLIT_4_MIN_BYTES
-    assert not [t for t in candidates(1, 1152, 1536, 132) if t.k_split == 4]
-    assert not [t for t in candidates(1, 1536, 7168, 132, k_splits=(1, 2)) if t.k_split == 4]
+    assert not [t for t in candidates(1, 1152, 1536, 132, k_splits=(1, 2, 4)) if t.k_split == 4]
+    assert not [t for t in candidates(1, 1536, 7168, 132) if t.k_split == 4]
 
 
 def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):

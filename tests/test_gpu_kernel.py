@@ -319,3 +319,16 @@ def test_narrow_token_tiles(text, n, k):
                                                                 dtype=torch.bfloat16))
         torch.cuda.synchronize()
         assert torch.equal(a, b), m
+
+
+@pytest.mark.parametrize("text,n,k", [
+    ("16,8,256,18,1+bulk", 2112, 7168),                   # the H200 plan's 2112x7168 M = 1
+    ("16,8,256,18,2+early", 2112, 7168),
+    ("32,8,128,22,1", 1024, 3072),
+    ("16,16,128,28,2", 512, 4096),
+])
+def test_rings_deeper_than_16_stages(text, n, k):
+    """Rings past 16 stages (up to 32: 8-token stages of 16 rows, narrow
+    token tiles): every M, with and without bias, in a graph."""
+    tactic = WarpSplitKTactic.parse(text)
+    check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=min(tactic.token_tile, 9))

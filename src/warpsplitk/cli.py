@@ -91,7 +91,7 @@ def _cmd_tune(args):
     ms = shape_table.parse_ms(args.m)
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
                 progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget,
-                k_splits=(1, 2, 4) if args.k_split else (1,),
+                k_splits=((1, 2, 4) if args.k_split_4 else (1, 2)) if args.k_split else (1,),
                 x_multicasts=(1, 2, 3, 4) if args.x_multicast else (1,),
                 early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs,
                 confirm=args.confirm, bulk_xs=(False, True) if args.bulk_x else (False,),
@@ -188,8 +188,11 @@ def main(argv=None):
     p.add_argument("--time-budget", type=float,
                    help="seconds: start no new shape after this (rerun with the log to go on)")
     p.add_argument("--k-split", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure the cluster split of K (k_split 2, and 4) where the "
-                        "grid leaves SMs idle (default: on)")
+                   help="also measure the cluster split of K (k_split 2) where the grid "
+                        "leaves SMs idle (default: on)")
+    p.add_argument("--k-split-4", action="store_true",
+                   help="also the split of K in four where the split in two leaves SMs idle "
+                        "(won no cell on the H200)")
     p.add_argument("--x-multicast", action="store_true",
                    help="also measure the experimental activation multicast (x_multicast 2-4) "
                         "for 16- and 32-token tiles")

@@ -30,10 +30,13 @@ Pruning, before anything is measured:
 * with ``x_multicasts=(1, 2, 3, 4)`` (``warpsplitk tune --x-multicast``)
   the activation multicast for 16- and 32-token tiles that cover M, pruned
   like the rest, with the late PDL trigger only;
-* with ``k_splits=(1, 2, 4)`` (the default; ``warpsplitk tune --no-k-split``
-  leaves it out) the cluster split of K too, in two only where ``N /
-  output_tile`` token-tile CTAs leave SMs idle, in four only where the
-  split in two still does, pruned like the rest;
+* with ``k_splits=(1, 2)`` (the default; ``warpsplitk tune --no-k-split``
+  leaves it out) the cluster split of K too, only where ``N /
+  output_tile`` token-tile CTAs leave SMs idle, pruned like the rest; with
+  ``(1, 2, 4)`` (``--k-split-4``) also in four where the split in two still
+  leaves SMs idle, for weights of ``K_SPLIT_4_MIN_BYTES`` or more: on the
+  H200 it won no cell (1536x7168 M = 1: 6.25 µs against 5.74 for the best
+  split in two, 2112x7168 9.5 against 7.4; run 43);
 * with ``early_launches=(False, True)`` (the default; ``--no-early-launch``
   leaves it out) every candidate also with the early PDL trigger
   (``WarpSplitKTactic.early_launch``), which can be 16% faster or slower
@@ -141,7 +144,7 @@ def _activation_warps(token_tile, x_multicast, m, bulk_x=False):
 
 
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
-               k_splits=(1, 2, 4), x_multicasts=(1,),
+               k_splits=(1, 2), x_multicasts=(1,),
                early_launches=(False, True), bulk_xs=(False, True)) -> list[WarpSplitKTactic]:
     cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
@@ -397,7 +400,7 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 
 
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
-         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2, 4),
+         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
          mixed=True, narrow=True) -> DecodePlan:
