@@ -313,9 +313,9 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
 
 @pytest.mark.parametrize(
     "flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma,mixed,narrow", [
-        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, True),
-        (["--k-split-4"], (1, 2, 4), (1,), None, (False, True), None, (False, True), True, True,
-         True, True),
+        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, False),
+        (["--k-split-4", "--narrow-tiles"], (1, 2, 4), (1,), None, (False, True), None,
+         (False, True), True, True, True, True),
         (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0",
           "--no-bulk-x", "--no-l2-prefetch", "--no-tma-x", "--no-mixed-tiles",
           "--no-narrow-tiles"],

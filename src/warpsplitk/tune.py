@@ -102,6 +102,7 @@ from . import layout, timing
 from .decode import DecodePlan
 from .tactics import (
     DEFAULT_SM_COUNT,
+    DEFAULT_MAX_STAGES,
     MAX_STAGES,
     MMA_TOKEN_TILES,
     NARROW_TOKEN_TILES,
@@ -145,7 +146,8 @@ def _activation_warps(token_tile, x_multicast, m, bulk_x=False):
 
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
                k_splits=(1, 2), x_multicasts=(1,),
-               early_launches=(False, True), bulk_xs=(False, True)) -> list[WarpSplitKTactic]:
+               early_launches=(False, True), bulk_xs=(False, True),
+               max_stages=DEFAULT_MAX_STAGES) -> list[WarpSplitKTactic]:
     cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = {default_tactic(m, n, k, sm_count)}
@@ -162,7 +164,7 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
             continue
         family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split,
                                    x_multicast, bulk_x=bulk_x)
-                  for s in range(1, MAX_STAGES + 1)]
+                  for s in range(1, max_stages + 1)]
         family = [t for t in family if is_legal(t, n, k)]
         if not family:
             continue
@@ -276,7 +278,8 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
             twin = dataclasses.replace(t, output_tile=output_tile, k_tile=k_tile, half_tiles=half)
             boxes = with_tma_boxes(twin)
             for variant in dict.fromkeys((twin, boxes)):
-                family = [dataclasses.replace(variant, stages=s) for s in range(1, MAX_STAGES + 1)]
+                family = [dataclasses.replace(variant, stages=s)
+                          for s in range(1, DEFAULT_MAX_STAGES + 1)]
                 family = [f for f in family if is_legal(f, n, k) and ctas_per_sm(f) >= 1]
                 # only where the busiest SM reads measurably less (at M = 1 the
                 # 32-row CTAs carry as much weight as two 16-row ones did)
@@ -403,7 +406,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
-         mixed=True, narrow=True) -> DecodePlan:
+         mixed=True, narrow=False) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
