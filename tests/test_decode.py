@@ -543,3 +543,26 @@ def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
     assert [by_m[m][0].short() for m in (1, 2, 4, 5, 8, 9)] == [a, b, b, b, b, a]
     assert by_m[4][1] is None and by_m[8][1] == 4.0  # only measured Ms carry a time
     assert plan.meta["inherited_ms"] == {"1024,4096": [4]}
+
+
+def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
+    """A log holds what any run measured; the plan counts narrow token tiles
+    (and rings past 16 stages) and the split of K in four only on request."""
+    from warpsplitk.tune import in_default_space, plan_from_log
+    wide, narrow, deep, four = ("32,8,256,4,1", "32,1,256,13,1", "16,8,256,18,1",
+                                "32,8,256,4,1,4")
+    assert in_default_space(WarpSplitKTactic.parse(wide))
+    assert not in_default_space(WarpSplitKTactic.parse(narrow))
+    assert not in_default_space(WarpSplitKTactic.parse(deep))
+    assert in_default_space(WarpSplitKTactic.parse(deep), narrow=True)
+    assert not in_default_space(WarpSplitKTactic.parse(four))
+    assert in_default_space(WarpSplitKTactic.parse(four), k_split_4=True)
+    records = [(2112, 7168, r, wide, 9.0) for r in REPRESENTATIVE_MS]
+    records += [(2112, 7168, 1, narrow, 7.0), (2112, 7168, 4, deep, 7.0),
+                (2112, 7168, 8, four, 7.0)]
+    _log(tmp_path / "log.jsonl", records)
+    plain, _ = plan_from_log(str(tmp_path / "log.jsonl"))
+    assert {t.short() for t, _ in plain.entries[(2112, 7168)].values()} == {wide}
+    asked, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True, k_split_4=True)
+    by_m = asked.entries[(2112, 7168)]
+    assert (by_m[1][0].short(), by_m[4][0].short(), by_m[8][0].short()) == (narrow, deep, four)

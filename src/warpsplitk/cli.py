@@ -74,7 +74,8 @@ def _cmd_plan_from_log(args):
         print(f"warpsplitk tune --from-log: no log at {args.log}", file=sys.stderr)
         return 2
     meta = plan_meta(args.gpu or "unknown", args.sm_count, None)
-    plan, partial = plan_from_log(args.log, shape_table.parse_ms(args.m), meta)
+    plan, partial = plan_from_log(args.log, shape_table.parse_ms(args.m), meta,
+                                  narrow=args.narrow_tiles, k_split_4=args.k_split_4)
     for (n, k), missing in partial.items():
         print(f"N={n} K={k}: left out, no measurement for M={missing}")
     plan.save(args.output)

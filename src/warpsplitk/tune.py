@@ -610,8 +610,19 @@ def _plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS, shape_reps=None) -> De
     return plan
 
 
+def in_default_space(tactic: WarpSplitKTactic, narrow=False, k_split_4=False) -> bool:
+    """Whether ``tactic`` is one the tuner measures by default: no narrow
+    token tile and no ring past ``DEFAULT_MAX_STAGES`` unless ``narrow``
+    (the narrow twins reach deeper), no split of K in four unless
+    ``k_split_4``. A log holds whatever any run measured; a plan is made
+    from what the run's flags ask for."""
+    if not narrow and (tactic.token_tile < layout.MMA_N or tactic.stages > DEFAULT_MAX_STAGES):
+        return False
+    return k_split_4 or tactic.k_split <= 2
+
+
 def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
-                  reps=REPRESENTATIVE_MS):
+                  reps=REPRESENTATIVE_MS, narrow=False, k_split_4=False):
     """The plan ``tune`` makes from the measurements in its log, without a GPU.
 
     A shape is planned when the log has a correct measurement for every
@@ -623,12 +634,16 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     (``inherited_ms``). Shapes measured in part (the tuner measures each
     shape's Ms in ascending order: a run stopped mid-shape lacks the largest)
     are left out and returned with the plan: ``(plan, {(n, k): missing reps})``.
+    Only tactics of the default space count, with narrow token tiles and
+    the split of K in four on request (``in_default_space``).
     """
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
     records = _read_log(log_path)
     for rec in records.values():
         if rec.get("ok") and not rec.get("confirm"):
             tactic = WarpSplitKTactic.parse(rec["tactic"])
+            if not in_default_space(tactic, narrow, k_split_4):
+                continue
             samples.setdefault((rec["n"], rec["k"]), {}).setdefault(rec["m"], {})[tactic] = [rec["us"]]
     for rec in records.values():  # a confirmation counts only beside its first timing
         if rec.get("confirm") and rec.get("ok"):
