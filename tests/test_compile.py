@@ -345,7 +345,7 @@ def test_early_launch_variant_moves_only_the_pdl_trigger(tmp_path, monkeypatch):
     (WarpSplitKTactic(64, 16, 128, 4, 2, 2), 1024, 2048),
     (WarpSplitKTactic(16, 8, 128, 1, 1, 2), 256, 256),     # one tile per CTA
     (WarpSplitKTactic(48, 8, 128, 14, 1, 4), 1536, 7168),  # k_split 4
-    (WarpSplitKTactic(32, 1, 256, 7, 1, 4, bulk_x=True), 1536, 7168),
+    (WarpSplitKTactic(32, 1, 256, 7, 1, 4), 1536, 7168),
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_cluster_split_of_k_compiles_with_its_reduction(tactic, n, k):
     """k_split 2 (experimental): the cluster barrier, the mapped first-CTA

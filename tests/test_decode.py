@@ -501,12 +501,12 @@ def test_narrow_twins_give_rows_past_m_to_ring_depth():
     # M = 3 and 4 take 4-row tiles; from M = 5 on there is nothing narrower than 8
     assert {t.token_tile for t in narrow_twins(times, n, k, 3)} == {4}
     assert narrow_twins(times, n, k, 5) == []
-    # a TMA parent's twin copies by 16 bytes; a bulk parent's keeps its bulk rows
+    # a TMA or bulk parent's twin copies by 16 bytes (narrow tiles take no bulk rows)
     boxes = {WarpSplitKTactic(32, 8, 256, 11, 1, tma_x=True, early_launch=True): 13.3}
     twin = narrow_twins(boxes, 4224, 7168, 4)[0]
     assert not twin.tma_x and twin.early_launch and twin.token_tile == 4
     bulk = {WarpSplitKTactic(16, 8, 256, 16, 1, bulk_x=True): 7.4}
-    assert all(t.bulk_x for t in narrow_twins(bulk, n, k, 1))
+    assert not any(t.bulk_x for t in narrow_twins(bulk, n, k, 1))
     # measured twins are not proposed again
     assert narrow_twins({**times, **dict.fromkeys(twins, 7.0)}, n, k, 1) == []
 

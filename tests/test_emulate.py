@@ -89,15 +89,13 @@ def test_cluster_split_of_k_exact(tactic, m, n, k):
     (WarpSplitKTactic(16, 4, 256, 2, 2), 3, 48, 512),                  # M inside the tile
     (WarpSplitKTactic(16, 4, 256, 2, 2), 9, 16, 512),                  # ... and past it
     (WarpSplitKTactic(64, 4, 128, 2, 2), 4, 64, 256),
-    (WarpSplitKTactic(16, 1, 256, 2, 1, bulk_x=True), 1, 32, 768),     # one bulk row a stage
-    (WarpSplitKTactic(32, 4, 256, 2, 1, bulk_x=True), 2, 32, 512),     # rows past M unwritten
     (WarpSplitKTactic(32, 2, 256, 2, 1, 2), 2, 64, 1024),              # k_split
     (WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=3), 1, 32 * 2 + 16 * 3, 512),
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_narrow_token_tiles_exact(tactic, m, n, k):
     """Narrow token tiles (1, 2, 4 rows): the stage holds only the tile's
     rows, the mma's other columns read duplicates and are never stored;
-    with bulk rows, a cluster split of K and a mixed grid too."""
+    with a cluster split of K and a mixed grid too."""
     x, w, bias = integer_problem(m, n, k, seed=m * 7 + n + k, with_bias=True)
     out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
     np.testing.assert_array_equal(out, reference(x, w, bias))

@@ -28,7 +28,7 @@ K_SPLIT_CASES = [
     (WarpSplitKTactic(48, 8, 128, 14, 1, 4), 1536, 7168),  # the whole K share in the ring
     (WarpSplitKTactic(32, 8, 256, 4, 2, 4, early_launch=True), 1536, 7168),
     (WarpSplitKTactic(64, 16, 128, 3, 2, 4), 1024, 2048),
-    (WarpSplitKTactic(32, 1, 256, 7, 1, 4, bulk_x=True), 1536, 7168),  # a narrow token tile
+    (WarpSplitKTactic(32, 1, 256, 7, 1, 4), 1536, 7168),  # a narrow token tile
     (WarpSplitKTactic(16, 8, 128, 1, 1, 4), 256, 512),    # one tile per CTA
 ]
 

@@ -68,6 +68,7 @@ REJECTIONS = [
     (T(16, 1, 128, 4, 1), 256, 1024, r"token_tile 1 x k_tile 128 is 16 16-byte copies, not a "
                                      r"multiple of the 32 threads"),
     (T(16, 1, 256, 4, 2), 256, 1024, r"is 32 16-byte copies, not a multiple of the 64 threads"),
+    (T(16, 1, 256, 4, 1, bulk_x=True), 256, 1024, r"narrow token_tile 1 .* not bulk_x"),
 ]
 
 REJECTION_IDS = ['output_tile-8',
@@ -97,7 +98,8 @@ REJECTION_IDS = ['output_tile-8',
                  'narrow-token-tile-tma',
                  'narrow-token-tile-multicast',
                  'narrow-token-tile-too-few-copies',
-                 'narrow-token-tile-too-few-copies-two-warps']
+                 'narrow-token-tile-too-few-copies-two-warps',
+                 'narrow-token-tile-bulk']
 
 
 @pytest.mark.parametrize("tactic,n,k,message", REJECTIONS,

@@ -312,7 +312,8 @@ def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
                      key=times.get)[:top]
     found = []
     for parent in parents:
-        twin = dataclasses.replace(parent, token_tile=token_tile, tma_x=False)
+        # 16-byte copies: a narrow tile takes neither boxes nor bulk rows
+        twin = dataclasses.replace(parent, token_tile=token_tile, tma_x=False, bulk_x=False)
         copies = token_tile * twin.k_tile // layout.CHUNK
         if not twin.bulk_x and copies % (twin.b_loader_warps * layout.WARP):
             twin = dataclasses.replace(twin, b_loader_warps=1)  # too few copies for two warps
