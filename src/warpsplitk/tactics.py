@@ -95,7 +95,9 @@ class WarpSplitKTactic:
         for M <= 4) the activation stage holds only the tile's rows and the
         mma's other columns read duplicates that are never stored
         (``layout.stage_row``): smaller stages, a deeper ring for the same
-        shared memory. Not with tma_x or x_multicast.
+        shared memory. 16-byte activation copies only: not with tma_x,
+        x_multicast or bulk_x (with bulk rows the H200 gave wrong sums now
+        and then, run 45). Experimental.
     k_tile: K elements per pipeline stage, 128 or 256.
     stages: depth of the shared-memory rings, 1..32 (the default heuristic's
         at most 16).
