@@ -566,3 +566,17 @@ def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     asked, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True, k_split_4=True)
     by_m = asked.entries[(2112, 7168)]
     assert (by_m[1][0].short(), by_m[4][0].short(), by_m[8][0].short()) == (narrow, deep, four)
+
+
+def test_plan_from_log_skips_tactics_this_version_refuses(tmp_path):
+    """Narrow tiles with bulk rows were measured (run 43) before they were
+    refused (run 45): a plan from that log never picks them."""
+    from warpsplitk.tactics import is_legal
+    from warpsplitk.tune import plan_from_log
+    refused, ok = "32,1,256,13,1+early+bulk", "32,1,256,13,1+early"
+    assert not is_legal(WarpSplitKTactic.parse(refused), 2624, 6144)
+    records = [(2624, 6144, r, "32,8,256,11,1", 9.0) for r in REPRESENTATIVE_MS]
+    records += [(2624, 6144, 1, refused, 7.0), (2624, 6144, 1, ok, 8.0)]
+    _log(tmp_path / "log.jsonl", records)
+    plan, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True)
+    assert plan.entries[(2624, 6144)][1][0].short() == ok

@@ -636,7 +636,8 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     shape's Ms in ascending order: a run stopped mid-shape lacks the largest)
     are left out and returned with the plan: ``(plan, {(n, k): missing reps})``.
     Only tactics of the default space count, with narrow token tiles and
-    the split of K in four on request (``in_default_space``).
+    the split of K in four on request (``in_default_space``), and only
+    those this version accepts (a log can hold some it now refuses).
     """
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
     records = _read_log(log_path)
@@ -645,6 +646,8 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
             tactic = WarpSplitKTactic.parse(rec["tactic"])
             if not in_default_space(tactic, narrow, k_split_4):
                 continue
+            if not is_legal(tactic, rec["n"], rec["k"]):
+                continue  # measured by an earlier version that allowed it (narrow + bulk_x)
             samples.setdefault((rec["n"], rec["k"]), {}).setdefault(rec["m"], {})[tactic] = [rec["us"]]
     for rec in records.values():  # a confirmation counts only beside its first timing
         if rec.get("confirm") and rec.get("ok"):
