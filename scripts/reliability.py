@@ -4,9 +4,7 @@
                                          [--k-split] [--x-multicast] [--bulk-x] [--tma-x]
                                          [--half-tiles]
                                          [--l2-prefetch]
-                                         [--deep-rings] [--clusters-only | --x-copies-only |
-                                         --aliased-only | --narrow-only |
-                                         --split-four-only | --past-16-only] [--progress]
+                                         [--deep-rings] [--NAME-only ...] [--progress]
         Every tactic family (output_tile x token_tile x k_tile x
         b_loader_warps; with --k-split also each with k_split 2 and 4, with
         --x-multicast each with x_multicast 2, 3 and 4, with --bulk-x each
@@ -26,6 +24,8 @@
         Meant to run under compute-sanitizer (scripts/sanitize.sh); 'rotate'
         takes one ring variant per family, starting at --offset, so that
         tools run with different offsets cover all three between them.
+        --NAME-only (NAME in CASE_FILTERS: clusters, x-copies, aliased,
+        narrow, split-four, past-16) keeps the cases that pass every one given.
     python3 scripts/reliability.py soak [--projections 64] [--replays 100000]
         A captured graph of a decode-layer-like chain of projections (each
         output feeds the next input, PDL on), replayed many times; outputs
@@ -117,27 +117,31 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
     return cases
 
 
+#: ``--NAME-only``: keep only the cases whose tactic passes (several: all of them).
+CASE_FILTERS = {
+    "clusters": ("the cases with k_split or x_multicast > 1",
+                 lambda t: t.k_split > 1 or t.x_multicast > 1),
+    "x-copies": ("the cases with bulk_x, tma_x, half tiles or the L2 prefetch",
+                 lambda t: t.bulk_x or t.l2_prefetch or t.tma_x or t.half_tiles),
+    "aliased": ("the cases whose reduction buffer lies over the rings",
+                lambda t: t.reduction_aliased),
+    "narrow": ("the cases with a narrow token tile (1, 2 or 4 rows)",
+               lambda t: t.token_tile < layout.MMA_N),
+    "split-four": ("the cases with k_split 4 (with --k-split)", lambda t: t.k_split == 4),
+    "past-16": ("the rings deeper than 16 stages (with --deep-rings)", lambda t: t.stages > 16),
+}
+
+
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,),
-              clusters_only=False, progress=False, bulk_xs=(False,), l2_prefetch=False,
-              x_copies_only=False, deep_rings=False, aliased_only=False, tma_xs=(False,),
-              half_tiles=False, narrow_only=False, split_four_only=False, past_16_only=False):
+              only=(), progress=False, bulk_xs=(False,), l2_prefetch=False, deep_rings=False,
+              tma_xs=(False,), half_tiles=False):
+    """``only``: names of ``CASE_FILTERS`` every case must pass."""
     torch.manual_seed(0)
     results = []
     cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch, deep_rings,
                          tma_xs, half_tiles)
-    if aliased_only:
-        cases = [case for case in cases if case[0].reduction_aliased]
-    if narrow_only:
-        cases = [case for case in cases if case[0].token_tile < layout.MMA_N]
-    if split_four_only:
-        cases = [case for case in cases if case[0].k_split == 4]
-    if past_16_only:
-        cases = [case for case in cases if case[0].stages > 16]
-    if clusters_only:
-        cases = [case for case in cases if case[0].k_split > 1 or case[0].x_multicast > 1]
-    if x_copies_only:
-        cases = [case for case in cases
-                 if case[0].bulk_x or case[0].l2_prefetch or case[0].tma_x or case[0].half_tiles]
+    for name in only:
+        cases = [case for case in cases if CASE_FILTERS[name][1](case[0])]
     for tactic, n, k, ms in cases[shard::shards]:
         if progress:  # under a slow tool, which case a timeout stopped in
             print(f"case {tactic.short()} N={n} K={k} M={ms}", flush=True)
@@ -247,21 +251,12 @@ def main():
                    help="also a mixed grid (half_tiles 3) of every 32- or 64-row case")
     c.add_argument("--l2-prefetch", action="store_true",
                    help="also the L2 prefetch of every case whose ring is shorter than K")
-    c.add_argument("--clusters-only", action="store_true",
-                   help="only the cases with k_split or x_multicast > 1")
-    c.add_argument("--x-copies-only", action="store_true",
-                   help="only the cases with bulk_x, tma_x, half tiles or the L2 prefetch")
     c.add_argument("--deep-rings", action="store_true",
                    help="also each family's deepest ring that fits only with the reduction "
-                        "buffer over the rings")
-    c.add_argument("--aliased-only", action="store_true",
-                   help="only the cases whose reduction buffer lies over the rings")
-    c.add_argument("--narrow-only", action="store_true",
-                   help="only the cases with a narrow token tile (1, 2 or 4 rows)")
-    c.add_argument("--past-16-only", action="store_true",
-                   help="only the rings deeper than 16 stages (with --deep-rings)")
-    c.add_argument("--split-four-only", action="store_true",
-                   help="only the cases with k_split 4 (with --k-split)")
+                        "buffer over the rings, and its deepest past 16 stages")
+    for name, (what, _) in CASE_FILTERS.items():
+        c.add_argument(f"--{name}-only", action="append_const", const=name, dest="only",
+                       default=[], help=f"only {what}")
     c.add_argument("--progress", action="store_true", help="a line per case as it starts")
     c.add_argument("--json")
     s = sub.add_parser("soak")
@@ -275,11 +270,10 @@ def main():
         results, bad = run_cases(args.subset, args.offset, args.shard, args.shards,
                                 (1, 2, 4) if args.k_split else (1,),
                                 (1, 2, 3, 4) if args.x_multicast else (1,),
-                                args.clusters_only, args.progress,
+                                args.only, args.progress,
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,
-                                args.x_copies_only, args.deep_rings, args.aliased_only,
-                                (False, True) if args.tma_x else (False,), args.half_tiles,
-                                args.narrow_only, args.split_four_only, args.past_16_only)
+                                args.deep_rings, (False, True) if args.tma_x else (False,),
+                                args.half_tiles)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

@@ -299,8 +299,8 @@ def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
     """``{tactic: us}`` of one cell with M <= 4 -> its ``top`` fastest
     8-token tactics with the narrowest token tile that still covers M
     (``NARROW_TOKEN_TILES``: the stage holds M's rows only), activations by
-    16-byte copies (a narrow stage cannot be a TMA box) unless the parent
-    copies rows in bulk, each at two ring depths: the deepest that keeps the
+    16-byte copies (a narrow tile takes neither TMA boxes nor bulk rows),
+    each at two ring depths: the deepest that keeps the
     parent's CTAs per SM (the shared memory the 8-row stage spent on rows
     past M, as depth) and the deepest that fits one CTA more per SM (room
     for the next kernel's CTAs to start under PDL while this grid streams).
@@ -315,7 +315,7 @@ def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
         # 16-byte copies: a narrow tile takes neither boxes nor bulk rows
         twin = dataclasses.replace(parent, token_tile=token_tile, tma_x=False, bulk_x=False)
         copies = token_tile * twin.k_tile // layout.CHUNK
-        if not twin.bulk_x and copies % (twin.b_loader_warps * layout.WARP):
+        if copies % (twin.b_loader_warps * layout.WARP):
             twin = dataclasses.replace(twin, b_loader_warps=1)  # too few copies for two warps
         family = [dataclasses.replace(twin, stages=s) for s in range(1, MAX_STAGES + 1)]
         family = [t for t in family if is_legal(t, n, k)]
@@ -469,8 +469,11 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
         # a cell not measured yet: its twins are likely those of the next
         # measured M up (the same tactics ranked alike), compiled now in
         # parallel rather than one by one when the cell gets there
-        proxy = logged or next((logged_times(n, k, q) for q in reps
-                                if q > r and logged_times(n, k, q)), {})
+        proxy = logged
+        for q in (q for q in reps if q > r):
+            if proxy:
+                break
+            proxy = logged_times(n, k, q)
         for rule in rules:
             # the twins of the logged fastest (any a proxy missed compile
             # when their cell gets there)
