@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic, legal_tactics
 from warpsplitk.shapes import load
+from warpsplitk.tactics import PREFETCH_TILES
 
 pytestmark = pytest.mark.gpu
 
@@ -83,7 +84,8 @@ def test_random_legal_tactics(n, k):
         # the L2 prefetch: the shipped plans use them all
         tactic = rng.choice(legal_tactics(m, n, k, early_launches=(False, True),
                                           l2_prefetches=(False, True), bulk_xs=(False, True),
-                                          tma_xs=(False, True)))
+                                          tma_xs=(False, True),
+                                          prefetch_tiles=(0,) + PREFETCH_TILES))
         prepared = PreparedWarpSplitK(w, {m: tactic})
         check(prepared, m, n, k, w)
 
@@ -186,9 +188,17 @@ def test_wide_tiles_and_plan_tactics(tactic, n, k):
     ("32,8,256,5,2+early+prefetch", 4608, 1536),
     ("64,16,128,4,2+early+prefetch", 7168, 768),
     ("48,32,128,3,2,2+prefetch", 3216, 7168),
+    # the bounded prefetch (run 46's picks): a few tiles past the ring
+    ("16,8,256,16,1+early+prefetch4+bulk", 2112, 7168),
+    ("32,8,256,10,1,2+early+prefetch2+tma", 1536, 7168),
+    ("32,8,256,11,2+early+prefetch4+half100", 2624, 6144),
+    ("32,32,256,7,1+early+prefetch2+tma+half63", 3216, 7168),
+    ("32,16,256,9,1+early+prefetch1", 4224, 7168),
+    ("16,8,256,2,2+prefetch3", 512, 2048),                # 8 tiles: 2 in the ring, 3 past it
 ])
 def test_bulk_activations_and_l2_prefetch(text, n, k):
-    """bulk_x (rows past M never written) and the L2 prefetch (a hint) give
+    """bulk_x (rows past M never written) and the L2 prefetch (a hint,
+    whole or bounded) give
     the same results as the 16-byte copies, every M, with and without bias,
     in a graph."""
     tactic = WarpSplitKTactic.parse(text)

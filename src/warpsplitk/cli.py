@@ -97,7 +97,7 @@ def _cmd_tune(args):
                 early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs,
                 confirm=args.confirm, bulk_xs=(False, True) if args.bulk_x else (False,),
                 l2_prefetch=args.l2_prefetch, tma=args.tma_x, mixed=args.mixed_tiles,
-                narrow=args.narrow_tiles)
+                narrow=args.narrow_tiles, bounded_prefetch=args.bounded_prefetch)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -206,6 +206,10 @@ def main(argv=None):
     p.add_argument("--l2-prefetch", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure each cell's fastest candidates with the L2 prefetch of "
                         "the weight past the ring, for weights up to 16 MiB (default: on)")
+    p.add_argument("--bounded-prefetch", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure each cell's 2 fastest candidates with the L2 prefetch "
+                        "bounded to 1-4 K tiles past the ring, any weight size "
+                        "(default: on)")
     p.add_argument("--tma-x", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure each cell's 3 fastest candidates with their activations "
                         "as TMA boxes, and its fastest with 16+ token rows with the boxes "

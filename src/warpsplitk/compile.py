@@ -16,6 +16,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
+from . import layout
 from .tactics import MAX_M, WarpSplitKTactic, check_tactic
 
 SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
@@ -179,7 +180,17 @@ class CompileReport:
         t = self.tactic
         return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split,
                          x_multicast=t.x_multicast, l2_prefetch=t.l2_prefetch, bulk_x=t.bulk_x,
-                         tma_x=t.tma_x)
+                         tma_x=t.tma_x, prefetch_bytes=self.prefetch_bytes)
+
+    @property
+    def prefetch_bytes(self) -> int | None:
+        """Bytes of each row the L2 prefetch asks for (None without one)."""
+        t = self.tactic
+        if not t.l2_prefetch:
+            return None
+        k_tiles = self.k // (t.k_tile * t.k_split)
+        _, count = layout.l2_prefetch_span(k_tiles, t.stages, t.k_tile, t.prefetch_tiles)
+        return count * layout.ELEMENT_BYTES
 
     def summary(self) -> str:
         t = self.tactic
@@ -293,16 +304,35 @@ PTX_AUDIT_PREFETCH = (
 )
 
 
+#: The L2 prefetch: its byte count is a register set from a constant
+#: before it (the span is static, ``layout.l2_prefetch_span``).
+PTX_PREFETCH = re.compile(r"cp\.async\.bulk\.prefetch\.L2\.global \[[^\]]+\], (%r\d+);")
+
+
+def prefetch_sizes(ptx_text: str) -> list[int | None]:
+    """The byte count of each L2 prefetch in ``ptx_text``: the constant last
+    moved into its size register before it (None where none was)."""
+    sizes = []
+    for found in PTX_PREFETCH.finditer(ptx_text):
+        register = re.escape(found.group(1))
+        moves = re.findall(rf"mov\.b32\s+{register},\s*(\d+);", ptx_text[:found.start()])
+        sizes.append(int(moves[-1]) if moves else None)
+    return sizes
+
+
 def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
               x_multicast: int = 1, l2_prefetch: bool = False,
-              bulk_x: bool = False, tma_x: bool = False) -> list[str]:
+              bulk_x: bool = False, tma_x: bool = False,
+              prefetch_bytes: int | None = None) -> list[str]:
     """Problems with a kernel's PTX: required instructions missing, forbidden ones
     present. ``k_tiles`` (per CTA) ``== 1`` waives the L2 hint (a one-tile
     weight has only the unhinted prologue copy); ``k_split > 1`` requires the
     cluster reduction, ``x_multicast > 1`` the activation multicast,
     ``l2_prefetch`` the bulk L2 prefetch, ``bulk_x`` the bulk activation
     copies, ``tma_x`` TMA boxes of x (and, multicast, their multicast in
-    place of the rows'); each is forbidden without its tactic."""
+    place of the rows'); each is forbidden without its tactic. With
+    ``prefetch_bytes``, every L2 prefetch must ask for that many bytes per
+    row (the bound of ``prefetch_tiles``, or the whole remainder)."""
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
     if k_split > 1:
         required += list(PTX_AUDIT_CLUSTER)
@@ -344,6 +374,11 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
     if not l2_prefetch:
         problems += [f"found {why} ({pattern}) without l2_prefetch"
                      for pattern, why in PTX_AUDIT_PREFETCH if re.search(pattern, ptx_text)]
+    elif prefetch_bytes is not None:
+        sizes = prefetch_sizes(ptx_text)
+        if set(sizes) != {prefetch_bytes}:
+            problems.append(f"the L2 prefetch asks for {sizes} bytes per row, "
+                            f"expected {prefetch_bytes}")
     return problems
 
 

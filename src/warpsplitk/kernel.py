@@ -31,7 +31,8 @@ walks all of K through two shared-memory rings of ``stages`` slots:
 * ``l2_prefetch``: once the weight ring's first fill is issued, each weight
   loader thread asks L2 for the rest of one tile row's K share with one
   ``cp.async.bulk.prefetch.L2``, so that stream does not wait for the ring
-  to drain (a hint; measured per cell, it wins on some 11-14 MB weights).
+  to drain (a hint; measured per cell, it wins on some 11-14 MB weights);
+  ``prefetch_tiles`` bounds it to a few K tiles past the ring.
 
 Each stage has three mbarriers: ``full_a`` / ``full_b`` complete when a
 stage's copies land (``cp.async.mbarrier.arrive.noinc`` by every loader
@@ -341,12 +342,14 @@ class WarpSplitKKernel:
 
     def prefetch_weight_tail(self, weight, thread, tile_n, rank):
         """l2_prefetch: ask L2 for each tile row's K past the ring's first
-        fill, one bulk prefetch per row (``layout.l2_prefetch_span``). Issued
+        fill (all of it, or ``prefetch_tiles`` K tiles of it), one bulk
+        prefetch per row (``layout.l2_prefetch_span``). Issued
         right after that fill, before any wait: the HBM stream of the rest
         of this CTA's weight then overlaps the previous grid (PDL) and the
         ring's drain, and the refills hit L2."""
         t = self.tactic
-        first, count = layout.l2_prefetch_span(self.k_tiles, t.stages, t.k_tile)
+        first, count = layout.l2_prefetch_span(self.k_tiles, t.stages, t.k_tile,
+                                               t.prefetch_tiles)
         valid = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
         src = (weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
                + Int64(cutlass.select_(valid, thread, Int32(0))) * (self.k * _BYTES)

@@ -160,12 +160,14 @@ def l2_prefetch_threads(output_tile):
     return output_tile
 
 
-def l2_prefetch_span(k_tiles, stages, k_tile):
+def l2_prefetch_span(k_tiles, stages, k_tile, tiles=0):
     """``(first, count)``: the elements of each row of a CTA's K share past
     the ring's first fill, which the ``l2_prefetch`` tactic asks L2 for
-    before the dependency wait (``count`` 0 when the ring holds them all)."""
+    before the dependency wait (``count`` 0 when the ring holds them all);
+    with ``tiles`` > 0 (``prefetch_tiles``) at most that many K tiles of them."""
     first = min(stages, k_tiles) * k_tile
-    return first, k_tiles * k_tile - first
+    rest = k_tiles * k_tile - first
+    return first, min(rest, tiles * k_tile) if tiles else rest
 
 
 # -------------------------------------------------------- fragment loads

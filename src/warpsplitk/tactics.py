@@ -50,8 +50,14 @@ EARLY_SUFFIX = "+early"
 #: Whether the weight loaders ask L2 for the rest of their K share before the
 #: dependency wait (see WarpSplitKTactic.l2_prefetch).
 L2_PREFETCHES = (False, True)
-#: ``short()`` suffix of a tactic with the L2 prefetch.
+#: ``short()`` suffix of a tactic with the L2 prefetch; followed by the
+#: tile count of a bounded one (``+prefetch4``).
 PREFETCH_SUFFIX = "+prefetch"
+#: K tiles past the ring a bounded L2 prefetch may ask for (see
+#: WarpSplitKTactic.prefetch_tiles): about what keeps HBM busy across the
+#: gap between two calls (~1 us x 4.4 TB/s over 64-132 CTAs: 33-70 KB per
+#: CTA, 2-8 tiles of 8-16 KB), few enough that L2 keeps them.
+PREFETCH_TILES = (1, 2, 3, 4, 6, 8)
 #: Whether activation rows arrive by one bulk copy per row and stage (see
 #: WarpSplitKTactic.bulk_x).
 BULK_XS = (False, True)
@@ -128,6 +134,13 @@ class WarpSplitKTactic:
         this CTA still waits for the previous grid, instead of only as fast
         as the ring drains after it. Legal only when the ring does not
         already hold the CTA's whole K share. A hint: it changes no result.
+    prefetch_tiles: with l2_prefetch, 0 asks for all of the CTA's K share
+        past the ring; 1-8 (``PREFETCH_TILES``) only that many K tiles past
+        it (fewer than remain). All of it filled the gap between calls
+        on 11-14 MB weights but lost on larger ones, where every CTA's whole
+        remainder queues ahead of the refills the running grid needs (runs
+        25, 27); a few tiles per CTA are what the gap between two calls can
+        stream, and L2 keeps them.
     bulk_x: how activation rows reach the ring. False: every activation-
         loader thread issues 16-byte ``cp.async`` copies, rows past M
         zero-filled (``token_tile * k_tile / 8`` copies per stage, M or
@@ -171,6 +184,7 @@ class WarpSplitKTactic:
     bulk_x: bool = False
     tma_x: bool = False
     half_tiles: int = 0
+    prefetch_tiles: int = 0
 
     @property
     def bulk_activations(self) -> bool:
@@ -210,7 +224,8 @@ class WarpSplitKTactic:
     def short(self) -> str:
         """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1,
         ``o,t,k,s,b,c,x`` when x_multicast x > 1), then ``+early`` with the
-        early PDL trigger, ``+prefetch`` with the L2 prefetch, ``+bulk``
+        early PDL trigger, ``+prefetch`` with the L2 prefetch (``+prefetchP``
+        bounded to P tiles), ``+bulk``
         with bulk activation copies and ``+tma`` with TMA ones."""
         text = (f"{self.output_tile},{self.token_tile},{self.k_tile},"
                 f"{self.stages},{self.b_loader_warps}")
@@ -221,7 +236,7 @@ class WarpSplitKTactic:
         if self.early_launch:
             text += EARLY_SUFFIX
         if self.l2_prefetch:
-            text += PREFETCH_SUFFIX
+            text += PREFETCH_SUFFIX + (str(self.prefetch_tiles) if self.prefetch_tiles else "")
         if self.bulk_x:
             text += BULK_SUFFIX
         if self.tma_x:
@@ -238,8 +253,13 @@ class WarpSplitKTactic:
             body, half = head, int(count)
         flags = {EARLY_SUFFIX: False, PREFETCH_SUFFIX: False, BULK_SUFFIX: False,
                  TMA_SUFFIX: False}
+        prefetch_tiles = 0
         # short()'s order, reversed
         for suffix in (TMA_SUFFIX, BULK_SUFFIX, PREFETCH_SUFFIX, EARLY_SUFFIX):
+            if suffix == PREFETCH_SUFFIX:
+                head, marker, count = body.rpartition(PREFETCH_SUFFIX)
+                if marker and count.isdigit() and count[0] != "0":
+                    body, prefetch_tiles = head + PREFETCH_SUFFIX, int(count)
             if body.endswith(suffix):
                 flags[suffix] = True
                 body = body[:-len(suffix)]
@@ -252,11 +272,13 @@ class WarpSplitKTactic:
                 "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
                 "b_loader_warps', then optionally k_split and x_multicast, then "
                 f"optionally '{EARLY_SUFFIX}', '{PREFETCH_SUFFIX}', '{BULK_SUFFIX}' and "
-                f"'{TMA_SUFFIX}' in that order, then optionally '{HALF_SUFFIX}H', "
+                f"'{TMA_SUFFIX}' in that order ('{PREFETCH_SUFFIX}P' for a bounded prefetch), "
+                f"then optionally '{HALF_SUFFIX}H', "
                 f"got {text!r}")
         fields += [1] * (7 - len(fields))
         return cls(*fields, early_launch=flags[EARLY_SUFFIX], l2_prefetch=flags[PREFETCH_SUFFIX],
-                   bulk_x=flags[BULK_SUFFIX], tma_x=flags[TMA_SUFFIX], half_tiles=half)
+                   bulk_x=flags[BULK_SUFFIX], tma_x=flags[TMA_SUFFIX], half_tiles=half,
+                   prefetch_tiles=prefetch_tiles)
 
 
 def _field_error(name, value, allowed):
@@ -286,6 +308,12 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         raise _field_error("early_launch", tactic.early_launch, EARLY_LAUNCHES)
     if tactic.l2_prefetch not in L2_PREFETCHES or not isinstance(tactic.l2_prefetch, bool):
         raise _field_error("l2_prefetch", tactic.l2_prefetch, L2_PREFETCHES)
+    if not isinstance(tactic.prefetch_tiles, int) or isinstance(tactic.prefetch_tiles, bool) \
+            or tactic.prefetch_tiles not in (0,) + PREFETCH_TILES:
+        raise _field_error("prefetch_tiles", tactic.prefetch_tiles, (0,) + PREFETCH_TILES)
+    if tactic.prefetch_tiles and not tactic.l2_prefetch:
+        raise ValueError(f"warp split-K tactic: prefetch_tiles {tactic.prefetch_tiles} bounds "
+                         "the L2 prefetch; it needs l2_prefetch True")
     if tactic.bulk_x not in BULK_XS or not isinstance(tactic.bulk_x, bool):
         raise _field_error("bulk_x", tactic.bulk_x, BULK_XS)
     if tactic.tma_x not in TMA_XS or not isinstance(tactic.tma_x, bool):
@@ -392,6 +420,11 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         raise ValueError(f"warp split-K: l2_prefetch needs more K tiles{per_cta} than ring "
                          f"stages; the {tactic.stages}-stage ring already holds all {cta_tiles} "
                          f"of K={k} (k_tile {tactic.k_tile}), leaving nothing to prefetch")
+    if tactic.prefetch_tiles and tactic.stages + tactic.prefetch_tiles >= cta_tiles:
+        raise ValueError(f"warp split-K: prefetch_tiles {tactic.prefetch_tiles} past a "
+                         f"{tactic.stages}-stage ring reaches the end of the {cta_tiles} K "
+                         f"tiles{per_cta} of K={k}: that is the whole-remainder prefetch, "
+                         "prefetch_tiles 0")
     if tactic.stages == 1 and cta_tiles > 1:
         raise ValueError(f"warp split-K: a one-stage ring serialises load and compute; "
                          f"K={k} spans {cta_tiles} tiles{per_cta}, use stages >= 2")
@@ -410,35 +443,39 @@ def is_legal(tactic: WarpSplitKTactic, n: int, k: int) -> bool:
 
 
 def all_tactics(k_splits=(1,), x_multicasts=(1,), early_launches=(False,),
-                l2_prefetches=(False,), bulk_xs=(False,), tma_xs=(False,)):
+                l2_prefetches=(False,), bulk_xs=(False,), tma_xs=(False,), prefetch_tiles=(0,)):
     """Every tactic of the kernel's space, legal for some shape or not (with
     ``k_splits=K_SPLITS``, the cluster split of K too; with
     ``x_multicasts=X_MULTICASTS``, the experimental activation multicast;
     with ``early_launches=EARLY_LAUNCHES``, both PDL trigger points; with
     ``l2_prefetches=L2_PREFETCHES``, the L2 prefetch too; with
     ``bulk_xs=BULK_XS``, bulk activation copies too; with ``tma_xs=TMA_XS``,
-    TMA activation copies too)."""
-    for o, t, kt, s, b, c, x, e, f, bx, tx in itertools.product(
+    TMA activation copies too; with ``prefetch_tiles=(0,) + PREFETCH_TILES``
+    and the L2 prefetch, its bounded forms too)."""
+    for o, t, kt, s, b, c, x, e, f, bx, tx, p in itertools.product(
             OUTPUT_TILES, TOKEN_TILES, K_TILES, range(1, MAX_STAGES + 1), B_LOADER_WARPS,
-            k_splits, x_multicasts, early_launches, l2_prefetches, bulk_xs, tma_xs):
+            k_splits, x_multicasts, early_launches, l2_prefetches, bulk_xs, tma_xs,
+            prefetch_tiles):
         if (x > 1 and (c > 1 or b > 1 or bx)) or (bx and b > 1) or (tx and (bx or b > 1)):
             continue  # never legal (check_tactic)
+        if p and not f:
+            continue  # a bound without the prefetch (check_tactic)
         if t < layout.MMA_N and (tx or x > 1 or bx or (t * kt // layout.CHUNK)
                                                    % (b * layout.WARP)):
             continue  # a narrow token tile: never legal this way (check_tactic)
-        yield WarpSplitKTactic(o, t, kt, s, b, c, x, e, f, bx, tx)
+        yield WarpSplitKTactic(o, t, kt, s, b, c, x, e, f, bx, tx, prefetch_tiles=p)
 
 
 def legal_tactics(m: int, n: int, k: int, k_splits=(1,), x_multicasts=(1,),
                   early_launches=(False,), l2_prefetches=(False,),
-                  bulk_xs=(False,), tma_xs=(False,)) -> list[WarpSplitKTactic]:
+                  bulk_xs=(False,), tma_xs=(False,), prefetch_tiles=(0,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
     larger than the mma-wide tile needed to cover ``m`` in one tile (a bigger
     tile only loads zeros); narrow tiles included."""
     _check_m(m)
     need = min(t for t in MMA_TOKEN_TILES if t >= m)
     return [t for t in all_tactics(k_splits, x_multicasts, early_launches, l2_prefetches,
-                                   bulk_xs, tma_xs)
+                                   bulk_xs, tma_xs, prefetch_tiles)
             if t.token_tile <= need and is_legal(t, n, k)]
 
 

@@ -61,6 +61,16 @@ Pruning, before anything is measured:
   mixed grid of 32- or 64-row tiles and their halves, one CTA per SM
   (``WarpSplitKTactic.half_tiles``), with and without TMA boxes (run 36:
   2624x6144 M = 32 10.0 -> 9.13 µs, 3216x7168 M = 16 12.8 -> 11.3 µs);
+* measured neighbours: with ``bounded_prefetch`` (the default;
+  ``--no-bounded-prefetch`` leaves it out), last, each cell's
+  ``BOUNDED_PREFETCH_TOP`` fastest are timed again with the L2 prefetch
+  bounded to 1-4 K tiles past the ring (``prefetch_tiles``), on
+  weights of every size. The prediction (session 9): between two calls
+  HBM idles while the running grid drains and completes and the next one
+  waits for it (~1 µs on 22-30 MB weights, which stream at 84-92% of the
+  read bandwidth against 96% for 61 MB); a few tiles per CTA asked of L2
+  before the wait fill that gap, where the whole remainder (the unbounded
+  prefetch) queued ahead of the running grid's refills;
 * measured neighbours: with ``tma`` (the default; ``--no-tma-x`` leaves it
   out), each cell's ``TMA_TOP`` fastest are timed again with their
   activations as TMA boxes (``WarpSplitKTactic.tma_x``, one activation
@@ -200,6 +210,27 @@ def prefetch_twins(times, n, k, top=PREFETCH_TOP) -> list[WarpSplitKTactic]:
     fastest = sorted((t for t in times if not t.l2_prefetch), key=times.get)[:top]
     twins = [dataclasses.replace(t, l2_prefetch=True) for t in fastest]
     return [t for t in twins if t not in times and is_legal(t, n, k)]
+
+
+#: the bounded L2 prefetch's measured-neighbour rule (module docstring):
+#: the depths measured (run 46: 2 or 4 tiles won 87 of 89 parents on the
+#: 22-61 MB weights, 8 two, and 8 was slower than none on most)
+BOUNDED_PREFETCH_TOP = 2
+BOUNDED_PREFETCH_DEPTHS = (1, 2, 3, 4)
+
+
+def bounded_prefetch_twins(times, n, k, top=BOUNDED_PREFETCH_TOP,
+                           depths=BOUNDED_PREFETCH_DEPTHS) -> list[WarpSplitKTactic]:
+    """``{tactic: us}`` of one cell -> its ``top`` fastest tactics without
+    an L2 prefetch (and without the multicast), each with the prefetch
+    bounded to each of ``depths`` K tiles past the ring that leaves some of
+    the CTA's K share unprefetched; any weight size. None already in
+    ``times``, all legal."""
+    parents = sorted((t for t in times if not t.l2_prefetch and t.x_multicast == 1),
+                     key=times.get)[:top]
+    twins = [dataclasses.replace(t, l2_prefetch=True, prefetch_tiles=p)
+             for t in parents for p in depths]
+    return [t for t in dict.fromkeys(twins) if t not in times and is_legal(t, n, k)]
 
 
 #: the TMA twins' measured-neighbour rule (module docstring)
@@ -407,7 +438,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
-         mixed=True, narrow=False) -> DecodePlan:
+         mixed=True, narrow=False, bounded_prefetch=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -457,7 +488,9 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
         # after the TMA twins: a TMA parent's narrow twin copies by 16 bytes
         (narrow, lambda times, n, k, r: narrow_twins(times, n, k, r, sm_count)),
         # last: a cell's fastest, TMA twins included, are the mixed grids' parents
-        (mixed, lambda times, n, k, r: mixed_twins(times, n, k, r, sm_count))) if on]
+        (mixed, lambda times, n, k, r: mixed_twins(times, n, k, r, sm_count)),
+        # after every other rule: any of them may have found the parents
+        (bounded_prefetch, lambda times, n, k, r: bounded_prefetch_twins(times, n, k))) if on]
     def logged_times(n, k, r):
         return {t: [done[_log_key(n, k, r, t)]["us"]] for t in work[(n, k, r)]
                 if done.get(_log_key(n, k, r, t), {}).get("ok")}
