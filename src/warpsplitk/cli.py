@@ -217,11 +217,10 @@ def main(argv=None):
     p.add_argument("--mixed-tiles", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure each cell's fastest uneven grids as mixed grids of tiles "
                         "and half tiles, one CTA per SM (default: on)")
-    p.add_argument("--narrow-tiles", action=argparse.BooleanOptionalAction, default=False,
-                   help="experimental: at M <= 4 also measure each cell's 3 fastest 8-token "
-                        "candidates with a 1-, 2- or 4-row token tile, at the ring depths its "
-                        "smaller stages allow (default: off; GPU test failures under "
-                        "investigation, docs/NOTES.md)")
+    p.add_argument("--narrow-tiles", action=argparse.BooleanOptionalAction, default=True,
+                   help="at M <= 4 also measure each cell's 3 fastest 8-token candidates with "
+                        "a 1-, 2- or 4-row token tile, at the ring depths its smaller stages "
+                        "allow (default: on)")
     p.add_argument("--confirm", type=int, default=None,
                    help="time each cell's N fastest candidates a second time and use the "
                         "mean of both (default: 3; 0 times each once)")

@@ -438,7 +438,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
-         mixed=True, narrow=False, bounded_prefetch=True) -> DecodePlan:
+         mixed=True, narrow=True, bounded_prefetch=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -647,7 +647,7 @@ def _plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS, shape_reps=None) -> De
     return plan
 
 
-def in_default_space(tactic: WarpSplitKTactic, narrow=False, k_split_4=False) -> bool:
+def in_default_space(tactic: WarpSplitKTactic, narrow=True, k_split_4=False) -> bool:
     """Whether ``tactic`` is one the tuner measures by default: no narrow
     token tile and no ring past ``DEFAULT_MAX_STAGES`` unless ``narrow``
     (the narrow twins reach deeper), no split of K in four unless
@@ -659,7 +659,7 @@ def in_default_space(tactic: WarpSplitKTactic, narrow=False, k_split_4=False) ->
 
 
 def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
-                  reps=REPRESENTATIVE_MS, narrow=False, k_split_4=False):
+                  reps=REPRESENTATIVE_MS, narrow=True, k_split_4=False):
     """The plan ``tune`` makes from the measurements in its log, without a GPU.
 
     A shape is planned when the log has a correct measurement for every
