@@ -492,6 +492,28 @@ def test_audit_requires_bulk_x_and_the_prefetch_only_with_their_fields():
     assert audit_ptx(both.ptx, k_tiles=4, bulk_x=True, l2_prefetch=True) == []
 
 
+@pytest.mark.parametrize("text,n,k,span_tiles", [
+    ("32,8,256,10,1,2+early+prefetch2+tma", 1536, 7168, 2),      # k_split: the CTA's share
+    ("16,8,256,16,1+early+prefetch4+bulk", 2112, 7168, 4),
+    ("32,16,256,9,1+early+prefetch3+tma+half63", 3216, 7168, 3),  # both tile paths
+    ("32,8,256,10,1,2+early+prefetch+bulk", 768, 7168, 4),       # whole: 14 - 10 tiles
+])
+def test_l2_prefetch_asks_for_its_span(text, n, k, span_tiles):
+    """The PTX asks L2 for exactly the prefetch's span per row: the bound of
+    prefetch_tiles, or the whole remainder; the audit refuses any other."""
+    tactic = WarpSplitKTactic.parse(text)
+    report = compile_for_arch(n, k, tactic, "sm_90a")
+    assert report.audit() == []
+    assert report.prefetch_bytes == span_tiles * tactic.k_tile * 2
+    from warpsplitk.compile import prefetch_sizes
+    assert set(prefetch_sizes(report.ptx)) == {report.prefetch_bytes}
+    k_tiles = k // (tactic.k_tile * tactic.k_split)
+    wrong = audit_ptx(report.ptx, k_tiles=k_tiles, k_split=tactic.k_split, l2_prefetch=True,
+                      bulk_x=tactic.bulk_x, tma_x=tactic.tma_x,
+                      prefetch_bytes=report.prefetch_bytes + 512)
+    assert any("the L2 prefetch asks for" in p for p in wrong)
+
+
 @pytest.mark.parametrize("tactic,n,k,aliased", [
     (WarpSplitKTactic(32, 32, 256, 7, 2), 2624, 6144, True),
     (WarpSplitKTactic(48, 32, 128, 11, 2), 3216, 7168, True),

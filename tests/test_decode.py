@@ -312,16 +312,18 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
 
 
 @pytest.mark.parametrize(
-    "flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma,mixed,narrow", [
-        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, False),
-        (["--k-split-4", "--narrow-tiles"], (1, 2, 4), (1,), None, (False, True), None,
-         (False, True), True, True, True, True),
+    "flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma,mixed,narrow,bounded", [
+        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, True,
+         True),
+        (["--k-split-4", "--no-narrow-tiles"], (1, 2, 4), (1,), None, (False, True), None,
+         (False, True), True, True, True, False, True),
         (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0",
           "--no-bulk-x", "--no-l2-prefetch", "--no-tma-x", "--no-mixed-tiles",
-          "--no-narrow-tiles"],
-         (1,), (1, 2, 3, 4), 3, (False,), 0, (False,), False, False, False, False)])
+          "--no-narrow-tiles", "--no-bounded-prefetch"],
+         (1,), (1, 2, 3, 4), 3, (False,), 0, (False,), False, False, False, False, False)])
 def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, x_multicasts,
-                                        jobs, early, confirm, bulk, prefetch, tma, mixed, narrow):
+                                        jobs, early, confirm, bulk, prefetch, tma, mixed, narrow,
+                                        bounded):
     import warpsplitk.tune as tune_module
     from warpsplitk.cli import main
     seen = {}
@@ -339,6 +341,7 @@ def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, 
     assert seen["confirm"] == confirm
     assert seen["bulk_xs"] == bulk and seen["l2_prefetch"] is prefetch and seen["tma"] is tma
     assert seen["mixed"] is mixed and seen["narrow"] is narrow
+    assert seen["bounded_prefetch"] is bounded
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
     assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
 
@@ -418,6 +421,26 @@ def test_prefetch_twins_of_the_fastest_small_weights_only():
     # weights over the limit: the prefetch lost there (runs 25, 27)
     assert n * 7168 * 2 <= PREFETCH_MAX_BYTES < 3216 * 7168 * 2
     assert prefetch_twins(times, 3216, 7168) == []
+
+
+def test_bounded_prefetch_twins_of_the_fastest_any_size():
+    """Each cell's two fastest without a prefetch, with the prefetch bounded
+    to 1-4 tiles past the ring where that leaves part of the K share out;
+    any weight size (run 46: 2-6% on the 22-61 MB weights)."""
+    from warpsplitk.tune import BOUNDED_PREFETCH_DEPTHS, BOUNDED_PREFETCH_TOP, bounded_prefetch_twins
+    n, k = 4224, 2048  # 8 K tiles of 256
+    a, b = WarpSplitKTactic(32, 8, 256, 3, 1, early_launch=True), WarpSplitKTactic(32, 8, 256, 6, 1)
+    times = {a: 13.0, b: 13.1, WarpSplitKTactic(32, 8, 256, 2, 1): 14.0,
+             WarpSplitKTactic(32, 8, 256, 4, 1, l2_prefetch=True): 12.0}  # a prefetch: no parent
+    assert BOUNDED_PREFETCH_TOP == 2 and BOUNDED_PREFETCH_DEPTHS == (1, 2, 3, 4)
+    twins = bounded_prefetch_twins(times, n, k)
+    # b's ring (6 of 8 tiles) leaves room for one tile past it
+    assert twins == [dataclasses.replace(a, l2_prefetch=True, prefetch_tiles=p) for p in (1, 2, 3, 4)] + \
+        [dataclasses.replace(b, l2_prefetch=True, prefetch_tiles=1)]
+    times[twins[0]] = 12.5  # measured: not again, and not a parent
+    assert bounded_prefetch_twins(times, n, k) == twins[1:]
+    # the multicast is no parent
+    assert bounded_prefetch_twins({WarpSplitKTactic(16, 32, 256, 4, 1, 1, 2): 5.0}, 512, 7168) == []
 
 
 def test_tma_twins_of_the_fastest():
@@ -547,23 +570,29 @@ def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
 
 def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     """A log holds what any run measured; the plan counts narrow token tiles
-    (and rings past 16 stages) and the split of K in four only on request."""
+    (and rings past 16 stages) unless told not to (``narrow=False``, the
+    tuner's ``--no-narrow-tiles``), and the split of K in four only on
+    request."""
     from warpsplitk.tune import in_default_space, plan_from_log
     wide, narrow, deep, four = ("32,8,256,4,1", "32,1,256,13,1", "16,8,256,18,1",
                                 "32,8,256,4,1,4")
     assert in_default_space(WarpSplitKTactic.parse(wide))
-    assert not in_default_space(WarpSplitKTactic.parse(narrow))
-    assert not in_default_space(WarpSplitKTactic.parse(deep))
-    assert in_default_space(WarpSplitKTactic.parse(deep), narrow=True)
+    assert in_default_space(WarpSplitKTactic.parse(narrow))
+    assert not in_default_space(WarpSplitKTactic.parse(narrow), narrow=False)
+    assert in_default_space(WarpSplitKTactic.parse(deep))
+    assert not in_default_space(WarpSplitKTactic.parse(deep), narrow=False)
     assert not in_default_space(WarpSplitKTactic.parse(four))
     assert in_default_space(WarpSplitKTactic.parse(four), k_split_4=True)
     records = [(2112, 7168, r, wide, 9.0) for r in REPRESENTATIVE_MS]
     records += [(2112, 7168, 1, narrow, 7.0), (2112, 7168, 4, deep, 7.0),
                 (2112, 7168, 8, four, 7.0)]
     _log(tmp_path / "log.jsonl", records)
-    plain, _ = plan_from_log(str(tmp_path / "log.jsonl"))
+    plain, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=False)
     assert {t.short() for t, _ in plain.entries[(2112, 7168)].values()} == {wide}
-    asked, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True, k_split_4=True)
+    default, _ = plan_from_log(str(tmp_path / "log.jsonl"))
+    by_m = default.entries[(2112, 7168)]
+    assert (by_m[1][0].short(), by_m[4][0].short(), by_m[8][0].short()) == (narrow, deep, wide)
+    asked, _ = plan_from_log(str(tmp_path / "log.jsonl"), k_split_4=True)
     by_m = asked.entries[(2112, 7168)]
     assert (by_m[1][0].short(), by_m[4][0].short(), by_m[8][0].short()) == (narrow, deep, four)
 

@@ -718,3 +718,12 @@ def test_mixed_row_tiles_cover_n_once():
             assert size == (o if tile_n < full else o // 2)
             rows += list(range(index * size, (index + 1) * size))
         assert rows == list(range(n))
+
+
+def test_l2_prefetch_span_whole_or_bounded():
+    """Past the ring's first fill: the whole rest of the K share, or at most
+    ``tiles`` K tiles of it."""
+    assert layout.l2_prefetch_span(28, 10, 256) == (2560, 18 * 256)
+    assert layout.l2_prefetch_span(28, 10, 256, 4) == (2560, 4 * 256)
+    assert layout.l2_prefetch_span(14, 10, 256, 8) == (2560, 4 * 256)  # no more than remains
+    assert layout.l2_prefetch_span(10, 10, 256, 2) == (2560, 0)

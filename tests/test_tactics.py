@@ -500,3 +500,40 @@ def test_sm_balance_counts_the_busiest_sms_bytes():
     # rows past M are not read: M = 20 is token tiles of 16 tokens and of 4,
     # on SMs 0-65 and 66-131
     assert sm_balance(T(32, 16, 256, 4, 2), 20, 32 * 66) == pytest.approx(48 / ((48 + 36) / 2))
+
+
+def test_bounded_l2_prefetch_text_and_rules():
+    """prefetch_tiles bounds the L2 prefetch to that many K tiles past the
+    ring: written after '+prefetch', legal only with the prefetch, in
+    PREFETCH_TILES, and only where it leaves part of the K share out (else
+    it is the whole-remainder prefetch, spelled prefetch_tiles 0)."""
+    from warpsplitk.tactics import PREFETCH_TILES
+    t = T(32, 8, 256, 10, 1, 2, early_launch=True, l2_prefetch=True, tma_x=True, prefetch_tiles=2)
+    assert t.short() == "32,8,256,10,1,2+early+prefetch2+tma" and T.parse(t.short()) == t
+    for text in ("16,8,256,16,1+early+prefetch4+bulk", "32,8,256,11,2+early+prefetch3+half100",
+                 "32,8,256,11,1+prefetch", "32,8,256,11,1+prefetch8"):
+        assert T.parse(text).short() == text
+    assert T.parse("32,8,256,11,1+prefetch4").prefetch_tiles == 4
+    assert T.parse("32,8,256,11,1+prefetch").prefetch_tiles == 0
+    for bad in ("32,8,256,11,1+prefetch04", "32,8,256,11,1+prefetchx", "32,8,256,11,1+4prefetch"):
+        with pytest.raises(ValueError):
+            T.parse(bad)
+    check_tactic(t, 1536, 7168)  # 14 tiles per CTA: 10 in the ring, 2 past it
+    with pytest.raises(ValueError, match="reaches the end of the 14 K tiles per CTA"):
+        check_tactic(dataclasses.replace(t, prefetch_tiles=4), 1536, 7168)  # 10 + 4 = all
+    with pytest.raises(ValueError, match="needs l2_prefetch True"):
+        check_tactic(T(32, 8, 256, 4, 1, prefetch_tiles=2), 2048, 2048)
+    for bad in (5, 9, -1, True, 2.0):
+        with pytest.raises(ValueError, match="prefetch_tiles must be one of"):
+            check_tactic(T(32, 8, 256, 2, 1, l2_prefetch=True, prefetch_tiles=bad), 2048, 7168)
+    # the bound changes no shared memory (L2 holds the prefetched tiles)
+    assert t.smem_bytes == dataclasses.replace(t, l2_prefetch=False, prefetch_tiles=0).smem_bytes
+    # in the enumerated space only with the prefetch, each bound legal
+    legal = legal_tactics(8, 2112, 7168, l2_prefetches=(False, True),
+                          prefetch_tiles=(0,) + PREFETCH_TILES)
+    bounded = [x for x in legal if x.prefetch_tiles]
+    assert bounded and all(x.l2_prefetch for x in bounded)
+    assert {x.prefetch_tiles for x in bounded} == set(PREFETCH_TILES)
+    assert all(x.stages + x.prefetch_tiles < 7168 // (x.k_tile * x.k_split) for x in bounded)
+    assert not any(x.prefetch_tiles for x in legal_tactics(8, 2112, 7168,
+                                                           l2_prefetches=(False, True)))
