@@ -110,6 +110,11 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
             prefetching = dataclasses.replace(tactic, l2_prefetch=True)
             if l2_prefetch and is_legal(prefetching, n, k):  # a ring shorter than K
                 cases.append((prefetching, n, k, ms))
+                # bounded: one tile past the ring, one more K tile left after it
+                bounded = dataclasses.replace(prefetching, prefetch_tiles=1)
+                longer = k + c * kt
+                if is_legal(bounded, n, longer):
+                    cases.append((bounded, n, longer, ms))
             mixed = dataclasses.replace(tactic, half_tiles=3)
             mixed_n = 2 * o + 3 * (o // 2)  # two full tiles, then three half tiles
             if half_tiles and is_legal(mixed, mixed_n, k):

@@ -34,6 +34,18 @@ def test_every_case_is_legal_and_covers_its_ms(reliability):
         assert 1 in ms and 32 in ms and tactic.token_tile in ms
 
 
+def test_bounded_prefetch_cases_reach_the_sanitizer(reliability):
+    """With the prefetch on, every family whose ring leaves tiles of K out
+    also runs with the prefetch bounded to one of them, K one tile longer."""
+    cases = reliability.family_cases("all", k_splits=(1, 2), l2_prefetch=True)
+    bounded = [(t, k) for t, _, k, _ in cases if t.prefetch_tiles]
+    whole = [(t, k) for t, _, k, _ in cases if t.l2_prefetch and not t.prefetch_tiles]
+    assert bounded and len(bounded) == len(whole)
+    assert all(t.prefetch_tiles == 1 and t.l2_prefetch for t, _ in bounded)
+    assert any(t.k_split == 2 for t, _ in bounded)
+    assert not any(t.prefetch_tiles for t, *_ in reliability.family_cases("all", k_splits=(1, 2)))
+
+
 def test_tma_cases_reach_the_sanitizer(reliability):
     cases = reliability.family_cases("rotate", k_splits=(1, 2), x_multicasts=(1, 2, 3, 4),
                                      tma_xs=(False, True), deep_rings=True)
