@@ -273,7 +273,9 @@ def test_plan_from_log_makes_the_tuners_choices(tmp_path):
 
 
 def test_shipped_plan_is_what_its_log_gives():
-    """The built-in H200 plan is the tuner's choice from the committed log."""
+    """The built-in H200 plan is the tuner's choice from the committed log
+    as it stood when the plan was made (its first ``log_records`` lines),
+    over the default space."""
     from pathlib import Path
 
     from warpsplitk.tune import plan_from_log
@@ -281,7 +283,9 @@ def test_shipped_plan_is_what_its_log_gives():
     if not log.exists():
         pytest.skip("the tuner log is not in this checkout")
     shipped = builtin_plan("h200")
-    plan, _ = plan_from_log(str(log), reps=tuple(shipped.meta["representative_ms"]))
+    plan, _ = plan_from_log(str(log), reps=tuple(shipped.meta["representative_ms"]),
+                            records=shipped.meta["log_records"])
+    assert not any(t.token_tile < 8 for e in shipped.entries.values() for t, _ in e.values())
     assert {nk: {m: t for m, (t, _) in e.items()} for nk, e in plan.entries.items()} == \
         {nk: {m: t for m, (t, _) in e.items()} for nk, e in shipped.entries.items()}
 
@@ -295,6 +299,11 @@ def test_cli_tune_from_log_without_gpu(tmp_path, capsys):
     plan = load_plan(out)
     assert sorted(plan.entries) == [(1024, 4096)] and plan.meta["sm_count"] == 132
     assert "plan for 1 shapes" in capsys.readouterr().out
+    assert plan.meta["log_records"] == len(REPRESENTATIVE_MS)
+    # only the first lines: the shape lacks its larger Ms and is left out
+    assert main(["tune", "--from-log", "--log", str(tmp_path / "log.jsonl"), "-o", str(out),
+                 "--log-records", "2"]) == 0
+    assert load_plan(out).entries == {} and "left out" in capsys.readouterr().out
     assert main(["tune", "--from-log", "--log", str(tmp_path / "none.jsonl"), "-o", str(out)]) == 2
 
 
@@ -313,10 +322,10 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
 
 @pytest.mark.parametrize(
     "flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma,mixed,narrow,bounded", [
-        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, True,
+        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, False,
          True),
-        (["--k-split-4", "--no-narrow-tiles"], (1, 2, 4), (1,), None, (False, True), None,
-         (False, True), True, True, True, False, True),
+        (["--k-split-4", "--narrow-tiles"], (1, 2, 4), (1,), None, (False, True), None,
+         (False, True), True, True, True, True, True),
         (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0",
           "--no-bulk-x", "--no-l2-prefetch", "--no-tma-x", "--no-mixed-tiles",
           "--no-narrow-tiles", "--no-bounded-prefetch"],
@@ -570,31 +579,32 @@ def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
 
 def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     """A log holds what any run measured; the plan counts narrow token tiles
-    (and rings past 16 stages) unless told not to (``narrow=False``, the
-    tuner's ``--no-narrow-tiles``), and the split of K in four only on
-    request."""
+    (and rings past 16 stages) and the split of K in four only on request."""
     from warpsplitk.tune import in_default_space, plan_from_log
     wide, narrow, deep, four = ("32,8,256,4,1", "32,1,256,13,1", "16,8,256,18,1",
                                 "32,8,256,4,1,4")
     assert in_default_space(WarpSplitKTactic.parse(wide))
-    assert in_default_space(WarpSplitKTactic.parse(narrow))
-    assert not in_default_space(WarpSplitKTactic.parse(narrow), narrow=False)
-    assert in_default_space(WarpSplitKTactic.parse(deep))
-    assert not in_default_space(WarpSplitKTactic.parse(deep), narrow=False)
+    assert not in_default_space(WarpSplitKTactic.parse(narrow))
+    assert in_default_space(WarpSplitKTactic.parse(narrow), narrow=True)
+    assert not in_default_space(WarpSplitKTactic.parse(deep))
+    assert in_default_space(WarpSplitKTactic.parse(deep), narrow=True)
     assert not in_default_space(WarpSplitKTactic.parse(four))
     assert in_default_space(WarpSplitKTactic.parse(four), k_split_4=True)
     records = [(2112, 7168, r, wide, 9.0) for r in REPRESENTATIVE_MS]
     records += [(2112, 7168, 1, narrow, 7.0), (2112, 7168, 4, deep, 7.0),
                 (2112, 7168, 8, four, 7.0)]
     _log(tmp_path / "log.jsonl", records)
-    plain, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=False)
+    plain, _ = plan_from_log(str(tmp_path / "log.jsonl"))
     assert {t.short() for t, _ in plain.entries[(2112, 7168)].values()} == {wide}
-    default, _ = plan_from_log(str(tmp_path / "log.jsonl"))
-    by_m = default.entries[(2112, 7168)]
-    assert (by_m[1][0].short(), by_m[4][0].short(), by_m[8][0].short()) == (narrow, deep, wide)
-    asked, _ = plan_from_log(str(tmp_path / "log.jsonl"), k_split_4=True)
+    assert plain.meta["log_records"] == len(records)
+    asked, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True, k_split_4=True)
     by_m = asked.entries[(2112, 7168)]
     assert (by_m[1][0].short(), by_m[4][0].short(), by_m[8][0].short()) == (narrow, deep, four)
+    # the log as it stood before its last three lines: the wide tactic everywhere
+    early, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True, k_split_4=True,
+                             records=len(REPRESENTATIVE_MS))
+    assert {t.short() for t, _ in early.entries[(2112, 7168)].values()} == {wide}
+    assert early.meta["log_records"] == len(REPRESENTATIVE_MS)
 
 
 def test_plan_from_log_skips_tactics_this_version_refuses(tmp_path):

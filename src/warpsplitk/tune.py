@@ -390,11 +390,20 @@ def _confirm_candidates(samples, confirm):
     return sorted(first, key=first.get)[:confirm]
 
 
-def _read_log(path):
+def _count_lines(path):
+    with open(path) as f:
+        return sum(1 for _ in f)
+
+
+def _read_log(path, records=None):
+    """``{key: record}`` of a tuning log (its first ``records`` lines only,
+    when given: the log as it stood when a plan was made from it)."""
     done = {}
     if path and os.path.exists(path):
         with open(path) as f:
-            for line in f:
+            for index, line in enumerate(f):
+                if records is not None and index >= records:
+                    break
                 if line.strip():
                     rec = json.loads(line)
                     done[rec["key"]] = rec
@@ -438,7 +447,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
-         mixed=True, narrow=True, bounded_prefetch=True) -> DecodePlan:
+         mixed=True, narrow=False, bounded_prefetch=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -647,7 +656,7 @@ def _plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS, shape_reps=None) -> De
     return plan
 
 
-def in_default_space(tactic: WarpSplitKTactic, narrow=True, k_split_4=False) -> bool:
+def in_default_space(tactic: WarpSplitKTactic, narrow=False, k_split_4=False) -> bool:
     """Whether ``tactic`` is one the tuner measures by default: no narrow
     token tile and no ring past ``DEFAULT_MAX_STAGES`` unless ``narrow``
     (the narrow twins reach deeper), no split of K in four unless
@@ -659,7 +668,7 @@ def in_default_space(tactic: WarpSplitKTactic, narrow=True, k_split_4=False) -> 
 
 
 def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
-                  reps=REPRESENTATIVE_MS, narrow=True, k_split_4=False):
+                  reps=REPRESENTATIVE_MS, narrow=False, k_split_4=False, records=None):
     """The plan ``tune`` makes from the measurements in its log, without a GPU.
 
     A shape is planned when the log has a correct measurement for every
@@ -673,11 +682,13 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     are left out and returned with the plan: ``(plan, {(n, k): missing reps})``.
     Only tactics of the default space count, with narrow token tiles and
     the split of K in four on request (``in_default_space``), and only
-    those this version accepts (a log can hold some it now refuses).
+    those this version accepts (a log can hold some it now refuses). With
+    ``records``, only the log's first ``records`` lines count (the log as
+    it stood when the plan was made; the plan's meta says how many).
     """
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
-    records = _read_log(log_path)
-    for rec in records.values():
+    logged = _read_log(log_path, records)
+    for rec in logged.values():
         if rec.get("ok") and not rec.get("confirm"):
             tactic = WarpSplitKTactic.parse(rec["tactic"])
             if not in_default_space(tactic, narrow, k_split_4):
@@ -685,7 +696,7 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
             if not is_legal(tactic, rec["n"], rec["k"]):
                 continue  # measured by an earlier version that allowed it (narrow + bulk_x)
             samples.setdefault((rec["n"], rec["k"]), {}).setdefault(rec["m"], {})[tactic] = [rec["us"]]
-    for rec in records.values():  # a confirmation counts only beside its first timing
+    for rec in logged.values():  # a confirmation counts only beside its first timing
         if rec.get("confirm") and rec.get("ok"):
             tactic = WarpSplitKTactic.parse(rec["tactic"])
             cell = samples.get((rec["n"], rec["k"]), {}).get(rec["m"], {})
@@ -707,7 +718,8 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
         for r, pick in choose_tactics({r: by_rep[r] for r in have}, tolerance).items():
             best[(n, k, r)] = pick
     shapes = sorted({(n, k) for n, k, _ in best})
-    meta = dict(meta or {}, source=f"log {os.path.basename(log_path)}", representative_ms=reps)
+    meta = dict(meta or {}, source=f"log {os.path.basename(log_path)}", representative_ms=reps,
+                log_records=records if records is not None else _count_lines(log_path))
     if inherited:
         meta["inherited_ms"] = inherited
     return _plan(best, shapes, ms, meta, reps, shape_reps), partial
