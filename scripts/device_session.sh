@@ -249,7 +249,7 @@ narrow)
   # sanitizer over every narrow case (with bulk rows, the cluster split of
   # K and mixed grids too) and every k_split 4 case
   timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
-    -k "narrow or random_legal or deeper_than_16 or l2_prefetch" > "$OUT/gpu_kernel-narrow.log" 2>&1 &
+    -k "narrow or random_legal or deeper_than_16 or l2_prefetch or back_to_back" > "$OUT/gpu_kernel-narrow.log" 2>&1 &
   timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_k_split.py \
     > "$OUT/gpu_k_split.log" 2>&1 &
   OUT=$OUT/narrow NARROW_ONLY=1 K_SPLIT=1 BULK_X=1 HALF_TILES=1 SUBSET=rotate \
