@@ -47,6 +47,13 @@ pack() {
   find "$OUT" -maxdepth 2 -name "*.json" | head -${PACK_JSON:-6} | xargs -r cp -t "$RESULTS"
 }
 trap pack EXIT
+# summarise NAME...: for each $OUT/NAME.log, its last line (pytest's count,
+# or for sanitizer-* logs the per-tool summaries), then every test failure
+summarise() {
+  local name
+  for name in "$@"; do echo "$name: $(cut -c1-900 "$OUT/$name.log" | tail -${SUMMARY_LINES:-1})"; done
+  for name in "$@"; do grep -hE "^(FAILED|ERROR)" "$OUT/$name.log"; done | head -20
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
 
 case "$stage" in
@@ -220,11 +227,8 @@ tma)
   OUT=$OUT/tma-multicast TMA_X=1 X_MULTICAST=1 CLUSTERS_ONLY=1 X_COPIES_ONLY=1 SUBSET=rotate \
     CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-tma-multicast.log" 2>&1 &
   wait
-  echo "gpu_kernel (tma): $(tail -1 "$OUT/gpu_kernel-tma.log")"
-  echo "gpu_x_multicast: $(tail -1 "$OUT/gpu_x_multicast.log")"
-  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-tma.log "$OUT"/gpu_x_multicast.log | head
-  echo "sanitizer (tma, k_split): $(cut -c1-900 "$OUT/sanitizer-tma.log")"
-  echo "sanitizer (tma multicast): $(cut -c1-900 "$OUT/sanitizer-tma-multicast.log")"
+  summarise gpu_kernel-tma gpu_x_multicast
+  SUMMARY_LINES=8 summarise sanitizer-tma sanitizer-tma-multicast
   timeout ${AB_LIMIT:-280} python3 scripts/build_ab.py --compare tma --tactics plan \
     --m ${AB_MS:-1,8,32} --json "$OUT/tma-ab.json" > "$OUT/tma-ab.log" 2>&1
   echo "tma A/B rc=$?"; tail -30 "$OUT/tma-ab.log"
@@ -238,9 +242,8 @@ mixed)
   OUT=$OUT/mixed HALF_TILES=1 TMA_X=1 X_COPIES_ONLY=1 SUBSET=rotate \
     CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-mixed.log" 2>&1 &
   wait
-  echo "gpu_kernel (mixed): $(tail -1 "$OUT/gpu_kernel-mixed.log")"
-  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-mixed.log | head
-  echo "sanitizer (mixed): $(cut -c1-900 "$OUT/sanitizer-mixed.log")"
+  summarise gpu_kernel-mixed
+  SUMMARY_LINES=8 summarise sanitizer-mixed
   ;;
 narrow)
   # narrow token tiles (1, 2, 4 rows), the split of K in four and the
@@ -260,12 +263,8 @@ narrow)
   OUT=$OUT/past16 DEEP_RINGS=1 PAST_16_ONLY=1 BULK_X=1 SUBSET=rotate \
     CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-past16.log" 2>&1 &
   wait
-  echo "gpu_kernel (narrow): $(tail -1 "$OUT/gpu_kernel-narrow.log")"
-  echo "gpu_k_split: $(tail -1 "$OUT/gpu_k_split.log")"
-  grep -hE "^(FAILED|ERROR)" "$OUT"/gpu_kernel-narrow.log "$OUT"/gpu_k_split.log | head
-  echo "sanitizer (narrow): $(cut -c1-900 "$OUT/sanitizer-narrow.log")"
-  echo "sanitizer (k_split 4): $(cut -c1-900 "$OUT/sanitizer-split4.log")"
-  echo "sanitizer (past 16 stages): $(cut -c1-900 "$OUT/sanitizer-past16.log")"
+  summarise gpu_kernel-narrow gpu_k_split
+  SUMMARY_LINES=8 summarise sanitizer-narrow sanitizer-split4 sanitizer-past16
   ;;
 multicast)
   # the activation multicast with one remote stage release per warp
