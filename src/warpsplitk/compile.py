@@ -74,14 +74,36 @@ def _early_launch_from_env() -> bool:
     return value == "1"
 
 
+#: Diagnostic cross-proxy fences (WARPSPLITK_PROXY_FENCE, comma-separated):
+#: "release": each compute thread fences its shared reads of a stage against
+#: the async proxy before releasing it (the stage's next copy by TMA or bulk
+#: copy is an async-proxy write); "wait": the activation loader fences after
+#: the dependency wait, before its first async-proxy read of x.
+PROXY_FENCES = ("release", "wait")
+
+
+def _proxy_fences_from_env() -> tuple:
+    raw = os.environ.get("WARPSPLITK_PROXY_FENCE", "").strip()
+    fences = tuple(sorted({f.strip() for f in raw.split(",") if f.strip()}))
+    for fence in fences:
+        if fence not in PROXY_FENCES:
+            raise ValueError(f"WARPSPLITK_PROXY_FENCE must list some of {PROXY_FENCES}, "
+                             f"got {raw!r}")
+    return fences
+
+
 def build_variant() -> dict:
     """This process's kernel variant (``_build`` keyword arguments), from the
     diagnostic and experimental switches above; part of every cache key."""
-    return {"arrivals": _arrivals_from_env(), "early_launch": _early_launch_from_env()}
+    variant = {"arrivals": _arrivals_from_env(), "early_launch": _early_launch_from_env()}
+    fences = _proxy_fences_from_env()
+    if fences:  # absent for the shipped build, so its cache keys stay as they were
+        variant["proxy_fences"] = fences
+    return variant
 
 
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None,
-           dependency_wait=True):
+           dependency_wait=True, proxy_fences=None):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
@@ -89,12 +111,15 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, ear
         arrivals = _arrivals_from_env()
     if early_launch is None:
         early_launch = _early_launch_from_env()
+    if proxy_fences is None:
+        proxy_fences = _proxy_fences_from_env()
     if arrivals not in ARRIVALS:
         raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
                               loader_thread_arrive=arrivals == "all",
                               compute_thread_arrive=arrivals != "lane0",
-                              early_launch=early_launch, dependency_wait=dependency_wait)
+                              early_launch=early_launch, dependency_wait=dependency_wait,
+                              proxy_fences=tuple(proxy_fences))
     args = _fake_args()
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())

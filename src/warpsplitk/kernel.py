@@ -75,7 +75,7 @@ class WarpSplitKKernel:
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
                  use_pdl: bool = True, loader_thread_arrive: bool = False,
                  compute_thread_arrive: bool = True, early_launch: bool = False,
-                 dependency_wait: bool = True):
+                 dependency_wait: bool = True, proxy_fences: tuple = ()):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
@@ -112,6 +112,10 @@ class WarpSplitKKernel:
         # the wait's serialisation costs on calls whose inputs are in fact
         # independent.
         self.dependency_wait = dependency_wait
+        # proxy_fences (diagnostic, compile.PROXY_FENCES): cross-proxy fences
+        # between the generic proxy (ldmatrix reads, the previous grid's
+        # stores of x) and the async proxy (TMA and bulk copies)
+        self.proxy_fences = tuple(proxy_fences)
         t = tactic
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
         # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)
@@ -317,6 +321,8 @@ class WarpSplitKKernel:
             ptx.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.use_pdl and self.dependency_wait):
             ptx.griddepcontrol_wait()
+        if cutlass.const_expr("wait" in self.proxy_fences):
+            ptx.fence_proxy_async()
 
     def _pdl_after_x(self):
         """... and after its last tile is issued: the late trigger."""
@@ -562,6 +568,8 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
+            if cutlass.const_expr("release" in self.proxy_fences):
+                ptx.fence_proxy_async_shared()
             if self.multicast and self.compute_thread_arrive:
                 # the next rows of this stage come from every member: release it to all
                 for q in range(self.x_multicast):

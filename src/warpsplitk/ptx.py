@@ -151,6 +151,18 @@ def named_barrier(barrier_id, threads, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def fence_proxy_async(*, loc=None, ip=None):
+    """Order this thread's generic-proxy accesses against async-proxy ones (all state spaces)."""
+    _asm(None, [], "fence.proxy.async;", "~{memory}", loc, ip)
+
+
+@dsl_user_op
+def fence_proxy_async_shared(*, loc=None, ip=None):
+    """Order this thread's generic-proxy shared accesses against async-proxy ones."""
+    _asm(None, [], "fence.proxy.async.shared::cta;", "~{memory}", loc, ip)
+
+
+@dsl_user_op
 def fence_mbarrier_init(*, loc=None, ip=None):
     _asm(None, [], "fence.mbarrier_init.release.cluster;", "~{memory}", loc, ip)
 
