@@ -628,3 +628,48 @@ def test_narrow_token_tile_is_the_8_row_kernel_with_smaller_stages(narrow, n, k)
         zero_fill_copies(reports[wide]) * narrow.token_tile
     plan_n, plan_w = narrow.smem_plan, wide.smem_plan
     assert plan_w.b_stage_bytes == plan_n.b_stage_bytes * 8 // narrow.token_tile
+
+
+def test_async_activation_rings_fence_each_release(tmp_path, monkeypatch):
+    """A stage refilled by TMA boxes or bulk copies (async proxy) is released
+    only after a cross-proxy fence that follows its last ldmatrix: the
+    shipped build of both passes the audit and has one fence per K tile of
+    the CTA; the diagnostic build without it (WARPSPLITK_RELEASE_FENCE=0,
+    which raced on the H200) is flagged; a cp.async ring has none."""
+    from warpsplitk.compile import _build, build_variant, release_fence_problems
+    n, k = 7168, 384
+    for text in ("16,8,128,2,1+tma", "16,8,128,2,1+bulk"):
+        tactic = WarpSplitKTactic.parse(text)
+        report = compile_for_arch(n, k, tactic)
+        assert report.audit() == []
+        assert report.ptx.count("fence.proxy.async.shared::cta") == k // tactic.k_tile
+    assert "fence.proxy.async" not in compile_for_arch(
+        n, k, WarpSplitKTactic.parse("16,8,128,2,1")).ptx
+    monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "0")
+    assert build_variant()["release_fence"] is False
+    unfenced = _build(n, k, WarpSplitKTactic.parse("16,8,128,2,1+tma"), False, True, "sm_90a",
+                      options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
+    unfenced = unfenced.decode() if isinstance(unfenced, bytes) else unfenced
+    problems = release_fence_problems(unfenced, async_ring=True)
+    assert len(problems) == k // 128 and "no fence.proxy.async.shared::cta" in problems[0]
+    monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "yes")
+    with pytest.raises(ValueError, match="WARPSPLITK_RELEASE_FENCE"):
+        build_variant()
+
+
+def test_release_fence_check_reads_the_order_of_reads_fence_and_release():
+    from warpsplitk.compile import release_fence_problems
+    read = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r5];"
+    fence = "fence.proxy.async.shared::cta;"
+    release = "mbarrier.arrive.shared::cta.b64 _, [%r6];"
+    remote = "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r7];"
+    arm = "@P1 mbarrier.arrive.expect_tx.shared::cta.b64 _, [%r8], %r9;"
+    assert release_fence_problems("\n".join([arm, read, fence, release, read, fence, remote]),
+                                  async_ring=True) == []
+    assert len(release_fence_problems("\n".join([read, fence, release, read, release]),
+                                      async_ring=True)) == 1
+    assert release_fence_problems("\n".join([read, fence, read, release]), async_ring=True)
+    assert release_fence_problems(read, async_ring=True) == [
+        "no stage release found to check the release fence against"]
+    assert release_fence_problems("\n".join([read, fence, release]), async_ring=False)
+    assert release_fence_problems("\n".join([read, release]), async_ring=False) == []

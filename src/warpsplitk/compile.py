@@ -74,36 +74,28 @@ def _early_launch_from_env() -> bool:
     return value == "1"
 
 
-#: Diagnostic cross-proxy fences (WARPSPLITK_PROXY_FENCE, comma-separated):
-#: "release": each compute thread fences its shared reads of a stage against
-#: the async proxy before releasing it (the stage's next copy by TMA or bulk
-#: copy is an async-proxy write); "wait": the activation loader fences after
-#: the dependency wait, before its first async-proxy read of x.
-PROXY_FENCES = ("release", "wait")
-
-
-def _proxy_fences_from_env() -> tuple:
-    raw = os.environ.get("WARPSPLITK_PROXY_FENCE", "").strip()
-    fences = tuple(sorted({f.strip() for f in raw.split(",") if f.strip()}))
-    for fence in fences:
-        if fence not in PROXY_FENCES:
-            raise ValueError(f"WARPSPLITK_PROXY_FENCE must list some of {PROXY_FENCES}, "
-                             f"got {raw!r}")
-    return fences
+def _release_fence_from_env() -> bool:
+    # WARPSPLITK_RELEASE_FENCE=0 (diagnostic, never shipped) drops the
+    # cross-proxy fence before a compute thread releases an activation stage
+    # that a TMA or bulk copy refills (kernel.py, release_fence): that build
+    # races, and exists only to measure what the fence costs
+    value = os.environ.get("WARPSPLITK_RELEASE_FENCE", "1").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(f"WARPSPLITK_RELEASE_FENCE must be 0 or 1, got {value!r}")
+    return value != "0"
 
 
 def build_variant() -> dict:
     """This process's kernel variant (``_build`` keyword arguments), from the
     diagnostic and experimental switches above; part of every cache key."""
     variant = {"arrivals": _arrivals_from_env(), "early_launch": _early_launch_from_env()}
-    fences = _proxy_fences_from_env()
-    if fences:  # absent for the shipped build, so its cache keys stay as they were
-        variant["proxy_fences"] = fences
+    if not _release_fence_from_env():
+        variant["release_fence"] = False  # only the diagnostic build says so
     return variant
 
 
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None,
-           dependency_wait=True, proxy_fences=None):
+           dependency_wait=True, release_fence=None):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
@@ -111,15 +103,15 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, ear
         arrivals = _arrivals_from_env()
     if early_launch is None:
         early_launch = _early_launch_from_env()
-    if proxy_fences is None:
-        proxy_fences = _proxy_fences_from_env()
+    if release_fence is None:
+        release_fence = _release_fence_from_env()
     if arrivals not in ARRIVALS:
         raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
                               loader_thread_arrive=arrivals == "all",
                               compute_thread_arrive=arrivals != "lane0",
                               early_launch=early_launch, dependency_wait=dependency_wait,
-                              proxy_fences=tuple(proxy_fences))
+                              release_fence=release_fence)
     args = _fake_args()
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())
@@ -396,6 +388,7 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
         problems += [f"found {why} ({pattern}) without bulk_x"
                      for pattern, why in PTX_AUDIT_BULK_X
                      if pattern not in allowed and re.search(pattern, ptx_text)]
+    problems += release_fence_problems(ptx_text, async_ring=bulk_x or tma_x or x_multicast > 1)
     if not l2_prefetch:
         problems += [f"found {why} ({pattern}) without l2_prefetch"
                      for pattern, why in PTX_AUDIT_PREFETCH if re.search(pattern, ptx_text)]
@@ -404,6 +397,37 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
         if set(sizes) != {prefetch_bytes}:
             problems.append(f"the L2 prefetch asks for {sizes} bytes per row, "
                             f"expected {prefetch_bytes}")
+    return problems
+
+
+#: a compute thread's release of a ring stage (not a loader's expect_tx arrival)
+_STAGE_RELEASE = re.compile(
+    r"mbarrier\.arrive(\.release\.cluster)?\.shared::(cta|cluster)\.b64\s+_,\s*\[")
+_RELEASE_FENCE = "fence.proxy.async.shared::cta"
+
+
+def release_fence_problems(ptx_text: str, async_ring: bool) -> list[str]:
+    """With an activation ring refilled by the async proxy (TMA or bulk
+    copies), every release of a stage must follow a cross-proxy fence issued
+    after the stage's last ldmatrix read (else the refill can land before
+    the reads: kernel.py, compute). Without one, the fence must be absent
+    (cp.async refills are generic-proxy writes; it would only cost)."""
+    if not async_ring:
+        return ([f"found the release fence ({_RELEASE_FENCE}) with a cp.async activation ring"]
+                if _RELEASE_FENCE in ptx_text else [])
+    problems, read_since_fence, releases = [], False, 0
+    for number, line in enumerate(ptx_text.splitlines(), 1):
+        if "ldmatrix" in line:
+            read_since_fence = True
+        elif _RELEASE_FENCE in line:
+            read_since_fence = False
+        elif _STAGE_RELEASE.search(line):
+            releases += 1
+            if read_since_fence:
+                problems.append(f"PTX line {number}: a stage released after ldmatrix reads "
+                                f"with no {_RELEASE_FENCE} between them")
+    if not releases:
+        problems.append("no stage release found to check the release fence against")
     return problems
 
 

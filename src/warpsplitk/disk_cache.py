@@ -88,7 +88,7 @@ def _versions() -> dict:
 
 
 def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arrivals: str = "",
-        early_launch: bool = False, proxy_fences: tuple = ()) -> str:
+        early_launch: bool = False, release_fence: bool = True) -> str:
     """The file name stem of one compiled kernel (hex, 40 characters)."""
     fields = {
         "format": FORMAT, **_versions(), "sources": _sources_digest(), "arch": arch,
@@ -96,8 +96,8 @@ def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arriva
         "bias": bool(has_bias), "pdl": bool(use_pdl), "arrivals": arrivals,
         "early_launch": bool(early_launch),
     }
-    if proxy_fences:  # diagnostic builds only: the shipped kernels keep their keys
-        fields["proxy_fences"] = list(proxy_fences)
+    if not release_fence:  # the diagnostic racing build only
+        fields["release_fence"] = False
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
 
 

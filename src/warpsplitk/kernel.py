@@ -75,7 +75,7 @@ class WarpSplitKKernel:
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
                  use_pdl: bool = True, loader_thread_arrive: bool = False,
                  compute_thread_arrive: bool = True, early_launch: bool = False,
-                 dependency_wait: bool = True, proxy_fences: tuple = ()):
+                 dependency_wait: bool = True, release_fence: bool = True):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
@@ -112,10 +112,9 @@ class WarpSplitKKernel:
         # the wait's serialisation costs on calls whose inputs are in fact
         # independent.
         self.dependency_wait = dependency_wait
-        # proxy_fences (diagnostic, compile.PROXY_FENCES): cross-proxy fences
-        # between the generic proxy (ldmatrix reads, the previous grid's
-        # stores of x) and the async proxy (TMA and bulk copies)
-        self.proxy_fences = tuple(proxy_fences)
+        # release_fence=False: the diagnostic build without the cross-proxy
+        # fence before a stage is released (see compute); it races
+        self.release_fence = release_fence
         t = tactic
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
         # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)
@@ -131,6 +130,8 @@ class WarpSplitKKernel:
         self.bulk_activations = t.bulk_activations
         # activation stages by TMA boxes (tma_x): a tensor map of x per call
         self.tma_activations = t.tma_x
+        # activation stages written by the async proxy (bulk copies or TMA)
+        self.async_activation_ring = self.bulk_activations or self.tma_activations
         self.b_layout = t.activation_layout
         self.clustered = self.k_split > 1 or self.multicast
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
@@ -321,8 +322,6 @@ class WarpSplitKKernel:
             ptx.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.use_pdl and self.dependency_wait):
             ptx.griddepcontrol_wait()
-        if cutlass.const_expr("wait" in self.proxy_fences):
-            ptx.fence_proxy_async()
 
     def _pdl_after_x(self):
         """... and after its last tile is issued: the late trigger."""
@@ -568,7 +567,15 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
-            if cutlass.const_expr("release" in self.proxy_fences):
+            if cutlass.const_expr(self.async_activation_ring and self.release_fence):
+                # The next copy into this activation stage is a TMA or bulk
+                # copy: a write by the async proxy, which the mbarrier
+                # release/acquire chain alone does not order after this
+                # thread's ldmatrix reads (generic proxy). Without the
+                # fence the refill landed before the reads on the H200 (run
+                # 50: 16,8,128,2,1+tma on 7168x384, M = 17, 34 of 160
+                # outputs wrong, each with a quarter of K tile 0 read from
+                # K tile 2). cp.async (generic proxy) rings need no fence.
                 ptx.fence_proxy_async_shared()
             if self.multicast and self.compute_thread_arrive:
                 # the next rows of this stage come from every member: release it to all

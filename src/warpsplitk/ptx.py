@@ -151,14 +151,9 @@ def named_barrier(barrier_id, threads, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def fence_proxy_async(*, loc=None, ip=None):
-    """Order this thread's generic-proxy accesses against async-proxy ones (all state spaces)."""
-    _asm(None, [], "fence.proxy.async;", "~{memory}", loc, ip)
-
-
-@dsl_user_op
 def fence_proxy_async_shared(*, loc=None, ip=None):
-    """Order this thread's generic-proxy shared accesses against async-proxy ones."""
+    """Order this thread's generic-proxy accesses of shared memory before later
+    async-proxy ones (a TMA or bulk copy into what it just read)."""
     _asm(None, [], "fence.proxy.async.shared::cta;", "~{memory}", loc, ip)
 
 
