@@ -630,19 +630,22 @@ def test_narrow_token_tile_is_the_8_row_kernel_with_smaller_stages(narrow, n, k)
     assert plan_w.b_stage_bytes == plan_n.b_stage_bytes * 8 // narrow.token_tile
 
 
-def test_async_activation_rings_fence_each_release(tmp_path, monkeypatch):
+def test_async_activation_rings_fence_each_refilled_release(tmp_path, monkeypatch):
     """A stage refilled by TMA boxes or bulk copies (async proxy) is released
     only after a cross-proxy fence that follows its last ldmatrix: the
-    shipped build of both passes the audit and has one fence per K tile of
-    the CTA; the diagnostic build without it (WARPSPLITK_RELEASE_FENCE=0,
-    which raced on the H200) is flagged; a cp.async ring has none."""
+    shipped build of both passes the audit, with one fence per K tile whose
+    stage a copy refills (none for the last ``stages`` tiles, nor for a
+    ring as deep as K); the diagnostic build without it
+    (WARPSPLITK_RELEASE_FENCE=0, which raced on the H200) is flagged; a
+    cp.async ring has none."""
     from warpsplitk.compile import _build, build_variant, release_fence_problems
     n, k = 7168, 384
-    for text in ("16,8,128,2,1+tma", "16,8,128,2,1+bulk"):
+    for text, fences in (("16,8,128,2,1+tma", 1), ("16,8,128,2,1+bulk", 1),
+                         ("64,8,128,3,1+early+bulk", 0), ("32,8,128,2,1+tma+half40", 2)):
         tactic = WarpSplitKTactic.parse(text)
         report = compile_for_arch(n, k, tactic)
-        assert report.audit() == []
-        assert report.ptx.count("fence.proxy.async.shared::cta") == k // tactic.k_tile
+        assert report.audit() == [], text
+        assert report.ptx.count("fence.proxy.async.shared::cta") == fences, text
     assert "fence.proxy.async" not in compile_for_arch(
         n, k, WarpSplitKTactic.parse("16,8,128,2,1")).ptx
     monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "0")
@@ -650,8 +653,8 @@ def test_async_activation_rings_fence_each_release(tmp_path, monkeypatch):
     unfenced = _build(n, k, WarpSplitKTactic.parse("16,8,128,2,1+tma"), False, True, "sm_90a",
                       options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
     unfenced = unfenced.decode() if isinstance(unfenced, bytes) else unfenced
-    problems = release_fence_problems(unfenced, async_ring=True)
-    assert len(problems) == k // 128 and "no fence.proxy.async.shared::cta" in problems[0]
+    problems = release_fence_problems(unfenced, async_ring=True, k_tiles=3, stages=2)
+    assert len(problems) == 1 and "no fence.proxy.async.shared::cta" in problems[0]
     monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "yes")
     with pytest.raises(ValueError, match="WARPSPLITK_RELEASE_FENCE"):
         build_variant()
@@ -664,12 +667,29 @@ def test_release_fence_check_reads_the_order_of_reads_fence_and_release():
     release = "mbarrier.arrive.shared::cta.b64 _, [%r6];"
     remote = "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r7];"
     arm = "@P1 mbarrier.arrive.expect_tx.shared::cta.b64 _, [%r8], %r9;"
-    assert release_fence_problems("\n".join([arm, read, fence, release, read, fence, remote]),
-                                  async_ring=True) == []
-    assert len(release_fence_problems("\n".join([read, fence, release, read, release]),
-                                      async_ring=True)) == 1
-    assert release_fence_problems("\n".join([read, fence, read, release]), async_ring=True)
-    assert release_fence_problems(read, async_ring=True) == [
-        "no stage release found to check the release fence against"]
+
+    def problems(lines, **kw):
+        return release_fence_problems("\n".join(lines), async_ring=True, **kw)
+    # three K tiles, two stages: only the first tile's stage is refilled
+    assert problems([arm, read, fence, release, read, release, read, release],
+                    k_tiles=3, stages=2) == []
+    # the multicast releases one stage to every member: one group per tile
+    assert problems([read, fence, remote, remote, read, remote, remote, read, remote, remote],
+                    k_tiles=3, stages=2) == []
+    assert "no fence" in problems([read, release, read, release, read, release],
+                                  k_tiles=3, stages=2)[0]
+    assert "never" not in " ".join(problems([read, fence, release, read, fence, release, read,
+                                             release], k_tiles=3, stages=2))
+    assert "only costs" in problems([read, fence, release, read, fence, release, read, release],
+                                    k_tiles=3, stages=2)[0]
+    assert "not a multiple" in problems([read, fence, release], k_tiles=2, stages=1)[0]
+    # a read after the fence: that tile's release is unfenced
+    assert "no fence" in problems([read, fence, release, read, fence, read, release, read,
+                                   release], k_tiles=3, stages=1)[0]
+    # stages unknown: fenced releases, then unfenced ones, per K loop
+    assert problems([read, fence, release, read, fence, release, read, release]) == []
+    assert problems([read, release, read, fence, release])
+    assert problems([read, fence, release, read, release] * 2, k_tiles=2) == []
+    assert problems([read]) == ["no stage release found to check the release fence against"]
     assert release_fence_problems("\n".join([read, fence, release]), async_ring=False)
     assert release_fence_problems("\n".join([read, release]), async_ring=False) == []

@@ -197,7 +197,7 @@ class CompileReport:
         t = self.tactic
         return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split,
                          x_multicast=t.x_multicast, l2_prefetch=t.l2_prefetch, bulk_x=t.bulk_x,
-                         tma_x=t.tma_x, prefetch_bytes=self.prefetch_bytes)
+                         tma_x=t.tma_x, prefetch_bytes=self.prefetch_bytes, stages=t.stages)
 
     @property
     def prefetch_bytes(self) -> int | None:
@@ -340,7 +340,7 @@ def prefetch_sizes(ptx_text: str) -> list[int | None]:
 def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
               x_multicast: int = 1, l2_prefetch: bool = False,
               bulk_x: bool = False, tma_x: bool = False,
-              prefetch_bytes: int | None = None) -> list[str]:
+              prefetch_bytes: int | None = None, stages: int | None = None) -> list[str]:
     """Problems with a kernel's PTX: required instructions missing, forbidden ones
     present. ``k_tiles`` (per CTA) ``== 1`` waives the L2 hint (a one-tile
     weight has only the unhinted prologue copy); ``k_split > 1`` requires the
@@ -349,7 +349,9 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
     copies, ``tma_x`` TMA boxes of x (and, multicast, their multicast in
     place of the rows'); each is forbidden without its tactic. With
     ``prefetch_bytes``, every L2 prefetch must ask for that many bytes per
-    row (the bound of ``prefetch_tiles``, or the whole remainder)."""
+    row (the bound of ``prefetch_tiles``, or the whole remainder). With
+    ``k_tiles`` and ``stages``, the release fences of an async activation
+    ring (``release_fence_problems``) are checked tile by tile."""
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
     if k_split > 1:
         required += list(PTX_AUDIT_CLUSTER)
@@ -388,7 +390,8 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
         problems += [f"found {why} ({pattern}) without bulk_x"
                      for pattern, why in PTX_AUDIT_BULK_X
                      if pattern not in allowed and re.search(pattern, ptx_text)]
-    problems += release_fence_problems(ptx_text, async_ring=bulk_x or tma_x or x_multicast > 1)
+    problems += release_fence_problems(ptx_text, async_ring=bulk_x or tma_x or x_multicast > 1,
+                                       k_tiles=k_tiles, stages=stages)
     if not l2_prefetch:
         problems += [f"found {why} ({pattern}) without l2_prefetch"
                      for pattern, why in PTX_AUDIT_PREFETCH if re.search(pattern, ptx_text)]
@@ -406,28 +409,52 @@ _STAGE_RELEASE = re.compile(
 _RELEASE_FENCE = "fence.proxy.async.shared::cta"
 
 
-def release_fence_problems(ptx_text: str, async_ring: bool) -> list[str]:
+def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None = None,
+                           stages: int | None = None) -> list[str]:
     """With an activation ring refilled by the async proxy (TMA or bulk
-    copies), every release of a stage must follow a cross-proxy fence issued
-    after the stage's last ldmatrix read (else the refill can land before
-    the reads: kernel.py, compute). Without one, the fence must be absent
-    (cp.async refills are generic-proxy writes; it would only cost)."""
+    copies), each release of a stage that a copy refills must follow a
+    cross-proxy fence issued after the stage's last ldmatrix read (else the
+    refill can land before the reads: kernel.py, compute). The K loop is
+    unrolled, so the releases appear in K tile order (a mixed grid traces it
+    twice); given ``k_tiles`` and ``stages``, the last ``stages`` tiles of
+    each loop, never refilled, must come without a fence (it only costs).
+    Without an async ring there must be no fence at all."""
     if not async_ring:
         return ([f"found the release fence ({_RELEASE_FENCE}) with a cp.async activation ring"]
                 if _RELEASE_FENCE in ptx_text else [])
-    problems, read_since_fence, releases = [], False, 0
+    # one group per K tile: its releases (one per cluster member with the
+    # multicast) after its reads, and whether a fence came between
+    groups, read, fenced = [], False, False
     for number, line in enumerate(ptx_text.splitlines(), 1):
         if "ldmatrix" in line:
-            read_since_fence = True
+            read, fenced = True, False
         elif _RELEASE_FENCE in line:
-            read_since_fence = False
-        elif _STAGE_RELEASE.search(line):
-            releases += 1
-            if read_since_fence:
-                problems.append(f"PTX line {number}: a stage released after ldmatrix reads "
-                                f"with no {_RELEASE_FENCE} between them")
-    if not releases:
-        problems.append("no stage release found to check the release fence against")
+            fenced = True
+        elif _STAGE_RELEASE.search(line) and read:
+            groups.append((number, fenced))
+            read = False
+    if not groups:
+        return ["no stage release found to check the release fence against"]
+    if k_tiles is not None and len(groups) % k_tiles:
+        return [f"{len(groups)} stage releases, not a multiple of the {k_tiles} K tiles"]
+    problems = []
+    if k_tiles is None or stages is None:
+        # the tiles a copy refills are unknown: each loop fenced, then not
+        loop = k_tiles or len(groups)
+        for start in range(0, len(groups), loop):
+            fences = [fenced for _, fenced in groups[start:start + loop]]
+            if any(fences[fences.index(False):] if False in fences else []):
+                problems.append(f"PTX line {groups[start][0]}: a fenced release after an "
+                                "unfenced one in the same K loop")
+        return problems
+    wanted = [layout.stage_refilled(i % k_tiles, stages, k_tiles) for i in range(len(groups))]
+    for (number, fenced), want in zip(groups, wanted):
+        if want and not fenced:
+            problems.append(f"PTX line {number}: a stage released after ldmatrix reads "
+                            f"with no {_RELEASE_FENCE} between them")
+        elif fenced and not want:
+            problems.append(f"PTX line {number}: a fence before releasing a stage no copy "
+                            "refills (it only costs)")
     return problems
 
 

@@ -567,15 +567,18 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
-            if cutlass.const_expr(self.async_activation_ring and self.release_fence):
+            if (self.async_activation_ring and self.release_fence
+                    and layout.stage_refilled(i, t.stages, self.k_tiles)):
                 # The next copy into this activation stage is a TMA or bulk
                 # copy: a write by the async proxy, which the mbarrier
                 # release/acquire chain alone does not order after this
                 # thread's ldmatrix reads (generic proxy). Without the
-                # fence the refill landed before the reads on the H200 (run
-                # 50: 16,8,128,2,1+tma on 7168x384, M = 17, 34 of 160
+                # fence the refill landed before the reads on the H200 (runs
+                # 50-52: 16,8,128,2,1+tma on 7168x384, M = 17, 34 of 160
                 # outputs wrong, each with a quarter of K tile 0 read from
-                # K tile 2). cp.async (generic proxy) rings need no fence.
+                # K tile 2). cp.async (generic proxy) rings need no fence,
+                # nor does a stage no copy refills (the fence costs ~80 ns
+                # on the path: run 53).
                 ptx.fence_proxy_async_shared()
             if self.multicast and self.compute_thread_arrive:
                 # the next rows of this stage come from every member: release it to all

@@ -378,6 +378,13 @@ def ring_slot(k_tile_index, stages):
     return k_tile_index % stages, (k_tile_index // stages) % 2
 
 
+def stage_refilled(k_tile_index, stages, k_tiles):
+    """Whether the stage K tile ``k_tile_index`` occupies is refilled later
+    (with tile ``k_tile_index + stages``): only then must its release be
+    ordered before another copy's writes."""
+    return k_tile_index + stages < k_tiles
+
+
 def empty_parity(k_tile_index, stages):
     """Parity a loader waits on before refilling a stage for ``k_tile_index``
     (``None`` for the first ``stages`` tiles, whose stages start empty)."""
