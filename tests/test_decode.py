@@ -278,13 +278,14 @@ def test_shipped_plan_is_what_its_log_gives():
     over the default space."""
     from pathlib import Path
 
-    from warpsplitk.tune import plan_from_log
+    from warpsplitk.tune import ASYNC_RING_REVISION, plan_from_log
     log = Path(__file__).resolve().parent.parent / "docs/gpu-runs/2026-12-02-tune-log.jsonl"
     if not log.exists():
         pytest.skip("the tuner log is not in this checkout")
     shipped = builtin_plan("h200")
     plan, _ = plan_from_log(str(log), reps=tuple(shipped.meta["representative_ms"]),
-                            records=shipped.meta["log_records"])
+                            records=shipped.meta["log_records"],
+                            stale=shipped.meta.get("async_ring_revision", 1) < ASYNC_RING_REVISION)
     assert not any(t.token_tile < 8 for e in shipped.entries.values() for t, _ in e.values())
     assert {nk: {m: t for m, (t, _) in e.items()} for nk, e in plan.entries.items()} == \
         {nk: {m: t for m, (t, _) in e.items()} for nk, e in shipped.entries.items()}
@@ -619,3 +620,65 @@ def test_plan_from_log_skips_tactics_this_version_refuses(tmp_path):
     _log(tmp_path / "log.jsonl", records)
     plan, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True)
     assert plan.entries[(2624, 6144)][1][0].short() == ok
+
+
+def test_timings_of_changed_kernels_are_stale(tmp_path):
+    """Records of TMA and bulk-copy tactics made before the release fence
+    (no ``rev``) are stale: left out of a plan unless asked for, and of the
+    tuner's resume set (so it measures them again); a newer record of the
+    same key wins; records of cp.async tactics stay valid."""
+    from warpsplitk.tune import (ASYNC_RING_REVISION, _read_log, is_stale, plan_from_log,
+                                 stale_records)
+    plain, tma, bulk = "16,8,256,4,1", "16,8,256,4,1+tma", "16,8,256,4,1+bulk"
+    assert not is_stale({"tactic": plain})
+    assert is_stale({"tactic": tma}) and is_stale({"tactic": bulk, "rev": 1})
+    assert not is_stale({"tactic": tma, "rev": ASYNC_RING_REVISION})
+    log = tmp_path / "log.jsonl"
+    _log(log, [(1024, 4096, r, plain, 5.0) for r in REPRESENTATIVE_MS]
+         + [(1024, 4096, r, tma, 4.0) for r in REPRESENTATIVE_MS])
+    assert stale_records(str(log)) == len(REPRESENTATIVE_MS)
+    assert len(_read_log(str(log))) == len(REPRESENTATIVE_MS)
+    assert len(_read_log(str(log), stale=True)) == 2 * len(REPRESENTATIVE_MS)
+
+    def picks(**kw):
+        plan, _ = plan_from_log(str(log), **kw)
+        return {t.short() for e in plan.entries.values() for t, _ in e.values()}, plan.meta
+    fresh, meta = picks()
+    assert fresh == {plain} and meta["async_ring_revision"] == ASYNC_RING_REVISION
+    old, meta = picks(stale=True)
+    assert old == {tma} and meta["async_ring_revision"] == 1
+    # measured again with the fence: slower now, and counted
+    with open(log, "a") as f:
+        for r in REPRESENTATIVE_MS:
+            f.write(json.dumps({"key": f"1024,4096,{r},{tma}", "n": 1024, "k": 4096, "m": r,
+                                "tactic": tma, "ok": True, "us": 5.5,
+                                "rev": ASYNC_RING_REVISION}) + "\n")
+    assert stale_records(str(log)) == 0
+    assert _read_log(str(log))[f"1024,4096,1,{tma}"]["us"] == 5.5
+    assert picks()[0] == {plain}
+
+
+def test_cli_tune_from_log_stale_records(tmp_path, capsys):
+    from warpsplitk.cli import main
+    log = tmp_path / "log.jsonl"
+    _log(log, [(1024, 4096, r, "16,8,256,4,1+tma", 4.0) for r in REPRESENTATIVE_MS])
+    out = tmp_path / "plan.json"
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 0
+    assert load_plan(out).entries == {}
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out), "--stale-records"]) == 0
+    assert sorted(load_plan(out).entries) == [(1024, 4096)]
+    assert load_plan(out).meta["async_ring_revision"] == 1
+
+
+def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp_path):
+    """The fence only adds work: a stale timing already slower than its
+    cell's best valid timing is skipped on resume; a faster one is measured
+    again; stale confirmations and failures are judged by nothing (their
+    cell's candidates decide)."""
+    from warpsplitk.tune import dominated_stale_keys
+    log = tmp_path / "log.jsonl"
+    plain, tma, bulk = "16,8,256,4,1", "16,8,256,4,1+tma", "16,8,256,4,1+bulk"
+    _log(log, [(1024, 4096, 1, plain, 5.0), (1024, 4096, 1, tma, 6.0),
+               (1024, 4096, 1, bulk, 4.5), (1024, 4096, 4, tma, 3.0),
+               (1024, 4096, 8, bulk, None)])
+    assert dominated_stale_keys(str(log)) == {f"1024,4096,1,{tma}"}

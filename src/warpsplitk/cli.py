@@ -76,7 +76,7 @@ def _cmd_plan_from_log(args):
     meta = plan_meta(args.gpu or "unknown", args.sm_count, None)
     plan, partial = plan_from_log(args.log, shape_table.parse_ms(args.m), meta,
                                   narrow=args.narrow_tiles, k_split_4=args.k_split_4,
-                                  records=args.log_records)
+                                  records=args.log_records, stale=args.stale_records)
     for (n, k), missing in partial.items():
         print(f"N={n} K={k}: left out, no measurement for M={missing}")
     plan.save(args.output)
@@ -221,8 +221,8 @@ def main(argv=None):
     p.add_argument("--narrow-tiles", action=argparse.BooleanOptionalAction, default=False,
                    help="experimental: at M <= 4 also measure each cell's 3 fastest 8-token "
                         "candidates with a 1-, 2- or 4-row token tile, at the ring depths its "
-                        "smaller stages allow (default: off; an unexplained GPU test failure "
-                        "under load, docs/NOTES.md)")
+                        "smaller stages allow (default: off until a tune with the release "
+                        "fence has measured them, docs/NOTES.md)")
     p.add_argument("--confirm", type=int, default=None,
                    help="time each cell's N fastest candidates a second time and use the "
                         "mean of both (default: 3; 0 times each once)")
@@ -231,6 +231,10 @@ def main(argv=None):
     p.add_argument("--log-records", type=int,
                    help="with --from-log: only the log's first N lines (the log as it stood "
                         "when a plan was made; a plan's meta records its count)")
+    p.add_argument("--stale-records", action="store_true",
+                   help="with --from-log: also count timings of kernels changed since they "
+                        "were logged (async activation rings before the release fence): how a "
+                        "plan made before the change is rebuilt")
     p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")
     p.add_argument("--sm-count", type=int, help="with --from-log: that GPU's SM count")
     p.add_argument("--jobs", type=int,

@@ -131,7 +131,7 @@ class WarpSplitKKernel:
         # activation stages by TMA boxes (tma_x): a tensor map of x per call
         self.tma_activations = t.tma_x
         # activation stages written by the async proxy (bulk copies or TMA)
-        self.async_activation_ring = self.bulk_activations or self.tma_activations
+        self.async_activation_ring = t.async_activation_ring
         self.b_layout = t.activation_layout
         self.clustered = self.k_split > 1 or self.multicast
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,

@@ -193,6 +193,12 @@ class WarpSplitKTactic:
         return self.bulk_x or (self.x_multicast > 1 and not self.tma_x)
 
     @property
+    def async_activation_ring(self) -> bool:
+        """Activation stages written by the async proxy (TMA boxes or bulk
+        copies): their release needs a cross-proxy fence (kernel.py)."""
+        return self.tma_x or self.bulk_activations
+
+    @property
     def activation_layout(self) -> str:
         """The activation stage layout (``layout.B_LAYOUTS``): "tma" for TMA
         boxes, "padded" for bulk-copied rows, "swizzle" for 16-byte copies."""

@@ -395,9 +395,33 @@ def _count_lines(path):
         return sum(1 for _ in f)
 
 
-def _read_log(path, records=None):
+#: The kernel revision a timing of a tactic with an async activation ring
+#: (TMA boxes or bulk copies) must carry to count: 2 since the cross-proxy
+#: fence before each stage release (session 10, docs/NOTES.md), which made
+#: those kernels correct and up to ~10% slower. Older records of such
+#: tactics are stale: the tuner measures them again on resume, and plans
+#: leave them out unless asked (``stale=True``). Other tactics' kernels did
+#: not change, and their records stay valid.
+ASYNC_RING_REVISION = 2
+
+
+def is_stale(rec) -> bool:
+    """Whether a log record times a kernel that has changed since (see
+    ``ASYNC_RING_REVISION``)."""
+    tactic = WarpSplitKTactic.parse(rec["tactic"])
+    return tactic.async_activation_ring and rec.get("rev", 1) < ASYNC_RING_REVISION
+
+
+def _record(**fields):
+    """A new log record, stamped with the revision its kernel has."""
+    return {**fields, "rev": ASYNC_RING_REVISION}
+
+
+def _read_log(path, records=None, stale=False):
     """``{key: record}`` of a tuning log (its first ``records`` lines only,
-    when given: the log as it stood when a plan was made from it)."""
+    when given: the log as it stood when a plan was made from it), the last
+    record of each key winning; stale records (``is_stale``) are left out
+    unless ``stale``."""
     done = {}
     if path and os.path.exists(path):
         with open(path) as f:
@@ -406,8 +430,34 @@ def _read_log(path, records=None):
                     break
                 if line.strip():
                     rec = json.loads(line)
-                    done[rec["key"]] = rec
+                    if stale or not is_stale(rec):
+                        done[rec["key"]] = rec
     return done
+
+
+def stale_records(path) -> int:
+    """How many keys of the log have only stale timings (to measure again)."""
+    return len(_read_log(path, stale=True)) - len(_read_log(path))
+
+
+def dominated_stale_keys(path) -> set:
+    """Keys of stale timings not worth measuring again: the change that made
+    them stale (the release fence) only adds work to a kernel, so a stale
+    timing already slower than the best valid one of its cell can only get
+    slower (for confirmations: their first timing's key is judged)."""
+    valid, everything = _read_log(path), _read_log(path, stale=True)
+    best = {}
+    for rec in valid.values():
+        if rec.get("ok") and not rec.get("confirm"):
+            cell = (rec["n"], rec["k"], rec["m"])
+            best[cell] = min(best.get(cell, float("inf")), rec["us"])
+    dominated = set()
+    for key, rec in everything.items():
+        if key in valid or rec.get("confirm") or not rec.get("ok"):
+            continue
+        if rec["us"] >= best.get((rec["n"], rec["k"], rec["m"]), float("inf")):
+            dominated.add(key)
+    return dominated
 
 
 #: Times within this fraction of the fastest count as equal (the spread of a
@@ -480,6 +530,16 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                                   bulk_xs)
             for n, k in shapes for r in reps}
     done = _read_log(log_path) if resume else {}
+    if resume and log_path and os.path.exists(log_path) and stale_records(log_path):
+        # timings of kernels changed since (ASYNC_RING_REVISION): measured
+        # again where they could still win, skipped where they cannot
+        dominated = dominated_stale_keys(log_path)
+        for key in dominated:
+            done[key] = {"key": key, "ok": False, "dominated": True}
+        progress(f"{stale_records(log_path)} logged timings of kernels changed since (async "
+                 f"activation rings before the release fence): {len(dominated)} were already "
+                 "slower than their cell's best valid one and are skipped, the rest are "
+                 "measured again if still candidates")
     progress(f"{sum(len(v) for v in work.values())} candidates to measure, "
              f"{len({(n, k, t) for (n, k, _), ts in work.items() for t in ts})} distinct kernels")
     started = time.perf_counter()
@@ -564,7 +624,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                     key = _log_key(n, k, r, tactic)
                     rec = done.get(key)
                     if rec is None:
-                        rec = {"key": key, "n": n, "k": k, "m": r, "tactic": tactic.short()}
+                        rec = _record(key=key, n=n, k=k, m=r, tactic=tactic.short())
                         try:
                             code = compile_warp_splitk(device, n, k, tactic)
                         except Exception as error:
@@ -590,7 +650,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                             log.write(json.dumps(rec) + "\n")
                             log.flush()
                     if not rec.get("ok"):
-                        progress(f"dropped {key}: {rec.get('error')}")
+                        if not rec.get("dominated"):
+                            progress(f"dropped {key}: {rec.get('error')}")
                         return
                     cell[tactic] = [rec["us"]]
 
@@ -604,9 +665,9 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                     rec = done.get(key)
                     if rec is None:
                         t = time_code(compile_warp_splitk(device, n, k, tactic))
-                        rec = {"key": key, "n": n, "k": k, "m": r, "tactic": tactic.short(),
-                               "confirm": True, "ok": True, "us": round(t.median_us, 3),
-                               "spread": round(t.spread, 3)}
+                        rec = _record(key=key, n=n, k=k, m=r, tactic=tactic.short(),
+                                      confirm=True, ok=True, us=round(t.median_us, 3),
+                                      spread=round(t.spread, 3))
                         if t.median_us < timing.physical_floor_us(n * k * 2):
                             rec.update(ok=False, error="under the HBM floor: measurement broken")
                         if log:
@@ -642,6 +703,7 @@ def plan_meta(gpu, sm_count, torch_version, **extra) -> dict:
             "torch": torch_version,
             "method": "warpsplitk tune: " + " ".join(timing.__doc__.split()),
             "representative_ms": list(REPRESENTATIVE_MS),
+            "async_ring_revision": ASYNC_RING_REVISION,
             "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **extra}
 
 
@@ -668,7 +730,8 @@ def in_default_space(tactic: WarpSplitKTactic, narrow=False, k_split_4=False) ->
 
 
 def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
-                  reps=REPRESENTATIVE_MS, narrow=False, k_split_4=False, records=None):
+                  reps=REPRESENTATIVE_MS, narrow=False, k_split_4=False, records=None,
+                  stale=False):
     """The plan ``tune`` makes from the measurements in its log, without a GPU.
 
     A shape is planned when the log has a correct measurement for every
@@ -684,10 +747,13 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     the split of K in four on request (``in_default_space``), and only
     those this version accepts (a log can hold some it now refuses). With
     ``records``, only the log's first ``records`` lines count (the log as
-    it stood when the plan was made; the plan's meta says how many).
+    it stood when the plan was made; the plan's meta says how many). With
+    ``stale``, records of kernels changed since count too (a plan made
+    before the change is rebuilt that way; its meta says
+    ``async_ring_revision`` 1).
     """
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
-    logged = _read_log(log_path, records)
+    logged = _read_log(log_path, records, stale)
     for rec in logged.values():
         if rec.get("ok") and not rec.get("confirm"):
             tactic = WarpSplitKTactic.parse(rec["tactic"])
@@ -719,7 +785,8 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
             best[(n, k, r)] = pick
     shapes = sorted({(n, k) for n, k, _ in best})
     meta = dict(meta or {}, source=f"log {os.path.basename(log_path)}", representative_ms=reps,
-                log_records=records if records is not None else _count_lines(log_path))
+                log_records=records if records is not None else _count_lines(log_path),
+                async_ring_revision=1 if stale else ASYNC_RING_REVISION)
     if inherited:
         meta["inherited_ms"] = inherited
     return _plan(best, shapes, ms, meta, reps, shape_reps), partial
