@@ -25,6 +25,9 @@
 #           (scripts/build_ab.py --compare pdl, plan tactics)
 #   llama   the Llama example's accuracy and decode-step timing
 #   narrow  narrow token tiles: their GPU tests beside the sanitizer over them
+#   fence   the release fence of TMA/bulk activation rings: their kernel tests,
+#           the cases that raced and the reliability module side by side,
+#           then the shipped plan's benchmark alone (FENCE_AB=1: and unfenced)
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -301,6 +304,31 @@ sanitize)
   echo "gpu_reliability: $(tail -1 "$OUT/gpu_reliability.log")"
   head -c 9000 "$OUT/sanitizer-report.txt"
   ;;
+fence)
+  # the release fence (activation rings refilled by TMA boxes or bulk copies):
+  # the kernel tests over those rings and the cases that raced without it,
+  # beside the reliability module and the stress of the racing cases; then,
+  # alone on the GPU, the shipped plan benchmarked (FENCE_AB=1: also the
+  # unfenced diagnostic build, for the fence's cost)
+  P="timeout -k 5 ${PHASE1_LIMIT:-240} python3 -m pytest -q -m gpu --tb=short -rf"
+  $P tests/test_gpu_kernel.py -k "back_to_back or tma or bulk" > "$OUT/gpu_kernel-async.log" 2>&1 &
+  $P tests/test_gpu_kernel.py -k "random_legal" > "$OUT/gpu_kernel-random.log" 2>&1 &
+  $P tests/test_gpu_reliability.py > "$OUT/gpu_reliability.log" 2>&1 &
+  timeout ${PHASE1_LIMIT:-240} python3 scripts/stress_tactics.py 7168,384 17,25,32 \
+    16,8,128,2,1+tma 16,8,128,2,1+bulk 64,8,128,3,1+early+bulk --rounds 40 --where \
+    > "$OUT/stress.log" 2>&1 &
+  wait
+  summarise gpu_kernel-async gpu_kernel-random gpu_reliability
+  grep "rounds x" "$OUT/stress.log"
+  timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench --plan h200 \
+    --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench.json" | head -3
+  if [ -n "${FENCE_AB:-}" ]; then
+    WARPSPLITK_RELEASE_FENCE=0 timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench \
+      --plan h200 --json "$OUT/bench-unfenced.json" > "$OUT/bench-unfenced.log" 2>&1
+    python3 scripts/bench_tables.py "$OUT/bench-unfenced.json" | head -3
+  fi
+  ;;
 *)
-  echo "unknown stage $stage (tests | tune | bench | checks | verify | ab | plan-check | narrow | multicast | pdl | llama | sanitize)"; exit 2 ;;
+  echo "unknown stage $stage (tests | tune | bench | checks | verify | ab | plan-check | narrow | multicast | pdl | llama | sanitize | fence)"; exit 2 ;;
 esac
