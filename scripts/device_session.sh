@@ -27,7 +27,8 @@
 #   narrow  narrow token tiles: their GPU tests beside the sanitizer over them
 #   fence   the release fence of TMA/bulk activation rings: their kernel tests,
 #           the cases that raced and the reliability module side by side,
-#           then the shipped plan's benchmark alone (FENCE_AB=1: and unfenced)
+#           then the shipped plan's benchmark alone (FENCE_AB=1: also with the
+#           experimental uni-directional fence and with none)
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -314,19 +315,24 @@ fence)
   $P tests/test_gpu_kernel.py -k "back_to_back or tma or bulk" > "$OUT/gpu_kernel-async.log" 2>&1 &
   $P tests/test_gpu_kernel.py -k "random_legal" > "$OUT/gpu_kernel-random.log" 2>&1 &
   $P tests/test_gpu_reliability.py > "$OUT/gpu_reliability.log" 2>&1 &
-  timeout ${PHASE1_LIMIT:-240} python3 scripts/stress_tactics.py 7168,384 17,25,32 \
-    16,8,128,2,1+tma 16,8,128,2,1+bulk 64,8,128,3,1+early+bulk --rounds 40 --where \
-    > "$OUT/stress.log" 2>&1 &
+  STRESS="scripts/stress_tactics.py 7168,384 17,25,32 16,8,128,2,1+tma 16,8,128,2,1+bulk
+    64,8,128,3,1+early+bulk --rounds 40 --where"
+  timeout ${PHASE1_LIMIT:-240} python3 $STRESS > "$OUT/stress.log" 2>&1 &
+  # the experimental uni-directional fence on the same cases
+  WARPSPLITK_RELEASE_FENCE=release timeout ${PHASE1_LIMIT:-240} python3 $STRESS \
+    > "$OUT/stress-release.log" 2>&1 &
   wait
   summarise gpu_kernel-async gpu_kernel-random gpu_reliability
-  grep "rounds x" "$OUT/stress.log"
+  grep "rounds x" "$OUT/stress.log"; echo "uni-directional fence:"; grep "rounds x" "$OUT/stress-release.log"
   timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench --plan h200 \
     --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench.json" | head -3
   if [ -n "${FENCE_AB:-}" ]; then
-    WARPSPLITK_RELEASE_FENCE=0 timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench \
-      --plan h200 --json "$OUT/bench-unfenced.json" > "$OUT/bench-unfenced.log" 2>&1
-    python3 scripts/bench_tables.py "$OUT/bench-unfenced.json" | head -3
+    for fence in release none; do
+      WARPSPLITK_RELEASE_FENCE=$fence timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli \
+        bench --plan h200 --json "$OUT/bench-fence-$fence.json" > "$OUT/bench-fence-$fence.log" 2>&1
+      echo "fence $fence:"; python3 scripts/bench_tables.py "$OUT/bench-fence-$fence.json" | head -3
+    done
   fi
   ;;
 *)

@@ -648,8 +648,15 @@ def test_async_activation_rings_fence_each_refilled_release(tmp_path, monkeypatc
         assert report.ptx.count("fence.proxy.async.shared::cta") == fences, text
     assert "fence.proxy.async" not in compile_for_arch(
         n, k, WarpSplitKTactic.parse("16,8,128,2,1")).ptx
+    monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "release")
+    assert build_variant()["release_fence"] == "release"
+    light = _build(n, k, WarpSplitKTactic.parse("16,8,128,2,1+tma"), False, True, "sm_90a",
+                   options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
+    light = light.decode() if isinstance(light, bytes) else light
+    assert light.count("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;") == 1
+    assert release_fence_problems(light, async_ring=True, k_tiles=3, stages=2) == []
     monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "0")
-    assert build_variant()["release_fence"] is False
+    assert build_variant()["release_fence"] == "none"
     unfenced = _build(n, k, WarpSplitKTactic.parse("16,8,128,2,1+tma"), False, True, "sm_90a",
                       options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
     unfenced = unfenced.decode() if isinstance(unfenced, bytes) else unfenced

@@ -74,23 +74,34 @@ def _early_launch_from_env() -> bool:
     return value == "1"
 
 
-def _release_fence_from_env() -> bool:
-    # WARPSPLITK_RELEASE_FENCE=0 (diagnostic, never shipped) drops the
-    # cross-proxy fence before a compute thread releases an activation stage
-    # that a TMA or bulk copy refills (kernel.py, release_fence): that build
-    # races, and exists only to measure what the fence costs
-    value = os.environ.get("WARPSPLITK_RELEASE_FENCE", "1").strip()
-    if value not in ("0", "1", ""):
-        raise ValueError(f"WARPSPLITK_RELEASE_FENCE must be 0 or 1, got {value!r}")
-    return value != "0"
+#: The cross-proxy fence before a compute thread releases an activation stage
+#: that a TMA or bulk copy refills (kernel.py, compute), by
+#: WARPSPLITK_RELEASE_FENCE: "proxy" (the shipped one, the bidirectional
+#: fence.proxy.async.shared::cta; also "1" or unset), "release"
+#: (experimental: the uni-directional generic-to-async release proxy fence
+#: of PTX 8.6, lighter if the hardware agrees; not shipped until the PTX
+#: ISA documents it for reads before an async write and a GPU run shows it
+#: clean and faster), "none" or "0" (diagnostic: no fence; it races, and
+#: exists only to measure what the fence costs).
+RELEASE_FENCES = ("proxy", "release", "none")
+
+
+def _release_fence_from_env() -> str:
+    value = os.environ.get("WARPSPLITK_RELEASE_FENCE", "").strip()
+    value = {"": "proxy", "1": "proxy", "0": "none"}.get(value, value)
+    if value not in RELEASE_FENCES:
+        raise ValueError(f"WARPSPLITK_RELEASE_FENCE must be one of {RELEASE_FENCES} (or 1, 0), "
+                         f"got {value!r}")
+    return value
 
 
 def build_variant() -> dict:
     """This process's kernel variant (``_build`` keyword arguments), from the
     diagnostic and experimental switches above; part of every cache key."""
     variant = {"arrivals": _arrivals_from_env(), "early_launch": _early_launch_from_env()}
-    if not _release_fence_from_env():
-        variant["release_fence"] = False  # only the diagnostic build says so
+    fence = _release_fence_from_env()
+    if fence != "proxy":
+        variant["release_fence"] = fence  # only the experimental and diagnostic builds say so
     return variant
 
 
@@ -105,6 +116,8 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, ear
         early_launch = _early_launch_from_env()
     if release_fence is None:
         release_fence = _release_fence_from_env()
+    if release_fence not in RELEASE_FENCES:
+        raise ValueError(f"release_fence must be one of {RELEASE_FENCES}, got {release_fence!r}")
     if arrivals not in ARRIVALS:
         raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
@@ -407,6 +420,10 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
 _STAGE_RELEASE = re.compile(
     r"mbarrier\.arrive(\.release\.cluster)?\.shared::(cta|cluster)\.b64\s+_,\s*\[")
 _RELEASE_FENCE = "fence.proxy.async.shared::cta"
+#: either form of the fence (the shipped bidirectional one, or the
+#: experimental uni-directional release: RELEASE_FENCES)
+_ANY_RELEASE_FENCE = re.compile(
+    r"fence\.proxy\.async(\.shared::cta|::generic\.release\.sync_restrict::shared::cta\.cluster);")
 
 
 def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None = None,
@@ -421,14 +438,14 @@ def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None 
     Without an async ring there must be no fence at all."""
     if not async_ring:
         return ([f"found the release fence ({_RELEASE_FENCE}) with a cp.async activation ring"]
-                if _RELEASE_FENCE in ptx_text else [])
+                if _ANY_RELEASE_FENCE.search(ptx_text) else [])
     # one group per K tile: its releases (one per cluster member with the
     # multicast) after its reads, and whether a fence came between
     groups, read, fenced = [], False, False
     for number, line in enumerate(ptx_text.splitlines(), 1):
         if "ldmatrix" in line:
             read, fenced = True, False
-        elif _RELEASE_FENCE in line:
+        elif _ANY_RELEASE_FENCE.search(line):
             fenced = True
         elif _STAGE_RELEASE.search(line) and read:
             groups.append((number, fenced))

@@ -88,7 +88,7 @@ def _versions() -> dict:
 
 
 def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arrivals: str = "",
-        early_launch: bool = False, release_fence: bool = True) -> str:
+        early_launch: bool = False, release_fence: str = "proxy") -> str:
     """The file name stem of one compiled kernel (hex, 40 characters)."""
     fields = {
         "format": FORMAT, **_versions(), "sources": _sources_digest(), "arch": arch,
@@ -96,8 +96,8 @@ def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arriva
         "bias": bool(has_bias), "pdl": bool(use_pdl), "arrivals": arrivals,
         "early_launch": bool(early_launch),
     }
-    if not release_fence:  # the diagnostic racing build only
-        fields["release_fence"] = False
+    if release_fence != "proxy":  # the experimental and diagnostic builds only
+        fields["release_fence"] = release_fence
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
 
 

@@ -75,7 +75,7 @@ class WarpSplitKKernel:
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
                  use_pdl: bool = True, loader_thread_arrive: bool = False,
                  compute_thread_arrive: bool = True, early_launch: bool = False,
-                 dependency_wait: bool = True, release_fence: bool = True):
+                 dependency_wait: bool = True, release_fence: str = "proxy"):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
@@ -112,8 +112,9 @@ class WarpSplitKKernel:
         # the wait's serialisation costs on calls whose inputs are in fact
         # independent.
         self.dependency_wait = dependency_wait
-        # release_fence=False: the diagnostic build without the cross-proxy
-        # fence before a stage is released (see compute); it races
+        # release_fence (compile.RELEASE_FENCES): the cross-proxy fence before
+        # a stage a copy refills is released (see compute): "proxy" (shipped),
+        # "release" (experimental, uni-directional) or "none" (diagnostic: races)
         self.release_fence = release_fence
         t = tactic
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
@@ -567,7 +568,7 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
-            if (self.async_activation_ring and self.release_fence
+            if (self.async_activation_ring and self.release_fence != "none"
                     and layout.stage_refilled(i, t.stages, self.k_tiles)):
                 # The next copy into this activation stage is a TMA or bulk
                 # copy: a write by the async proxy, which the mbarrier
@@ -579,7 +580,10 @@ class WarpSplitKKernel:
                 # K tile 2). cp.async (generic proxy) rings need no fence,
                 # nor does a stage no copy refills (the fence costs ~80 ns
                 # on the path: run 53).
-                ptx.fence_proxy_async_shared()
+                if self.release_fence == "release":
+                    ptx.fence_proxy_async_release_shared()
+                else:
+                    ptx.fence_proxy_async_shared()
             if self.multicast and self.compute_thread_arrive:
                 # the next rows of this stage come from every member: release it to all
                 for q in range(self.x_multicast):

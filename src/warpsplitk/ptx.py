@@ -158,6 +158,15 @@ def fence_proxy_async_shared(*, loc=None, ip=None):
 
 
 @dsl_user_op
+def fence_proxy_async_release_shared(*, loc=None, ip=None):
+    """The uni-directional form (PTX 8.6, sm_90): release this thread's
+    generic-proxy shared accesses to later async-proxy ones (experimental,
+    compile.RELEASE_FENCES)."""
+    _asm(None, [], "fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;",
+         "~{memory}", loc, ip)
+
+
+@dsl_user_op
 def fence_mbarrier_init(*, loc=None, ip=None):
     _asm(None, [], "fence.mbarrier_init.release.cluster;", "~{memory}", loc, ip)
 
