@@ -25,9 +25,8 @@ SHOWN = 3  # wrong outputs described, with --where
 
 def where_wrong(out, ref, tactic, x, w, x_before):
     """Where a wrong output is wrong: its token rows and output tiles, and
-    for its worst elements the one 16-wide K chunk whose contribution,
-    dropped or taken from the previous round's x (stale), explains the
-    error best (a race on one ring stage shows up as such a chunk)."""
+    for its three worst elements the K chunk story that explains each best
+    (``_best_chunk_story``: a race on one ring stage shows up as one)."""
     diff = out.double() - ref
     bad = diff.abs() > 0.05 * ref.abs().amax() + 0.02 * ref.abs()
     rows = bad.any(dim=1).nonzero().flatten().tolist()
