@@ -73,3 +73,18 @@ def test_benchmarks_tables_from_a_bench_json(tmp_path):
     assert "| 4224 | 7168 | 60.6 | 13.70 / 21.10 (1.54×) |" in out
     assert "Chains: 1/1 faster than cuBLAS, 2.00–2.00×." in out
     assert "| 768×7168 → 7168×768 | 1 | a -> b | 7.00 | 14.00 | 2.00× | 71% |" in out
+
+
+def test_environment_names_the_kernel_build(monkeypatch):
+    """A benchmark's JSON says which build it timed: nothing for the shipped
+    one, the switch for a diagnostic or experimental one."""
+    import torch
+
+    from warpsplitk import bench
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test GPU")
+    monkeypatch.delenv("WARPSPLITK_RELEASE_FENCE", raising=False)
+    monkeypatch.delenv("WARPSPLITK_EARLY_LAUNCH", raising=False)
+    monkeypatch.delenv("WARPSPLITK_THREAD_ARRIVE", raising=False)
+    assert bench._environment()["build_variant"] == {}
+    monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "0")
+    assert bench._environment()["build_variant"] == {"release_fence": "none"}
