@@ -28,7 +28,7 @@
 #   fence   the release fence of TMA/bulk activation rings: their kernel tests,
 #           the cases that raced and the reliability module side by side,
 #           then the shipped plan's benchmark alone (FENCE_AB=1: also with the
-#           experimental uni-directional fence and with none)
+#           experimental fences, uni-directional and loader-side, and none)
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -318,17 +318,20 @@ fence)
   STRESS="scripts/stress_tactics.py 7168,384 17,25,32 16,8,128,2,1+tma 16,8,128,2,1+bulk
     64,8,128,3,1+early+bulk --rounds 40 --where"
   timeout ${PHASE1_LIMIT:-240} python3 $STRESS > "$OUT/stress.log" 2>&1 &
-  # the experimental uni-directional fence on the same cases
-  WARPSPLITK_RELEASE_FENCE=release timeout ${PHASE1_LIMIT:-240} python3 $STRESS \
-    > "$OUT/stress-release.log" 2>&1 &
+  # the experimental fences (compile.RELEASE_FENCES) on the same cases
+  for fence in release loader; do
+    WARPSPLITK_RELEASE_FENCE=$fence timeout ${PHASE1_LIMIT:-240} python3 $STRESS \
+      > "$OUT/stress-$fence.log" 2>&1 &
+  done
   wait
   summarise gpu_kernel-async gpu_kernel-random gpu_reliability
-  grep "rounds x" "$OUT/stress.log"; echo "uni-directional fence:"; grep "rounds x" "$OUT/stress-release.log"
+  grep "rounds x" "$OUT/stress.log"
+  for fence in release loader; do echo "fence $fence:"; grep "rounds x" "$OUT/stress-$fence.log"; done
   timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench --plan h200 \
     --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench.json" | head -3
   if [ -n "${FENCE_AB:-}" ]; then
-    for fence in release none; do
+    for fence in release loader none; do
       WARPSPLITK_RELEASE_FENCE=$fence timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli \
         bench --plan h200 --json "$OUT/bench-fence-$fence.json" > "$OUT/bench-fence-$fence.log" 2>&1
       echo "fence $fence:"; python3 scripts/bench_tables.py "$OUT/bench-fence-$fence.json" | head -3

@@ -655,6 +655,15 @@ def test_async_activation_rings_fence_each_refilled_release(tmp_path, monkeypatc
     light = light.decode() if isinstance(light, bytes) else light
     assert light.count("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;") == 1
     assert release_fence_problems(light, async_ring=True, k_tiles=3, stages=2) == []
+    monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "loader")
+    loader = _build(n, k, WarpSplitKTactic.parse("16,8,128,2,1+tma"), False, True, "sm_90a",
+                    options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
+    loader = loader.decode() if isinstance(loader, bytes) else loader
+    # one fence, on the loader's side: after its wait for the release, before the refill
+    assert loader.count("fence.proxy.async.shared::cta;") == 1
+    fence_at = loader.index("fence.proxy.async.shared::cta;")
+    assert loader.rfind("mbarrier.try_wait.parity", 0, fence_at) > 0
+    assert loader.find("cp.async.bulk.tensor", fence_at) > 0
     monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "0")
     assert build_variant()["release_fence"] == "none"
     unfenced = _build(n, k, WarpSplitKTactic.parse("16,8,128,2,1+tma"), False, True, "sm_90a",

@@ -81,9 +81,13 @@ def _early_launch_from_env() -> bool:
 #: (experimental: the uni-directional generic-to-async release proxy fence
 #: of PTX 8.6, lighter if the hardware agrees; not shipped until the PTX
 #: ISA documents it for reads before an async write and a GPU run shows it
-#: clean and faster), "none" or "0" (diagnostic: no fence; it races, and
-#: exists only to measure what the fence costs).
-RELEASE_FENCES = ("proxy", "release", "none")
+#: clean and faster), "loader" (experimental: no fence in the compute
+#: threads; the refilling loader thread fences once per refill, after its
+#: acquire of the stage's release: cheaper if the memory model's proxy
+#: rules are cumulative over that synchronisation, which is to be
+#: established before it ships), "none" or "0" (diagnostic: no fence; it
+#: races, and exists only to measure what the fence costs).
+RELEASE_FENCES = ("proxy", "release", "loader", "none")
 
 
 def _release_fence_from_env() -> str:

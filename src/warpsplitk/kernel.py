@@ -114,7 +114,8 @@ class WarpSplitKKernel:
         self.dependency_wait = dependency_wait
         # release_fence (compile.RELEASE_FENCES): the cross-proxy fence before
         # a stage a copy refills is released (see compute): "proxy" (shipped),
-        # "release" (experimental, uni-directional) or "none" (diagnostic: races)
+        # "release" (experimental, uni-directional), "loader" (experimental:
+        # the refilling thread fences instead) or "none" (diagnostic: races)
         self.release_fence = release_fence
         t = tactic
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
@@ -423,6 +424,15 @@ class WarpSplitKKernel:
         if parity is not None:
             ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity,
                               cluster=self.multicast)
+            if self.release_fence == "loader":
+                # experimental: the cross-proxy fence on the refilling side,
+                # once per refill, after the acquire that made the compute
+                # threads' reads of the stage precede this thread's next
+                # operations (compile.RELEASE_FENCES)
+                if self.multicast:
+                    ptx.fence_proxy_async()
+                else:
+                    ptx.fence_proxy_async_shared()
         full = self._barrier(smem, self.smem.full_b, stage)
         ptx.mbarrier_arrive_expect_tx_if(full, nbytes, arm)
         return stage, full
@@ -568,7 +578,7 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
-            if (self.async_activation_ring and self.release_fence != "none"
+            if (self.async_activation_ring and self.release_fence in ("proxy", "release")
                     and layout.stage_refilled(i, t.stages, self.k_tiles)):
                 # The next copy into this activation stage is a TMA or bulk
                 # copy: a write by the async proxy, which the mbarrier

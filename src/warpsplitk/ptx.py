@@ -158,6 +158,12 @@ def fence_proxy_async_shared(*, loc=None, ip=None):
 
 
 @dsl_user_op
+def fence_proxy_async(*, loc=None, ip=None):
+    """The bidirectional cross-proxy fence over every state space."""
+    _asm(None, [], "fence.proxy.async;", "~{memory}", loc, ip)
+
+
+@dsl_user_op
 def fence_proxy_async_release_shared(*, loc=None, ip=None):
     """The uni-directional form (PTX 8.6, sm_90): release this thread's
     generic-proxy shared accesses to later async-proxy ones (experimental,
