@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from script_loader import load_script
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic, legal_tactics
 from warpsplitk.shapes import load
 from warpsplitk.tactics import PREFETCH_TILES
@@ -345,16 +346,6 @@ def test_rings_deeper_than_16_stages(text, n, k):
     check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=min(tactic.token_tile, 9))
 
 
-def _stress_script():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parent.parent / "scripts" / "stress_tactics.py"
-    spec = importlib.util.spec_from_file_location("stress_tactics_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("text,n,k,m", [
     # run 49's one failure had these three among its picks; the third raced
     # (its TMA refills landed before the ldmatrix reads, runs 50-52), as did
@@ -374,6 +365,6 @@ def test_back_to_back_launches_stay_exact(text, n, k, m):
     """Four launches back to back (PDL overlaps them), eagerly and from a
     graph, fresh inputs each round: every output right against fp64 and
     all four bitwise equal (scripts/stress_tactics.py)."""
-    wrong, differing, unwritten, worst = _stress_script().stress(
+    wrong, differing, unwritten, worst = load_script("stress_tactics").stress(
         WarpSplitKTactic.parse(text), n, k, m, rounds=40)
     assert (wrong, differing, unwritten) == (0, 0, 0), worst

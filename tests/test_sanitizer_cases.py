@@ -2,22 +2,16 @@
 (scripts/reliability.py cases): every tactic feature reaches it, every case
 is legal, the rotation covers every ring variant across the tools."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch")  # the script imports it at the top; nothing here runs on a GPU
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "reliability.py"
+from script_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def reliability():
-    spec = importlib.util.spec_from_file_location("reliability_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("reliability")
 
 
 def _legal(cases):

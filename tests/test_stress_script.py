@@ -1,21 +1,15 @@
 """scripts/stress_tactics.py's diagnosis, on made-up wrong outputs (no GPU)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from script_loader import load_script
 from warpsplitk import WarpSplitKTactic
 
 
 def _script():
-    path = Path(__file__).resolve().parent.parent / "scripts" / "stress_tactics.py"
-    spec = importlib.util.spec_from_file_location("stress_tactics_cpu", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("stress_tactics")
 
 
 @pytest.fixture(scope="module")

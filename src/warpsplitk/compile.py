@@ -464,7 +464,7 @@ def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None 
         loop = k_tiles or len(groups)
         for start in range(0, len(groups), loop):
             fences = [fenced for _, fenced in groups[start:start + loop]]
-            if any(fences[fences.index(False):] if False in fences else []):
+            if fences != sorted(fences, reverse=True):
                 problems.append(f"PTX line {groups[start][0]}: a fenced release after an "
                                 "unfenced one in the same K loop")
         return problems

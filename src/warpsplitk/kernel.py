@@ -132,8 +132,6 @@ class WarpSplitKKernel:
         self.bulk_activations = t.bulk_activations
         # activation stages by TMA boxes (tma_x): a tensor map of x per call
         self.tma_activations = t.tma_x
-        # activation stages written by the async proxy (bulk copies or TMA)
-        self.async_activation_ring = t.async_activation_ring
         self.b_layout = t.activation_layout
         self.clustered = self.k_split > 1 or self.multicast
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
@@ -578,7 +576,7 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
-            if (self.async_activation_ring and self.release_fence in ("proxy", "release")
+            if (t.async_activation_ring and self.release_fence in ("proxy", "release")
                     and layout.stage_refilled(i, t.stages, self.k_tiles)):
                 # The next copy into this activation stage is a TMA or bulk
                 # copy: a write by the async proxy, which the mbarrier

@@ -435,29 +435,37 @@ def _read_log(path, records=None, stale=False):
     return done
 
 
+def _stale_split(path):
+    """``(valid, stale)``: the log's ``{key: record}``, split by ``is_stale``
+    (a key measured again since holds its newer, valid record)."""
+    everything = _read_log(path, stale=True)
+    valid = {key: rec for key, rec in everything.items() if not is_stale(rec)}
+    return valid, {key: rec for key, rec in everything.items() if key not in valid}
+
+
 def stale_records(path) -> int:
     """How many keys of the log have only stale timings (to measure again)."""
-    return len(_read_log(path, stale=True)) - len(_read_log(path))
+    return len(_stale_split(path)[1])
+
+
+def _dominated(valid, stale) -> set:
+    best = {}
+    for rec in valid.values():
+        if rec.get("ok") and not rec.get("confirm"):
+            cell = (rec["n"], rec["k"], rec["m"])
+            best[cell] = min(best.get(cell, float("inf")), rec["us"])
+    return {key for key, rec in stale.items()
+            if rec.get("ok") and not rec.get("confirm")
+            and rec["us"] >= best.get((rec["n"], rec["k"], rec["m"]), float("inf"))}
 
 
 def dominated_stale_keys(path) -> set:
     """Keys of stale timings not worth measuring again: the change that made
     them stale (the release fence) only adds work to a kernel, so a stale
     timing already slower than the best valid one of its cell can only get
-    slower (for confirmations: their first timing's key is judged)."""
-    valid, everything = _read_log(path), _read_log(path, stale=True)
-    best = {}
-    for rec in valid.values():
-        if rec.get("ok") and not rec.get("confirm"):
-            cell = (rec["n"], rec["k"], rec["m"])
-            best[cell] = min(best.get(cell, float("inf")), rec["us"])
-    dominated = set()
-    for key, rec in everything.items():
-        if key in valid or rec.get("confirm") or not rec.get("ok"):
-            continue
-        if rec["us"] >= best.get((rec["n"], rec["k"], rec["m"]), float("inf")):
-            dominated.add(key)
-    return dominated
+    slower (confirmations and failures are not judged: their cell's
+    candidates decide)."""
+    return _dominated(*_stale_split(path))
 
 
 #: Times within this fraction of the fastest count as equal (the spread of a
@@ -529,17 +537,17 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     work = {(n, k, r): candidates(r, n, k, sm_count, k_splits, x_multicasts, early_launches,
                                   bulk_xs)
             for n, k in shapes for r in reps}
-    done = _read_log(log_path) if resume else {}
-    if resume and log_path and os.path.exists(log_path) and stale_records(log_path):
+    done, stale = _stale_split(log_path) if resume else ({}, {})
+    if stale:
         # timings of kernels changed since (ASYNC_RING_REVISION): measured
         # again where they could still win, skipped where they cannot
-        dominated = dominated_stale_keys(log_path)
+        dominated = _dominated(done, stale)
         for key in dominated:
             done[key] = {"key": key, "ok": False, "dominated": True}
-        progress(f"{stale_records(log_path)} logged timings of kernels changed since (async "
-                 f"activation rings before the release fence): {len(dominated)} were already "
-                 "slower than their cell's best valid one and are skipped, the rest are "
-                 "measured again if still candidates")
+        progress(f"{len(stale)} logged timings of kernels changed since (async activation "
+                 f"rings before the release fence): {len(dominated)} were already slower "
+                 "than their cell's best valid one and are skipped, the rest are measured "
+                 "again if still candidates")
     progress(f"{sum(len(v) for v in work.values())} candidates to measure, "
              f"{len({(n, k, t) for (n, k, _), ts in work.items() for t in ts})} distinct kernels")
     started = time.perf_counter()
