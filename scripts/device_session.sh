@@ -100,7 +100,8 @@ tune)
 bench)
   # the plan the committed log gives, then the benchmark with it and chains
   # TUNE_LOG: another log than the committed one (a 'tune' earlier in the same call)
-  python3 -m warpsplitk.cli tune --from-log --log "${TUNE_LOG:-docs/gpu-runs/2026-12-02-tune-log.jsonl}" \
+  # PLAN_FLAGS: more `tune --from-log` flags (e.g. --narrow-tiles)
+  python3 -m warpsplitk.cli tune --from-log ${PLAN_FLAGS:-} --log "${TUNE_LOG:-docs/gpu-runs/2026-12-02-tune-log.jsonl}" \
     --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
     --sm-count "$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)')" \
     -o "$OUT/plan-h200.json"

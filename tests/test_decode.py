@@ -397,6 +397,11 @@ def test_confirmation_helpers():
     cell = {a: [5.0], b: [4.0, 4.4], c: [3.0]}
     assert _confirm_candidates(cell, 2) == [c, b]
     assert _confirm_candidates(cell, 0) == []
+    # the default heuristic's tactic is confirmed too, if it was measured
+    assert _confirm_candidates(cell, 2, default=a) == [c, b, a]
+    assert _confirm_candidates(cell, 2, default=b) == [c, b]
+    assert _confirm_candidates(cell, 2, default=T(64, 8, 256, 4, 1)) == [c, b]
+    assert _confirm_candidates(cell, 0, default=a) == []
     assert _mean_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
     assert _confirm_key(1, 2, 8, c) == "confirm:1,2,8,32,8,256,4,1+early"
 

@@ -83,7 +83,8 @@ Pruning, before anything is measured:
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
 Candidates that fail to compile or are wrong are dropped and reported.
-With ``confirm`` (``--confirm N``, default ``CONFIRM`` = 3) the N fastest of each cell are then timed once more, in a newly
+With ``confirm`` (``--confirm N``, default ``CONFIRM`` = 3) the N fastest of each cell,
+and its default heuristic tactic, are then timed once more, in a newly
 captured graph, and count with the mean of both timings: a single replay
 set can flatter a tactic (the early trigger's replays are bimodal on small
 kernels: 768x128 at M = 8 measured 1.26 us in one run, 1.37 in the next).
@@ -384,10 +385,18 @@ def _mean_times(samples):
     return {t: round(sum(v) / len(v), 3) for t, v in samples.items() if v}
 
 
-def _confirm_candidates(samples, confirm):
-    """The ``confirm`` fastest tactics of one cell by their first timing."""
+def _confirm_candidates(samples, confirm, default=None):
+    """The ``confirm`` fastest tactics of one cell by their first timing, and
+    the cell's ``default`` heuristic tactic if it was measured: the plan
+    must not lose to the default, and a single timing of it can be off by
+    more than the margins between the fastest (3072x128 M=1, late trigger:
+    1.47 us in the tuner, 1.24 us in every benchmark since run 28), so it
+    is confirmed beside them and its mean decides."""
     first = {t: v[0] for t, v in samples.items() if v}
-    return sorted(first, key=first.get)[:confirm]
+    chosen = sorted(first, key=first.get)[:confirm]
+    if confirm and default in first and default not in chosen:
+        chosen.append(default)
+    return chosen
 
 
 def _count_lines(path):
@@ -593,7 +602,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                 rec = done.get(_log_key(n, k, r, t), {})
                 if rec.get("ok"):
                     logged[t] = [rec["us"]]
-        to_build |= {(n, k, t) for t in _confirm_candidates(logged, confirm)
+        to_build |= {(n, k, t) for t in _confirm_candidates(
+                         logged, confirm, default_tactic(r, n, k, sm_count))
                      if _confirm_key(n, k, r, t) not in done}
     precompile([(n, k, t, False, True) for n, k, t in sorted(to_build)], device_arch(device),
                jobs, progress)
@@ -668,7 +678,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                 for rule in rules:
                     for tactic in rule({t: v[0] for t, v in cell.items()}, n, k, r):
                         measure(tactic)
-                for tactic in _confirm_candidates(cell, confirm):
+                for tactic in _confirm_candidates(cell, confirm,
+                                                  default_tactic(r, n, k, sm_count)):
                     key = _confirm_key(n, k, r, tactic)
                     rec = done.get(key)
                     if rec is None:
