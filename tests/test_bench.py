@@ -88,3 +88,24 @@ def test_environment_names_the_kernel_build(monkeypatch):
     assert bench._environment()["build_variant"] == {}
     monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "0")
     assert bench._environment()["build_variant"] == {"release_fence": "none"}
+
+
+def test_rounds_combine_to_the_median_graph():
+    from warpsplitk import timing
+    graphs = [timing.Timing(1.24, 1.23, 1.26, 64), timing.Timing(1.48, 1.47, 1.50, 64),
+              timing.Timing(1.47, 1.46, 1.49, 64)]
+    combined = timing.combine(graphs)
+    # one graph in the fast state does not decide: the median graph counts
+    assert combined.median_us == 1.47
+    assert (combined.min_us, combined.max_us, combined.calls) == (1.23, 1.50, 192)
+    assert combined.spread == pytest.approx((1.50 - 1.23) / 1.47)
+    assert timing.combine(graphs[:1]) == graphs[0]
+    assert timing.ROUNDS >= 3  # odd and > 1: a median of graphs, not one graph
+
+
+def test_bench_refuses_fewer_than_one_round(capsys):
+    from warpsplitk.cli import main
+    assert main(["bench", "--rounds", "0", "--shapes", "768,128"]) == 2
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
+        bench.bench_shape(768, 128, [1], None, rounds=0)

@@ -283,10 +283,12 @@ def test_shipped_plan_is_what_its_log_gives():
     if not log.exists():
         pytest.skip("the tuner log is not in this checkout")
     shipped = builtin_plan("h200")
+    narrow = shipped.meta.get("narrow_tiles", False)  # plans before session 11: none
     plan, _ = plan_from_log(str(log), reps=tuple(shipped.meta["representative_ms"]),
-                            records=shipped.meta["log_records"],
+                            records=shipped.meta["log_records"], narrow=narrow,
                             stale=shipped.meta.get("async_ring_revision", 1) < ASYNC_RING_REVISION)
-    assert not any(t.token_tile < 8 for e in shipped.entries.values() for t, _ in e.values())
+    if not narrow:
+        assert not any(t.token_tile < 8 for e in shipped.entries.values() for t, _ in e.values())
     assert {nk: {m: t for m, (t, _) in e.items()} for nk, e in plan.entries.items()} == \
         {nk: {m: t for m, (t, _) in e.items()} for nk, e in shipped.entries.items()}
 
@@ -323,7 +325,7 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
 
 @pytest.mark.parametrize(
     "flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma,mixed,narrow,bounded", [
-        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, False,
+        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, True,
          True),
         (["--k-split-4", "--narrow-tiles"], (1, 2, 4), (1,), None, (False, True), None,
          (False, True), True, True, True, True, True),
@@ -585,24 +587,30 @@ def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
 
 def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     """A log holds what any run measured; the plan counts narrow token tiles
-    (and rings past 16 stages) and the split of K in four only on request."""
+    (and rings past 16 stages) unless told not to, and the split of K in
+    four only on request."""
     from warpsplitk.tune import in_default_space, plan_from_log
     wide, narrow, deep, four = ("32,8,256,4,1", "32,1,256,13,1", "16,8,256,18,1",
                                 "32,8,256,4,1,4")
     assert in_default_space(WarpSplitKTactic.parse(wide))
-    assert not in_default_space(WarpSplitKTactic.parse(narrow))
-    assert in_default_space(WarpSplitKTactic.parse(narrow), narrow=True)
-    assert not in_default_space(WarpSplitKTactic.parse(deep))
-    assert in_default_space(WarpSplitKTactic.parse(deep), narrow=True)
+    assert in_default_space(WarpSplitKTactic.parse(wide), narrow=False)
+    assert in_default_space(WarpSplitKTactic.parse(narrow))
+    assert not in_default_space(WarpSplitKTactic.parse(narrow), narrow=False)
+    assert in_default_space(WarpSplitKTactic.parse(deep))
+    assert not in_default_space(WarpSplitKTactic.parse(deep), narrow=False)
     assert not in_default_space(WarpSplitKTactic.parse(four))
     assert in_default_space(WarpSplitKTactic.parse(four), k_split_4=True)
     records = [(2112, 7168, r, wide, 9.0) for r in REPRESENTATIVE_MS]
     records += [(2112, 7168, 1, narrow, 7.0), (2112, 7168, 4, deep, 7.0),
                 (2112, 7168, 8, four, 7.0)]
     _log(tmp_path / "log.jsonl", records)
-    plain, _ = plan_from_log(str(tmp_path / "log.jsonl"))
+    plain, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=False)
     assert {t.short() for t, _ in plain.entries[(2112, 7168)].values()} == {wide}
-    assert plain.meta["log_records"] == len(records)
+    assert plain.meta["log_records"] == len(records) and plain.meta["narrow_tiles"] is False
+    default, _ = plan_from_log(str(tmp_path / "log.jsonl"))
+    assert default.meta["narrow_tiles"] is True
+    assert (default.entries[(2112, 7168)][1][0].short(),
+            default.entries[(2112, 7168)][8][0].short()) == (narrow, wide)
     asked, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True, k_split_4=True)
     by_m = asked.entries[(2112, 7168)]
     assert (by_m[1][0].short(), by_m[4][0].short(), by_m[8][0].short()) == (narrow, deep, four)

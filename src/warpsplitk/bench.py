@@ -64,8 +64,14 @@ def _environment():
     return env
 
 
-def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=True):
-    """Rows for one ``[n, k]`` weight; ``tactic_for(m)`` -> (tactic, source)."""
+def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=True,
+                rounds=None):
+    """Rows for one ``[n, k]`` weight; ``tactic_for(m)`` -> (tactic, source).
+    Each configuration (ours, the default, cuBLAS) is timed in ``rounds``
+    graphs (``timing.ROUNDS``), alternating, and counts with the median one."""
+    rounds = timing.ROUNDS if rounds is None else rounds
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     import torch
 
     from .prepared import PreparedWarpSplitK
@@ -82,28 +88,39 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        ours = timing.time_calls([lambda p=p: p.run(x, out) for p in prepared])
-        if check:
-            ref = (x.double() @ weights[-1].double().t())
-            err = ((out.double() - ref).norm() / ref.norm()).item()
-            if not err < 1e-2 or torch.isnan(out).any():
-                raise RuntimeError(f"N={n} K={k} M={m}: relative error {err:.3g} (or NaN) after timing")
+        ours_calls = [lambda p=p: p.run(x, out) for p in prepared]
+        default_calls = ([lambda p=p: p.run(x, out) for p in prepared_default]
+                         if prepared_default is not None else None)
+        cublas_calls = [lambda w=w: torch.matmul(x, w.t(), out=out) for w in weights]
+        ours, default, cublas = [], [], []
+        for _ in range(rounds):
+            ours.append(timing.time_calls(ours_calls))
+            if check and len(ours) == 1:
+                ref = (x.double() @ weights[-1].double().t())
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                if not err < 1e-2 or torch.isnan(out).any():
+                    raise RuntimeError(f"N={n} K={k} M={m}: relative error {err:.3g} (or NaN) after timing")
+            if default_calls is not None:
+                default.append(timing.time_calls(default_calls))
+            cublas.append(timing.time_calls(cublas_calls))
+        ours = timing.combine(ours)
         default_us = None
-        if prepared_default is not None:
-            default_us = timing.time_calls([lambda p=p: p.run(x, out) for p in prepared_default]).median_us
+        if default:
+            default_us = timing.combine(default).median_us
         elif include_default:
             default_us = ours.median_us
-        cublas = timing.time_calls([lambda w=w: torch.matmul(x, w.t(), out=out) for w in weights])
-        rows.append((m, ours, default_us, cublas))
+        rows.append((m, ours, default_us, timing.combine(cublas)))
     del prepared, prepared_default, weights
     torch.cuda.empty_cache()
     return [(m, chosen[m], o, d, c) for m, o, d, c in rows]
 
 
-def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=print):
+def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=print, rounds=None):
     """Benchmark every (shape, M); returns (environment, rows)."""
     import torch
+    rounds = timing.ROUNDS if rounds is None else rounds
     env = _environment()
+    env["rounds"] = rounds
     if read_tbps is None:
         read_tbps = timing.measured_read_bandwidth() / 1e12
     env["read_TBps"] = round(read_tbps, 3)
@@ -126,7 +143,7 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     rows = []
     for n, k in shapes:
         for m, (tactic, source), ours, default_us, cublas in bench_shape(
-                n, k, ms, functools.partial(tactic_for, n=n, k=k)):
+                n, k, ms, functools.partial(tactic_for, n=n, k=k), rounds=rounds):
             weight_bytes = n * k * 2
             row = BenchRow(n, k, m, tactic.short(), source, round(ours.median_us, 3),
                            round(ours.spread, 3), None if default_us is None else round(default_us, 3),

@@ -55,7 +55,11 @@ def _cmd_bench(args):
         return 0
     shapes = shape_table.parse_shapes(args.shapes) if args.shapes else bench.default_shapes()
     print(bench.HEADER, flush=True)
-    env, rows = bench.run_bench(shapes, ms, plan, progress=lambda line: print(line, flush=True))
+    if args.rounds is not None and args.rounds < 1:
+        print(f"warpsplitk bench: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
+        return 2
+    env, rows = bench.run_bench(shapes, ms, plan, progress=lambda line: print(line, flush=True),
+                                rounds=args.rounds)
     print(f"# {env['gpu']}  read {env['read_TBps']} TB/s (datasheet {env['datasheet_TBps']})  "
           f"torch {env['torch']}  cutlass-dsl {env['cutlass_dsl']}  {env['date']}")
     if args.json:
@@ -177,6 +181,9 @@ def main(argv=None):
     p.add_argument("--plan", help="plan JSON, 'h200' (built-in) or 'none' (default: the heuristic)")
     p.add_argument("--json", help="write rows and environment here")
     p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="graphs per configuration, alternating; the median one counts "
+                        "(default: timing.ROUNDS = 3)")
     p.add_argument("--chain", action="store_true",
                    help="dependent chains (each output feeds the next input) of table shape pairs")
     p.set_defaults(func=_cmd_bench)
@@ -218,11 +225,10 @@ def main(argv=None):
     p.add_argument("--mixed-tiles", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure each cell's fastest uneven grids as mixed grids of tiles "
                         "and half tiles, one CTA per SM (default: on)")
-    p.add_argument("--narrow-tiles", action=argparse.BooleanOptionalAction, default=False,
-                   help="experimental: at M <= 4 also measure each cell's 3 fastest 8-token "
-                        "candidates with a 1-, 2- or 4-row token tile, at the ring depths its "
-                        "smaller stages allow (default: off until a tune with the release "
-                        "fence has measured them, docs/NOTES.md)")
+    p.add_argument("--narrow-tiles", action=argparse.BooleanOptionalAction, default=True,
+                   help="at M <= 4 also measure each cell's 3 fastest 8-token candidates with "
+                        "a 1-, 2- or 4-row token tile, at the ring depths its smaller stages "
+                        "allow (default: on)")
     p.add_argument("--confirm", type=int, default=None,
                    help="time each cell's N fastest candidates a second time and use the "
                         "mean of both (default: 3; 0 times each once)")

@@ -5,7 +5,10 @@ weight; the copies together are at least ``L2_MULTIPLE`` times the L2, so
 every call streams its weight from HBM as it would in a model (where the
 other layers' weights have pushed it out). The graph is replayed several
 times, each replay timed by CUDA events; the result is the median per-call
-time and the spread of the replays.
+time and the spread of the replays. The benchmark times each configuration
+in ``ROUNDS`` graphs, alternating, and reports the median graph
+(``combine``); the tuner times each candidate in one graph and its fastest
+in a second (confirmation).
 """
 
 from __future__ import annotations
@@ -31,6 +34,23 @@ class Timing:
     @property
     def spread(self) -> float:
         return (self.max_us - self.min_us) / self.median_us if self.median_us else 0.0
+
+
+#: Each configuration of a benchmark cell is timed in this many graphs,
+#: alternating with the others, and the median graph counts: on the
+#: smallest kernels one graph's time can sit in one of two states ~20%
+#: apart (3072x128 M=1, late trigger: 1.24 us in a process's first graph of
+#: it, 1.48 in every later one, at constant clocks; docs/gpu-runs.md runs
+#: 41-42), and a single graph let that decide the plan-vs-default verdict.
+ROUNDS = 3
+
+
+def combine(timings: list[Timing]) -> Timing:
+    """One timing of several graphs of the same calls: the median of their
+    medians, the spread of all their replays."""
+    return Timing(statistics.median(t.median_us for t in timings),
+                  min(t.min_us for t in timings), max(t.max_us for t in timings),
+                  sum(t.calls for t in timings))
 
 
 def l2_bytes(device=None) -> int:

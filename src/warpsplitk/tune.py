@@ -514,7 +514,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
-         mixed=True, narrow=False, bounded_prefetch=True) -> DecodePlan:
+         mixed=True, narrow=True, bounded_prefetch=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -706,7 +706,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     finally:
         if log:
             log.close()
-    meta = plan_meta(torch.cuda.get_device_name(device), sm_count, torch.__version__)
+    meta = plan_meta(torch.cuda.get_device_name(device), sm_count, torch.__version__,
+                     narrow_tiles=bool(narrow))
     return _plan(best, shapes, ms, meta)
 
 
@@ -737,19 +738,20 @@ def _plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS, shape_reps=None) -> De
     return plan
 
 
-def in_default_space(tactic: WarpSplitKTactic, narrow=False, k_split_4=False) -> bool:
-    """Whether ``tactic`` is one the tuner measures by default: no narrow
-    token tile and no ring past ``DEFAULT_MAX_STAGES`` unless ``narrow``
-    (the narrow twins reach deeper), no split of K in four unless
-    ``k_split_4``. A log holds whatever any run measured; a plan is made
-    from what the run's flags ask for."""
+def in_default_space(tactic: WarpSplitKTactic, narrow=True, k_split_4=False) -> bool:
+    """Whether ``tactic`` is in the space a tune with these flags measures:
+    with ``narrow=False`` (``--no-narrow-tiles``) no narrow token tile and
+    no ring past ``DEFAULT_MAX_STAGES`` (only the narrow twins reach
+    deeper); no split of K in four unless ``k_split_4``. A log holds
+    whatever any run measured; a plan is made from what the run's flags
+    ask for."""
     if not narrow and (tactic.token_tile < layout.MMA_N or tactic.stages > DEFAULT_MAX_STAGES):
         return False
     return k_split_4 or tactic.k_split <= 2
 
 
 def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
-                  reps=REPRESENTATIVE_MS, narrow=False, k_split_4=False, records=None,
+                  reps=REPRESENTATIVE_MS, narrow=True, k_split_4=False, records=None,
                   stale=False):
     """The plan ``tune`` makes from the measurements in its log, without a GPU.
 
@@ -762,8 +764,9 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     (``inherited_ms``). Shapes measured in part (the tuner measures each
     shape's Ms in ascending order: a run stopped mid-shape lacks the largest)
     are left out and returned with the plan: ``(plan, {(n, k): missing reps})``.
-    Only tactics of the default space count, with narrow token tiles and
-    the split of K in four on request (``in_default_space``), and only
+    Only tactics of the space the flags name count (``in_default_space``:
+    narrow token tiles unless ``narrow=False``, the split of K in four only
+    with ``k_split_4``; the plan's meta says ``narrow_tiles``), and only
     those this version accepts (a log can hold some it now refuses). With
     ``records``, only the log's first ``records`` lines count (the log as
     it stood when the plan was made; the plan's meta says how many). With
@@ -805,7 +808,7 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     shapes = sorted({(n, k) for n, k, _ in best})
     meta = dict(meta or {}, source=f"log {os.path.basename(log_path)}", representative_ms=reps,
                 log_records=records if records is not None else _count_lines(log_path),
-                async_ring_revision=1 if stale else ASYNC_RING_REVISION)
+                async_ring_revision=1 if stale else ASYNC_RING_REVISION, narrow_tiles=bool(narrow))
     if inherited:
         meta["inherited_ms"] = inherited
     return _plan(best, shapes, ms, meta, reps, shape_reps), partial
