@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from warpsplitk import shapes
+from warpsplitk import shapes, timing
 from warpsplitk.decode import (
     PLAN_FORMAT,
     PLAN_VERSION,
@@ -370,9 +370,9 @@ def test_multicast_candidates_only_on_request_and_for_wide_token_tiles():
                 if t.x_multicast > 1]
 
 
-def test_plan_from_log_counts_confirmations_with_the_mean(tmp_path):
+def test_plan_from_log_counts_confirmations_with_the_median(tmp_path):
     from warpsplitk.tune import plan_from_log
-    a, b = "16,8,256,4,1", "32,8,256,4,1+early"
+    a, b, c = "16,8,256,4,1", "32,8,256,4,1+early", "64,8,128,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
     records += [(1024, 4096, r, b, 4.0) for r in REPRESENTATIVE_MS]
     _log(tmp_path / "log.jsonl", records)
@@ -382,6 +382,12 @@ def test_plan_from_log_counts_confirmations_with_the_mean(tmp_path):
             f.write(json.dumps({"key": f"confirm:1024,4096,1,{tactic}", "n": 1024, "k": 4096,
                                 "m": 1, "tactic": tactic, "confirm": True, "ok": True,
                                 "us": us}) + "\n")
+        # at M = 4, c's first graph was lucky and its two confirmations are
+        # not: the median (4.2) loses to b (the mean, 3.17, would not)
+        for key, us in (("", 1.0), ("confirm:", 4.2), ("confirm2:", 4.3)):
+            f.write(json.dumps({"key": f"{key}1024,4096,4,{c}", "n": 1024, "k": 4096,
+                                "m": 4, "tactic": c, "confirm": bool(key), "ok": True,
+                                "us": us}) + "\n")
         # a confirmation without a first timing of its own is ignored
         f.write(json.dumps({"key": "confirm:1024,4096,8,64,8,128,4,1", "n": 1024, "k": 4096,
                             "m": 8, "tactic": "64,8,128,4,1", "confirm": True, "ok": True,
@@ -390,11 +396,12 @@ def test_plan_from_log_counts_confirmations_with_the_mean(tmp_path):
     assert not partial
     by_m = plan.entries[(1024, 4096)]
     assert by_m[1] == (WarpSplitKTactic.parse(a), 5.0)
+    assert by_m[4] == (WarpSplitKTactic.parse(b), 4.0)
     assert by_m[8] == (WarpSplitKTactic.parse(b), 4.0)
 
 
 def test_confirmation_helpers():
-    from warpsplitk.tune import _confirm_candidates, _confirm_key, _mean_times
+    from warpsplitk.tune import CONFIRM_ROUNDS, _cell_times, _confirm_candidates, _confirm_key
     a, b, c = T(16, 8, 256, 4, 1), T(32, 8, 256, 4, 1), T(32, 8, 256, 4, 1, early_launch=True)
     cell = {a: [5.0], b: [4.0, 4.4], c: [3.0]}
     assert _confirm_candidates(cell, 2) == [c, b]
@@ -404,8 +411,13 @@ def test_confirmation_helpers():
     assert _confirm_candidates(cell, 2, default=b) == [c, b]
     assert _confirm_candidates(cell, 2, default=T(64, 8, 256, 4, 1)) == [c, b]
     assert _confirm_candidates(cell, 0, default=a) == []
-    assert _mean_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
+    # two timings: their mean (as logs before session 11 were ranked); three:
+    # the median, as the benchmark counts its graphs
+    assert _cell_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
+    assert _cell_times({a: [1.24, 1.48, 1.47], b: []}) == {a: 1.47}
     assert _confirm_key(1, 2, 8, c) == "confirm:1,2,8,32,8,256,4,1+early"
+    assert _confirm_key(1, 2, 8, c, 2) == "confirm2:1,2,8,32,8,256,4,1+early"
+    assert CONFIRM_ROUNDS + 1 == timing.ROUNDS
 
 
 @pytest.mark.parametrize("n,k", [(16, 128), (112, 640), (256, 16384), (8192, 1024), (48, 8448),

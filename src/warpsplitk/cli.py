@@ -230,8 +230,9 @@ def main(argv=None):
                         "a 1-, 2- or 4-row token tile, at the ring depths its smaller stages "
                         "allow (default: on)")
     p.add_argument("--confirm", type=int, default=None,
-                   help="time each cell's N fastest candidates a second time and use the "
-                        "mean of both (default: 3; 0 times each once)")
+                   help="time each cell's N fastest candidates and its default tactic in "
+                        "two more graphs and rank by the median of the three (default: 3; "
+                        "0 times each once)")
     p.add_argument("--from-log", action="store_true",
                    help="no GPU: rebuild the plan from the measurements already in --log")
     p.add_argument("--log-records", type=int,

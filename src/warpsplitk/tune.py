@@ -84,8 +84,9 @@ Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
 Candidates that fail to compile or are wrong are dropped and reported.
 With ``confirm`` (``--confirm N``, default ``CONFIRM`` = 3) the N fastest of each cell,
-and its default heuristic tactic, are then timed once more, in a newly
-captured graph, and count with the mean of both timings: a single replay
+and its default heuristic tactic, are then timed in ``CONFIRM_ROUNDS`` (2)
+more graphs, alternating, and count with the median of their timings, as
+the benchmark counts its three graphs: a single replay
 set can flatter a tactic (the early trigger's replays are bimodal on small
 kernels: 768x128 at M = 8 measured 1.26 us in one run, 1.37 in the next).
 Among tactics within ``TOLERANCE`` of the fastest, one already chosen for
@@ -107,6 +108,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import time
 
 from . import layout, timing
@@ -373,16 +375,26 @@ CONFIRM_PREFIX = "confirm:"
 CONFIRM = 3
 
 
-def _confirm_key(n, k, m, tactic):
-    return CONFIRM_PREFIX + _log_key(n, k, m, tactic)
+#: Graphs each confirmed candidate is timed in after its first: with the
+#: first, ``timing.ROUNDS`` graphs, ranked by their median, as the benchmark
+#: ranks (logs from before session 11 hold one confirmation: the median of
+#: two timings is their mean, as it was then).
+CONFIRM_ROUNDS = timing.ROUNDS - 1
 
 
-def _mean_times(samples):
-    """``{tactic: [us, ...]}`` -> ``{tactic: mean us}``: a tactic timed twice
-    (a first pass and a confirmation) counts with the mean of both, so one
-    lucky replay set does not pick it (the early PDL trigger's replays can
-    be bimodal on small kernels)."""
-    return {t: round(sum(v) / len(v), 3) for t, v in samples.items() if v}
+def _confirm_key(n, k, m, tactic, round_=1):
+    """Log key of a candidate's ``round_``-th confirmation (1: ``confirm:``,
+    as logs have always had it; later ones ``confirm2:``, ...)."""
+    prefix = CONFIRM_PREFIX if round_ == 1 else f"confirm{round_}:"
+    return prefix + _log_key(n, k, m, tactic)
+
+
+def _cell_times(samples):
+    """``{tactic: [us, ...]}`` -> ``{tactic: median us}``: a tactic timed in
+    several graphs (a first pass and its confirmations) counts with the
+    median of them, so one graph in a lucky state does not pick it (small
+    kernels' graphs can be bimodal, docs/gpu-runs.md runs 41-42)."""
+    return {t: round(statistics.median(v), 3) for t, v in samples.items() if v}
 
 
 def _confirm_candidates(samples, confirm, default=None):
@@ -525,7 +537,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     each cell's fastest candidates are timed with the L2 prefetch
     (``prefetch_twins``), with ``tma`` with TMA activation boxes
     (``tma_twins``), and each cell's ``confirm`` fastest tactics are
-    timed again and count with the mean of both timings (``_mean_times``)."""
+    timed in ``CONFIRM_ROUNDS`` more graphs, alternating, and count with
+    the median of their timings (``_cell_times``)."""
     import torch
 
     from cuda.bindings import driver
@@ -604,13 +617,14 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                     logged[t] = [rec["us"]]
         to_build |= {(n, k, t) for t in _confirm_candidates(
                          logged, confirm, default_tactic(r, n, k, sm_count))
-                     if _confirm_key(n, k, r, t) not in done}
+                     for j in range(1, CONFIRM_ROUNDS + 1)
+                     if _confirm_key(n, k, r, t, j) not in done}
     precompile([(n, k, t, False, True) for n, k, t in sorted(to_build)], device_arch(device),
                jobs, progress)
     log = open(log_path, "a") if log_path else None
     cuda_device = torch.device("cuda", device)
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
-    measured = {}  # {(n, k): {rep: {tactic: mean us}}}
+    measured = {}  # {(n, k): {rep: {tactic: median us}}}
     best = {}
     try:
         for index, (n, k) in enumerate(shapes):
@@ -678,9 +692,11 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                 for rule in rules:
                     for tactic in rule({t: v[0] for t, v in cell.items()}, n, k, r):
                         measure(tactic)
-                for tactic in _confirm_candidates(cell, confirm,
-                                                  default_tactic(r, n, k, sm_count)):
-                    key = _confirm_key(n, k, r, tactic)
+                # the confirmations alternate over the candidates, round by
+                # round, as the benchmark alternates its configurations
+                confirmed = _confirm_candidates(cell, confirm, default_tactic(r, n, k, sm_count))
+                for j, tactic in ((j, t) for j in range(1, CONFIRM_ROUNDS + 1) for t in confirmed):
+                    key = _confirm_key(n, k, r, tactic, j)
                     rec = done.get(key)
                     if rec is None:
                         t = time_code(compile_warp_splitk(device, n, k, tactic))
@@ -694,7 +710,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                             log.flush()
                     if rec.get("ok"):
                         cell[tactic].append(rec["us"])
-                times = measured.setdefault((n, k), {})[r] = _mean_times(cell)
+                times = measured.setdefault((n, k), {})[r] = _cell_times(cell)
                 fastest = min(times, key=times.get) if times else None
                 progress(f"N={n:>6} K={k:>6} M={r:>2}: {len(work[(n, k, r)])} candidates, fastest "
                          f"{fastest.short() if fastest else '-'} "
@@ -790,7 +806,7 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
             cell = samples.get((rec["n"], rec["k"]), {}).get(rec["m"], {})
             if tactic in cell:
                 cell[tactic].append(rec["us"])
-    measured = {key: {m: _mean_times(cell) for m, cell in by_m.items()}
+    measured = {key: {m: _cell_times(cell) for m, cell in by_m.items()}
                 for key, by_m in samples.items()}
     reps = sorted({representative(m, reps) for m in ms})
     best, partial, inherited, shape_reps = {}, {}, {}, {}
