@@ -78,7 +78,13 @@ Pruning, before anything is measured:
   over each legal cluster (x_multicast 2-4): 0.92-1.14x of the best without
   them, a win at M >= 4 on most mid and large weights (run 34), so measured
   where the cell's own fastest are rather than across the whole space. The
-  multicast has not won a cell (1.3-4.8x slower, docs/NOTES.md).
+  multicast has not won a cell (1.3-4.8x slower, docs/NOTES.md);
+* measured neighbours: with ``narrow`` (the default since session 11;
+  ``--no-narrow-tiles`` leaves it out), at M <= 4 each cell's
+  ``NARROW_TOP`` fastest 8-token tactics are timed again with a 1- or
+  4-row token tile at the ring depths its smaller stages allow
+  (``narrow_twins``; run 56: in 11 of the 80 benchmarked cells, and the
+  median 1.77x -> 1.80x);
 
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
