@@ -420,6 +420,19 @@ def test_confirmation_helpers():
     assert CONFIRM_ROUNDS + 1 == timing.ROUNDS
 
 
+def test_confirmations_alternate_round_by_round():
+    """The tuner's confirmation timings of a cell: every candidate once per
+    round, round after round (as the benchmark alternates), the default
+    heuristic's tactic among them; none without ``confirm``."""
+    from warpsplitk.tune import CONFIRM_ROUNDS, _confirmations
+    a, b, c = T(16, 8, 256, 4, 1), T(32, 8, 256, 4, 1), T(32, 8, 256, 4, 1, early_launch=True)
+    cell = {a: [5.0], b: [4.0], c: [3.0]}
+    assert _confirmations(cell, 1, default=a, rounds=2) == [(1, c), (1, a), (2, c), (2, a)]
+    assert _confirmations(cell, 2, rounds=3) == [(1, c), (1, b), (2, c), (2, b), (3, c), (3, b)]
+    assert len(_confirmations(cell, 3)) == 3 * CONFIRM_ROUNDS
+    assert _confirmations(cell, 0, default=a) == []
+
+
 @pytest.mark.parametrize("n,k", [(16, 128), (112, 640), (256, 16384), (8192, 1024), (48, 8448),
                                  (4096, 4096), (11008, 4096)])
 def test_candidates_for_shapes_outside_the_table(n, k):

@@ -409,12 +409,22 @@ def _confirm_candidates(samples, confirm, default=None):
     must not lose to the default, and a single timing of it can be off by
     more than the margins between the fastest (3072x128 M=1, late trigger:
     1.47 us in the tuner, 1.24 us in every benchmark since run 28), so it
-    is confirmed beside them and its mean decides."""
+    is confirmed beside them and the median of its graphs decides."""
     first = {t: v[0] for t, v in samples.items() if v}
     chosen = sorted(first, key=first.get)[:confirm]
     if confirm and default in first and default not in chosen:
         chosen.append(default)
     return chosen
+
+
+def _confirmations(samples, confirm, default=None, rounds=None):
+    """``[(round, tactic), ...]``: the confirmation timings of one cell in
+    the order the tuner makes them, round by round over the candidates of
+    ``_confirm_candidates`` (alternating, as the benchmark alternates its
+    configurations); ``rounds`` defaults to ``CONFIRM_ROUNDS``."""
+    rounds = CONFIRM_ROUNDS if rounds is None else rounds
+    chosen = _confirm_candidates(samples, confirm, default)
+    return [(j, t) for j in range(1, rounds + 1) for t in chosen]
 
 
 def _count_lines(path):
@@ -621,9 +631,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                 rec = done.get(_log_key(n, k, r, t), {})
                 if rec.get("ok"):
                     logged[t] = [rec["us"]]
-        to_build |= {(n, k, t) for t in _confirm_candidates(
+        to_build |= {(n, k, t) for j, t in _confirmations(
                          logged, confirm, default_tactic(r, n, k, sm_count))
-                     for j in range(1, CONFIRM_ROUNDS + 1)
                      if _confirm_key(n, k, r, t, j) not in done}
     precompile([(n, k, t, False, True) for n, k, t in sorted(to_build)], device_arch(device),
                jobs, progress)
@@ -698,10 +707,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                 for rule in rules:
                     for tactic in rule({t: v[0] for t, v in cell.items()}, n, k, r):
                         measure(tactic)
-                # the confirmations alternate over the candidates, round by
-                # round, as the benchmark alternates its configurations
-                confirmed = _confirm_candidates(cell, confirm, default_tactic(r, n, k, sm_count))
-                for j, tactic in ((j, t) for j in range(1, CONFIRM_ROUNDS + 1) for t in confirmed):
+                for j, tactic in _confirmations(cell, confirm, default_tactic(r, n, k, sm_count)):
                     key = _confirm_key(n, k, r, tactic, j)
                     rec = done.get(key)
                     if rec is None:
