@@ -109,3 +109,11 @@ def test_bench_refuses_fewer_than_one_round(capsys):
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
         bench.bench_shape(768, 128, [1], None, rounds=0)
+
+
+def test_chain_bench_refuses_fewer_than_one_round(capsys):
+    from warpsplitk.cli import main
+    assert main(["bench", "--chain", "--rounds", "-1"]) == 2
+    assert "--rounds must be at least 1, got -1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
+        bench.bench_chain(rounds=0)

@@ -43,21 +43,24 @@ def _cmd_bench(args):
     from . import bench
     plan = _resolve_plan(args.plan)[0] if args.plan else None
     ms = shape_table.parse_ms(args.m)
+    if args.rounds is not None and args.rounds < 1:
+        print(f"warpsplitk bench: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
+        return 2
     if args.chain:
         print("first -> second, M, tactics, warpsplitk us per pair, cuBLAS us, speedup", flush=True)
-        rows = bench.bench_chain(bench.DEFAULT_CHAINS, ms, plan,
+        rows = bench.bench_chain(bench.DEFAULT_CHAINS, ms, plan, rounds=args.rounds,
                                  progress=lambda line: print(line, flush=True))
         if args.json:
             import json
             from dataclasses import asdict
+
+            from .timing import ROUNDS
             with open(args.json, "w") as f:
-                json.dump({"mode": "chain", "rows": [asdict(r) for r in rows]}, f, indent=1)
+                json.dump({"mode": "chain", "rounds": args.rounds or ROUNDS,
+                           "rows": [asdict(r) for r in rows]}, f, indent=1)
         return 0
     shapes = shape_table.parse_shapes(args.shapes) if args.shapes else bench.default_shapes()
     print(bench.HEADER, flush=True)
-    if args.rounds is not None and args.rounds < 1:
-        print(f"warpsplitk bench: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
-        return 2
     env, rows = bench.run_bench(shapes, ms, plan, progress=lambda line: print(line, flush=True),
                                 rounds=args.rounds)
     print(f"# {env['gpu']}  read {env['read_TBps']} TB/s (datasheet {env['datasheet_TBps']})  "
