@@ -117,3 +117,26 @@ def test_chain_bench_refuses_fewer_than_one_round(capsys):
     assert "--rounds must be at least 1, got -1" in capsys.readouterr().err
     with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
         bench.bench_chain(rounds=0)
+
+
+def test_time_rounds_alternates_and_checks_after_the_first_graph(monkeypatch):
+    """Configurations timed round by round; the check runs right after the
+    first configuration's first graph, before any other's calls."""
+    from warpsplitk import timing
+    order = []
+
+    def fake_time_calls(calls):
+        order.append(calls[0]())
+        graph = len(order)
+        return timing.Timing(float(graph), float(graph), float(graph), 64)
+
+    monkeypatch.setattr(timing, "time_calls", fake_time_calls)
+    ours, cublas = timing.time_rounds([[lambda: "ours"], [lambda: "cublas"]], 3,
+                                      after_first=lambda: order.append("check"))
+    assert order == ["ours", "check", "cublas", "ours", "cublas", "ours", "cublas"]
+    # graphs 1, 4, 6 were ours and 3, 5, 7 cuBLAS's: the median graph of each
+    assert (ours.median_us, ours.min_us, ours.max_us, ours.calls) == (4.0, 1.0, 6.0, 192)
+    assert cublas.median_us == 5.0
+    with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
+        timing.time_rounds([[lambda: None]], 0)
+    assert timing.resolve_rounds(None) == timing.ROUNDS and timing.resolve_rounds(1) == 1

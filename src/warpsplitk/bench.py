@@ -69,9 +69,7 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     """Rows for one ``[n, k]`` weight; ``tactic_for(m)`` -> (tactic, source).
     Each configuration (ours, the default, cuBLAS) is timed in ``rounds``
     graphs (``timing.ROUNDS``), alternating, and counts with the median one."""
-    rounds = timing.ROUNDS if rounds is None else rounds
-    if rounds < 1:
-        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    rounds = timing.resolve_rounds(rounds)  # refused before anything is allocated
     import torch
 
     from .prepared import PreparedWarpSplitK
@@ -88,28 +86,26 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        ours_calls = [lambda p=p: p.run(x, out) for p in prepared]
-        default_calls = ([lambda p=p: p.run(x, out) for p in prepared_default]
-                         if prepared_default is not None else None)
-        cublas_calls = [lambda w=w: torch.matmul(x, w.t(), out=out) for w in weights]
-        ours, default, cublas = [], [], []
-        for _ in range(rounds):
-            ours.append(timing.time_calls(ours_calls))
-            if check and len(ours) == 1:
-                ref = (x.double() @ weights[-1].double().t())
-                err = ((out.double() - ref).norm() / ref.norm()).item()
-                if not err < 1e-2 or torch.isnan(out).any():
-                    raise RuntimeError(f"N={n} K={k} M={m}: relative error {err:.3g} (or NaN) after timing")
-            if default_calls is not None:
-                default.append(timing.time_calls(default_calls))
-            cublas.append(timing.time_calls(cublas_calls))
-        ours = timing.combine(ours)
+
+        def check_out(m=m, x=x, out=out, w=weights[-1]):
+            ref = (x.double() @ w.double().t())
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            if not err < 1e-2 or torch.isnan(out).any():
+                raise RuntimeError(f"N={n} K={k} M={m}: relative error {err:.3g} (or NaN) after timing")
+
+        # ours, the default heuristic (where it differs), cuBLAS
+        configurations = [[lambda p=p: p.run(x, out) for p in prepared]]
+        if prepared_default is not None:
+            configurations.append([lambda p=p: p.run(x, out) for p in prepared_default])
+        configurations.append([lambda w=w: torch.matmul(x, w.t(), out=out) for w in weights])
+        timings = timing.time_rounds(configurations, rounds, check_out if check else None)
+        ours, cublas = timings[0], timings[-1]
         default_us = None
-        if default:
-            default_us = timing.combine(default).median_us
+        if prepared_default is not None:
+            default_us = timings[1].median_us
         elif include_default:
             default_us = ours.median_us
-        rows.append((m, ours, default_us, timing.combine(cublas)))
+        rows.append((m, ours, default_us, cublas))
     del prepared, prepared_default, weights
     torch.cuda.empty_cache()
     return [(m, chosen[m], o, d, c) for m, o, d, c in rows]
@@ -118,7 +114,7 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
 def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=print, rounds=None):
     """Benchmark every (shape, M); returns (environment, rows)."""
     import torch
-    rounds = timing.ROUNDS if rounds is None else rounds
+    rounds = timing.resolve_rounds(rounds)
     env = _environment()
     env["rounds"] = rounds
     if read_tbps is None:
@@ -207,9 +203,7 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
     Ours and cuBLAS each in ``rounds`` graphs (``timing.ROUNDS``), alternating;
     the median graph counts."""
     import torch
-    rounds = timing.ROUNDS if rounds is None else rounds
-    if rounds < 1:
-        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    rounds = timing.resolve_rounds(rounds)
 
     from .decode import DecodePlan, precompile_for, prepare
     plan = plan if plan is not None else DecodePlan()
@@ -241,18 +235,15 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
             for a, b in zip(w1, w2):
                 cublas_calls += [lambda a=a: torch.matmul(x, a.t(), out=h),
                                  lambda b=b: torch.matmul(h, b.t(), out=y)]
-            ours, cublas = [], []
-            for _ in range(rounds):
-                ours.append(timing.time_calls(calls))
-                if len(ours) == 1:  # y is ours until cuBLAS's first graph runs
-                    ref = ((x.double() @ w1[-1].double().t()).to(torch.bfloat16).double()
-                           @ w2[-1].double().t())
-                    err = ((y.double() - ref).norm() / ref.norm()).item()
-                    if not err < 2e-2 or torch.isnan(y).any():
-                        raise RuntimeError(f"chain {(n1, k1)}->{(n2, k2)} M={m}: "
-                                           f"relative error {err:.3g}")
-                cublas.append(timing.time_calls(cublas_calls))
-            ours, cublas = timing.combine(ours), timing.combine(cublas)
+            def check_y(m=m, x=x, y=y, a=w1[-1], b=w2[-1]):
+                ref = ((x.double() @ a.double().t()).to(torch.bfloat16).double()
+                       @ b.double().t())
+                err = ((y.double() - ref).norm() / ref.norm()).item()
+                if not err < 2e-2 or torch.isnan(y).any():
+                    raise RuntimeError(f"chain {(n1, k1)}->{(n2, k2)} M={m}: "
+                                       f"relative error {err:.3g}")
+
+            ours, cublas = timing.time_rounds([calls, cublas_calls], rounds, check_y)
             row = ChainRow((n1, k1), (n2, k2), m,
                            f"{p1[0].tactics[m].short()} -> {p2[0].tactics[m].short()}",
                            round(2 * ours.median_us, 3), round(2 * cublas.median_us, 3),

@@ -43,26 +43,27 @@ def _cmd_bench(args):
     from . import bench
     plan = _resolve_plan(args.plan)[0] if args.plan else None
     ms = shape_table.parse_ms(args.m)
-    if args.rounds is not None and args.rounds < 1:
-        print(f"warpsplitk bench: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
+    from .timing import resolve_rounds
+    try:
+        rounds = resolve_rounds(args.rounds)
+    except ValueError as error:
+        print(f"warpsplitk bench: --{error}", file=sys.stderr)
         return 2
     if args.chain:
         print("first -> second, M, tactics, warpsplitk us per pair, cuBLAS us, speedup", flush=True)
-        rows = bench.bench_chain(bench.DEFAULT_CHAINS, ms, plan, rounds=args.rounds,
+        rows = bench.bench_chain(bench.DEFAULT_CHAINS, ms, plan, rounds=rounds,
                                  progress=lambda line: print(line, flush=True))
         if args.json:
             import json
             from dataclasses import asdict
-
-            from .timing import ROUNDS
             with open(args.json, "w") as f:
-                json.dump({"mode": "chain", "rounds": args.rounds or ROUNDS,
+                json.dump({"mode": "chain", "rounds": rounds,
                            "rows": [asdict(r) for r in rows]}, f, indent=1)
         return 0
     shapes = shape_table.parse_shapes(args.shapes) if args.shapes else bench.default_shapes()
     print(bench.HEADER, flush=True)
     env, rows = bench.run_bench(shapes, ms, plan, progress=lambda line: print(line, flush=True),
-                                rounds=args.rounds)
+                                rounds=rounds)
     print(f"# {env['gpu']}  read {env['read_TBps']} TB/s (datasheet {env['datasheet_TBps']})  "
           f"torch {env['torch']}  cutlass-dsl {env['cutlass_dsl']}  {env['date']}")
     if args.json:

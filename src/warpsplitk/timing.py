@@ -7,8 +7,8 @@ other layers' weights have pushed it out). The graph is replayed several
 times, each replay timed by CUDA events; the result is the median per-call
 time and the spread of the replays. The benchmark times each configuration
 in ``ROUNDS`` graphs, alternating, and reports the median graph
-(``combine``); the tuner times each candidate in one graph and its fastest
-in a second (confirmation).
+(``time_rounds``); the tuner times each candidate in one graph and ranks
+its fastest by the median of ``ROUNDS`` (its confirmations).
 """
 
 from __future__ import annotations
@@ -51,6 +51,30 @@ def combine(timings: list[Timing]) -> Timing:
     return Timing(statistics.median(t.median_us for t in timings),
                   min(t.min_us for t in timings), max(t.max_us for t in timings),
                   sum(t.calls for t in timings))
+
+
+def resolve_rounds(rounds: int | None) -> int:
+    """``rounds`` (``None``: ``ROUNDS``), refused below 1."""
+    rounds = ROUNDS if rounds is None else rounds
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    return rounds
+
+
+def time_rounds(call_lists, rounds: int | None = None, after_first=None) -> list[Timing]:
+    """Each list of calls (one configuration) timed in ``rounds`` graphs,
+    the configurations alternating round by round; per configuration the
+    median graph (``combine``). ``after_first()`` runs right after the first
+    configuration's first graph, before another configuration's calls
+    overwrite what it wrote (its correctness check)."""
+    rounds = resolve_rounds(rounds)
+    graphs = [[] for _ in call_lists]
+    for round_ in range(rounds):
+        for index, calls in enumerate(call_lists):
+            graphs[index].append(time_calls(calls))
+            if after_first is not None and round_ == 0 and index == 0:
+                after_first()
+    return [combine(timings) for timings in graphs]
 
 
 def l2_bytes(device=None) -> int:
