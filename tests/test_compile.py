@@ -709,3 +709,62 @@ def test_release_fence_check_reads_the_order_of_reads_fence_and_release():
     assert problems([read]) == ["no stage release found to check the release fence against"]
     assert release_fence_problems("\n".join([read, fence, release]), async_ring=False)
     assert release_fence_problems("\n".join([read, release]), async_ring=False) == []
+
+
+@pytest.mark.parametrize("text, n, k", [
+    ("16,8,128,2,1", 64, 512),              # 16-byte copies, a ring refill
+    ("32,1,256,2,1,2+early", 128, 1024),    # narrow tile, k_split cluster
+    ("16,8,128,2,1+early+tma", 64, 512),    # TMA boxes
+    ("16,8,128,2,1+bulk", 64, 512),         # bulk rows
+    ("32,8,256,2,1+half1", 48, 1024),       # a mixed grid: both views stamp
+])
+def test_diagnostic_stamps_build(tmp_path, text, n, k):
+    """scripts/stamps.py: the same kernel with each CTA's STAMP_SLOTS
+    written through the bias pointer. Every slot is stored once per CTA
+    role path (the mixed grid traces its roles twice), and one per K tile,
+    each a predicated store of {%globaltimer, %clock64} or of %smid; the
+    shipped build has none of it."""
+    from warpsplitk.compile import _build
+    from warpsplitk.kernel import STAMP_SLOTS, STAMP_STAGES
+    tactic = WarpSplitKTactic.parse(text)
+    views = 2 if tactic.half_tiles else 1
+    k_tiles = k // (tactic.k_tile * tactic.k_split)
+    ptx = _build(n, k, tactic, False, True, "sm_90a", stamps=True,
+                 options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    assert ptx.count("%globaltimer") == views * (len(STAMP_SLOTS) - 1
+                                                 + min(k_tiles, STAMP_STAGES))
+    assert ptx.count("%smid") == views
+    plain = _build(n, k, tactic, False, True, "sm_90a",
+                   options=f"--keep-ptx --dump-dir={tmp_path}/plain").artifacts.PTX
+    plain = plain.decode() if isinstance(plain, bytes) else plain
+    assert "%globaltimer" not in plain and "%smid" not in plain
+    with pytest.raises(ValueError, match="without a bias"):
+        _build(n, k, tactic, True, True, "sm_90a", stamps=True)
+
+
+def test_multicast_remote_release_scope(monkeypatch):
+    """The activation multicast's stage release: each compute lane arrives
+    on every member's empty barrier with a cluster-scoped release (shipped),
+    or, with WARPSPLITK_REMOTE_RELEASE=cta (experimental; the form CUTLASS's
+    TMA pipelines use), the default cta-scoped one. The same arrivals either
+    way, each passing the audit; the variant is part of the cache key."""
+    from warpsplitk import disk_cache
+    from warpsplitk.compile import build_variant
+    tactic = WarpSplitKTactic.parse("32,32,256,2,1,1,2+tma")
+    n, k = 128, 1024
+    shipped = compile_for_arch(n, k, tactic)
+    scoped = "mbarrier.arrive.release.cluster.shared::cluster.b64"
+    assert shipped.audit() == [] and shipped.ptx.count(scoped) == 4 * 2  # 4 K tiles, 2 members
+    assert "remote_release" not in build_variant()
+    monkeypatch.setenv("WARPSPLITK_REMOTE_RELEASE", "cta")
+    variant = build_variant()
+    assert variant["remote_release"] == "cta"
+    cta = compile_for_arch(n, k, tactic)
+    assert cta.audit() == [] and scoped not in cta.ptx
+    assert cta.ptx.count("mbarrier.arrive.shared::cluster.b64") == shipped.ptx.count(scoped)
+    assert (disk_cache.key("sm_90a", n, k, tactic, False, True, **variant)
+            != disk_cache.key("sm_90a", n, k, tactic, False, True))
+    monkeypatch.setenv("WARPSPLITK_REMOTE_RELEASE", "gpu")
+    with pytest.raises(ValueError, match="WARPSPLITK_REMOTE_RELEASE"):
+        build_variant()

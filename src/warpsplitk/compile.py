@@ -99,6 +99,22 @@ def _release_fence_from_env() -> str:
     return value
 
 
+#: The scope of the activation multicast's stage release (a compute lane's
+#: arrival on each member's empty barrier), by WARPSPLITK_REMOTE_RELEASE:
+#: "cluster" (the shipped one) or "cta" (experimental: CUTLASS's TMA
+#: pipelines' form; scripts/stamps.py measured ~0.5 us per stage in the
+#: cluster-scoped one).
+REMOTE_RELEASES = ("cluster", "cta")
+
+
+def _remote_release_from_env() -> str:
+    value = os.environ.get("WARPSPLITK_REMOTE_RELEASE", "").strip() or "cluster"
+    if value not in REMOTE_RELEASES:
+        raise ValueError(f"WARPSPLITK_REMOTE_RELEASE must be one of {REMOTE_RELEASES}, "
+                         f"got {value!r}")
+    return value
+
+
 def build_variant() -> dict:
     """This process's kernel variant (``_build`` keyword arguments), from the
     diagnostic and experimental switches above; part of every cache key."""
@@ -106,11 +122,14 @@ def build_variant() -> dict:
     fence = _release_fence_from_env()
     if fence != "proxy":
         variant["release_fence"] = fence  # only the experimental and diagnostic builds say so
+    remote = _remote_release_from_env()
+    if remote != "cluster":
+        variant["remote_release"] = remote
     return variant
 
 
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None,
-           dependency_wait=True, release_fence=None):
+           dependency_wait=True, release_fence=None, stamps=False, remote_release=None):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
@@ -120,6 +139,10 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, ear
         early_launch = _early_launch_from_env()
     if release_fence is None:
         release_fence = _release_fence_from_env()
+    if remote_release is None:
+        remote_release = _remote_release_from_env()
+    if remote_release not in REMOTE_RELEASES:
+        raise ValueError(f"remote_release must be one of {REMOTE_RELEASES}, got {remote_release!r}")
     if release_fence not in RELEASE_FENCES:
         raise ValueError(f"release_fence must be one of {RELEASE_FENCES}, got {release_fence!r}")
     if arrivals not in ARRIVALS:
@@ -128,7 +151,8 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, ear
                               loader_thread_arrive=arrivals == "all",
                               compute_thread_arrive=arrivals != "lane0",
                               early_launch=early_launch, dependency_wait=dependency_wait,
-                              release_fence=release_fence)
+                              release_fence=release_fence, stamps=stamps,
+                              remote_release=remote_release)
     args = _fake_args()
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())
@@ -299,7 +323,7 @@ PTX_AUDIT_MULTICAST = (
     (r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes\.multicast::cluster",
      "activation rows multicast into the cluster"),
     (r"mbarrier\.arrive\.expect_tx\.shared::cta", "the stage's bytes expected on its full barrier"),
-    (r"mbarrier\.arrive\.release\.cluster\.shared::cluster",
+    (r"mbarrier\.arrive(\.release\.cluster)?\.shared::cluster\.b64",
      "stages released to every member"),
     (r"barrier\.cluster\.arrive\.relaxed", "cluster barrier phase 0 (barriers initialised)"),
     (r"barrier\.cluster\.arrive\.release", "cluster barrier phase 1 (last remote arrival made)"),

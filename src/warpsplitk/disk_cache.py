@@ -88,7 +88,8 @@ def _versions() -> dict:
 
 
 def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arrivals: str = "",
-        early_launch: bool = False, release_fence: str = "proxy") -> str:
+        early_launch: bool = False, release_fence: str = "proxy",
+        remote_release: str = "cluster") -> str:
     """The file name stem of one compiled kernel (hex, 40 characters)."""
     fields = {
         "format": FORMAT, **_versions(), "sources": _sources_digest(), "arch": arch,
@@ -98,6 +99,8 @@ def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arriva
     }
     if release_fence != "proxy":  # the experimental and diagnostic builds only
         fields["release_fence"] = release_fence
+    if remote_release != "cluster":
+        fields["remote_release"] = remote_release
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
 
 

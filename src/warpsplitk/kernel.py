@@ -68,6 +68,17 @@ from .tactics import WarpSplitKTactic
 
 _BYTES = layout.ELEMENT_BYTES
 
+#: The diagnostic ``stamps`` build (``scripts/stamps.py``): what each CTA
+#: records, one 16-byte slot each (``{%globaltimer, %clock64}``; ``smid``:
+#: the SM index), in this order, then from slot ``STAMP_STAGE_SLOT`` on when
+#: each of its first ``STAMP_STAGES`` K tiles was ready for compute warp 0;
+#: ``STAMP_BYTES`` per CTA.
+STAMP_SLOTS = ("start", "x_wait_released", "first_stage_ready", "last_stage_ready",
+               "partials_stored", "reduced", "stored", "weight_landed", "smid")
+STAMP_STAGE_SLOT = 16
+STAMP_STAGES = 48
+STAMP_BYTES = 16 * (STAMP_STAGE_SLOT + STAMP_STAGES)
+
 
 class WarpSplitKKernel:
     """One compiled kernel per (N, K, tactic, bias?, PDL?); M is dynamic."""
@@ -75,7 +86,8 @@ class WarpSplitKKernel:
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
                  use_pdl: bool = True, loader_thread_arrive: bool = False,
                  compute_thread_arrive: bool = True, early_launch: bool = False,
-                 dependency_wait: bool = True, release_fence: str = "proxy"):
+                 dependency_wait: bool = True, release_fence: str = "proxy",
+                 stamps: bool = False, remote_release: str = "cluster"):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
@@ -117,6 +129,19 @@ class WarpSplitKKernel:
         # "release" (experimental, uni-directional), "loader" (experimental:
         # the refilling thread fences instead) or "none" (diagnostic: races)
         self.release_fence = release_fence
+        # stamps (diagnostic, scripts/stamps.py only; never cached or
+        # shipped): each CTA writes STAMP_SLOTS through the bias pointer,
+        # which then is a buffer of STAMP_BYTES per CTA, to show where a
+        # call's time goes between its start, the dependency wait's release
+        # and its last store
+        if stamps and has_bias:
+            raise ValueError("the stamps build takes its buffer through the bias pointer: "
+                             "build it without a bias")
+        self.stamps = stamps
+        self._stamp_base = None
+        # remote_release (compile.REMOTE_RELEASES): the scope of a compute
+        # lane's release of a multicast stage to each member's empty barrier
+        self.remote_release = remote_release
         t = tactic
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
         # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)
@@ -221,6 +246,14 @@ class WarpSplitKKernel:
         storage = cutlass.memory.SmemAllocator().allocate_array(
             cutlass.Int8, self.smem.total, byte_alignment=1024)
         smem = storage.toint()
+        if cutlass.const_expr(self.stamps):
+            grid_x, grid_y, _ = cute.arch.grid_dim()
+            cta = tile_n + grid_x * (tile_t + grid_y * rank)
+            base = bias.toint() + Int64(cta) * STAMP_BYTES
+            # trace-time state: both views' helpers stamp into this CTA's slots
+            self._stamp_base = base
+            if cutlass.const_expr(self.half_view is not None):
+                self.half_view._stamp_base = base
         if cutlass.const_expr(self.half_view is None):
             self.roles(smem, weight, x, bias, out, m, tma, tidx, tile_n, tile_t, rank)
         else:
@@ -241,6 +274,8 @@ class WarpSplitKKernel:
         first_a_warp = layout.COMPUTE_WARPS
         first_b_warp = first_a_warp + layout.A_LOADER_WARPS
         is_a_loader = warp >= first_a_warp and warp < first_b_warp
+        self._stamp("start", tidx == 0)
+        self._stamp("smid", tidx == 0)
 
         # The weight does not depend on the previous kernel: tile 0 is in
         # flight before the barriers exist. Plain cp.async here (see ptx.py).
@@ -298,6 +333,20 @@ class WarpSplitKKernel:
         else:
             ptx.cp_async_mbarrier_arrive_noinc(barrier)
 
+    def _stamp(self, slot, condition):
+        """Diagnostic ``stamps`` build: record ``slot`` (a name of
+        STAMP_SLOTS, or a K tile index: that tile ready) where ``condition``
+        (a per-thread Boolean) holds; nothing in any other build."""
+        if self.stamps:
+            index = (STAMP_STAGE_SLOT + slot if isinstance(slot, int)  # a K tile
+                     else STAMP_SLOTS.index(slot))
+            address = self._stamp_base + Int64(16 * index)
+            flag = cutlass.select_(condition, Int32(1), Int32(0))
+            if slot == "smid":
+                ptx.smid_if(address, flag)
+            else:
+                ptx.stamp_if(address, flag)
+
     def _barrier(self, smem, region, stage):
         return smem + region + stage * layout.MBARRIER_BYTES
 
@@ -315,13 +364,14 @@ class WarpSplitKKernel:
                 ptx.cluster_wait()
             ptx.cluster_arrive()
 
-    def _pdl_before_x(self):
+    def _pdl_before_x(self, thread):
         """An activation loader's PDL steps before its first read of x: the
         early trigger, then the wait for the previous grid (which wrote x)."""
         if cutlass.const_expr(self.use_pdl and self.early_launch):
             ptx.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.use_pdl and self.dependency_wait):
             ptx.griddepcontrol_wait()
+        self._stamp("x_wait_released", thread == 0)
 
     def _pdl_after_x(self):
         """... and after its last tile is issued: the late trigger."""
@@ -380,6 +430,7 @@ class WarpSplitKKernel:
             if t.l2_prefetch and i == t.stages - 1:
                 self.prefetch_weight_tail(weight, thread, tile_n, rank)
         ptx.cp_async_wait_all()
+        self._stamp("weight_landed", thread == 0)
         self._cluster_done()
 
     def activation_loader(self, smem, x, thread, tile_t, m, rank):
@@ -389,7 +440,7 @@ class WarpSplitKKernel:
         if self.k_split > 1:
             x_base = x_base + self._k_base(rank)
         first_token = tile_t * t.token_tile
-        self._pdl_before_x()
+        self._pdl_before_x(thread)
         for i in range(self.k_tiles):
             stage, _ = layout.ring_slot(i, t.stages)
             parity = layout.empty_parity(i, t.stages)
@@ -461,7 +512,7 @@ class WarpSplitKKernel:
             src_row = src_row + self._k_base(k_rank)  # this CTA's share of K
         dst_row = smem + self.smem.b_ring + layout.padded(lane % t.token_tile, 0, t.k_tile) * _BYTES
         mask = (1 << c) - 1
-        self._pdl_before_x()
+        self._pdl_before_x(lane)
         if cutlass.const_expr(self.multicast):
             ptx.cluster_wait()  # phase 0: every member's barriers exist
         for i in range(self.k_tiles):
@@ -494,7 +545,7 @@ class WarpSplitKKernel:
                                   (tile_t, None))
         first_box = k_rank * (self.k_cta // layout.TMA_BOX_COLS)
         self._tma_prefetch_map(tma_atom, lane)
-        self._pdl_before_x()
+        self._pdl_before_x(lane)
         if cutlass.const_expr(self.multicast):
             ptx.cluster_wait()  # phase 0: every member's barriers exist
         for i in range(self.k_tiles):
@@ -564,6 +615,12 @@ class WarpSplitKKernel:
             stage, parity = layout.ring_slot(i, t.stages)
             ptx.mbarrier_wait(self._barrier(smem, self.smem.full_a, stage), parity)
             ptx.mbarrier_wait(self._barrier(smem, self.smem.full_b, stage), parity)
+            if i == 0:
+                self._stamp("first_stage_ready", tidx == 0)
+            if i == self.k_tiles - 1:
+                self._stamp("last_stage_ready", tidx == 0)
+            if i < STAMP_STAGES:
+                self._stamp(i, tidx == 0)
             a_off = stage * self.smem.a_stage_bytes
             b_off = stage * self.smem.b_stage_bytes
             # K steps in pairs: one ldmatrix.x4 brings B of two steps for 8 tokens
@@ -595,7 +652,8 @@ class WarpSplitKKernel:
             if self.multicast and self.compute_thread_arrive:
                 # the next rows of this stage come from every member: release it to all
                 for q in range(self.x_multicast):
-                    ptx.mbarrier_arrive_cluster(empty_of[q] + stage * layout.MBARRIER_BYTES)
+                    ptx.mbarrier_arrive_cluster(empty_of[q] + stage * layout.MBARRIER_BYTES,
+                                                self.remote_release)
             elif self.multicast:
                 # lane-0 build: one remote arrival per warp and member instead of
                 # 32 (measured next: whether the 128 c remote arrivals per stage
@@ -639,6 +697,7 @@ class WarpSplitKKernel:
                     row, token = layout.accumulator_coords(lane, mi, ni, reg)
                     offset = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
                     store(dest + offset * 4, acc[mi][ni][reg])
+        self._stamp("partials_stored", tidx == 0)
         if self.k_split == 1:
             ptx.named_barrier(1, self.compute_threads)
         else:
@@ -648,6 +707,7 @@ class WarpSplitKKernel:
             # (explore_cluster).
             ptx.cluster_arrive()
             ptx.cluster_wait()
+        self._stamp("reduced", tidx == 0)
         vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
         for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile)):
             vector = round_ * self.compute_threads + tidx
@@ -675,5 +735,6 @@ class WarpSplitKKernel:
             address = (out.toint()
                        + Int64(global_token) * (self.n * _BYTES) + Int64(n_index * _BYTES))
             ptx.st_global_v4_b32_if(address, words, store)
+        self._stamp("stored", tidx == 0)
         if cutlass.const_expr(self.multicast):
             ptx.cluster_wait()  # phase 1 (see above)

@@ -253,11 +253,14 @@ def cp_async_bulk_if(dst, src, nbytes, barrier, predicate, *, loc=None, ip=None)
 
 
 @dsl_user_op
-def mbarrier_arrive_cluster(address, *, loc=None, ip=None):
-    """Arrive (release, cluster scope) on the mbarrier at shared::cluster ``address``
-    (``map_shared_to_rank``: possibly another CTA's)."""
+def mbarrier_arrive_cluster(address, scope="cluster", *, loc=None, ip=None):
+    """Arrive (release, at ``scope``: cluster or cta) on the mbarrier at
+    shared::cluster ``address`` (``map_shared_to_rank``: possibly another
+    CTA's). CUTLASS's TMA pipelines release a multicast stage with the
+    cta-scoped form (the default semantics of ``mbarrier.arrive``)."""
+    sem = ".release.cluster" if scope == "cluster" else ""
     _asm(None, [Int32(address)],
-         "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];", "r,~{memory}", loc, ip)
+         f"mbarrier.arrive{sem}.shared::cluster.b64 _, [$0];", "r,~{memory}", loc, ip)
 
 
 @dsl_user_op
@@ -369,3 +372,30 @@ def st_global_v4_b32_if(address, words, predicate, *, loc=None, ip=None):
          "{\n.reg .pred P1;\nsetp.ne.u32 P1, $5, 0;\n"
          "@P1 st.global.v4.b32 [$0], {$1, $2, $3, $4};\n}",
          "l,r,r,r,r,r,~{memory}", loc, ip)
+
+
+# ------------------------------------------------------------ diagnostics
+
+
+@dsl_user_op
+def stamp_if(address, predicate, *, loc=None, ip=None):
+    """Diagnostic (``kernel.py``, ``stamps``): store ``{%globaltimer,
+    %clock64}`` (16 bytes) at ``address`` if ``predicate`` is non-zero. The
+    global timer (ns) orders events across SMs; the cycle counter times
+    intervals within one SM finely."""
+    _asm(None, [Int64(address), Int32(predicate)],
+         "{\n.reg .pred P1;\n.reg .u64 G, C;\nsetp.ne.u32 P1, $1, 0;\n"
+         "mov.u64 G, %globaltimer;\nmov.u64 C, %clock64;\n"
+         "@P1 st.global.v2.u64 [$0], {G, C};\n}",
+         "l,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def smid_if(address, predicate, *, loc=None, ip=None):
+    """Diagnostic: store this thread's SM index (as a u64) at ``address``
+    if ``predicate`` is non-zero."""
+    _asm(None, [Int64(address), Int32(predicate)],
+         "{\n.reg .pred P1;\n.reg .u32 S;\n.reg .u64 S64;\nsetp.ne.u32 P1, $1, 0;\n"
+         "mov.u32 S, %smid;\ncvt.u64.u32 S64, S;\n"
+         "@P1 st.global.u64 [$0], S64;\n}",
+         "l,r,~{memory}", loc, ip)
