@@ -717,6 +717,7 @@ def test_release_fence_check_reads_the_order_of_reads_fence_and_release():
     ("16,8,128,2,1+early+tma", 64, 512),    # TMA boxes
     ("16,8,128,2,1+bulk", 64, 512),         # bulk rows
     ("32,8,256,2,1+half1", 48, 1024),       # a mixed grid: both views stamp
+    ("32,16,128,2,1,1,2+tma", 128, 512),    # the activation multicast
 ])
 def test_diagnostic_stamps_build(tmp_path, text, n, k):
     """scripts/stamps.py: the same kernel with each CTA's STAMP_SLOTS

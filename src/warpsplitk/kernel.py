@@ -385,8 +385,8 @@ class WarpSplitKKernel:
         base = weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
         if self.k_split > 1:
             base = base + self._k_base(rank)
-        for copy in range(layout.copies_per_thread(t.output_tile, t.k_tile, self.a_threads)):
-            row, col = layout.loader_copy(thread, copy, t.k_tile, self.a_threads)
+        for chunk in range(layout.copies_per_thread(t.output_tile, t.k_tile, self.a_threads)):
+            row, col = layout.loader_copy(thread, chunk, t.k_tile, self.a_threads)
             dst = (smem + self.smem.a_ring + stage * self.smem.a_stage_bytes
                    + layout.swizzle(row, col, t.k_tile) * _BYTES)
             src = base + Int64((row * self.k + col) * _BYTES) + k_tile_index * t.k_tile * _BYTES
@@ -446,8 +446,8 @@ class WarpSplitKKernel:
             parity = layout.empty_parity(i, t.stages)
             if parity is not None:
                 ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity)
-            for copy in range(copies):
-                row, col = layout.loader_copy(thread, copy, t.k_tile, self.b_threads)
+            for chunk in range(copies):
+                row, col = layout.loader_copy(thread, chunk, t.k_tile, self.b_threads)
                 token = first_token + row
                 valid = token < m
                 # A row past M reads nothing (src-size 0) and points at row 0,
