@@ -295,7 +295,8 @@ class WarpSplitKKernel:
         if warp < first_a_warp:
             self.compute(smem, tidx, warp, tile_n, tile_t, m, bias, out, rank)
         elif is_a_loader:
-            self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, rank)
+            self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, tile_t,
+                               rank)
         elif cutlass.const_expr(self.tma_activations):
             self.activation_tma(smem, tma, tidx - first_b_warp * layout.WARP, tile_n, tile_t,
                                 rank)
@@ -414,7 +415,29 @@ class WarpSplitKKernel:
         ptx.cp_async_bulk_prefetch_l2_if(src, count * _BYTES,
                                          cutlass.select_(valid, Int32(1), Int32(0)))
 
-    def weight_loader(self, smem, weight, thread, tile_n, rank):
+    def prefetch_ahead_shares(self, weight, thread, tile_n, tile_t, rank):
+        """prefetch_ahead: ask L2 for this CTA's K share of the weight of the
+        output tiles ``prefetch_ahead``, 2 ``prefetch_ahead``, ... after
+        this one (``layout.ahead_tile``), one bulk prefetch per tile row,
+        issued by the first token tile's CTA only (the others share its
+        weight). Those CTAs start later, when SMs free up; their weight
+        then streams from L2 instead of HBM."""
+        t = self.tactic
+        valid_row = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
+        row = Int64(cutlass.select_(valid_row, thread, Int32(0)))
+        first = (cutlass.select_(valid_row, Int32(1), Int32(0))
+                 * cutlass.select_(tile_t == 0, Int32(1), Int32(0)))
+        for hop in range(1, layout.ahead_hops(self.full_tiles, t.prefetch_ahead) + 1):
+            target, inside = layout.ahead_tile(tile_n, hop, t.prefetch_ahead, self.full_tiles,
+                                               cutlass.select_)
+            src = (weight.toint() + Int64(target) * (t.output_tile * self.k * _BYTES)
+                   + row * (self.k * _BYTES))
+            if self.k_split > 1:
+                src = src + self._k_base(rank)
+            ptx.cp_async_bulk_prefetch_l2_if(
+                src, self.k_cta * _BYTES, first * cutlass.select_(inside, Int32(1), Int32(0)))
+
+    def weight_loader(self, smem, weight, thread, tile_n, tile_t, rank):
         t = self.tactic
         # a one-tile weight is all prologue: no hinted copy, no policy to make
         policy = ptx.l2_policy_evict_first() if self.k_tiles > 1 else None
@@ -429,6 +452,9 @@ class WarpSplitKKernel:
             self._loader_arrive(self._barrier(smem, self.smem.full_a, stage))
             if t.l2_prefetch and i == t.stages - 1:
                 self.prefetch_weight_tail(weight, thread, tile_n, rank)
+            if t.prefetch_ahead and i == min(t.stages, self.k_tiles) - 1:
+                # after this CTA's own ring fill, so it never queues behind
+                self.prefetch_ahead_shares(weight, thread, tile_n, tile_t, rank)
         ptx.cp_async_wait_all()
         self._stamp("weight_landed", thread == 0)
         self._cluster_done()
