@@ -31,7 +31,8 @@
 #           experimental fences, uni-directional and loader-side, and none)
 #   ahead   the prefetch ahead (experimental): its GPU tests, the tuner with
 #           --prefetch-ahead on the mid-size shapes (resuming the committed
-#           log), the bench of the plan with it, the stamps of its cells
+#           log), the bench of the plan with it; then the stress of narrow
+#           tiles with bulk rows (refused since run 45)
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -227,6 +228,13 @@ ahead)
   timeout ${BENCH_LIMIT:-150} python3 -m warpsplitk.cli bench --plan "$OUT/plan-ahead.json" \
     --json "$OUT/bench-ahead.json" > "$OUT/bench-ahead.log" 2>&1
   echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench-ahead.json" 2>/dev/null | head -3
+  # narrow tiles with bulk rows, refused since run 45: the fence may have closed it
+  timeout ${NARROW_BULK_LIMIT:-90} python3 scripts/stress_tactics.py 2112,7168 1,2 \
+    16,1,256,12,1+early+bulk --allow-refused narrow-bulk --rounds 40 > "$OUT/narrow-bulk.log" 2>&1
+  timeout ${NARROW_BULK_LIMIT:-90} python3 scripts/stress_tactics.py 768,7168 1,3,4 \
+    64,1,128,13,1+early+bulk 32,4,128,23,1+early+prefetch+bulk --allow-refused narrow-bulk \
+    --rounds 40 >> "$OUT/narrow-bulk.log" 2>&1
+  cat "$OUT/narrow-bulk.log"
   ;;
 deep)
   timeout -k 5 ${PHASE1_LIMIT:-200} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \

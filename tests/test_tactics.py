@@ -563,3 +563,26 @@ def test_prefetch_ahead_field():
         check_tactic(T(16, 16, 256, 4, 1, 1, 2, prefetch_ahead=8), 1536, 1024)
     with pytest.raises(ValueError, match="a tactic is five integers"):
         T.parse("16,8,128,4,1+ahead")  # no distance
+
+
+def test_refused_combinations_only_inside_allow_refused():
+    """Narrow token tiles with bulk rows stay refused (run 45), except
+    inside ``allow_refused("narrow-bulk")``, where every other rule still
+    applies; the allowance ends with the context, and names are checked."""
+    from warpsplitk.tactics import REFUSALS, allow_refused
+    t = T(16, 1, 256, 12, 1, early_launch=True, bulk_x=True)
+    assert REFUSALS == ("narrow-bulk",)
+    with pytest.raises(ValueError, match="takes 16-byte activation copies, not bulk_x"):
+        check_tactic(t, 2112, 7168)
+    with allow_refused("narrow-bulk"):
+        check_tactic(t, 2112, 7168)
+        with pytest.raises(ValueError, match="bulk_x takes b_loader_warps 1"):
+            check_tactic(T(16, 1, 256, 12, 2, bulk_x=True), 2112, 7168)
+        with allow_refused("narrow-bulk"):  # nested: the outer one still holds after
+            pass
+        check_tactic(t, 2112, 7168)
+    with pytest.raises(ValueError, match="not bulk_x"):
+        check_tactic(t, 2112, 7168)
+    with pytest.raises(ValueError, match="allow_refused takes names"):
+        with allow_refused("bulk-anything"):
+            pass
