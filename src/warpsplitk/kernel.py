@@ -33,6 +33,9 @@ walks all of K through two shared-memory rings of ``stages`` slots:
   ``cp.async.bulk.prefetch.L2``, so that stream does not wait for the ring
   to drain (a hint; measured per cell, it wins on some 11-14 MB weights);
   ``prefetch_tiles`` bounds it to a few K tiles past the ring.
+* ``prefetch_ahead`` (experimental): the same instruction for the weight of
+  the CTAs ``prefetch_ahead``, 2 ``prefetch_ahead``, ... output tiles later,
+  which start later, as SMs free up.
 
 Each stage has three mbarriers: ``full_a`` / ``full_b`` complete when a
 stage's copies land (``cp.async.mbarrier.arrive.noinc`` by every loader
