@@ -399,6 +399,21 @@ class WarpSplitKKernel:
             else:
                 ptx.cp_async_16(dst, src)
 
+    def _prefetch_tile_rows(self, weight, thread, tile, rank, first, count, issue):
+        """One bulk L2 prefetch per row of output tile ``tile`` (thread ``r``
+        < ``output_tile`` takes row ``r``): ``count`` elements of this CTA's
+        K share from element ``first`` on, where ``issue`` (an Int32 flag)
+        is set."""
+        t = self.tactic
+        valid = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
+        src = (weight.toint() + Int64(tile) * (t.output_tile * self.k * _BYTES)
+               + Int64(cutlass.select_(valid, thread, Int32(0))) * (self.k * _BYTES)
+               + first * _BYTES)
+        if self.k_split > 1:
+            src = src + self._k_base(rank)
+        ptx.cp_async_bulk_prefetch_l2_if(src, count * _BYTES,
+                                         cutlass.select_(valid, issue, Int32(0)))
+
     def prefetch_weight_tail(self, weight, thread, tile_n, rank):
         """l2_prefetch: ask L2 for each tile row's K past the ring's first
         fill (all of it, or ``prefetch_tiles`` K tiles of it), one bulk
@@ -409,14 +424,7 @@ class WarpSplitKKernel:
         t = self.tactic
         first, count = layout.l2_prefetch_span(self.k_tiles, t.stages, t.k_tile,
                                                t.prefetch_tiles)
-        valid = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
-        src = (weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
-               + Int64(cutlass.select_(valid, thread, Int32(0))) * (self.k * _BYTES)
-               + first * _BYTES)
-        if self.k_split > 1:
-            src = src + self._k_base(rank)
-        ptx.cp_async_bulk_prefetch_l2_if(src, count * _BYTES,
-                                         cutlass.select_(valid, Int32(1), Int32(0)))
+        self._prefetch_tile_rows(weight, thread, tile_n, rank, first, count, Int32(1))
 
     def prefetch_ahead_shares(self, weight, thread, tile_n, tile_t, rank):
         """prefetch_ahead: ask L2 for this CTA's K share of the weight of the
@@ -426,19 +434,13 @@ class WarpSplitKKernel:
         weight). Those CTAs start later, when SMs free up; their weight
         then streams from L2 instead of HBM."""
         t = self.tactic
-        valid_row = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
-        row = Int64(cutlass.select_(valid_row, thread, Int32(0)))
-        first = (cutlass.select_(valid_row, Int32(1), Int32(0))
-                 * cutlass.select_(tile_t == 0, Int32(1), Int32(0)))
+        first_token_tile = cutlass.select_(tile_t == 0, Int32(1), Int32(0))
         for hop in range(1, layout.ahead_hops(self.full_tiles, t.prefetch_ahead) + 1):
             target, inside = layout.ahead_tile(tile_n, hop, t.prefetch_ahead, self.full_tiles,
                                                cutlass.select_)
-            src = (weight.toint() + Int64(target) * (t.output_tile * self.k * _BYTES)
-                   + row * (self.k * _BYTES))
-            if self.k_split > 1:
-                src = src + self._k_base(rank)
-            ptx.cp_async_bulk_prefetch_l2_if(
-                src, self.k_cta * _BYTES, first * cutlass.select_(inside, Int32(1), Int32(0)))
+            self._prefetch_tile_rows(weight, thread, target, rank, 0, self.k_cta,
+                                     first_token_tile
+                                     * cutlass.select_(inside, Int32(1), Int32(0)))
 
     def weight_loader(self, smem, weight, thread, tile_n, tile_t, rank):
         t = self.tactic
