@@ -41,12 +41,12 @@ import statistics
 import torch
 from cuda.bindings import driver
 
-from warpsplitk import layout, timing
+from warpsplitk import timing
 from warpsplitk.compile import _build, build_variant, device_arch, gmem_pointer
 from warpsplitk.decode import builtin_plan
 from warpsplitk.kernel import STAMP_BYTES, STAMP_SLOTS, STAMP_STAGE_SLOT, STAMP_STAGES
 from warpsplitk.prepared import _stream_handle
-from warpsplitk.tactics import WarpSplitKTactic
+from warpsplitk.tactics import WarpSplitKTactic, grid_ctas
 
 #: the cells around issue #3's median (1536x7168 M<=4, 2304x1536 M=32,
 #: 4608x1536 M=1, 7168x768 M=1, 2624x6144 M=4), a large weight, a tiny one
@@ -55,11 +55,6 @@ CELLS = ((1536, 7168, 1), (1536, 7168, 4), (2304, 1536, 32), (4608, 1536, 1), (7
 SLOT = {name: index for index, name in enumerate(STAMP_SLOTS)}
 #: 16-byte slots per CTA in the buffer: {globaltimer, clock64} each
 SLOTS_PER_CTA = STAMP_BYTES // 16
-
-
-def grid_ctas(tactic, n, m):
-    full, half = layout.row_tiles(n, tactic.output_tile, tactic.half_tiles)
-    return (full + half) * (-(-m // tactic.token_tile)) * tactic.k_split
 
 
 def analyse(stamps: torch.Tensor, k_tiles: int) -> dict:
@@ -140,7 +135,7 @@ def main():
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         xp, op = gmem_pointer(x.data_ptr()), gmem_pointer(out.data_ptr())
-        ctas = grid_ctas(tactic, n, m)
+        ctas = grid_ctas(tactic, m, n)
         buffers = torch.zeros(len(ptrs), ctas, SLOTS_PER_CTA, 2, device="cuda", dtype=torch.int64)
         bps = [gmem_pointer(b.data_ptr()) for b in buffers]
         variant = build_variant()  # this process's build (WARPSPLITK_* switches)
@@ -163,7 +158,9 @@ def main():
                "stamped_us": round(stamp_t.median_us, 3),
                **analyse(stamps, k // (tactic.k_tile * tactic.k_split))}
         results.append(row)
-        raw[f"{n}x{k}x{m}"] = stamps[-64:].clone()  # the last 64 calls: enough to look at
+        # the last 64 calls (enough to look at), by cell and tactic: one
+        # shape may be stamped with several tactics
+        raw[f"{n}x{k}x{m}@{tactic.short()}"] = stamps[-64:].clone()
         print(json.dumps({key: value for key, value in row.items()
                           if not key.startswith("tiles_")}), flush=True)
         print(f"  tiles ready (ns after the release), last CTA: {row['tiles_last']}\n"
