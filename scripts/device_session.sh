@@ -29,10 +29,6 @@
 #           the cases that raced and the reliability module side by side,
 #           then the shipped plan's benchmark alone (FENCE_AB=1: also with the
 #           experimental fences, uni-directional and loader-side, and none)
-#   ahead   the prefetch ahead (experimental): its GPU tests, the tuner with
-#           --prefetch-ahead on the mid-size shapes (resuming the committed
-#           log), the bench of the plan with it; then the stress of narrow
-#           tiles with bulk rows (refused since run 45)
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -211,30 +207,6 @@ plan-check)
   cut -c1-1500 "$OUT/multicast-racecheck.log"
   echo "multicast cases started under racecheck: $(tar -xzOf "$OUT/multicast-racecheck/sanitizer-logs.tar.gz" \
     --wildcards '*.log' 2>/dev/null | grep -c '^case')"
-  ;;
-ahead)
-  timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_kernel.py -k "ahead" > "$OUT/gpu-ahead.log" 2>&1
-  echo "ahead GPU tests: $(tail -1 "$OUT/gpu-ahead.log")"
-  cp docs/gpu-runs/2026-12-02-tune-log.jsonl "$OUT/tune-log.jsonl"
-  timeout ${TUNE_LIMIT:-240} python3 -m warpsplitk.cli tune --log "$OUT/tune-log.jsonl" --prefetch-ahead \
-    --shapes ${AHEAD_SHAPES:-1536,7168 2112,7168 2624,6144 4608,1536 7168,768 2304,1536} \
-    --time-budget ${TUNE_BUDGET:-180} -o "$OUT/plan-ahead-part.json" > "$OUT/tune.log" 2>&1
-  echo "tune rc=$? ($(wc -l < "$OUT/tune-log.jsonl") log records)"
-  grep -E "fastest" "$OUT/tune.log" | tail -30
-  cp "$OUT/tune-log.jsonl" "$RESULTS/"
-  python3 -m warpsplitk.cli tune --from-log --prefetch-ahead --log "$OUT/tune-log.jsonl" \
-    --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --sm-count 132 \
-    -o "$OUT/plan-ahead.json"
-  timeout ${BENCH_LIMIT:-150} python3 -m warpsplitk.cli bench --plan "$OUT/plan-ahead.json" \
-    --json "$OUT/bench-ahead.json" > "$OUT/bench-ahead.log" 2>&1
-  echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench-ahead.json" 2>/dev/null | head -3
-  # narrow tiles with bulk rows, refused since run 45: the fence may have closed it
-  timeout ${NARROW_BULK_LIMIT:-90} python3 scripts/stress_tactics.py 2112,7168 1,2 \
-    16,1,256,12,1+early+bulk --allow-refused narrow-bulk --rounds 40 > "$OUT/narrow-bulk.log" 2>&1
-  timeout ${NARROW_BULK_LIMIT:-90} python3 scripts/stress_tactics.py 768,7168 1,3,4 \
-    64,1,128,13,1+early+bulk 32,4,128,23,1+early+prefetch+bulk --allow-refused narrow-bulk \
-    --rounds 40 >> "$OUT/narrow-bulk.log" 2>&1
-  cat "$OUT/narrow-bulk.log"
   ;;
 deep)
   timeout -k 5 ${PHASE1_LIMIT:-200} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \

@@ -115,11 +115,6 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
                 longer = k + c * kt
                 if is_legal(bounded, n, longer):
                     cases.append((bounded, n, longer, ms))
-            # the prefetch ahead (with the prefetches): five output tiles,
-            # so that tile 0 asks L2 for tile 4's weight
-            ahead = dataclasses.replace(tactic, prefetch_ahead=4)
-            if l2_prefetch and is_legal(ahead, 5 * o, k):
-                cases.append((ahead, 5 * o, k, ms))
             mixed = dataclasses.replace(tactic, half_tiles=3)
             mixed_n = 2 * o + 3 * (o // 2)  # two full tiles, then three half tiles
             if half_tiles and is_legal(mixed, mixed_n, k):
@@ -131,9 +126,8 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
 CASE_FILTERS = {
     "clusters": ("the cases with k_split or x_multicast > 1",
                  lambda t: t.k_split > 1 or t.x_multicast > 1),
-    "x-copies": ("the cases with bulk_x, tma_x, half tiles or an L2 prefetch",
-                 lambda t: t.bulk_x or t.l2_prefetch or t.tma_x or t.half_tiles
-                 or t.prefetch_ahead),
+    "x-copies": ("the cases with bulk_x, tma_x, half tiles or the L2 prefetch",
+                 lambda t: t.bulk_x or t.l2_prefetch or t.tma_x or t.half_tiles),
     "aliased": ("the cases whose reduction buffer lies over the rings",
                 lambda t: t.reduction_aliased),
     "narrow": ("the cases with a narrow token tile (1, 2 or 4 rows)",

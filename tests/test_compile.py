@@ -769,38 +769,3 @@ def test_multicast_remote_release_scope(monkeypatch):
     monkeypatch.setenv("WARPSPLITK_REMOTE_RELEASE", "gpu")
     with pytest.raises(ValueError, match="WARPSPLITK_REMOTE_RELEASE"):
         build_variant()
-
-
-@pytest.mark.parametrize("text, n, k, hops", [
-    ("32,1,256,13,1,2+early+ahead16", 1536, 7168, 2),        # 48 tiles: 16 and 32 ahead
-    ("32,4,256,12,1,2+early+prefetch1+ahead16", 1536, 7168, 2),  # beside the bounded prefetch
-    ("64,8,128,12,1+early+ahead8+bulk", 4608, 1536, 8),
-    ("16,8,128,1,1+ahead32", 768, 128, 1),                  # a one-tile K share
-])
-def test_prefetch_ahead_build(text, n, k, hops):
-    """prefetch_ahead: one bulk L2 prefetch per hop (``layout.ahead_hops``),
-    each a whole K share of a row (beside the bounded prefetch's own
-    size, where the tactic has both); the audit requires it and checks its
-    size; registers about as without it."""
-    import dataclasses
-
-    from warpsplitk.compile import prefetch_sizes
-    tactic = WarpSplitKTactic.parse(text)
-    report = compile_for_arch(n, k, tactic)
-    assert report.audit() == [] and report.spill_bytes == 0
-    share = k // tactic.k_split * 2
-    sizes = prefetch_sizes(report.ptx)
-    assert sizes.count(share) == hops
-    own = [s for s in sizes if s != share]
-    assert own == ([report.prefetch_bytes] if tactic.l2_prefetch else [])
-    plain = compile_for_arch(n, k, dataclasses.replace(tactic, prefetch_ahead=0))
-    assert report.registers <= plain.registers + 8
-    # the audit: the prefetch ahead's size is checked, and it needs the tactic
-    assert any("bytes per row" in p for p in audit_ptx(
-        report.ptx, k_tiles=k // (tactic.k_tile * tactic.k_split), k_split=tactic.k_split,
-        l2_prefetch=tactic.l2_prefetch, bulk_x=tactic.bulk_x, prefetch_bytes=report.prefetch_bytes,
-        ahead_bytes=share + 16))
-    if not tactic.l2_prefetch:
-        assert any("without l2_prefetch or prefetch_ahead" in p for p in audit_ptx(
-            report.ptx, k_tiles=k // (tactic.k_tile * tactic.k_split), k_split=tactic.k_split,
-            bulk_x=tactic.bulk_x))

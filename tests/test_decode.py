@@ -720,22 +720,3 @@ def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp
                (1024, 4096, 1, bulk, 4.5), (1024, 4096, 4, tma, 3.0),
                (1024, 4096, 8, bulk, None)])
     assert dominated_stale_keys(str(log)) == {f"1024,4096,1,{tma}"}
-
-
-def test_prefetch_ahead_twins_and_the_space_that_admits_them():
-    """--prefetch-ahead: each cell's two fastest (no mixed grid, no
-    multicast, no prefetch ahead yet) at every distance the grid allows;
-    plans take such tactics only when asked (``in_default_space``)."""
-    from warpsplitk.tune import AHEAD_DISTANCES, AHEAD_TOP, ahead_twins, in_default_space
-    n, k = 1536, 7168  # 48 tiles of 32 rows, 96 of 16
-    a = WarpSplitKTactic(32, 1, 256, 13, 1, 2, early_launch=True)
-    b = WarpSplitKTactic(16, 8, 256, 18, 1)
-    times = {a: 5.7, b: 5.9, WarpSplitKTactic(16, 8, 256, 9, 1): 7.0,
-             WarpSplitKTactic(32, 8, 256, 10, 1, 2, prefetch_ahead=8): 5.6}  # no parent
-    assert AHEAD_TOP == 2 and AHEAD_DISTANCES == (8, 16, 32)
-    twins = ahead_twins(times, n, k)
-    assert twins == [dataclasses.replace(t, prefetch_ahead=d) for t in (a, b) for d in (8, 16, 32)]
-    # 24 tiles of 32 rows: 32 ahead reaches past them
-    assert dataclasses.replace(a, prefetch_ahead=32) not in ahead_twins({a: 1.0}, 768, 7168)
-    assert not in_default_space(twins[0]) and in_default_space(twins[0], ahead=True)
-    assert in_default_space(a)

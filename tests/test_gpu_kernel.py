@@ -196,15 +196,10 @@ def test_wide_tiles_and_plan_tactics(tactic, n, k):
     ("32,32,256,7,1+early+prefetch2+tma+half63", 3216, 7168),
     ("32,16,256,9,1+early+prefetch1", 4224, 7168),
     ("16,8,256,2,2+prefetch3", 512, 2048),                # 8 tiles: 2 in the ring, 3 past it
-    # the prefetch ahead (experimental): the weight of CTAs P, 2P, ... later
-    ("32,1,256,13,1,2+early+ahead16", 1536, 7168),
-    ("32,4,256,12,1,2+early+prefetch1+ahead8", 1536, 7168),
-    ("64,8,128,12,1+early+ahead8+bulk", 4608, 1536),
-    ("16,8,128,2,1+ahead4", 80, 384),                     # five tiles: only tile 0 asks
 ])
 def test_bulk_activations_and_l2_prefetch(text, n, k):
-    """bulk_x (rows past M never written) and the L2 prefetches (hints:
-    whole, bounded, or ahead) give
+    """bulk_x (rows past M never written) and the L2 prefetch (a hint,
+    whole or bounded) give
     the same results as the 16-byte copies, every M, with and without bias,
     in a graph."""
     tactic = WarpSplitKTactic.parse(text)

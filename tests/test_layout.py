@@ -727,27 +727,3 @@ def test_l2_prefetch_span_whole_or_bounded():
     assert layout.l2_prefetch_span(28, 10, 256, 4) == (2560, 4 * 256)
     assert layout.l2_prefetch_span(14, 10, 256, 8) == (2560, 4 * 256)  # no more than remains
     assert layout.l2_prefetch_span(10, 10, 256, 2) == (2560, 0)
-
-
-@pytest.mark.parametrize("tiles,ahead", [(48, 16), (48, 8), (144, 32), (9, 8), (132, 64)])
-def test_prefetch_ahead_covers_every_later_tile(tiles, ahead):
-    """prefetch_ahead: the first ``ahead`` CTAs along N (the ones the block
-    scheduler starts first) between them ask for every later tile's weight;
-    no target lies outside the grid (an invalid hop points at the CTA's own
-    tile, and is not issued)."""
-    hops = layout.ahead_hops(tiles, ahead)
-    covered = set()
-    for tile in range(tiles):
-        for hop in range(1, hops + 1):
-            target, valid = layout.ahead_tile(tile, hop, ahead, tiles)
-            assert 0 <= target < tiles
-            if valid:
-                assert target == tile + hop * ahead
-                if tile < ahead:
-                    covered.add(target)
-            else:
-                assert target == tile
-    assert covered == set(range(ahead, tiles))
-    # the hop count is what the last of the first CTAs needs, no more
-    assert layout.ahead_tile(0, hops, ahead, tiles)[1]
-    assert not layout.ahead_tile(0, hops + 1, ahead, tiles)[1]

@@ -40,21 +40,6 @@ def test_bounded_prefetch_cases_reach_the_sanitizer(reliability):
     assert not any(t.prefetch_tiles for t, *_ in reliability.family_cases("all", k_splits=(1, 2)))
 
 
-def test_prefetch_ahead_cases_reach_the_sanitizer(reliability):
-    """With the prefetches on, every family also runs with the prefetch
-    ahead over five output tiles (tile 0 asks for tile 4), cluster split
-    included; never without them."""
-    cases = reliability.family_cases("all", k_splits=(1, 2), l2_prefetch=True)
-    ahead = [(t, n) for t, n, _, _ in cases if t.prefetch_ahead]
-    plain = [t for t, _, _, _ in cases
-             if not (t.l2_prefetch or t.prefetch_ahead or t.x_multicast > 1)]
-    assert len(ahead) == len(plain)
-    assert all(t.prefetch_ahead == 4 and n == 5 * t.output_tile for t, n in ahead)
-    assert any(t.k_split == 2 for t, _ in ahead)
-    assert all(reliability.CASE_FILTERS["x-copies"][1](t) for t, _ in ahead)
-    assert not any(t.prefetch_ahead for t, *_ in reliability.family_cases("all", k_splits=(1, 2)))
-
-
 def test_tma_cases_reach_the_sanitizer(reliability):
     cases = reliability.family_cases("rotate", k_splits=(1, 2), x_multicasts=(1, 2, 3, 4),
                                      tma_xs=(False, True), deep_rings=True)

@@ -539,32 +539,6 @@ def test_bounded_l2_prefetch_text_and_rules():
                                                            l2_prefetches=(False, True)))
 
 
-def test_prefetch_ahead_field():
-    """``+aheadP``: written after the prefetch, read back; P one of
-    AHEAD_TILES; not with a mixed grid or the multicast; and some CTA must
-    have a tile P ahead of it."""
-    from warpsplitk.tactics import AHEAD_TILES
-    t = T(32, 1, 256, 13, 1, 2, early_launch=True, prefetch_ahead=16)
-    assert t.short() == "32,1,256,13,1,2+early+ahead16" and T.parse(t.short()) == t
-    both = T(32, 4, 256, 12, 1, 2, early_launch=True, l2_prefetch=True, prefetch_tiles=1,
-             prefetch_ahead=8, bulk_x=True)
-    assert both.short() == "32,4,256,12,1,2+early+prefetch1+ahead8+bulk"
-    assert T.parse(both.short()) == both
-    for p in AHEAD_TILES:
-        check_tactic(T(16, 8, 256, 4, 1, prefetch_ahead=p), 16 * (p + 1), 1024)
-    check_tactic(t, 1536, 7168)
-    with pytest.raises(ValueError, match="prefetch_ahead must be one of"):
-        check_tactic(T(16, 8, 256, 4, 1, prefetch_ahead=5), 1536, 1024)
-    with pytest.raises(ValueError, match="reaches past the 48 output tiles"):
-        check_tactic(T(32, 8, 256, 4, 1, prefetch_ahead=48), 1536, 1024)
-    with pytest.raises(ValueError, match="neither half_tiles nor x_multicast"):
-        check_tactic(T(32, 8, 256, 4, 1, half_tiles=2, prefetch_ahead=8), 1024, 1024)
-    with pytest.raises(ValueError, match="neither half_tiles nor x_multicast"):
-        check_tactic(T(16, 16, 256, 4, 1, 1, 2, prefetch_ahead=8), 1536, 1024)
-    with pytest.raises(ValueError, match="a tactic is five integers"):
-        T.parse("16,8,128,4,1+ahead")  # no distance
-
-
 def test_refused_combinations_only_inside_allow_refused():
     """Narrow token tiles with bulk rows stay refused (run 45), except
     inside ``allow_refused("narrow-bulk")``, where every other rule still

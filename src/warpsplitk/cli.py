@@ -84,8 +84,7 @@ def _cmd_plan_from_log(args):
     meta = plan_meta(args.gpu or "unknown", args.sm_count, None)
     plan, partial = plan_from_log(args.log, shape_table.parse_ms(args.m), meta,
                                   narrow=args.narrow_tiles, k_split_4=args.k_split_4,
-                                  records=args.log_records, stale=args.stale_records,
-                                  ahead=args.prefetch_ahead)
+                                  records=args.log_records, stale=args.stale_records)
     for (n, k), missing in partial.items():
         print(f"N={n} K={k}: left out, no measurement for M={missing}")
     plan.save(args.output)
@@ -107,8 +106,7 @@ def _cmd_tune(args):
                 early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs,
                 confirm=args.confirm, bulk_xs=(False, True) if args.bulk_x else (False,),
                 l2_prefetch=args.l2_prefetch, tma=args.tma_x, mixed=args.mixed_tiles,
-                narrow=args.narrow_tiles, bounded_prefetch=args.bounded_prefetch,
-                ahead=args.prefetch_ahead)
+                narrow=args.narrow_tiles, bounded_prefetch=args.bounded_prefetch)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -235,10 +233,6 @@ def main(argv=None):
                    help="at M <= 4 also measure each cell's 3 fastest 8-token candidates with "
                         "a 1-, 2- or 4-row token tile, at the ring depths its smaller stages "
                         "allow (default: on)")
-    p.add_argument("--prefetch-ahead", action="store_true",
-                   help="experimental: also measure each cell's 2 fastest with the prefetch "
-                        "ahead (each CTA asks L2 for the weight of the CTAs 8, 16 or 32 output "
-                        "tiles later, which start later), and let plans take it (default: off)")
     p.add_argument("--confirm", type=int, default=None,
                    help="time each cell's N fastest candidates and its default tactic in "
                         "two more graphs and rank by the median of the three (default: 3; "

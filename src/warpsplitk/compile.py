@@ -238,15 +238,7 @@ class CompileReport:
         t = self.tactic
         return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split,
                          x_multicast=t.x_multicast, l2_prefetch=t.l2_prefetch, bulk_x=t.bulk_x,
-                         tma_x=t.tma_x, prefetch_bytes=self.prefetch_bytes, stages=t.stages,
-                         ahead_bytes=self.ahead_bytes)
-
-    @property
-    def ahead_bytes(self) -> int | None:
-        """Bytes of each row the prefetch ahead asks for (None without one):
-        a whole K share."""
-        t = self.tactic
-        return self.k // t.k_split * layout.ELEMENT_BYTES if t.prefetch_ahead else None
+                         tma_x=t.tma_x, prefetch_bytes=self.prefetch_bytes, stages=t.stages)
 
     @property
     def prefetch_bytes(self) -> int | None:
@@ -389,8 +381,7 @@ def prefetch_sizes(ptx_text: str) -> list[int | None]:
 def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
               x_multicast: int = 1, l2_prefetch: bool = False,
               bulk_x: bool = False, tma_x: bool = False,
-              prefetch_bytes: int | None = None, stages: int | None = None,
-              ahead_bytes: int | None = None) -> list[str]:
+              prefetch_bytes: int | None = None, stages: int | None = None) -> list[str]:
     """Problems with a kernel's PTX: required instructions missing, forbidden ones
     present. ``k_tiles`` (per CTA) ``== 1`` waives the L2 hint (a one-tile
     weight has only the unhinted prologue copy); ``k_split > 1`` requires the
@@ -399,9 +390,7 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
     copies, ``tma_x`` TMA boxes of x (and, multicast, their multicast in
     place of the rows'); each is forbidden without its tactic. With
     ``prefetch_bytes``, every L2 prefetch must ask for that many bytes per
-    row (the bound of ``prefetch_tiles``, or the whole remainder); with
-    ``ahead_bytes`` (the prefetch ahead: a whole K share per row) the L2
-    prefetch is required too, and each asks for one of the two. With
+    row (the bound of ``prefetch_tiles``, or the whole remainder). With
     ``k_tiles`` and ``stages``, the release fences of an async activation
     ring (``release_fence_problems``) are checked tile by tile."""
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
@@ -412,7 +401,7 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
                      for i, entry in enumerate(PTX_AUDIT_MULTICAST)]
     if tma_x:
         required += list(PTX_AUDIT_TMA_X)
-    if l2_prefetch or ahead_bytes:
+    if l2_prefetch:
         required += list(PTX_AUDIT_PREFETCH)
     if bulk_x:
         required += list(PTX_AUDIT_BULK_X)
@@ -444,17 +433,14 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
                      if pattern not in allowed and re.search(pattern, ptx_text)]
     problems += release_fence_problems(ptx_text, async_ring=bulk_x or tma_x or x_multicast > 1,
                                        k_tiles=k_tiles, stages=stages)
-    if not (l2_prefetch or ahead_bytes):
-        problems += [f"found {why} ({pattern}) without l2_prefetch or prefetch_ahead"
+    if not l2_prefetch:
+        problems += [f"found {why} ({pattern}) without l2_prefetch"
                      for pattern, why in PTX_AUDIT_PREFETCH if re.search(pattern, ptx_text)]
-    elif prefetch_bytes is not None or not l2_prefetch:
-        # the sizes each L2 prefetch may ask for, when the caller knows them
-        expected = {size for size in ((prefetch_bytes if l2_prefetch else None), ahead_bytes)
-                    if size}
+    elif prefetch_bytes is not None:
         sizes = prefetch_sizes(ptx_text)
-        if set(sizes) != expected:
+        if set(sizes) != {prefetch_bytes}:
             problems.append(f"the L2 prefetch asks for {sizes} bytes per row, "
-                            f"expected {sorted(expected)}")
+                            f"expected {prefetch_bytes}")
     return problems
 
 

@@ -33,9 +33,6 @@ walks all of K through two shared-memory rings of ``stages`` slots:
   ``cp.async.bulk.prefetch.L2``, so that stream does not wait for the ring
   to drain (a hint; measured per cell, it wins on some 11-14 MB weights);
   ``prefetch_tiles`` bounds it to a few K tiles past the ring.
-* ``prefetch_ahead`` (experimental): the same instruction for the weight of
-  the CTAs ``prefetch_ahead``, 2 ``prefetch_ahead``, ... output tiles later,
-  which start later, as SMs free up.
 
 Each stage has three mbarriers: ``full_a`` / ``full_b`` complete when a
 stage's copies land (``cp.async.mbarrier.arrive.noinc`` by every loader
@@ -298,8 +295,7 @@ class WarpSplitKKernel:
         if warp < first_a_warp:
             self.compute(smem, tidx, warp, tile_n, tile_t, m, bias, out, rank)
         elif is_a_loader:
-            self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, tile_t,
-                               rank)
+            self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, rank)
         elif cutlass.const_expr(self.tma_activations):
             self.activation_tma(smem, tma, tidx - first_b_warp * layout.WARP, tile_n, tile_t,
                                 rank)
@@ -399,21 +395,6 @@ class WarpSplitKKernel:
             else:
                 ptx.cp_async_16(dst, src)
 
-    def _prefetch_tile_rows(self, weight, thread, tile, rank, first, count, issue):
-        """One bulk L2 prefetch per row of output tile ``tile`` (thread ``r``
-        < ``output_tile`` takes row ``r``): ``count`` elements of this CTA's
-        K share from element ``first`` on, where ``issue`` (an Int32 flag)
-        is set."""
-        t = self.tactic
-        valid = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
-        src = (weight.toint() + Int64(tile) * (t.output_tile * self.k * _BYTES)
-               + Int64(cutlass.select_(valid, thread, Int32(0))) * (self.k * _BYTES)
-               + first * _BYTES)
-        if self.k_split > 1:
-            src = src + self._k_base(rank)
-        ptx.cp_async_bulk_prefetch_l2_if(src, count * _BYTES,
-                                         cutlass.select_(valid, issue, Int32(0)))
-
     def prefetch_weight_tail(self, weight, thread, tile_n, rank):
         """l2_prefetch: ask L2 for each tile row's K past the ring's first
         fill (all of it, or ``prefetch_tiles`` K tiles of it), one bulk
@@ -424,25 +405,16 @@ class WarpSplitKKernel:
         t = self.tactic
         first, count = layout.l2_prefetch_span(self.k_tiles, t.stages, t.k_tile,
                                                t.prefetch_tiles)
-        self._prefetch_tile_rows(weight, thread, tile_n, rank, first, count, Int32(1))
+        valid = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
+        src = (weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
+               + Int64(cutlass.select_(valid, thread, Int32(0))) * (self.k * _BYTES)
+               + first * _BYTES)
+        if self.k_split > 1:
+            src = src + self._k_base(rank)
+        ptx.cp_async_bulk_prefetch_l2_if(src, count * _BYTES,
+                                         cutlass.select_(valid, Int32(1), Int32(0)))
 
-    def prefetch_ahead_shares(self, weight, thread, tile_n, tile_t, rank):
-        """prefetch_ahead: ask L2 for this CTA's K share of the weight of the
-        output tiles ``prefetch_ahead``, 2 ``prefetch_ahead``, ... after
-        this one (``layout.ahead_tile``), one bulk prefetch per tile row,
-        issued by the first token tile's CTA only (the others share its
-        weight). Those CTAs start later, when SMs free up; their weight
-        then streams from L2 instead of HBM."""
-        t = self.tactic
-        first_token_tile = cutlass.select_(tile_t == 0, Int32(1), Int32(0))
-        for hop in range(1, layout.ahead_hops(self.full_tiles, t.prefetch_ahead) + 1):
-            target, inside = layout.ahead_tile(tile_n, hop, t.prefetch_ahead, self.full_tiles,
-                                               cutlass.select_)
-            self._prefetch_tile_rows(weight, thread, target, rank, 0, self.k_cta,
-                                     first_token_tile
-                                     * cutlass.select_(inside, Int32(1), Int32(0)))
-
-    def weight_loader(self, smem, weight, thread, tile_n, tile_t, rank):
+    def weight_loader(self, smem, weight, thread, tile_n, rank):
         t = self.tactic
         # a one-tile weight is all prologue: no hinted copy, no policy to make
         policy = ptx.l2_policy_evict_first() if self.k_tiles > 1 else None
@@ -457,9 +429,6 @@ class WarpSplitKKernel:
             self._loader_arrive(self._barrier(smem, self.smem.full_a, stage))
             if t.l2_prefetch and i == t.stages - 1:
                 self.prefetch_weight_tail(weight, thread, tile_n, rank)
-            if t.prefetch_ahead and i == min(t.stages, self.k_tiles) - 1:
-                # after this CTA's own ring fill, so it never queues behind
-                self.prefetch_ahead_shares(weight, thread, tile_n, tile_t, rank)
         ptx.cp_async_wait_all()
         self._stamp("weight_landed", thread == 0)
         self._cluster_done()

@@ -170,27 +170,6 @@ def l2_prefetch_span(k_tiles, stages, k_tile, tiles=0):
     return first, min(rest, tiles * k_tile) if tiles else rest
 
 
-def ahead_hops(tiles, ahead):
-    """Output tiles whose weight one CTA asks L2 for with ``prefetch_ahead``
-    ``ahead`` (at most; static): tile ``t`` takes ``t + ahead``, ``t + 2 ahead``,
-    ... while inside the ``tiles`` along N, so the first ``ahead`` CTAs
-    cover every later one between them."""
-    return (tiles - 1) // ahead
-
-
-def ahead_tile(tile_n, hop, ahead, tiles, select=None):
-    """``(target, valid)``: the output tile CTA ``tile_n`` prefetches on hop
-    ``hop`` (1-based) of ``prefetch_ahead`` ``ahead``, and whether it is
-    inside the grid (when not, the target is ``tile_n`` itself, so that no
-    address outside the weight is ever formed). ``select(flag, a, b)``
-    chooses for run-time values (the kernel's ``cutlass.select_``)."""
-    target = tile_n + hop * ahead
-    valid = target < tiles
-    if select is None:
-        return (target if valid else tile_n), valid
-    return select(valid, target, tile_n), valid
-
-
 # -------------------------------------------------------- fragment loads
 
 

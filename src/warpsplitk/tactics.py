@@ -59,12 +59,6 @@ PREFETCH_SUFFIX = "+prefetch"
 #: gap between two calls (~1 us x 4.4 TB/s over 64-132 CTAs: 33-70 KB per
 #: CTA, 2-8 tiles of 8-16 KB), few enough that L2 keeps them.
 PREFETCH_TILES = (1, 2, 3, 4, 6, 8)
-#: Output tiles ahead whose weight a CTA asks L2 for (see
-#: WarpSplitKTactic.prefetch_ahead).
-AHEAD_TILES = (4, 8, 12, 16, 24, 32, 48, 64)
-#: ``short()`` suffix of a tactic with the prefetch ahead, followed by its
-#: distance in output tiles (``+ahead16``).
-AHEAD_SUFFIX = "+ahead"
 #: Whether activation rows arrive by one bulk copy per row and stage (see
 #: WarpSplitKTactic.bulk_x).
 BULK_XS = (False, True)
@@ -148,17 +142,6 @@ class WarpSplitKTactic:
         remainder queues ahead of the refills the running grid needs (runs
         25, 27); a few tiles per CTA are what the gap between two calls can
         stream, and L2 keeps them.
-    prefetch_ahead: 0, or a distance P in output tiles (``AHEAD_TILES``,
-        experimental): right after its ring's first fill, each CTA of the
-        first token tile asks L2 (one bulk prefetch per weight row) for the
-        whole K share of the CTAs P, 2P, ... output tiles after it, which
-        the block scheduler starts later, when SMs free up (CTAs start in
-        block order). Per-CTA timestamps showed those late CTAs' weight
-        still landing 3-6 us after the dependency wait's release on
-        1536x7168 and 2624x6144, while the SMs that did have CTAs held no
-        more than their rings in flight (docs/NOTES.md, "Where a call's
-        time goes"). A hint: it changes no result. Not with half_tiles or
-        x_multicast > 1.
     bulk_x: how activation rows reach the ring. False: every activation-
         loader thread issues 16-byte ``cp.async`` copies, rows past M
         zero-filled (``token_tile * k_tile / 8`` copies per stage, M or
@@ -203,7 +186,6 @@ class WarpSplitKTactic:
     tma_x: bool = False
     half_tiles: int = 0
     prefetch_tiles: int = 0
-    prefetch_ahead: int = 0
 
     @property
     def bulk_activations(self) -> bool:
@@ -250,7 +232,7 @@ class WarpSplitKTactic:
         """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1,
         ``o,t,k,s,b,c,x`` when x_multicast x > 1), then ``+early`` with the
         early PDL trigger, ``+prefetch`` with the L2 prefetch (``+prefetchP``
-        bounded to P tiles), ``+aheadP`` with the prefetch ahead, ``+bulk``
+        bounded to P tiles), ``+bulk``
         with bulk activation copies and ``+tma`` with TMA ones."""
         text = (f"{self.output_tile},{self.token_tile},{self.k_tile},"
                 f"{self.stages},{self.b_loader_warps}")
@@ -262,8 +244,6 @@ class WarpSplitKTactic:
             text += EARLY_SUFFIX
         if self.l2_prefetch:
             text += PREFETCH_SUFFIX + (str(self.prefetch_tiles) if self.prefetch_tiles else "")
-        if self.prefetch_ahead:
-            text += f"{AHEAD_SUFFIX}{self.prefetch_ahead}"
         if self.bulk_x:
             text += BULK_SUFFIX
         if self.tma_x:
@@ -280,14 +260,9 @@ class WarpSplitKTactic:
             body, half = head, int(count)
         flags = {EARLY_SUFFIX: False, PREFETCH_SUFFIX: False, BULK_SUFFIX: False,
                  TMA_SUFFIX: False}
-        prefetch_tiles = ahead = 0
+        prefetch_tiles = 0
         # short()'s order, reversed
-        for suffix in (TMA_SUFFIX, BULK_SUFFIX, AHEAD_SUFFIX, PREFETCH_SUFFIX, EARLY_SUFFIX):
-            if suffix == AHEAD_SUFFIX:
-                head, marker, count = body.rpartition(AHEAD_SUFFIX)
-                if marker and count.isdigit() and count[0] != "0":
-                    body, ahead = head, int(count)
-                continue
+        for suffix in (TMA_SUFFIX, BULK_SUFFIX, PREFETCH_SUFFIX, EARLY_SUFFIX):
             if suffix == PREFETCH_SUFFIX:
                 head, marker, count = body.rpartition(PREFETCH_SUFFIX)
                 if marker and count.isdigit() and count[0] != "0":
@@ -304,14 +279,13 @@ class WarpSplitKTactic:
                 "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
                 "b_loader_warps', then optionally k_split and x_multicast, then "
                 f"optionally '{EARLY_SUFFIX}', '{PREFETCH_SUFFIX}', '{BULK_SUFFIX}' and "
-                f"'{TMA_SUFFIX}' in that order ('{PREFETCH_SUFFIX}P' for a bounded prefetch, "
-                f"'{AHEAD_SUFFIX}P' after it for the prefetch ahead), "
+                f"'{TMA_SUFFIX}' in that order ('{PREFETCH_SUFFIX}P' for a bounded prefetch), "
                 f"then optionally '{HALF_SUFFIX}H', "
                 f"got {text!r}")
         fields += [1] * (7 - len(fields))
         return cls(*fields, early_launch=flags[EARLY_SUFFIX], l2_prefetch=flags[PREFETCH_SUFFIX],
                    bulk_x=flags[BULK_SUFFIX], tma_x=flags[TMA_SUFFIX], half_tiles=half,
-                   prefetch_tiles=prefetch_tiles, prefetch_ahead=ahead)
+                   prefetch_tiles=prefetch_tiles)
 
 
 #: Combinations ``check_tactic`` refuses because they failed on a GPU for a
@@ -367,13 +341,6 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
     if not isinstance(tactic.prefetch_tiles, int) or isinstance(tactic.prefetch_tiles, bool) \
             or tactic.prefetch_tiles not in (0,) + PREFETCH_TILES:
         raise _field_error("prefetch_tiles", tactic.prefetch_tiles, (0,) + PREFETCH_TILES)
-    if not isinstance(tactic.prefetch_ahead, int) or isinstance(tactic.prefetch_ahead, bool) \
-            or tactic.prefetch_ahead not in (0,) + AHEAD_TILES:
-        raise _field_error("prefetch_ahead", tactic.prefetch_ahead, (0,) + AHEAD_TILES)
-    if tactic.prefetch_ahead and (tactic.half_tiles or tactic.x_multicast > 1):
-        raise ValueError(f"warp split-K tactic: prefetch_ahead {tactic.prefetch_ahead} takes "
-                         f"neither half_tiles nor x_multicast > 1, got half_tiles "
-                         f"{tactic.half_tiles}, x_multicast {tactic.x_multicast}")
     if tactic.prefetch_tiles and not tactic.l2_prefetch:
         raise ValueError(f"warp split-K tactic: prefetch_tiles {tactic.prefetch_tiles} bounds "
                          "the L2 prefetch; it needs l2_prefetch True")
@@ -465,10 +432,6 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
     if not isinstance(k, int) or k <= 0 or k % tactic.k_tile:
         raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
                          f"{tactic.k_tile}, got K={k!r}")
-    if tactic.prefetch_ahead and n // tactic.output_tile <= tactic.prefetch_ahead:
-        raise ValueError(f"warp split-K: prefetch_ahead {tactic.prefetch_ahead} reaches past "
-                         f"the {n // tactic.output_tile} output tiles of N={n} (output_tile "
-                         f"{tactic.output_tile}): no CTA would have one to prefetch")
     if (n // tactic.output_tile) % tactic.x_multicast:
         raise ValueError(f"warp split-K: x_multicast {tactic.x_multicast} must divide the "
                          f"{n // tactic.output_tile} output tiles of N={n} (output_tile "

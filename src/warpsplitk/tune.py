@@ -85,16 +85,6 @@ Pruning, before anything is measured:
   4-row token tile at the ring depths its smaller stages allow
   (``narrow_twins``; run 56: in 11 of the 80 benchmarked cells, and the
   median 1.77x -> 1.80x);
-* measured neighbours: with ``ahead`` (``--prefetch-ahead``; experimental,
-  off by default until measured), last, each cell's ``AHEAD_TOP`` fastest
-  are timed again with the prefetch ahead at each of ``AHEAD_DISTANCES``
-  output tiles (``WarpSplitKTactic.prefetch_ahead``). The prediction
-  (session 12, from per-CTA timestamps): on the mid-size K = 7168 weights
-  the CTAs that start last, when SMs free up, get their weight 3-6 µs
-  after the dependency wait's release; asked of L2 by the CTAs that start
-  first, it would be there when they start: 2-10% on 1536x7168,
-  2112x7168 and 2624x6144 at M <= 8 if that is what keeps them from the
-  read bandwidth, nothing if not;
 
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
@@ -249,22 +239,6 @@ def bounded_prefetch_twins(times, n, k, top=BOUNDED_PREFETCH_TOP,
                      key=times.get)[:top]
     twins = [dataclasses.replace(t, l2_prefetch=True, prefetch_tiles=p)
              for t in parents for p in depths]
-    return [t for t in dict.fromkeys(twins) if t not in times and is_legal(t, n, k)]
-
-
-#: the prefetch-ahead twins' measured-neighbour rule (module docstring)
-AHEAD_TOP = 2
-AHEAD_DISTANCES = (8, 16, 32)
-
-
-def ahead_twins(times, n, k, top=AHEAD_TOP, distances=AHEAD_DISTANCES) -> list[WarpSplitKTactic]:
-    """``{tactic: us}`` of one cell -> its ``top`` fastest tactics that can
-    take the prefetch ahead (no mixed grid, no multicast, none already),
-    each with it at every distance of ``distances`` the grid along N
-    allows. None already in ``times``, all legal."""
-    parents = sorted((t for t in times if not t.prefetch_ahead and not t.half_tiles
-                      and t.x_multicast == 1), key=times.get)[:top]
-    twins = [dataclasses.replace(t, prefetch_ahead=d) for t in parents for d in distances]
     return [t for t in dict.fromkeys(twins) if t not in times and is_legal(t, n, k)]
 
 
@@ -568,7 +542,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
          x_multicasts=(1,), early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
-         mixed=True, narrow=True, bounded_prefetch=True, ahead=False) -> DecodePlan:
+         mixed=True, narrow=True, bounded_prefetch=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -631,8 +605,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
         # last: a cell's fastest, TMA twins included, are the mixed grids' parents
         (mixed, lambda times, n, k, r: mixed_twins(times, n, k, r, sm_count)),
         # after every other rule: any of them may have found the parents
-        (bounded_prefetch, lambda times, n, k, r: bounded_prefetch_twins(times, n, k)),
-        (ahead, lambda times, n, k, r: ahead_twins(times, n, k))) if on]
+        (bounded_prefetch, lambda times, n, k, r: bounded_prefetch_twins(times, n, k))) if on]
     def logged_times(n, k, r):
         return {t: [done[_log_key(n, k, r, t)]["us"]] for t in work[(n, k, r)]
                 if done.get(_log_key(n, k, r, t), {}).get("ok")}
@@ -763,8 +736,6 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
             log.close()
     meta = plan_meta(torch.cuda.get_device_name(device), sm_count, torch.__version__,
                      narrow_tiles=bool(narrow))
-    if ahead:
-        meta["prefetch_ahead"] = True
     return _plan(best, shapes, ms, meta)
 
 
@@ -795,24 +766,21 @@ def _plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS, shape_reps=None) -> De
     return plan
 
 
-def in_default_space(tactic: WarpSplitKTactic, narrow=True, k_split_4=False,
-                     ahead=False) -> bool:
+def in_default_space(tactic: WarpSplitKTactic, narrow=True, k_split_4=False) -> bool:
     """Whether ``tactic`` is in the space a tune with these flags measures:
     with ``narrow=False`` (``--no-narrow-tiles``) no narrow token tile and
     no ring past ``DEFAULT_MAX_STAGES`` (only the narrow twins reach
-    deeper); no split of K in four unless ``k_split_4``; no prefetch ahead
-    unless ``ahead``. A log holds whatever any run measured; a plan is made
-    from what the run's flags ask for."""
+    deeper); no split of K in four unless ``k_split_4``. A log holds
+    whatever any run measured; a plan is made from what the run's flags
+    ask for."""
     if not narrow and (tactic.token_tile < layout.MMA_N or tactic.stages > DEFAULT_MAX_STAGES):
-        return False
-    if tactic.prefetch_ahead and not ahead:
         return False
     return k_split_4 or tactic.k_split <= 2
 
 
 def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
                   reps=REPRESENTATIVE_MS, narrow=True, k_split_4=False, records=None,
-                  stale=False, ahead=False):
+                  stale=False):
     """The plan ``tune`` makes from the measurements in its log, without a GPU.
 
     A shape is planned when the log has a correct measurement for every
@@ -826,8 +794,7 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     are left out and returned with the plan: ``(plan, {(n, k): missing reps})``.
     Only tactics of the space the flags name count (``in_default_space``:
     narrow token tiles unless ``narrow=False``, the split of K in four only
-    with ``k_split_4``, the prefetch ahead only with ``ahead``; the plan's
-    meta says ``narrow_tiles`` and, with ``ahead``, ``prefetch_ahead``), and only
+    with ``k_split_4``; the plan's meta says ``narrow_tiles``), and only
     those this version accepts (a log can hold some it now refuses). With
     ``records``, only the log's first ``records`` lines count (the log as
     it stood when the plan was made; the plan's meta says how many). With
@@ -840,7 +807,7 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     for rec in logged.values():
         if rec.get("ok") and not rec.get("confirm"):
             tactic = WarpSplitKTactic.parse(rec["tactic"])
-            if not in_default_space(tactic, narrow, k_split_4, ahead):
+            if not in_default_space(tactic, narrow, k_split_4):
                 continue
             if not is_legal(tactic, rec["n"], rec["k"]):
                 continue  # measured by an earlier version that allowed it (narrow + bulk_x)
@@ -870,8 +837,6 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     meta = dict(meta or {}, source=f"log {os.path.basename(log_path)}", representative_ms=reps,
                 log_records=records if records is not None else _count_lines(log_path),
                 async_ring_revision=1 if stale else ASYNC_RING_REVISION, narrow_tiles=bool(narrow))
-    if ahead:
-        meta["prefetch_ahead"] = True
     if inherited:
         meta["inherited_ms"] = inherited
     return _plan(best, shapes, ms, meta, reps, shape_reps), partial
