@@ -29,6 +29,11 @@
 #           the cases that raced and the reliability module side by side,
 #           then the shipped plan's benchmark alone (FENCE_AB=1: also with the
 #           experimental fences, uni-directional and loader-side, and none)
+#   narrow-bulk  narrow token tiles with bulk rows (refused runs 45-65):
+#           their GPU tests and the random legal tactics beside the
+#           sanitizer over every such case; their stress alone; then the
+#           tuner at M 1-4 (their twins, resuming the committed log) and the
+#           bench of the plan its log gives
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -207,6 +212,34 @@ plan-check)
   cut -c1-1500 "$OUT/multicast-racecheck.log"
   echo "multicast cases started under racecheck: $(tar -xzOf "$OUT/multicast-racecheck/sanitizer-logs.tar.gz" \
     --wildcards '*.log' 2>/dev/null | grep -c '^case')"
+  ;;
+narrow-bulk)
+  timeout -k 5 ${PHASE1_LIMIT:-150} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
+    -k "narrow or random_legal" > "$OUT/gpu_kernel-narrow.log" 2>&1 &
+  OUT=$OUT/narrow-bulk NARROW_ONLY=1 BULK_X=1 X_COPIES_ONLY=1 K_SPLIT=1 SUBSET=rotate \
+    CASE_LIMIT=${PHASE1_LIMIT:-150} bash scripts/sanitize.sh > "$OUT/sanitizer-narrow-bulk.log" 2>&1 &
+  wait
+  summarise gpu_kernel-narrow
+  SUMMARY_LINES=4 summarise sanitizer-narrow-bulk
+  # alone on the GPU: run 45's failing picks, many rounds (run 52's unfenced
+  # races showed 26-153 wrong outputs in 40 rounds)
+  { timeout ${STRESS_LIMIT:-50} python3 scripts/stress_tactics.py 2112,7168 1,2 \
+      16,1,256,12,1+early+bulk --rounds ${ROUNDS:-150}
+    timeout ${STRESS_LIMIT:-50} python3 scripts/stress_tactics.py 768,7168 1,3,4 \
+      64,1,128,13,1+early+bulk 32,4,128,23,1+early+prefetch+bulk --rounds ${ROUNDS:-150}
+  } > "$OUT/stress-narrow-bulk.log" 2>&1
+  cat "$OUT/stress-narrow-bulk.log"
+  cp docs/gpu-runs/2026-12-02-tune-log.jsonl "$OUT/tune-log.jsonl"
+  timeout ${TUNE_LIMIT:-180} python3 -m warpsplitk.cli tune --log "$OUT/tune-log.jsonl" \
+    --m 1-4 --time-budget ${TUNE_BUDGET:-150} -o "$OUT/plan-part.json" > "$OUT/tune.log" 2>&1
+  echo "tune rc=$? ($(wc -l < "$OUT/tune-log.jsonl") log records)"
+  grep -E "fastest" "$OUT/tune.log" | tail -40
+  python3 -m warpsplitk.cli tune --from-log --log "$OUT/tune-log.jsonl" \
+    --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --sm-count 132 \
+    -o "$OUT/plan.json"
+  timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench --plan "$OUT/plan.json" \
+    --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench.json" 2>/dev/null | head -3
   ;;
 deep)
   timeout -k 5 ${PHASE1_LIMIT:-200} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \

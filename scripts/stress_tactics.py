@@ -1,7 +1,6 @@
 """Run a few tactics many times and count wrong or differing results.
 
     python3 scripts/stress_tactics.py N,K M[,M...] TACTIC [TACTIC ...] [--rounds R] [--where]
-                                      [--allow-refused NAME ...]
 
 For chasing an intermittent GPU failure: each round draws fresh inputs,
 poisons the outputs with NaN, and launches the tactic several times back
@@ -10,10 +9,7 @@ replayed from a CUDA graph; every output must match the fp64 reference
 (relative error < 1e-2) and all must be bitwise equal. Prints one line
 per tactic and writes nothing else. With ``--where``, also where the
 first wrong output is wrong: which token rows, and which output tiles
-(for a race, the pattern says which CTAs lost it). With
-``--allow-refused narrow-bulk``, a combination ``check_tactic`` refuses
-for an old GPU failure (``tactics.REFUSALS``) is let through to re-test
-it. Needs a CUDA GPU.
+(for a race, the pattern says which CTAs lost it). Needs a CUDA GPU.
 """
 
 import argparse
@@ -22,7 +18,6 @@ import sys
 import torch
 
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic
-from warpsplitk.tactics import allow_refused
 
 LAUNCHES = 4
 SHOWN = 3  # wrong outputs described, with --where
@@ -114,18 +109,10 @@ def main(argv=None):
     parser.add_argument("m", help="M, or several: 7,17")
     parser.add_argument("tactics", nargs="+")
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--allow-refused", nargs="*", default=[], metavar="NAME",
-                        help="let these combinations check_tactic refuses through "
-                             "(tactics.REFUSALS, e.g. narrow-bulk), to re-test them")
     parser.add_argument("--where", action="store_true",
                         help="say where the first wrong outputs are wrong")
     args = parser.parse_args(argv)
     n, k = (int(v) for v in args.shape.split(","))
-    with allow_refused(*args.allow_refused):
-        return _stress_all(args, n, k)
-
-
-def _stress_all(args, n, k):
     failed = False
     for text in args.tactics:
         tactic = WarpSplitKTactic.parse(text)

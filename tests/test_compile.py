@@ -455,6 +455,8 @@ def test_multicast_lane0_release_build(tmp_path):
     (WarpSplitKTactic(32, 8, 256, 8, 1, bulk_x=True), 2048, 2048),
     (WarpSplitKTactic(16, 32, 128, 3, 1, bulk_x=True), 512, 1024),
     (WarpSplitKTactic(32, 8, 256, 10, 1, 2, bulk_x=True, l2_prefetch=True), 768, 7168),
+    (WarpSplitKTactic(16, 1, 256, 12, 1, bulk_x=True, early_launch=True), 2112, 7168),
+    (WarpSplitKTactic(64, 1, 128, 13, 1, bulk_x=True, l2_prefetch=True), 768, 7168),
     (WarpSplitKTactic(64, 16, 128, 4, 2, l2_prefetch=True, early_launch=True), 7168, 768),
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_bulk_x_and_l2_prefetch_compile_with_their_instructions(tactic, n, k):

@@ -566,12 +566,18 @@ def test_narrow_twins_give_rows_past_m_to_ring_depth():
     # M = 3 and 4 take 4-row tiles; from M = 5 on there is nothing narrower than 8
     assert {t.token_tile for t in narrow_twins(times, n, k, 3)} == {4}
     assert narrow_twins(times, n, k, 5) == []
-    # a TMA or bulk parent's twin copies by 16 bytes (narrow tiles take no bulk rows)
+    # a TMA parent's twins copy by 16 bytes (narrow tiles take no TMA boxes)
     boxes = {WarpSplitKTactic(32, 8, 256, 11, 1, tma_x=True, early_launch=True): 13.3}
     twin = narrow_twins(boxes, 4224, 7168, 4)[0]
     assert not twin.tma_x and twin.early_launch and twin.token_tile == 4
+    assert not any(t.tma_x for t in narrow_twins(boxes, 4224, 7168, 4))
+    # a bulk parent's twins: by 16 bytes and by bulk rows, each at both depths
     bulk = {WarpSplitKTactic(16, 8, 256, 16, 1, bulk_x=True): 7.4}
-    assert not any(t.bulk_x for t in narrow_twins(bulk, n, k, 1))
+    bulk_twins = narrow_twins(bulk, n, k, 1)
+    assert {t.bulk_x for t in bulk_twins} == {False, True}
+    assert all(is_legal(t, n, k) and t.token_tile == 1 for t in bulk_twins)
+    by_rows = [t for t in bulk_twins if t.bulk_x]
+    assert len(by_rows) == 2 and {ctas_per_sm(t) for t in by_rows} == {1, 2}
     # measured twins are not proposed again
     assert narrow_twins({**times, **dict.fromkeys(twins, 7.0)}, n, k, 1) == []
 
@@ -647,11 +653,13 @@ def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
 
 
 def test_plan_from_log_skips_tactics_this_version_refuses(tmp_path):
-    """Narrow tiles with bulk rows were measured (run 43) before they were
-    refused (run 45): a plan from that log never picks them."""
+    """A log can hold tactics this version refuses (measured by an older
+    one, as narrow tiles with bulk rows were between runs 45 and 65): a plan
+    from that log never picks them, however fast they were."""
     from warpsplitk.tactics import is_legal
     from warpsplitk.tune import plan_from_log
-    refused, ok = "32,1,256,13,1+early+bulk", "32,1,256,13,1+early"
+    # a 1 x 256 stage is 32 copies: too few for two loader warps
+    refused, ok = "32,1,256,13,2+early", "32,1,256,13,1+early"
     assert not is_legal(WarpSplitKTactic.parse(refused), 2624, 6144)
     records = [(2624, 6144, r, "32,8,256,11,1", 9.0) for r in REPRESENTATIVE_MS]
     records += [(2624, 6144, 1, refused, 7.0), (2624, 6144, 1, ok, 8.0)]

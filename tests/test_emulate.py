@@ -91,6 +91,11 @@ def test_cluster_split_of_k_exact(tactic, m, n, k):
     (WarpSplitKTactic(64, 4, 128, 2, 2), 4, 64, 256),
     (WarpSplitKTactic(32, 2, 256, 2, 1, 2), 2, 64, 1024),              # k_split
     (WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=3), 1, 32 * 2 + 16 * 3, 512),
+    # bulk rows: a narrow stage is token_tile padded rows (run 65 cleared them)
+    (WarpSplitKTactic(16, 1, 256, 3, 1, bulk_x=True), 3, 32, 768),
+    (WarpSplitKTactic(64, 1, 128, 4, 1, bulk_x=True), 1, 64, 512),
+    (WarpSplitKTactic(32, 4, 128, 3, 1, bulk_x=True, l2_prefetch=True), 6, 64, 512),
+    (WarpSplitKTactic(32, 2, 256, 2, 1, 2, bulk_x=True), 2, 64, 1024),
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_narrow_token_tiles_exact(tactic, m, n, k):
     """Narrow token tiles (1, 2, 4 rows): the stage holds only the tile's

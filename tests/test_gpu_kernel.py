@@ -310,6 +310,11 @@ def test_mixed_grids(text, n, k):
     ("32,4,256,12,1+early+half3", 2 * 32 + 3 * 16, 7168),   # a mixed grid
     ("16,4,128,2,2", 512, 256),
     ("32,2,256,1,1", 768, 256),                           # one K tile
+    # bulk rows: run 45's wrong sums (before the fence), cleared by run 65
+    ("16,1,256,12,1+early+bulk", 2112, 7168),
+    ("64,1,128,13,1+early+bulk", 768, 7168),
+    ("32,4,128,23,1+early+prefetch+bulk", 768, 7168),
+    ("32,2,256,6,1,2+early+bulk", 1536, 7168),
 ])
 def test_narrow_token_tiles(text, n, k):
     """Narrow token tiles (1, 2, 4 rows): every M, M past the tile

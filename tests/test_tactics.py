@@ -68,7 +68,6 @@ REJECTIONS = [
     (T(16, 1, 128, 4, 1), 256, 1024, r"token_tile 1 x k_tile 128 is 16 16-byte copies, not a "
                                      r"multiple of the 32 threads"),
     (T(16, 1, 256, 4, 2), 256, 1024, r"is 32 16-byte copies, not a multiple of the 64 threads"),
-    (T(16, 1, 256, 4, 1, bulk_x=True), 256, 1024, r"narrow token_tile 1 .* not bulk_x"),
 ]
 
 REJECTION_IDS = ['output_tile-8',
@@ -98,8 +97,7 @@ REJECTION_IDS = ['output_tile-8',
                  'narrow-token-tile-tma',
                  'narrow-token-tile-multicast',
                  'narrow-token-tile-too-few-copies',
-                 'narrow-token-tile-too-few-copies-two-warps',
-                 'narrow-token-tile-bulk']
+                 'narrow-token-tile-too-few-copies-two-warps']
 
 
 @pytest.mark.parametrize("tactic,n,k,message", REJECTIONS,
@@ -537,26 +535,3 @@ def test_bounded_l2_prefetch_text_and_rules():
     assert all(x.stages + x.prefetch_tiles < 7168 // (x.k_tile * x.k_split) for x in bounded)
     assert not any(x.prefetch_tiles for x in legal_tactics(8, 2112, 7168,
                                                            l2_prefetches=(False, True)))
-
-
-def test_refused_combinations_only_inside_allow_refused():
-    """Narrow token tiles with bulk rows stay refused (run 45), except
-    inside ``allow_refused("narrow-bulk")``, where every other rule still
-    applies; the allowance ends with the context, and names are checked."""
-    from warpsplitk.tactics import REFUSALS, allow_refused
-    t = T(16, 1, 256, 12, 1, early_launch=True, bulk_x=True)
-    assert REFUSALS == ("narrow-bulk",)
-    with pytest.raises(ValueError, match="takes 16-byte activation copies, not bulk_x"):
-        check_tactic(t, 2112, 7168)
-    with allow_refused("narrow-bulk"):
-        check_tactic(t, 2112, 7168)
-        with pytest.raises(ValueError, match="bulk_x takes b_loader_warps 1"):
-            check_tactic(T(16, 1, 256, 12, 2, bulk_x=True), 2112, 7168)
-        with allow_refused("narrow-bulk"):  # nested: the outer one still holds after
-            pass
-        check_tactic(t, 2112, 7168)
-    with pytest.raises(ValueError, match="not bulk_x"):
-        check_tactic(t, 2112, 7168)
-    with pytest.raises(ValueError, match="allow_refused takes names"):
-        with allow_refused("bulk-anything"):
-            pass

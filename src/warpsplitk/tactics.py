@@ -6,7 +6,6 @@ the CuTe DSL.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from dataclasses import dataclass
 
@@ -288,29 +287,6 @@ class WarpSplitKTactic:
                    prefetch_tiles=prefetch_tiles)
 
 
-#: Combinations ``check_tactic`` refuses because they failed on a GPU for a
-#: reason not yet established, by the name ``allow_refused`` takes.
-REFUSALS = ("narrow-bulk",)
-_allowed_refusals: set[str] = set()
-
-
-@contextlib.contextmanager
-def allow_refused(*names):
-    """Diagnostic only (``scripts/stress_tactics.py --allow-refused``): inside
-    this context ``check_tactic`` lets the refused combinations ``names``
-    (``REFUSALS``) through, every other rule still applies, so a GPU run can
-    re-test them. Nothing in the library enters it."""
-    unknown = sorted(set(names) - set(REFUSALS))
-    if unknown:
-        raise ValueError(f"allow_refused takes names from {REFUSALS}, got {unknown}")
-    added = set(names) - _allowed_refusals
-    _allowed_refusals.update(added)
-    try:
-        yield
-    finally:
-        _allowed_refusals.difference_update(added)
-
-
 def _field_error(name, value, allowed):
     return ValueError(f"warp split-K tactic: {name} must be one of {allowed}, got {value!r}")
 
@@ -367,17 +343,6 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         # one lane per token row issues the stage's bulk copies
         raise ValueError(f"warp split-K tactic: bulk_x takes b_loader_warps 1, got "
                          f"{tactic.b_loader_warps}")
-    if (tactic.token_tile < layout.MMA_N and tactic.bulk_x
-            and "narrow-bulk" not in _allowed_refusals):
-        # run 45: with bulk rows a narrow tile gave wrong sums now and then
-        # on the H200 (a repeated run differed; relative error 0.017 on
-        # 768x7168), while every 16-byte narrow case was exact; most
-        # likely the activation-ring race fenced since (session 10), but
-        # refused until a GPU run with the fence clears it
-        # (scripts/stress_tactics.py --allow-refused narrow-bulk)
-        raise ValueError(f"warp split-K tactic: a narrow token_tile {tactic.token_tile} "
-                         f"(< {layout.MMA_N}) takes 16-byte activation copies, not bulk_x "
-                         "(wrong results on the H200, under investigation)")
     if tactic.token_tile < layout.MMA_N and (tactic.tma_x or tactic.x_multicast > 1):
         # a TMA stage's boxes must start on 1024-byte boundaries (the
         # 128-byte swizzle), and a box of fewer than 8 rows is not one; the

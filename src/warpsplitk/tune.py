@@ -339,7 +339,8 @@ def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
     """``{tactic: us}`` of one cell with M <= 4 -> its ``top`` fastest
     8-token tactics with the narrowest token tile that still covers M
     (``NARROW_TOKEN_TILES``: the stage holds M's rows only), activations by
-    16-byte copies (a narrow tile takes neither TMA boxes nor bulk rows),
+    16-byte copies (a narrow tile takes no TMA boxes) and, for a parent
+    with bulk rows, also by bulk rows,
     each at two ring depths: the deepest that keeps the
     parent's CTAs per SM (the shared memory the 8-row stage spent on rows
     past M, as depth) and the deepest that fits one CTA more per SM (room
@@ -352,18 +353,19 @@ def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
                      key=times.get)[:top]
     found = []
     for parent in parents:
-        # 16-byte copies: a narrow tile takes neither boxes nor bulk rows
-        twin = dataclasses.replace(parent, token_tile=token_tile, tma_x=False, bulk_x=False)
-        copies = token_tile * twin.k_tile // layout.CHUNK
-        if copies % (twin.b_loader_warps * layout.WARP):
-            twin = dataclasses.replace(twin, b_loader_warps=1)  # too few copies for two warps
-        family = [dataclasses.replace(twin, stages=s) for s in range(1, MAX_STAGES + 1)]
-        family = [t for t in family if is_legal(t, n, k)]
         resident = ctas_per_sm(parent)
-        for r in (resident, resident + 1):
-            fitting = [t for t in family if ctas_per_sm(t) >= r]
-            if fitting:
-                found.append(fitting[-1])
+        # a narrow tile takes no TMA boxes: a TMA parent's twin copies by 16 bytes
+        for bulk in dict.fromkeys((False, parent.bulk_x)):
+            twin = dataclasses.replace(parent, token_tile=token_tile, tma_x=False, bulk_x=bulk)
+            copies = token_tile * twin.k_tile // layout.CHUNK
+            if not bulk and copies % (twin.b_loader_warps * layout.WARP):
+                twin = dataclasses.replace(twin, b_loader_warps=1)  # too few copies for two warps
+            family = [dataclasses.replace(twin, stages=s) for s in range(1, MAX_STAGES + 1)]
+            family = [t for t in family if is_legal(t, n, k)]
+            for r in (resident, resident + 1):
+                fitting = [t for t in family if ctas_per_sm(t) >= r]
+                if fitting:
+                    found.append(fitting[-1])
     unique = list(dict.fromkeys(found))
     return [t for t in unique if t not in times]
 
