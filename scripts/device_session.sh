@@ -34,6 +34,10 @@
 #           sanitizer over every such case; their stress alone; then the
 #           tuner at M 1-4 (their twins, resuming the committed log) and the
 #           bench of the plan its log gives
+#   racecheck-rest  what verify's limits cut (run 63): racecheck alone over
+#           the cluster split of K and over the bulk/prefetch rotations (early
+#           trigger), beside every multicast GPU test and the narrow-tile
+#           kernel tests (bulk rows among them)
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -240,6 +244,21 @@ narrow-bulk)
   timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench --plan "$OUT/plan.json" \
     --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench.json" 2>/dev/null | head -3
+  ;;
+racecheck-rest)
+  LIMIT=${PHASE1_LIMIT:-420}
+  OUT=$OUT/clusters K_SPLIT=1 CLUSTERS_ONLY=1 TOOLS=racecheck SUBSET=rotate CASE_LIMIT=$LIMIT \
+    bash scripts/sanitize.sh > "$OUT/racecheck-clusters.log" 2>&1 &
+  WARPSPLITK_EARLY_LAUNCH=1 OUT=$OUT/x-copies K_SPLIT=1 BULK_X=1 L2_PREFETCH=1 X_COPIES_ONLY=1 \
+    TOOLS=racecheck SUBSET=rotate CASE_LIMIT=$LIMIT \
+    bash scripts/sanitize.sh > "$OUT/racecheck-x-copies.log" 2>&1 &
+  timeout -k 5 $LIMIT python3 -m pytest -q -m gpu tests/test_gpu_x_multicast.py \
+    > "$OUT/gpu_x_multicast.log" 2>&1 &
+  timeout -k 5 $LIMIT python3 -m pytest -q -m gpu tests/test_gpu_kernel.py -k narrow_token_tiles \
+    > "$OUT/gpu_kernel-narrow.log" 2>&1 &
+  wait
+  summarise gpu_x_multicast gpu_kernel-narrow
+  SUMMARY_LINES=2 summarise racecheck-clusters racecheck-x-copies
   ;;
 deep)
   timeout -k 5 ${PHASE1_LIMIT:-200} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
