@@ -1,6 +1,6 @@
 """Builds of the same kernel, timed side by side.
 
-    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl|mc-release|x-copies|tma
+    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl|mc-release|x-copies|tma|x-smem
                                 [--m 1,32]
                                 [--chain-only]
                                 [--tactics default|plan] [--json OUT]
@@ -32,6 +32,12 @@ others' times over its):
                tiles, that with the boxes multicast over the smallest legal
                cluster along N (x_multicast 2-4; cells where none is legal
                repeat the tma time)
+  x-smem       how much of a call is the activations' shared-memory traffic
+               (diagnostic builds with wrong results, not checked): the
+               tactic with 16-byte activation copies; the same without the
+               compute warps' ldmatrix reads of x (constant B fragments);
+               and without the loader's copies of x too; independent mode,
+               at every M asked (the question is M >= 16)
 
 Default tactics (or the built-in H200 plan's, --tactics plan), all builds in one process, each checked against fp64
 first, timed as the benchmark times: independent calls back to back in a
@@ -69,11 +75,18 @@ COMPARISONS = {
                  ("bulk+pf", {"bulk_x": True, "l2_prefetch": True})),
     "tma": (("as-is", {}), ("tma", {"tma_x": True}),
             ("tma+mc", {"tma_x": True, "x_multicast": "smallest"})),
+    # diagnostic builds with wrong results (WRONG_BUILDS); the reference is
+    # the tactic with 16-byte activation copies (X_SMEM_FIELDS)
+    "x-smem": (("full", {}), ("no-read", {"x_smem": "no-read"}), ("none", {"x_smem": "none"})),
 }
+#: builds whose results are wrong by design: timed, not checked
+WRONG_BUILDS = {"x-smem": {"no-read", "none"}}
+#: x-smem: every build takes 16-byte activation copies (the diagnostic's path)
+X_SMEM_FIELDS = {"bulk_x": False, "tma_x": False, "x_multicast": 1}
 #: build "keywords" that change the tactic instead
 TACTIC_FIELDS = ("bulk_x", "l2_prefetch", "tma_x", "x_multicast")
 #: comparisons whose builds are wrong for dependent calls: no chain part
-INDEPENDENT_ONLY = {"pdl", "mc-release"}
+INDEPENDENT_ONLY = {"pdl", "mc-release", "x-smem"}
 #: mc-release: the activation multicast's fastest tactic per cell in the tune
 #: log (runs 21-22), each cell's best tactic without it noted for reference
 MULTICAST_CELLS = (
@@ -111,7 +124,7 @@ def main():
           + " ".join(f"{name:>8}" for name in names)
           + " " + " ".join(f"{'/' + names[0]:>8}" for _ in names[1:]))
     shapes = [(s, False) for s in SHAPES if not args.chain_only]
-    if args.compare in ("x-copies", "tma") and not args.chain_only:
+    if args.compare in ("x-copies", "tma", "x-smem") and not args.chain_only:
         shapes += [(s, False) for s in LONG_K_SHAPES if s not in SHAPES]
     fixed = {}  # (n, k) -> {m: tactic}: cells with their own tactics
     if args.compare == "mc-release":
@@ -139,6 +152,12 @@ def main():
             xp, op = gmem_pointer(x.data_ptr()), gmem_pointer(out.data_ptr())
             row = {"mode": "chain" if chain else "indep", "n": n, "k": k, "m": m,
                    "tactic": tactic.short()}
+            if args.compare == "x-smem":
+                tactic = dataclasses.replace(tactic, **X_SMEM_FIELDS)
+                if not is_legal(tactic, n, k):
+                    print(f"{n}x{k} M={m}: {tactic.short()} is not legal, skipped", flush=True)
+                    continue
+                row["tactic"] = tactic.short()
             for name, kwargs in builds:
                 kwargs = dict(kwargs)
                 fields = {f: kwargs.pop(f) for f in TACTIC_FIELDS if f in kwargs}
@@ -164,8 +183,9 @@ def main():
                 out.fill_(float("nan"))
                 code(ptrs[-1], xp, ptrs[-1], op, m, stream())
                 torch.cuda.synchronize()
-                err = ((out.double() - ref).norm() / ref.norm()).item()
-                assert err < 1e-2, (name, n, k, m, err)
+                if name not in WRONG_BUILDS.get(args.compare, ()):
+                    err = ((out.double() - ref).norm() / ref.norm()).item()
+                    assert err < 1e-2, (name, n, k, m, err)
                 if chain:  # x -> out -> x -> ...: every call reads the previous output
                     calls = [lambda w=w, c=code, i=i: c(w, (xp, op)[i % 2], ptrs[-1],
                                                         (op, xp)[i % 2], m, stream())

@@ -38,6 +38,9 @@
 #           the cluster split of K and over the bulk/prefetch rotations (early
 #           trigger), beside every multicast GPU test and the narrow-tile
 #           kernel tests (bulk rows among them)
+#   x-smem  how much of the time after the dependency wait is the
+#           activations' shared-memory traffic (scripts/build_ab.py
+#           --compare x-smem, plan tactics with 16-byte copies, XSMEM_M)
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -244,6 +247,11 @@ narrow-bulk)
   timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench --plan "$OUT/plan.json" \
     --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench.json" 2>/dev/null | head -3
+  ;;
+x-smem)
+  timeout ${XSMEM_LIMIT:-200} python3 scripts/build_ab.py --compare x-smem --tactics plan \
+    --m ${XSMEM_M:-32} --json "$OUT/x-smem.json" > "$OUT/x-smem.log" 2>&1
+  echo "x-smem rc=$?"; cat "$OUT/x-smem.log"
   ;;
 racecheck-rest)
   LIMIT=${PHASE1_LIMIT:-420}

@@ -746,6 +746,42 @@ def test_diagnostic_stamps_build(tmp_path, text, n, k):
         _build(n, k, tactic, True, True, "sm_90a", stamps=True)
 
 
+def test_x_smem_diagnostic_drops_the_activations_shared_memory_traffic(tmp_path):
+    """scripts/build_ab.py --compare x-smem: "no-read" keeps the loader's
+    16-byte copies of x but no compute warp reads them (only the weight's
+    ldmatrix remain: one per m16 block and K step); "none" copies no x
+    either; the mma count and the ring's barriers are unchanged. Only for
+    16-byte activation copies."""
+    import re
+    from warpsplitk.compile import _build
+    tactic = WarpSplitKTactic.parse("32,32,256,4,1")
+    n, k = 256, 2048
+    k_tiles, steps = k // tactic.k_tile, layout.k_steps(tactic.k_tile)
+
+    def ptx_of(x_smem):
+        dump = tmp_path / x_smem
+        dump.mkdir()
+        ptx = _build(n, k, tactic, False, True, "sm_90a", x_smem=x_smem,
+                     options=f"--keep-ptx --dump-dir={dump}").artifacts.PTX
+        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+        return {"ldmatrix": len(re.findall(r"ldmatrix\.sync", ptx)),
+                "copies": len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)),
+                "mma": len(re.findall(r"mma\.sync", ptx)),
+                "arrives": len(re.findall(r"cp\.async\.mbarrier\.arrive", ptx))}
+    full, no_read, none = (ptx_of(v) for v in ("full", "no-read", "none"))
+    a_reads = k_tiles * (tactic.output_tile // 16) * steps
+    assert no_read["ldmatrix"] == none["ldmatrix"] == a_reads < full["ldmatrix"]
+    x_copies = k_tiles * layout.copies_per_thread(tactic.token_tile, tactic.k_tile, 32)
+    assert full["copies"] == no_read["copies"] and full["copies"] - none["copies"] == x_copies
+    assert full["mma"] == no_read["mma"] == none["mma"]
+    assert full["arrives"] == no_read["arrives"] == none["arrives"]
+    with pytest.raises(ValueError, match="16-byte activation copies"):
+        _build(n, k, WarpSplitKTactic.parse("32,32,256,4,1+tma"), False, True, "sm_90a",
+               x_smem="none")
+    with pytest.raises(ValueError, match="x_smem must be one of"):
+        _build(n, k, tactic, False, True, "sm_90a", x_smem="half")
+
+
 def test_multicast_remote_release_scope(monkeypatch):
     """The activation multicast's stage release: each compute lane arrives
     on every member's empty barrier with a cluster-scoped release (shipped),

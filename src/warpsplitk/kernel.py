@@ -79,6 +79,12 @@ STAMP_STAGE_SLOT = 16
 STAMP_STAGES = 48
 STAMP_BYTES = 16 * (STAMP_STAGE_SLOT + STAMP_STAGES)
 
+#: The diagnostic ``x_smem`` builds (``scripts/build_ab.py --compare
+#: x-smem``): the activations' shared-memory traffic as shipped ("full"),
+#: without the compute warps' reads of it ("no-read"), or without any of it
+#: ("none"). The last two give wrong results by design.
+X_SMEM = ("full", "no-read", "none")
+
 
 class WarpSplitKKernel:
     """One compiled kernel per (N, K, tactic, bias?, PDL?); M is dynamic."""
@@ -87,7 +93,8 @@ class WarpSplitKKernel:
                  use_pdl: bool = True, loader_thread_arrive: bool = False,
                  compute_thread_arrive: bool = True, early_launch: bool = False,
                  dependency_wait: bool = True, release_fence: str = "proxy",
-                 stamps: bool = False, remote_release: str = "cluster"):
+                 stamps: bool = False, remote_release: str = "cluster",
+                 x_smem: str = "full"):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
@@ -142,6 +149,18 @@ class WarpSplitKKernel:
         # remote_release (compile.REMOTE_RELEASES): the scope of a compute
         # lane's release of a multicast stage to each member's empty barrier
         self.remote_release = remote_release
+        # x_smem (diagnostic, scripts/build_ab.py --compare x-smem only;
+        # wrong results, never cached or shipped): how much of the time
+        # after the dependency wait is the activations' shared-memory
+        # traffic. "no-read": the compute warps take constant B fragments
+        # instead of their ldmatrix reads; "none": the loader copies no x
+        # either (its barrier arrivals stay). 16-byte activation copies only.
+        if x_smem not in X_SMEM:
+            raise ValueError(f"x_smem must be one of {X_SMEM}, got {x_smem!r}")
+        if x_smem != "full" and (tactic.bulk_activations or tactic.tma_x):
+            raise ValueError("the x_smem diagnostic takes 16-byte activation copies: "
+                             "no bulk_x, tma_x or x_multicast")
+        self.x_smem = x_smem
         t = tactic
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
         # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)
@@ -457,7 +476,8 @@ class WarpSplitKKernel:
                                      + (col + i * t.k_tile) * _BYTES)
                 dst = (smem + self.smem.b_ring + stage * self.smem.b_stage_bytes
                        + layout.swizzle(row, col, t.k_tile) * _BYTES)
-                ptx.cp_async_16_zfill(dst, src, cutlass.select_(valid, Int32(16), Int32(0)))
+                if cutlass.const_expr(self.x_smem != "none"):
+                    ptx.cp_async_16_zfill(dst, src, cutlass.select_(valid, Int32(16), Int32(0)))
             self._loader_arrive(self._barrier(smem, self.smem.full_b, stage))
         self._pdl_after_x()
         ptx.cp_async_wait_all()
@@ -625,7 +645,12 @@ class WarpSplitKKernel:
             b_off = stage * self.smem.b_stage_bytes
             # K steps in pairs: one ldmatrix.x4 brings B of two steps for 8 tokens
             for p in range(pairs):
-                b = [ptx.ldmatrix_x4(b_addr[ni][p] + b_off) for ni in range(n_iters)]
+                if cutlass.const_expr(self.x_smem == "full"):
+                    b = [ptx.ldmatrix_x4(b_addr[ni][p] + b_off) for ni in range(n_iters)]
+                else:  # diagnostic: B without its shared-memory reads; a constant
+                    # per block, distinct, so no two mma chains fold into one
+                    b = [[Int32(0x3F803F80 + 4 * ni + r) for r in range(4)]
+                         for ni in range(n_iters)]
                 for half in range(2):
                     s = 2 * p + half
                     for mi in range(m_iters):
