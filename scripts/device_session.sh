@@ -41,6 +41,12 @@
 #   x-smem  how much of the time after the dependency wait is the
 #           activations' shared-memory traffic (scripts/build_ab.py
 #           --compare x-smem, plan tactics with 16-byte copies, XSMEM_M)
+#   x-bytes fewer x bytes per SM at M >= 16 (NOTES, "What x costs after the
+#           release"): the tuner with --k-split-4 (wider tiles, K split in
+#           four) at M 16-32 on the cells x-smem said would gain, resuming
+#           the committed log; the bench of its log's plan at M 16 and 32;
+#           then the table minimum's two tactics side by side
+#           (4608x1536 M=32: the plan's and 64,32,128,9,1+early+prefetch+tma)
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -267,6 +273,39 @@ racecheck-rest)
   wait
   summarise gpu_x_multicast gpu_kernel-narrow
   SUMMARY_LINES=2 summarise racecheck-clusters racecheck-x-copies
+  ;;
+x-bytes)
+  cp docs/gpu-runs/2026-12-02-tune-log.jsonl "$OUT/tune-log.jsonl"
+  timeout ${TUNE_LIMIT:-260} python3 -m warpsplitk.cli tune --log "$OUT/tune-log.jsonl" \
+    --k-split-4 --m 16-32 --time-budget ${TUNE_BUDGET:-220} \
+    --shapes ${XBYTES_SHAPES:-2304,1536 7168,384 2048,2048 4608,1536 768,7168 2624,6144 2112,7168} \
+    -o "$OUT/plan-part.json" > "$OUT/tune.log" 2>&1
+  echo "tune rc=$? ($(wc -l < "$OUT/tune-log.jsonl") log records)"
+  grep -E "fastest" "$OUT/tune.log" | tail -40
+  python3 -m warpsplitk.cli tune --from-log --k-split-4 --log "$OUT/tune-log.jsonl" \
+    --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --sm-count 132 \
+    -o "$OUT/plan.json"
+  timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench --plan "$OUT/plan.json" --m 16,32 \
+    --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench.json" 2>/dev/null | head -3
+  # the table minimum: the shipped plan as is, and with the other tactic at M 25-32
+  python3 - "$OUT/plan-min.json" <<'PY'
+import json, sys
+plan = json.load(open("src/warpsplitk/data/plan-h200.json"))
+for shape in plan["shapes"]:
+    if (shape["n"], shape["k"]) == (4608, 1536):
+        for m in range(25, 33):
+            shape["entries"][str(m)] = {"tactic": "64,32,128,9,1+early+prefetch+tma", "us": None}
+json.dump(plan, open(sys.argv[1], "w"))
+PY
+  for which in shipped min; do
+    plan=h200; [ $which = min ] && plan="$OUT/plan-min.json"
+    timeout 60 python3 -m warpsplitk.cli bench --plan "$plan" --shapes 4608,1536 --m 32 --rounds 5 \
+      --json "$OUT/bench-min-$which.json" > "$OUT/bench-min-$which.log" 2>&1
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['rows'][0]; \
+print(sys.argv[2], r['tactic'], r['ours_us'], r['ours_spread'], r['cublas_us'], r['speedup'])" \
+      "$OUT/bench-min-$which.json" $which
+  done
   ;;
 deep)
   timeout -k 5 ${PHASE1_LIMIT:-200} python3 -m pytest -q -m gpu tests/test_gpu_kernel.py \
