@@ -71,6 +71,22 @@ pack() {
 trap pack EXIT
 # summarise NAME...: for each $OUT/NAME.log, its last line (pytest's count,
 # or for sanitizer-* logs the per-tool summaries), then every test failure
+# resume the tuner from the committed log for TUNE_BUDGET s ($1: more tune
+# flags), then the plan its log gives ($2: more `tune --from-log` flags) and
+# its benchmark ($3: more bench flags)
+tune_plan_bench() {
+  cp docs/gpu-runs/2026-12-02-tune-log.jsonl "$OUT/tune-log.jsonl"
+  timeout ${TUNE_LIMIT:-200} python3 -m warpsplitk.cli tune --log "$OUT/tune-log.jsonl" \
+    --time-budget ${TUNE_BUDGET:-160} ${1:-} -o "$OUT/plan-part.json" > "$OUT/tune.log" 2>&1
+  echo "tune rc=$? ($(wc -l < "$OUT/tune-log.jsonl") log records)"
+  grep -E "fastest" "$OUT/tune.log" | tail -40
+  python3 -m warpsplitk.cli tune --from-log ${2:-} --log "$OUT/tune-log.jsonl" \
+    --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --sm-count 132 \
+    -o "$OUT/plan.json"
+  timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench --plan "$OUT/plan.json" ${3:-} \
+    --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench.json" 2>/dev/null | head -3
+}
 summarise() {
   local name
   for name in "$@"; do echo "$name: $(cut -c1-900 "$OUT/$name.log" | tail -${SUMMARY_LINES:-1})"; done
@@ -242,17 +258,7 @@ narrow-bulk)
       64,1,128,13,1+early+bulk 32,4,128,23,1+early+prefetch+bulk --rounds ${ROUNDS:-150}
   } > "$OUT/stress-narrow-bulk.log" 2>&1
   cat "$OUT/stress-narrow-bulk.log"
-  cp docs/gpu-runs/2026-12-02-tune-log.jsonl "$OUT/tune-log.jsonl"
-  timeout ${TUNE_LIMIT:-180} python3 -m warpsplitk.cli tune --log "$OUT/tune-log.jsonl" \
-    --m 1-4 --time-budget ${TUNE_BUDGET:-150} -o "$OUT/plan-part.json" > "$OUT/tune.log" 2>&1
-  echo "tune rc=$? ($(wc -l < "$OUT/tune-log.jsonl") log records)"
-  grep -E "fastest" "$OUT/tune.log" | tail -40
-  python3 -m warpsplitk.cli tune --from-log --log "$OUT/tune-log.jsonl" \
-    --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --sm-count 132 \
-    -o "$OUT/plan.json"
-  timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench --plan "$OUT/plan.json" \
-    --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-  echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench.json" 2>/dev/null | head -3
+  TUNE_LIMIT=${TUNE_LIMIT:-180} TUNE_BUDGET=${TUNE_BUDGET:-150} tune_plan_bench "--m 1-4"
   ;;
 x-smem)
   timeout ${XSMEM_LIMIT:-200} python3 scripts/build_ab.py --compare x-smem --tactics plan \
@@ -275,19 +281,9 @@ racecheck-rest)
   SUMMARY_LINES=2 summarise racecheck-clusters racecheck-x-copies
   ;;
 x-bytes)
-  cp docs/gpu-runs/2026-12-02-tune-log.jsonl "$OUT/tune-log.jsonl"
-  timeout ${TUNE_LIMIT:-260} python3 -m warpsplitk.cli tune --log "$OUT/tune-log.jsonl" \
-    --k-split-4 --m 16-32 --time-budget ${TUNE_BUDGET:-220} \
-    --shapes ${XBYTES_SHAPES:-2304,1536 7168,384 2048,2048 4608,1536 768,7168 2624,6144 2112,7168} \
-    -o "$OUT/plan-part.json" > "$OUT/tune.log" 2>&1
-  echo "tune rc=$? ($(wc -l < "$OUT/tune-log.jsonl") log records)"
-  grep -E "fastest" "$OUT/tune.log" | tail -40
-  python3 -m warpsplitk.cli tune --from-log --k-split-4 --log "$OUT/tune-log.jsonl" \
-    --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --sm-count 132 \
-    -o "$OUT/plan.json"
-  timeout ${BENCH_LIMIT:-120} python3 -m warpsplitk.cli bench --plan "$OUT/plan.json" --m 16,32 \
-    --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-  echo "bench rc=$?"; python3 scripts/bench_tables.py "$OUT/bench.json" 2>/dev/null | head -3
+  TUNE_LIMIT=${TUNE_LIMIT:-260} TUNE_BUDGET=${TUNE_BUDGET:-220} tune_plan_bench \
+    "--k-split-4 --m 16-32 --shapes ${XBYTES_SHAPES:-2304,1536 7168,384 2048,2048 4608,1536 768,7168 2624,6144 2112,7168}" \
+    --k-split-4 "--m 16,32"
   # the table minimum: the shipped plan as is, and with the other tactic at M 25-32
   python3 - "$OUT/plan-min.json" <<'PY'
 import json, sys

@@ -535,3 +535,17 @@ def test_bounded_l2_prefetch_text_and_rules():
     assert all(x.stages + x.prefetch_tiles < 7168 // (x.k_tile * x.k_split) for x in bounded)
     assert not any(x.prefetch_tiles for x in legal_tactics(8, 2112, 7168,
                                                            l2_prefetches=(False, True)))
+
+
+def test_narrow_token_tiles_take_bulk_rows():
+    """Refused from run 45 until runs 65-66 showed the fenced build right
+    (0 wrong in 6,080 launches): a narrow stage is token_tile padded rows."""
+    for t, n, k in ((T(16, 1, 256, 12, 1, early_launch=True, bulk_x=True), 2112, 7168),
+                    (T(32, 4, 128, 23, 1, early_launch=True, l2_prefetch=True, bulk_x=True),
+                     768, 7168),
+                    (T(32, 2, 256, 6, 1, 2, bulk_x=True), 1536, 7168)):
+        check_tactic(t, n, k)
+        assert t.smem_plan.b_stage_bytes == t.token_tile * (t.k_tile + layout.B_ROW_PAD) * 2
+    # the bulk path's own rule still holds: one activation warp
+    with pytest.raises(ValueError, match="bulk_x takes b_loader_warps 1"):
+        check_tactic(T(16, 1, 256, 12, 2, bulk_x=True), 2112, 7168)
