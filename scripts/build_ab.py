@@ -1,6 +1,7 @@
 """Builds of the same kernel, timed side by side.
 
-    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl|mc-release|x-copies|tma|x-smem
+    python3 scripts/build_ab.py --compare release|pdl-trigger|pdl|mc-release|x-copies|tma|x-smem|
+                                          split-reduce
                                 [--m 1,32]
                                 [--chain-only]
                                 [--tactics default|plan] [--json OUT]
@@ -38,6 +39,12 @@ others' times over its):
                compute warps' ldmatrix reads of x (constant B fragments);
                and without the loader's copies of x too; independent mode,
                at every M asked (the question is M >= 16)
+  split-reduce what a K split over a cluster pays for its reduction
+               (diagnostic builds with wrong results, not checked): the
+               tactic as built; its partial sums stored into its own
+               shared memory instead of the first CTA's (cluster and
+               barriers kept); no cluster at all (each CTA sums its own
+               warps); on SPLIT_CELLS, each cell's plan tactic beside it
 
 Default tactics (or the built-in H200 plan's, --tactics plan), all builds in one process, each checked against fp64
 first, timed as the benchmark times: independent calls back to back in a
@@ -78,15 +85,17 @@ COMPARISONS = {
     # diagnostic builds with wrong results (WRONG_BUILDS); the reference is
     # the tactic with 16-byte activation copies (X_SMEM_FIELDS)
     "x-smem": (("full", {}), ("no-read", {"x_smem": "no-read"}), ("none", {"x_smem": "none"})),
+    "split-reduce": (("cluster", {}), ("no-remote", {"split_reduce": "no-remote"}),
+                     ("none", {"split_reduce": "none"})),
 }
 #: builds whose results are wrong by design: timed, not checked
-WRONG_BUILDS = {"x-smem": {"no-read", "none"}}
+WRONG_BUILDS = {"x-smem": {"no-read", "none"}, "split-reduce": {"no-remote", "none"}}
 #: x-smem: every build takes 16-byte activation copies (the diagnostic's path)
 X_SMEM_FIELDS = {"bulk_x": False, "tma_x": False, "x_multicast": 1}
 #: build "keywords" that change the tactic instead
 TACTIC_FIELDS = ("bulk_x", "l2_prefetch", "tma_x", "x_multicast")
 #: comparisons whose builds are wrong for dependent calls: no chain part
-INDEPENDENT_ONLY = {"pdl", "mc-release", "x-smem"}
+INDEPENDENT_ONLY = {"pdl", "mc-release", "x-smem", "split-reduce"}
 #: mc-release: the activation multicast's fastest tactic per cell in the tune
 #: log (runs 21-22), each cell's best tactic without it noted for reference
 MULTICAST_CELLS = (
@@ -96,6 +105,20 @@ MULTICAST_CELLS = (
     (7168, 768, 32, "64,32,128,6,1,1,2"),    # 4.26
     (1152, 1536, 16, "32,16,256,6,1,1,2"),   # 2.27
     (768, 128, 16, "32,16,128,1,1,1,2"),     # 1.28
+)
+
+#: split-reduce: per cell, the fastest K-split tactics of the tune log
+#: (session 14) and the shipped plan's (the reference beside them; a
+#: tactic without a split times its one build)
+SPLIT_CELLS = (
+    (1536, 7168, 1, ("32,1,256,13,1,2+early", "32,8,256,4,1,4+bulk")),
+    (1536, 7168, 8, ("32,8,256,10,1,2+early+prefetch2+tma", "32,8,256,4,2,4")),
+    (2112, 7168, 4, ("32,4,256,12,2,2+early+prefetch1", "48,8,128,6,2,4")),
+    (768, 7168, 8, ("32,8,256,10,2,2+early+prefetch", "48,8,128,14,1,4+early")),
+    (768, 7168, 32, ("16,32,256,8,1,2+tma", "32,32,256,4,2,4")),
+    (2304, 1536, 32, ("48,32,128,6,2,2+early", "48,32,128,3,2,4")),
+    (2048, 2048, 32, ("32,32,256,4,2,2+early", "32,32,256,2,2,4")),
+    (4608, 1536, 32, ("48,32,128,3,2,2",)),
 )
 
 
@@ -126,10 +149,17 @@ def main():
     shapes = [(s, False) for s in SHAPES if not args.chain_only]
     if args.compare in ("x-copies", "tma", "x-smem") and not args.chain_only:
         shapes += [(s, False) for s in LONG_K_SHAPES if s not in SHAPES]
-    fixed = {}  # (n, k) -> {m: tactic}: cells with their own tactics
+    fixed = {}  # (n, k) -> {m: [tactic, ...]}: cells with their own tactics
     if args.compare == "mc-release":
         for n, k, m, text in MULTICAST_CELLS:
-            fixed.setdefault((n, k), {})[m] = WarpSplitKTactic.parse(text)
+            fixed.setdefault((n, k), {})[m] = [WarpSplitKTactic.parse(text)]
+        shapes = [(s, False) for s in fixed]
+    if args.compare == "split-reduce":
+        from warpsplitk.decode import builtin_plan
+        shipped = builtin_plan("h200")
+        for n, k, m, texts in SPLIT_CELLS:
+            tactics = [shipped.tactic_for(n, k, m)] + [WarpSplitKTactic.parse(t) for t in texts]
+            fixed.setdefault((n, k), {})[m] = list(dict.fromkeys(tactics))
         shapes = [(s, False) for s in fixed]
     if args.compare not in INDEPENDENT_ONLY:
         shapes.append((CHAIN_SHAPE, True))
@@ -140,11 +170,10 @@ def main():
                 w.mul_(k ** -0.5)  # keep the chained activations O(1)
         ptrs = [gmem_pointer(w.data_ptr()) for w in weights]
         ms = sorted(fixed[(n, k)]) if (n, k) in fixed else [int(v) for v in args.m.split(",")]
-        for m in ms:
-            if (n, k) in fixed:
-                tactic = fixed[(n, k)][m]
-            else:
-                tactic = plan.tactic_for(n, k, m) if plan is not None else default_tactic(m, n, k)
+        cells = [(m, tactic) for m in ms for tactic in (
+            fixed[(n, k)][m] if (n, k) in fixed
+            else [plan.tactic_for(n, k, m) if plan is not None else default_tactic(m, n, k)])]
+        for m, tactic in cells:
             x0 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             x = x0.clone()
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -160,6 +189,9 @@ def main():
                 row["tactic"] = tactic.short()
             for name, kwargs in builds:
                 kwargs = dict(kwargs)
+                if kwargs.get("split_reduce") and tactic.k_split == 1:
+                    row[f"{name}_us"] = row[f"{names[0]}_us"]  # no split: one build
+                    continue
                 fields = {f: kwargs.pop(f) for f in TACTIC_FIELDS if f in kwargs}
                 if fields.get("bulk_x") or fields.get("tma_x"):
                     fields["b_loader_warps"] = 1  # one lane issues the copies

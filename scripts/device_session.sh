@@ -47,6 +47,10 @@
 #           the committed log; the bench of its log's plan at M 16 and 32;
 #           then the table minimum's two tactics side by side
 #           (4608x1536 M=32: the plan's and 64,32,128,9,1+early+prefetch+tma)
+#   split-reduce what a K split's reduction costs (build_ab.py --compare
+#           split-reduce): the tactic as built, its partials kept local,
+#           no cluster at all, on the K-split tactics of the cells near the
+#           median and of the M = 32 cells
 #   deep    rings deep enough to need the reduction buffer over them: their
 #           GPU tests beside the sanitizer over every such family, then the
 #           tuner (resuming the committed log) and the bench on its log
@@ -264,6 +268,11 @@ x-smem)
   timeout ${XSMEM_LIMIT:-200} python3 scripts/build_ab.py --compare x-smem --tactics plan \
     --m ${XSMEM_M:-32} --json "$OUT/x-smem.json" > "$OUT/x-smem.log" 2>&1
   echo "x-smem rc=$?"; cat "$OUT/x-smem.log"
+  ;;
+split-reduce)
+  timeout ${SPLIT_LIMIT:-300} python3 scripts/build_ab.py --compare split-reduce \
+    --json "$OUT/split-reduce.json" > "$OUT/split-reduce.log" 2>&1
+  echo "split-reduce rc=$?"; cat "$OUT/split-reduce.log"
   ;;
 racecheck-rest)
   LIMIT=${PHASE1_LIMIT:-420}

@@ -807,3 +807,38 @@ def test_multicast_remote_release_scope(monkeypatch):
     monkeypatch.setenv("WARPSPLITK_REMOTE_RELEASE", "gpu")
     with pytest.raises(ValueError, match="WARPSPLITK_REMOTE_RELEASE"):
         build_variant()
+
+
+def test_split_reduce_diagnostic_drops_the_remote_partials_or_the_cluster(tmp_path):
+    """scripts/build_ab.py --compare split-reduce: "no-remote" keeps the
+    cluster and both phases of its barrier but stores every partial sum into
+    the CTA's own shared memory; "none" has no cluster barrier at all and
+    sums only its own four warps' partials. The mma count is unchanged.
+    Only for a K split without the multicast."""
+    import re
+    from warpsplitk.compile import _build
+    tactic = WarpSplitKTactic.parse("32,8,256,4,1,2")
+    n, k = 256, 4096
+
+    def ptx_of(split_reduce):
+        dump = tmp_path / split_reduce
+        dump.mkdir()
+        ptx = _build(n, k, tactic, False, True, "sm_90a", split_reduce=split_reduce,
+                     options=f"--keep-ptx --dump-dir={dump}").artifacts.PTX
+        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+        return {"remote": len(re.findall(r"st\.shared::cluster", ptx)),
+                "cluster_barrier": len(re.findall(r"barrier\.cluster", ptx)),
+                "partial_loads": len(re.findall(r"ld\.shared\.v4\.f32", ptx)),
+                "mma": len(re.findall(r"mma\.sync", ptx))}
+    shipped, local, none = (ptx_of(v) for v in ("cluster", "no-remote", "none"))
+    partials = (tactic.output_tile // 16) * layout.mma_token_blocks(tactic.token_tile) * 4
+    assert shipped["remote"] == partials and local["remote"] == none["remote"] == 0
+    assert shipped["cluster_barrier"] == local["cluster_barrier"] > 0 == none["cluster_barrier"]
+    # the epilogue's sum: two vectors per warp's slot, over the cluster's warps or its own
+    assert shipped["partial_loads"] == local["partial_loads"] == 2 * none["partial_loads"]
+    assert shipped["mma"] == local["mma"] == none["mma"]
+    with pytest.raises(ValueError, match="is for a K split"):
+        _build(n, k, WarpSplitKTactic.parse("32,8,256,4,1"), False, True, "sm_90a",
+               split_reduce="none")
+    with pytest.raises(ValueError, match="split_reduce must be one of"):
+        _build(n, k, tactic, False, True, "sm_90a", split_reduce="dsmem")

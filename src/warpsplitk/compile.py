@@ -130,7 +130,7 @@ def build_variant() -> dict:
 
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None,
            dependency_wait=True, release_fence=None, stamps=False, remote_release=None,
-           x_smem="full"):
+           x_smem="full", split_reduce="cluster"):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
@@ -153,7 +153,8 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, ear
                               compute_thread_arrive=arrivals != "lane0",
                               early_launch=early_launch, dependency_wait=dependency_wait,
                               release_fence=release_fence, stamps=stamps,
-                              remote_release=remote_release, x_smem=x_smem)
+                              remote_release=remote_release, x_smem=x_smem,
+                              split_reduce=split_reduce)
     args = _fake_args()
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())

@@ -84,6 +84,13 @@ STAMP_BYTES = 16 * (STAMP_STAGE_SLOT + STAMP_STAGES)
 #: without the compute warps' reads of it ("no-read"), or without any of it
 #: ("none"). The last two give wrong results by design.
 X_SMEM = ("full", "no-read", "none")
+#: The diagnostic ``split_reduce`` builds (``scripts/build_ab.py --compare
+#: split-reduce``) of a K split over a cluster: the reduction as shipped
+#: ("cluster": every compute lane stores its partial sums into the first
+#: CTA's shared memory), with those stores kept local ("no-remote": the
+#: cluster and its barriers stay), or no cluster at all ("none": each CTA
+#: sums its own warps and stores). The last two give wrong results by design.
+SPLIT_REDUCE = ("cluster", "no-remote", "none")
 
 
 class WarpSplitKKernel:
@@ -94,7 +101,7 @@ class WarpSplitKKernel:
                  compute_thread_arrive: bool = True, early_launch: bool = False,
                  dependency_wait: bool = True, release_fence: str = "proxy",
                  stamps: bool = False, remote_release: str = "cluster",
-                 x_smem: str = "full"):
+                 x_smem: str = "full", split_reduce: str = "cluster"):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
@@ -177,7 +184,18 @@ class WarpSplitKKernel:
         # activation stages by TMA boxes (tma_x): a tensor map of x per call
         self.tma_activations = t.tma_x
         self.b_layout = t.activation_layout
-        self.clustered = self.k_split > 1 or self.multicast
+        # split_reduce (diagnostic, scripts/build_ab.py --compare
+        # split-reduce only; wrong results unless "cluster", never cached or
+        # shipped): what a K split's reduction costs, SPLIT_REDUCE
+        if split_reduce not in SPLIT_REDUCE:
+            raise ValueError(f"split_reduce must be one of {SPLIT_REDUCE}, got {split_reduce!r}")
+        if split_reduce != "cluster" and (t.k_split == 1 or t.x_multicast > 1):
+            raise ValueError("the split_reduce diagnostic is for a K split (k_split > 1) "
+                             "without the activation multicast")
+        self.split_reduce = split_reduce
+        # the K split's CTAs form a cluster and reduce through its shared memory
+        self.cluster_split = self.k_split > 1 and split_reduce != "none"
+        self.clustered = self.cluster_split or self.multicast
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
                                      t.x_multicast, t.bulk_x, t.tma_x)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
@@ -700,7 +718,7 @@ class WarpSplitKKernel:
 
         # split-K reduction: partials to shared, then a fixed-order sum
         red = smem + self.smem.reduction
-        if self.k_split == 1:
+        if not self.cluster_split:
             dest, slot, store = red, warp, ptx.st_shared_f32
             if self.smem.reduction_aliased:
                 # the buffer lies over the rings (a ring too deep for both):
@@ -716,6 +734,8 @@ class WarpSplitKKernel:
             dest = ptx.map_shared_to_rank(red, Int32(0))
             slot = rank * layout.COMPUTE_WARPS + warp
             store = ptx.st_shared_cluster_f32
+            if cutlass.const_expr(self.split_reduce == "no-remote"):
+                dest, store = red, ptx.st_shared_f32  # diagnostic: the partials stay here
         for mi in range(m_iters):
             for ni in range(n_iters):
                 for reg in range(4):
@@ -723,7 +743,7 @@ class WarpSplitKKernel:
                     offset = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
                     store(dest + offset * 4, acc[mi][ni][reg])
         self._stamp("partials_stored", tidx == 0)
-        if self.k_split == 1:
+        if not self.cluster_split:
             ptx.named_barrier(1, self.compute_threads)
         else:
             # phase 1: all partials written (release) and visible (acquire);
@@ -739,7 +759,7 @@ class WarpSplitKKernel:
             # threads past the tile's vectors read a valid slot and store nothing
             token, row = layout.epilogue_coords(vector % vectors, t.output_tile)
             total = [Float32(0.0)] * layout.CHUNK
-            for w in range(layout.COMPUTE_WARPS * self.k_split):
+            for w in range(layout.COMPUTE_WARPS * (self.k_split if self.cluster_split else 1)):
                 offset = layout.reduction_offset(w, token, row, t.output_tile, t.token_tile)
                 part = (ptx.ld_shared_v4_f32(red + offset * 4)
                         + ptx.ld_shared_v4_f32(red + (offset + 4) * 4))
@@ -748,7 +768,7 @@ class WarpSplitKKernel:
             n_index = tile_n * t.output_tile + row
             store = (cutlass.select_(vector < vectors, Int32(1), Int32(0))
                      * cutlass.select_(global_token < m, Int32(1), Int32(0)))
-            if self.k_split > 1:
+            if self.cluster_split:
                 # only the first CTA holds the sums; the others read their own
                 # (unused) buffer and store nothing
                 store = store * cutlass.select_(rank == 0, Int32(1), Int32(0))
