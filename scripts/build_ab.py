@@ -41,10 +41,12 @@ others' times over its):
                at every M asked (the question is M >= 16)
   split-reduce what a K split over a cluster pays for its reduction
                (diagnostic builds with wrong results, not checked): the
-               tactic as built; its partial sums stored into its own
-               shared memory instead of the first CTA's (cluster and
-               barriers kept); no cluster at all (each CTA sums its own
-               warps); on SPLIT_CELLS, each cell's plan tactic beside it
+               tactic as built; only the first CTA waiting for the
+               partials (correct: checked); its partial sums stored into
+               its own shared memory instead of the first CTA's (cluster
+               and barriers kept); a cluster launch with no barrier; no
+               cluster at all (each CTA sums its own warps); on
+               SPLIT_CELLS, each cell's plan tactic beside it
 
 Default tactics (or the built-in H200 plan's, --tactics plan), all builds in one process, each checked against fp64
 first, timed as the benchmark times: independent calls back to back in a
@@ -85,11 +87,14 @@ COMPARISONS = {
     # diagnostic builds with wrong results (WRONG_BUILDS); the reference is
     # the tactic with 16-byte activation copies (X_SMEM_FIELDS)
     "x-smem": (("full", {}), ("no-read", {"x_smem": "no-read"}), ("none", {"x_smem": "none"})),
-    "split-reduce": (("cluster", {}), ("no-remote", {"split_reduce": "no-remote"}),
+    "split-reduce": (("cluster", {}), ("first-waits", {"split_reduce": "first-waits"}),
+                     ("no-remote", {"split_reduce": "no-remote"}),
+                     ("no-barrier", {"split_reduce": "no-barrier"}),
                      ("none", {"split_reduce": "none"})),
 }
 #: builds whose results are wrong by design: timed, not checked
-WRONG_BUILDS = {"x-smem": {"no-read", "none"}, "split-reduce": {"no-remote", "none"}}
+WRONG_BUILDS = {"x-smem": {"no-read", "none"},
+                "split-reduce": {"no-remote", "no-barrier", "none"}}
 #: x-smem: every build takes 16-byte activation copies (the diagnostic's path)
 X_SMEM_FIELDS = {"bulk_x": False, "tma_x": False, "x_multicast": 1}
 #: build "keywords" that change the tactic instead

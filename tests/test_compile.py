@@ -809,12 +809,14 @@ def test_multicast_remote_release_scope(monkeypatch):
         build_variant()
 
 
-def test_split_reduce_diagnostic_drops_the_remote_partials_or_the_cluster(tmp_path):
-    """scripts/build_ab.py --compare split-reduce: "no-remote" keeps the
-    cluster and both phases of its barrier but stores every partial sum into
-    the CTA's own shared memory; "none" has no cluster barrier at all and
-    sums only its own four warps' partials. The mma count is unchanged.
-    Only for a K split without the multicast."""
+def test_split_reduce_builds_drop_the_remote_partials_or_the_cluster(tmp_path):
+    """scripts/build_ab.py --compare split-reduce: "first-waits" is the
+    shipped reduction with the phase-1 wait predicated (only the first CTA
+    waits); "no-remote" keeps the cluster and both phases of its barrier but
+    stores every partial sum into the CTA's own shared memory; "no-barrier"
+    and "none" have no cluster barrier at all and sum only their own four
+    warps' partials. The mma count is unchanged. Only for a K split without
+    the multicast."""
     import re
     from warpsplitk.compile import _build
     tactic = WarpSplitKTactic.parse("32,8,256,4,1,2")
@@ -828,15 +830,21 @@ def test_split_reduce_diagnostic_drops_the_remote_partials_or_the_cluster(tmp_pa
         ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
         return {"remote": len(re.findall(r"st\.shared::cluster", ptx)),
                 "cluster_barrier": len(re.findall(r"barrier\.cluster", ptx)),
+                "predicated_wait": len(re.findall(r"@P1 barrier\.cluster\.wait", ptx)),
                 "partial_loads": len(re.findall(r"ld\.shared\.v4\.f32", ptx)),
                 "mma": len(re.findall(r"mma\.sync", ptx))}
-    shipped, local, none = (ptx_of(v) for v in ("cluster", "no-remote", "none"))
+    builds = {v: ptx_of(v) for v in ("cluster", "first-waits", "no-remote", "no-barrier", "none")}
+    shipped, first, local = builds["cluster"], builds["first-waits"], builds["no-remote"]
     partials = (tactic.output_tile // 16) * layout.mma_token_blocks(tactic.token_tile) * 4
-    assert shipped["remote"] == partials and local["remote"] == none["remote"] == 0
-    assert shipped["cluster_barrier"] == local["cluster_barrier"] > 0 == none["cluster_barrier"]
+    assert shipped["remote"] == first["remote"] == partials
+    assert local["remote"] == builds["no-barrier"]["remote"] == builds["none"]["remote"] == 0
+    assert shipped["cluster_barrier"] == first["cluster_barrier"] == local["cluster_barrier"] > 0
+    assert shipped["predicated_wait"] == 0 and first["predicated_wait"] == 1
+    assert builds["no-barrier"]["cluster_barrier"] == builds["none"]["cluster_barrier"] == 0
     # the epilogue's sum: two vectors per warp's slot, over the cluster's warps or its own
-    assert shipped["partial_loads"] == local["partial_loads"] == 2 * none["partial_loads"]
-    assert shipped["mma"] == local["mma"] == none["mma"]
+    assert shipped["partial_loads"] == local["partial_loads"] == 2 * builds["none"]["partial_loads"]
+    assert builds["no-barrier"]["partial_loads"] == builds["none"]["partial_loads"]
+    assert len({b["mma"] for b in builds.values()}) == 1
     with pytest.raises(ValueError, match="is for a K split"):
         _build(n, k, WarpSplitKTactic.parse("32,8,256,4,1"), False, True, "sm_90a",
                split_reduce="none")

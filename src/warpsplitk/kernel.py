@@ -84,13 +84,16 @@ STAMP_BYTES = 16 * (STAMP_STAGE_SLOT + STAMP_STAGES)
 #: without the compute warps' reads of it ("no-read"), or without any of it
 #: ("none"). The last two give wrong results by design.
 X_SMEM = ("full", "no-read", "none")
-#: The diagnostic ``split_reduce`` builds (``scripts/build_ab.py --compare
+#: The ``split_reduce`` builds (``scripts/build_ab.py --compare
 #: split-reduce``) of a K split over a cluster: the reduction as shipped
 #: ("cluster": every compute lane stores its partial sums into the first
-#: CTA's shared memory), with those stores kept local ("no-remote": the
-#: cluster and its barriers stay), or no cluster at all ("none": each CTA
-#: sums its own warps and stores). The last two give wrong results by design.
-SPLIT_REDUCE = ("cluster", "no-remote", "none")
+#: CTA's shared memory, then all wait for all), with only the first CTA
+#: waiting for the partials ("first-waits": the others exit once theirs are
+#: stored; correct), with those stores kept local ("no-remote": the cluster
+#: and its barriers stay), a cluster launch without any barrier or remote
+#: store ("no-barrier"), or no cluster at all ("none": each CTA sums its own
+#: warps and stores). The last three give wrong results by design.
+SPLIT_REDUCE = ("cluster", "first-waits", "no-remote", "no-barrier", "none")
 
 
 class WarpSplitKKernel:
@@ -194,8 +197,10 @@ class WarpSplitKKernel:
                              "without the activation multicast")
         self.split_reduce = split_reduce
         # the K split's CTAs form a cluster and reduce through its shared memory
-        self.cluster_split = self.k_split > 1 and split_reduce != "none"
+        self.cluster_split = self.k_split > 1 and split_reduce not in ("none", "no-barrier")
+        # ... and wait on its barrier (all but the no-barrier diagnostic)
         self.clustered = self.cluster_split or self.multicast
+        self.cluster_launch = self.clustered or split_reduce == "no-barrier"
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
                                      t.x_multicast, t.bulk_x, t.tma_x)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
@@ -223,7 +228,7 @@ class WarpSplitKKernel:
         # a DLPack tensor view with a dynamic extent ~20 us.
         t = self.tactic
         token_tiles = (m + (t.token_tile - 1)) // t.token_tile
-        cluster = ({"cluster": [self.x_multicast, 1, self.k_split]} if self.clustered
+        cluster = ({"cluster": [self.x_multicast, 1, self.k_split]} if self.cluster_launch
                    else {})
         if cutlass.const_expr(self.tma_activations):
             # The tensor map of x: built here, on the host, at every call (x's
@@ -751,7 +756,10 @@ class WarpSplitKKernel:
             # Every interleaving of this protocol: tests/test_layout.py
             # (explore_cluster).
             ptx.cluster_arrive()
-            ptx.cluster_wait()
+            if cutlass.const_expr(self.split_reduce == "first-waits"):
+                ptx.cluster_wait_if(cutlass.select_(rank == 0, Int32(1), Int32(0)))
+            else:
+                ptx.cluster_wait()
         self._stamp("reduced", tidx == 0)
         vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
         for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile)):

@@ -196,6 +196,14 @@ def cluster_wait(*, loc=None, ip=None):
 
 
 @dsl_user_op
+def cluster_wait_if(predicate, *, loc=None, ip=None):
+    """``cluster_wait`` if ``predicate`` (non-zero; uniform over the CTA)."""
+    _asm(None, [Int32(predicate)],
+         "{\n.reg .pred P1;\nsetp.ne.u32 P1, $0, 0;\n@P1 barrier.cluster.wait.acquire;\n}",
+         "r,~{memory}", loc, ip)
+
+
+@dsl_user_op
 def map_shared_to_rank(address, rank, *, loc=None, ip=None):
     """The shared::cluster address of ``address`` in the cluster CTA ``rank``."""
     return Int32(_asm(Int32.mlir_type, [Int32(address), Int32(rank)],
