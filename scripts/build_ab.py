@@ -39,13 +39,13 @@ others' times over its):
                compute warps' ldmatrix reads of x (constant B fragments);
                and without the loader's copies of x too; independent mode,
                at every M asked (the question is M >= 16)
-  split-reduce what a K split over a cluster pays for its reduction
-               (diagnostic builds with wrong results, not checked): the
-               tactic as built; only the first CTA waiting for the
-               partials (correct: checked); its partial sums stored into
-               its own shared memory instead of the first CTA's (cluster
-               and barriers kept); a cluster launch with no barrier; no
-               cluster at all (each CTA sums its own warps); on
+  split-reduce what a K split over a cluster pays for its reduction: the
+               protocol before session 14 (remote stores, then a cluster
+               barrier all wait on); the shipped one (st.async completing
+               the first CTA's mbarrier, only it waits); then diagnostic
+               builds with wrong results, not checked: the first with its
+               partials stored locally; a cluster launch with no barrier;
+               no cluster at all (each CTA sums its own warps). On
                SPLIT_CELLS, each cell's plan tactic beside it
 
 Default tactics (or the built-in H200 plan's, --tactics plan), all builds in one process, each checked against fp64
@@ -87,10 +87,10 @@ COMPARISONS = {
     # diagnostic builds with wrong results (WRONG_BUILDS); the reference is
     # the tactic with 16-byte activation copies (X_SMEM_FIELDS)
     "x-smem": (("full", {}), ("no-read", {"x_smem": "no-read"}), ("none", {"x_smem": "none"})),
-    "split-reduce": (("cluster", {}), ("no-remote", {"split_reduce": "no-remote"}),
+    "split-reduce": (("barrier", {"split_reduce": "barrier"}), ("mbarrier", {}),
+                     ("no-remote", {"split_reduce": "no-remote"}),
                      ("no-barrier", {"split_reduce": "no-barrier"}),
-                     ("none", {"split_reduce": "none"}),
-                     ("first-waits", {"split_reduce": "first-waits"})),
+                     ("none", {"split_reduce": "none"})),
 }
 #: builds whose results are wrong by design: timed, not checked
 WRONG_BUILDS = {"x-smem": {"no-read", "none"},
@@ -194,9 +194,11 @@ def main():
                 row["tactic"] = tactic.short()
             for name, kwargs in builds:
                 kwargs = dict(kwargs)
-                if kwargs.get("split_reduce") and tactic.k_split == 1:
-                    row[f"{name}_us"] = row[f"{names[0]}_us"]  # no split: one build
-                    continue
+                if args.compare == "split-reduce" and tactic.k_split == 1:
+                    if name != names[0]:  # no split: one build
+                        row[f"{name}_us"] = row[f"{names[0]}_us"]
+                        continue
+                    kwargs.pop("split_reduce")
                 fields = {f: kwargs.pop(f) for f in TACTIC_FIELDS if f in kwargs}
                 if fields.get("bulk_x") or fields.get("tma_x"):
                     fields["b_loader_warps"] = 1  # one lane issues the copies

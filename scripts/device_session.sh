@@ -47,6 +47,9 @@
 #           the committed log; the bench of its log's plan at M 16 and 32;
 #           then the table minimum's two tactics side by side
 #           (4608x1536 M=32: the plan's and 64,32,128,9,1+early+prefetch+tma)
+#   split-mbarrier the K split's mbarrier hand-over: GPU tests, sanitizer,
+#           the A/B against the protocol before, the tuner on the shapes
+#           whose plan splits K, and the bench of its log's plan
 #   split-reduce what a K split's reduction costs (build_ab.py --compare
 #           split-reduce): the tactic as built, its partials kept local,
 #           no cluster at all, on the K-split tactics of the cells near the
@@ -268,6 +271,25 @@ x-smem)
   timeout ${XSMEM_LIMIT:-200} python3 scripts/build_ab.py --compare x-smem --tactics plan \
     --m ${XSMEM_M:-32} --json "$OUT/x-smem.json" > "$OUT/x-smem.log" 2>&1
   echo "x-smem rc=$?"; cat "$OUT/x-smem.log"
+  ;;
+split-mbarrier)
+  # the K split's mbarrier hand-over (kernel revision 3): its GPU tests beside
+  # the sanitizer over every family's split, then the A/B against the
+  # cluster-barrier protocol before it, then the tuner re-measuring the
+  # shapes whose plan splits K, and the bench of its log's plan
+  LIMIT=${PHASE1_LIMIT:-150}
+  timeout -k 5 $LIMIT python3 -m pytest -q -m gpu tests/test_gpu_k_split.py \
+    > "$OUT/gpu_k_split.log" 2>&1 &
+  OUT=$OUT/split K_SPLIT=1 CLUSTERS_ONLY=1 TOOLS="${SPLIT_TOOLS:-memcheck synccheck racecheck}" \
+    SUBSET=rotate CASE_LIMIT=$LIMIT bash scripts/sanitize.sh > "$OUT/sanitizer-split.log" 2>&1 &
+  wait
+  summarise gpu_k_split
+  SUMMARY_LINES=3 summarise sanitizer-split
+  timeout ${SPLIT_LIMIT:-120} python3 scripts/build_ab.py --compare split-reduce \
+    --json "$OUT/split-reduce.json" > "$OUT/split-reduce.log" 2>&1
+  echo "split-reduce rc=$?"; cat "$OUT/split-reduce.log"
+  TUNE_LIMIT=${TUNE_LIMIT:-230} TUNE_BUDGET=${TUNE_BUDGET:-190} tune_plan_bench \
+    "--shapes ${SPLIT_SHAPES:-1536,7168 2112,7168 768,7168 2048,2048}"
   ;;
 split-reduce)
   timeout ${SPLIT_LIMIT:-300} python3 scripts/build_ab.py --compare split-reduce \

@@ -348,13 +348,16 @@ def test_early_launch_variant_moves_only_the_pdl_trigger(tmp_path, monkeypatch):
     (WarpSplitKTactic(32, 1, 256, 7, 1, 4), 1536, 7168),
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_cluster_split_of_k_compiles_with_its_reduction(tactic, n, k):
-    """k_split 2 (experimental): the cluster barrier, the mapped first-CTA
-    buffer and the remote partial stores are in the PTX; no spills."""
+    """k_split 2 and 4: cluster barrier phase 0, the mapped first-CTA buffer
+    and barrier, one st.async per partial sum, the first CTA's expect_tx and
+    wait are in the PTX (the audit); no phase 1 and no spills."""
+    import re
     report = compile_for_arch(n, k, tactic, "sm_90a")
     assert report.audit() == []
     assert report.spill_bytes == 0 and report.local_bytes == 0
-    assert len(__import__("re").findall(r"st\.shared::cluster\.f32", report.ptx)) == \
+    assert len(re.findall(r"st\.async\.shared::cluster", report.ptx)) == \
         4 * (tactic.output_tile // 16) * layout.mma_token_blocks(tactic.token_tile)
+    assert not re.search(r"barrier\.cluster\.arrive\.release", report.ptx)
 
 
 @pytest.mark.parametrize("tactic,n,k", [
@@ -472,7 +475,9 @@ def test_bulk_x_and_l2_prefetch_compile_with_their_instructions(tactic, n, k):
     bulk = re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes \[",
                       ptx)
     assert len(bulk) == (k_tiles if tactic.bulk_x else 0)
-    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == (k_tiles if tactic.bulk_x else 0)
+    # (a K split adds one: the first CTA expects the others' partials)
+    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == \
+        (k_tiles if tactic.bulk_x else 0) + (tactic.k_split > 1)
     zfill = re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 16, %r", ptx)
     assert bool(zfill) == (not tactic.bulk_x)
     prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global", ptx)
@@ -552,7 +557,7 @@ def test_tma_x_compiles_with_its_instructions(tactic, n, k):
     assert len(boxes) == k_tiles * layout.tma_boxes(tactic.k_tile)
     assert all(bool(b) == (tactic.x_multicast > 1) for b in boxes)
     assert len(re.findall(r"elect\.sync", ptx)) == len(boxes)
-    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == k_tiles
+    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == k_tiles + (tactic.k_split > 1)
     assert len(re.findall(r"prefetch\.tensormap", ptx)) == 1
     assert not re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 16, %r", ptx)
     assert not re.search(r"cp\.async\.bulk\.shared::cluster\.global", ptx)
@@ -809,14 +814,16 @@ def test_multicast_remote_release_scope(monkeypatch):
         build_variant()
 
 
-def test_split_reduce_builds_drop_the_remote_partials_or_the_cluster(tmp_path):
-    """scripts/build_ab.py --compare split-reduce: "first-waits" is the
-    shipped reduction with the phase-1 wait predicated (only the first CTA
-    waits); "no-remote" keeps the cluster and both phases of its barrier but
-    stores every partial sum into the CTA's own shared memory; "no-barrier"
-    and "none" have no cluster barrier at all and sum only their own four
-    warps' partials. The mma count is unchanged. Only for a K split without
-    the multicast."""
+def test_split_reduce_builds(tmp_path):
+    """How a K split reduces (kernel.SPLIT_REDUCE). Shipped, "mbarrier":
+    one st.async per partial sum (rank 0 stores its own locally, in the
+    same predicated instruction), cluster barrier phase 0 only, the first
+    CTA's expect_tx and its cluster-scoped wait. "barrier" (the protocol
+    before): plain remote stores and phase 1. Diagnostics: "no-remote" keeps
+    "barrier"'s cluster and phases but stores locally; "no-barrier" and
+    "none" have no cluster barrier and sum only their own four warps'
+    partials. The mma count never changes. Only for a K split without the
+    multicast."""
     import re
     from warpsplitk.compile import _build
     tactic = WarpSplitKTactic.parse("32,8,256,4,1,2")
@@ -828,22 +835,30 @@ def test_split_reduce_builds_drop_the_remote_partials_or_the_cluster(tmp_path):
         ptx = _build(n, k, tactic, False, True, "sm_90a", split_reduce=split_reduce,
                      options=f"--keep-ptx --dump-dir={dump}").artifacts.PTX
         ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-        return {"remote": len(re.findall(r"st\.shared::cluster", ptx)),
-                "cluster_barrier": len(re.findall(r"barrier\.cluster", ptx)),
-                "predicated_wait": len(re.findall(r"@P1 barrier\.cluster\.wait", ptx)),
+        return {"remote": len(re.findall(r"st\.shared::cluster\.f32", ptx)),
+                "async": len(re.findall(r"st\.async\.shared::cluster", ptx)),
+                "phase0": len(re.findall(r"barrier\.cluster\.arrive\.relaxed", ptx)),
+                "phase1": len(re.findall(r"barrier\.cluster\.arrive\.release", ptx)),
+                "cluster_wait": len(re.findall(r"barrier\.cluster\.wait", ptx)),
+                "partials_wait": len(re.findall(r"try_wait\.parity\.acquire\.cluster", ptx)),
                 "partial_loads": len(re.findall(r"ld\.shared\.v4\.f32", ptx)),
                 "mma": len(re.findall(r"mma\.sync", ptx))}
-    builds = {v: ptx_of(v) for v in ("cluster", "first-waits", "no-remote", "no-barrier", "none")}
-    shipped, first, local = builds["cluster"], builds["first-waits"], builds["no-remote"]
+    builds = {v: ptx_of(v) for v in ("mbarrier", "barrier", "no-remote", "no-barrier", "none")}
+    shipped, before, local = builds["mbarrier"], builds["barrier"], builds["no-remote"]
     partials = (tactic.output_tile // 16) * layout.mma_token_blocks(tactic.token_tile) * 4
-    assert shipped["remote"] == first["remote"] == partials
-    assert local["remote"] == builds["no-barrier"]["remote"] == builds["none"]["remote"] == 0
-    assert shipped["cluster_barrier"] == first["cluster_barrier"] == local["cluster_barrier"] > 0
-    assert shipped["predicated_wait"] == 0 and first["predicated_wait"] == 1
-    assert builds["no-barrier"]["cluster_barrier"] == builds["none"]["cluster_barrier"] == 0
+    assert shipped["async"] == before["remote"] == partials
+    assert shipped["remote"] == 0 and before["async"] == 0
+    assert all(b["remote"] == b["async"] == 0
+               for b in (local, builds["no-barrier"], builds["none"]))
+    assert shipped["phase0"] == before["phase0"] == local["phase0"] == 1
+    assert shipped["phase1"] == 0 < before["phase1"] == local["phase1"]
+    assert shipped["partials_wait"] == 1 and before["partials_wait"] == 0
+    assert 0 < shipped["cluster_wait"] < before["cluster_wait"] == local["cluster_wait"]
+    for name in ("no-barrier", "none"):
+        assert builds[name]["phase0"] == builds[name]["cluster_wait"] == 0
     # the epilogue's sum: two vectors per warp's slot, over the cluster's warps or its own
-    assert shipped["partial_loads"] == local["partial_loads"] == 2 * builds["none"]["partial_loads"]
-    assert builds["no-barrier"]["partial_loads"] == builds["none"]["partial_loads"]
+    assert (shipped["partial_loads"] == before["partial_loads"] == local["partial_loads"]
+            == 2 * builds["none"]["partial_loads"] == 2 * builds["no-barrier"]["partial_loads"])
     assert len({b["mma"] for b in builds.values()}) == 1
     with pytest.raises(ValueError, match="is for a K split"):
         _build(n, k, WarpSplitKTactic.parse("32,8,256,4,1"), False, True, "sm_90a",

@@ -245,9 +245,14 @@ def test_choose_tactics_never_picks_outside_tolerance():
 
 
 def _log(path, records):
+    """A tuner log of ``(n, k, m, tactic, us or None)``; a K split's records
+    carry the current kernel revision (the others none: revision 1)."""
+    from warpsplitk.tune import KERNEL_REVISION
     with open(path, "w") as f:
         for n, k, m, tactic, us in records:
             rec = {"key": f"{n},{k},{m},{tactic}", "n": n, "k": k, "m": m, "tactic": tactic}
+            if WarpSplitKTactic.parse(tactic).k_split > 1:
+                rec["rev"] = KERNEL_REVISION
             rec.update({"ok": True, "us": us} if us is not None else
                        {"ok": False, "error": "relative error 0.5"})
             f.write(json.dumps(rec) + "\n")
@@ -278,7 +283,7 @@ def test_shipped_plan_is_what_its_log_gives():
     over the default space."""
     from pathlib import Path
 
-    from warpsplitk.tune import ASYNC_RING_REVISION, plan_from_log
+    from warpsplitk.tune import plan_from_log
     log = Path(__file__).resolve().parent.parent / "docs/gpu-runs/2026-12-02-tune-log.jsonl"
     if not log.exists():
         pytest.skip("the tuner log is not in this checkout")
@@ -286,7 +291,9 @@ def test_shipped_plan_is_what_its_log_gives():
     narrow = shipped.meta.get("narrow_tiles", False)  # plans before session 11: none
     plan, _ = plan_from_log(str(log), reps=tuple(shipped.meta["representative_ms"]),
                             records=shipped.meta["log_records"], narrow=narrow,
-                            stale=shipped.meta.get("async_ring_revision", 1) < ASYNC_RING_REVISION)
+                            stale=shipped.meta.get("async_ring_revision", 1) == 1,
+                            revision=shipped.meta.get("kernel_revision",
+                                                      shipped.meta.get("async_ring_revision", 1)))
     if not narrow:
         assert not any(t.token_tile < 8 for e in shipped.entries.values() for t, _ in e.values())
     assert {nk: {m: t for m, (t, _) in e.items()} for nk, e in plan.entries.items()} == \
@@ -679,6 +686,11 @@ def test_timings_of_changed_kernels_are_stale(tmp_path):
     assert not is_stale({"tactic": plain})
     assert is_stale({"tactic": tma}) and is_stale({"tactic": bulk, "rev": 1})
     assert not is_stale({"tactic": tma, "rev": ASYNC_RING_REVISION})
+    # a K split's kernel changed at revision 3 (the mbarrier hand-over)
+    split = "32,8,256,4,1,2"
+    assert is_stale({"tactic": split, "rev": 2}) and not is_stale({"tactic": split, "rev": 3})
+    assert not is_stale({"tactic": split, "rev": 2}, revision=2)
+    assert is_stale({"tactic": split + "+tma", "rev": 1}, revision=2)
     log = tmp_path / "log.jsonl"
     _log(log, [(1024, 4096, r, plain, 5.0) for r in REPRESENTATIVE_MS]
          + [(1024, 4096, r, tma, 4.0) for r in REPRESENTATIVE_MS])
@@ -727,4 +739,10 @@ def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp
     _log(log, [(1024, 4096, 1, plain, 5.0), (1024, 4096, 1, tma, 6.0),
                (1024, 4096, 1, bulk, 4.5), (1024, 4096, 4, tma, 3.0),
                (1024, 4096, 8, bulk, None)])
+    assert dominated_stale_keys(str(log)) == {f"1024,4096,1,{tma}"}
+    # a K split logged before the mbarrier hand-over is faster since: never skipped
+    split = "32,8,256,4,1,2"
+    with open(log, "a") as f:
+        f.write(json.dumps({"key": f"1024,4096,1,{split}", "n": 1024, "k": 4096, "m": 1,
+                            "tactic": split, "ok": True, "us": 9.0, "rev": 2}) + "\n")
     assert dominated_stale_keys(str(log)) == {f"1024,4096,1,{tma}"}

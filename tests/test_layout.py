@@ -334,19 +334,34 @@ def test_ring_simulation_catches_a_wrong_parity():
             simulate_ring(8, 2, seed, empty_parity=no_wait)
 
 
-# ------------------------------------------- the cluster barrier (k_split 2)
+# ------------------------------------------- the cluster protocol (k_split 2)
 #
-# kernel.py's program order for k_split > 1, per thread role, as events:
-#   all threads: arrive (relaxed) on cluster barrier phase 0 after setup;
-#   loaders: their K loop, then wait phase 0, arrive phase 1, exit;
-#   compute: the K loop, wait phase 0, store partials into CTA 0's buffer,
-#            arrive phase 1 (release), wait phase 1, epilogue (CTA 0 reads
-#            all partials and stores; the others store nothing), exit.
+# kernel.py's program order for k_split > 1, per thread role, as events.
+# Shipped ("mbarrier"):
+#   all threads: arrive (relaxed) on cluster barrier phase 0 after setup
+#            (CTA 0's thread 0 has initialised its partials mbarrier and
+#            armed it with the others' bytes before);
+#   loaders: their K loop, exit;
+#   compute: the K loop, wait phase 0; CTA 0 stores its own partials, then
+#            waits until every other CTA's partials landed (recv: its
+#            mbarrier) and runs the epilogue; every other CTA sends its
+#            partials into CTA 0 (st.async, completing that mbarrier) and
+#            runs an epilogue that stores nothing; exit.
+# Before session 14 ("barrier", still built for the A/B): loaders wait
+# phase 0 and arrive on phase 1; every compute thread stores into CTA 0,
+# arrives on phase 1 (release) and waits for it before the epilogue.
 # One thread stands for each role of each CTA (a role's threads run the same
-# events). Every interleaving is explored.
+# events); a role's program may differ between CTA 0 ("first") and the
+# others ("peer"). Every interleaving is explored.
 
 CLUSTER_ROLES = {
-    "compute": ("arrive", "work", "wait", "store", "arrive", "wait", "epilogue"),
+    "compute": {"first": ("arrive", "work", "wait", "store", "recv", "epilogue"),
+                "peer": ("arrive", "work", "wait", "send", "epilogue")},
+    "weight loader": ("arrive", "work"),
+    "activation loader": ("arrive", "work"),
+}
+BARRIER_ROLES = {
+    "compute": ("arrive", "work", "wait", "send", "arrive", "wait", "epilogue"),
     "weight loader": ("arrive", "work", "wait", "arrive"),
     "activation loader": ("arrive", "work", "wait", "arrive"),
 }
@@ -354,10 +369,15 @@ CLUSTER_ROLES = {
 
 def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
     """Every reachable state of the cluster's threads; returns the problems
-    found (deadlocks, stores into a CTA not yet running or already gone,
-    epilogue reads before all partials are in)."""
+    found (deadlocks, partials sent into a CTA not yet running or already
+    gone, epilogue reads before all partials are in)."""
     threads = [(cta, role) for cta in range(ctas) for role in roles]
-    programs = [roles[role] for _, role in threads]
+
+    def program(cta, role):
+        p = roles[role]
+        return p if isinstance(p, tuple) else p["first" if cta == 0 else "peer"]
+
+    programs = [program(cta, role) for cta, role in threads]
     problems = set()
 
     def arrivals(pcs, t):
@@ -366,8 +386,9 @@ def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
     def waits_done(pcs, t):
         return sum(1 for e in programs[t][:pcs[t]] if e == "wait")
 
-    def stores_in(pcs):
-        return {threads[t][0] for t in range(len(threads)) if "store" in programs[t][:pcs[t]]}
+    def partials_in(pcs):
+        return {threads[t][0] for t in range(len(threads))
+                if {"store", "send"} & set(programs[t][:pcs[t]])}
 
     def running(pcs, cta):
         return all(pcs[t] >= 1 for t in range(len(threads)) if threads[t][0] == cta)
@@ -391,15 +412,17 @@ def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
                 phase = waits_done(pcs, t)  # the phase this wait is for
                 if min(arrivals(pcs, u) for u in range(len(threads))) <= phase:
                     continue  # blocked: someone has not arrived for this phase
+            if event == "recv" and not partials_in(pcs) >= set(range(1, ctas)):
+                continue  # blocked: the mbarrier still expects bytes
             if event == "arrive" and arrivals(pcs, t) > waits_done(pcs, t):
                 # PTX: a thread waits on the cluster barrier between arrivals
                 problems.add(f"{role} of CTA {cta} arrives twice without a wait")
-            if event == "store":
+            if event == "send":
                 if not running(pcs, 0):
-                    problems.add(f"CTA {cta} stores into CTA 0 before it runs")
+                    problems.add(f"CTA {cta} sends into CTA 0 before it runs")
                 if exited(pcs, 0):
-                    problems.add(f"CTA {cta} stores into CTA 0 after it exited")
-            if event == "epilogue" and cta == 0 and stores_in(pcs) != set(range(ctas)):
+                    problems.add(f"CTA {cta} sends into CTA 0 after it exited")
+            if event == "epilogue" and cta == 0 and partials_in(pcs) != set(range(ctas)):
                 problems.add("CTA 0 reads the partials before every CTA stored them")
             moves.append(pcs[:t] + (pcs[t] + 1,) + pcs[t + 1:])
         if not moves and any(pcs[t] < len(programs[t]) for t in range(len(threads))):
@@ -408,28 +431,43 @@ def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
     return problems
 
 
+@pytest.mark.parametrize("roles", [CLUSTER_ROLES, BARRIER_ROLES], ids=["mbarrier", "barrier"])
 @pytest.mark.parametrize("ctas", [2, 3])
-def test_cluster_barrier_protocol_is_safe_and_live(ctas):
+def test_cluster_protocol_is_safe_and_live(roles, ctas):
     """k_split 2, and with two peers beside CTA 0 (what k_split 4 adds to 2:
-    more CTAs storing into CTA 0 and arriving on the same phases; four are
-    the same protocol, but their state space is too large to walk here)."""
-    assert explore_cluster(ctas=ctas) == set()
+    more CTAs sending into CTA 0; four are the same protocol, but their
+    state space is too large to walk here); the shipped protocol and the
+    one before it."""
+    assert explore_cluster(roles, ctas=ctas) == set()
 
 
-@pytest.mark.parametrize("role,program,problem", [
-    # without the phase-0 wait, a store may reach CTA 0 before it runs
-    ("compute", ("arrive", "work", "store", "wait", "arrive", "wait", "epilogue"),
+def _with(roles, role, program, cta=None):
+    if cta is None:
+        return dict(roles, **{role: program})
+    return dict(roles, **{role: dict(roles[role], **{cta: program})})
+
+
+@pytest.mark.parametrize("roles,problem", [
+    # without the phase-0 wait, a peer may send before CTA 0 runs
+    (_with(CLUSTER_ROLES, "compute", ("arrive", "work", "send", "epilogue"), "peer"),
      "before it runs"),
-    # storing after the phase-1 arrive: CTA 0 may read first
-    ("compute", ("arrive", "work", "wait", "arrive", "store", "wait", "epilogue"),
+    # CTA 0 without its mbarrier wait reads before the peers' bytes are in
+    (_with(CLUSTER_ROLES, "compute", ("arrive", "work", "wait", "store", "epilogue"), "first"),
      "reads the partials before"),
+    # ... and may exit before a peer has sent
+    (_with(CLUSTER_ROLES, "compute", ("arrive", "work", "wait", "store", "epilogue"), "first"),
+     "after it exited"),
+    # the barrier protocol: storing after the phase-1 arrive, CTA 0 may read first
+    (_with(BARRIER_ROLES, "compute", ("arrive", "work", "wait", "arrive", "send", "wait",
+                                      "epilogue")), "reads the partials before"),
     # a loader that exits without its phase-1 arrive: the compute warps hang
-    ("weight loader", ("arrive", "work", "wait"), "deadlock"),
+    (_with(BARRIER_ROLES, "weight loader", ("arrive", "work", "wait")), "deadlock"),
     # a loader that skips the phase-0 wait arrives twice in a row (undefined in PTX)
-    ("activation loader", ("arrive", "work", "arrive"), "arrives twice without a wait"),
+    (_with(BARRIER_ROLES, "activation loader", ("arrive", "work", "arrive")),
+     "arrives twice without a wait"),
 ])
-def test_cluster_barrier_model_catches_broken_protocols(role, program, problem):
-    problems = explore_cluster(dict(CLUSTER_ROLES, **{role: program}))
+def test_cluster_protocol_model_catches_broken_protocols(roles, problem):
+    problems = explore_cluster(roles)
     assert any(problem in p for p in problems), problems
 
 

@@ -84,7 +84,8 @@ def _cmd_plan_from_log(args):
     meta = plan_meta(args.gpu or "unknown", args.sm_count, None)
     plan, partial = plan_from_log(args.log, shape_table.parse_ms(args.m), meta,
                                   narrow=args.narrow_tiles, k_split_4=args.k_split_4,
-                                  records=args.log_records, stale=args.stale_records)
+                                  records=args.log_records, stale=args.stale_records,
+                                  revision=args.kernel_revision)
     for (n, k), missing in partial.items():
         print(f"N={n} K={k}: left out, no measurement for M={missing}")
     plan.save(args.output)
@@ -246,6 +247,9 @@ def main(argv=None):
                    help="with --from-log: also count timings of kernels changed since they "
                         "were logged (async activation rings before the release fence): how a "
                         "plan made before the change is rebuilt")
+    p.add_argument("--kernel-revision", type=int, default=None,
+                   help="with --from-log: count the timings valid at this kernel revision (a "
+                        "plan's meta records its kernel_revision; default: the current one)")
     p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")
     p.add_argument("--sm-count", type=int, help="with --from-log: that GPU's SM count")
     p.add_argument("--jobs", type=int,

@@ -130,7 +130,7 @@ def build_variant() -> dict:
 
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None,
            dependency_wait=True, release_fence=None, stamps=False, remote_release=None,
-           x_smem="full", split_reduce="cluster"):
+           x_smem="full", split_reduce="mbarrier"):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
@@ -313,10 +313,17 @@ HINT_PATTERNS = (PTX_AUDIT[0][0], PTX_AUDIT[1][0])
 #: What a cluster split of K (k_split > 1) adds.
 PTX_AUDIT_CLUSTER = (
     (r"barrier\.cluster\.arrive\.relaxed", "cluster barrier phase 0 (CTAs running)"),
-    (r"barrier\.cluster\.arrive\.release", "cluster barrier phase 1 (partials written)"),
-    (r"barrier\.cluster\.wait\.acquire", "cluster barrier waits"),
+    (r"barrier\.cluster\.wait\.acquire", "cluster barrier phase 0 waited on"),
     (r"mapa\.shared::cluster", "the first CTA's reduction buffer mapped"),
-    (r"st\.shared::cluster\.f32", "partials stored into the first CTA"),
+    (r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.f32",
+     "partials stored into the first CTA, completing its barrier"),
+    (r"mbarrier\.arrive\.expect_tx\.shared::cta", "the partials' bytes expected"),
+    (r"mbarrier\.try_wait\.parity\.acquire\.cluster", "the first CTA waits for them"),
+)
+#: The K split's cluster barrier phase 1 is gone (only the first CTA waits).
+PTX_FORBIDDEN_CLUSTER = (
+    (r"barrier\.cluster\.arrive\.release", "a cluster barrier after the partials"),
+    (r"st\.shared::cluster\.f32", "plain remote stores of partials"),
 )
 
 
@@ -413,9 +420,13 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
                  if re.search(pattern, ptx_text)]
     allowed = {p for p, _ in required}
     if k_split == 1:
+        # (the expect_tx and the cluster-scoped wait serve other features too)
         problems += [f"found {why} ({pattern}) without k_split"
-                     for pattern, why in PTX_AUDIT_CLUSTER
+                     for pattern, why in PTX_AUDIT_CLUSTER[:4]
                      if pattern not in allowed and re.search(pattern, ptx_text)]
+    else:
+        problems += [f"found {why} ({pattern}) in a K split"
+                     for pattern, why in PTX_FORBIDDEN_CLUSTER if re.search(pattern, ptx_text)]
     if x_multicast == 1:
         problems += [f"found {why} ({pattern}) without x_multicast"
                      for pattern, why in PTX_AUDIT_MULTICAST

@@ -84,16 +84,19 @@ STAMP_BYTES = 16 * (STAMP_STAGE_SLOT + STAMP_STAGES)
 #: without the compute warps' reads of it ("no-read"), or without any of it
 #: ("none"). The last two give wrong results by design.
 X_SMEM = ("full", "no-read", "none")
-#: The ``split_reduce`` builds (``scripts/build_ab.py --compare
-#: split-reduce``) of a K split over a cluster: the reduction as shipped
-#: ("cluster": every compute lane stores its partial sums into the first
-#: CTA's shared memory, then all wait for all), with only the first CTA
-#: waiting for the partials ("first-waits": the others exit once theirs are
-#: stored; correct), with those stores kept local ("no-remote": the cluster
-#: and its barriers stay), a cluster launch without any barrier or remote
-#: store ("no-barrier"), or no cluster at all ("none": each CTA sums its own
-#: warps and stores). The last three give wrong results by design.
-SPLIT_REDUCE = ("cluster", "first-waits", "no-remote", "no-barrier", "none")
+#: How the CTAs of a K split reduce (``split_reduce``; ``scripts/build_ab.py
+#: --compare split-reduce``). Shipped, "mbarrier": each other CTA stores its
+#: partial sums into the first CTA's buffer by ``st.async``, whose bytes
+#: complete an mbarrier there, and only the first CTA waits (on it).
+#: "barrier" (the protocol before, correct): plain remote stores, then a
+#: cluster barrier every thread of every CTA arrives on and waits for.
+#: Diagnostics with wrong results: "no-remote" (the barrier protocol with the
+#: partials stored locally), "no-barrier" (a cluster launch without any
+#: barrier or remote store), "none" (no cluster: each CTA sums its own
+#: warps and stores).
+SPLIT_REDUCE = ("mbarrier", "barrier", "no-remote", "no-barrier", "none")
+#: the split_reduce builds whose results are right
+SPLIT_REDUCE_CORRECT = ("mbarrier", "barrier")
 
 
 class WarpSplitKKernel:
@@ -104,7 +107,7 @@ class WarpSplitKKernel:
                  compute_thread_arrive: bool = True, early_launch: bool = False,
                  dependency_wait: bool = True, release_fence: str = "proxy",
                  stamps: bool = False, remote_release: str = "cluster",
-                 x_smem: str = "full", split_reduce: str = "cluster"):
+                 x_smem: str = "full", split_reduce: str = "mbarrier"):
         self.tactic = tactic
         self.n, self.k = n, k
         self.has_bias = has_bias
@@ -187,18 +190,20 @@ class WarpSplitKKernel:
         # activation stages by TMA boxes (tma_x): a tensor map of x per call
         self.tma_activations = t.tma_x
         self.b_layout = t.activation_layout
-        # split_reduce (diagnostic, scripts/build_ab.py --compare
-        # split-reduce only; wrong results unless "cluster", never cached or
-        # shipped): what a K split's reduction costs, SPLIT_REDUCE
+        # split_reduce (SPLIT_REDUCE): "mbarrier" is shipped; the others are
+        # for scripts/build_ab.py --compare split-reduce only, never cached
         if split_reduce not in SPLIT_REDUCE:
             raise ValueError(f"split_reduce must be one of {SPLIT_REDUCE}, got {split_reduce!r}")
-        if split_reduce != "cluster" and (t.k_split == 1 or t.x_multicast > 1):
+        if split_reduce != "mbarrier" and (t.k_split == 1 or t.x_multicast > 1):
             raise ValueError("the split_reduce diagnostic is for a K split (k_split > 1) "
                              "without the activation multicast")
         self.split_reduce = split_reduce
         # the K split's CTAs form a cluster and reduce through its shared memory
         self.cluster_split = self.k_split > 1 and split_reduce not in ("none", "no-barrier")
-        # ... and wait on its barrier (all but the no-barrier diagnostic)
+        # ... the others' partials completing the first CTA's mbarrier
+        self.split_mbarrier = self.cluster_split and split_reduce == "mbarrier"
+        # a cluster barrier (phase 0 at least: every CTA running, its
+        # mbarriers initialised, before the first remote operation)
         self.clustered = self.cluster_split or self.multicast
         self.cluster_launch = self.clustered or split_reduce == "no-barrier"
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
@@ -325,7 +330,7 @@ class WarpSplitKKernel:
             self.issue_weight_tile(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, 0,
                                    Int64(0), hinted=False, rank=rank)
         if tidx == 0:
-            self.init_barriers(smem)
+            self.init_barriers(smem, rank)
         ptx.named_barrier(0, self.threads)
         if cutlass.const_expr(self.clustered):
             # cluster barrier phase 0, waited on before the first remote
@@ -351,7 +356,7 @@ class WarpSplitKKernel:
     # Plain Python: not rewritten by the DSL's preprocessor, so their loops
     # unroll at trace time and their branches are trace-time constants.
 
-    def init_barriers(self, smem):
+    def init_barriers(self, smem, rank):
         for stage in range(self.tactic.stages):
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_a, stage), self.a_threads)
             # bulk copies: one arrival (the local expect_tx) plus the stage's bytes
@@ -365,7 +370,20 @@ class WarpSplitKKernel:
                        else layout.COMPUTE_WARPS)
             releases = per_cta * self.x_multicast if self.multicast else per_cta
             ptx.mbarrier_init(self._barrier(smem, self.smem.empty, stage), releases)
+        if self.split_mbarrier:
+            ptx.mbarrier_init(smem + self.smem.partials, 1)
         ptx.fence_mbarrier_init()
+        if self.split_mbarrier:
+            # the first CTA expects every other CTA's partials: one arrival
+            # (this one) and their bytes. The others' barrier is never
+            # waited on. No st.async can land before this: each sender first
+            # waits on cluster barrier phase 0, which this thread's arrival
+            # (after it) completes.
+            t = self.tactic
+            ptx.mbarrier_arrive_expect_tx_if(
+                smem + self.smem.partials,
+                (self.k_split - 1) * layout.split_partial_bytes(t.output_tile, t.token_tile),
+                cutlass.select_(rank == 0, Int32(1), Int32(0)))
 
     def _loader_arrive(self, barrier):
         """A loader thread's arrival on a full barrier once its copies of the tile land."""
@@ -399,9 +417,11 @@ class WarpSplitKKernel:
     def _cluster_done(self, waited=False):
         """A loader's part of the cluster barrier: phase 0 (long complete by
         now; unless ``waited`` already), then phase 1, which the first CTA
-        waits on before its epilogue (k_split) or every CTA before it exits
-        (multicast)."""
-        if self.clustered:
+        waits on before its epilogue (k_split, "barrier" build) or every CTA
+        before it exits (multicast). The shipped K split has no phase 1: a
+        loader arrived on phase 0 at the start and has no remote operation
+        to order."""
+        if self.clustered and not self.split_mbarrier:
             if not waited:
                 ptx.cluster_wait()
             ptx.cluster_arrive()
@@ -731,10 +751,22 @@ class WarpSplitKKernel:
                 # last tile; the copies into the rings all completed before
                 # those reads (each waited on its stage's full barrier)
                 ptx.named_barrier(1, self.compute_threads)
+        elif self.split_mbarrier:
+            # The first CTA (rank 0) stores its own partials (slot warp);
+            # every other CTA sends its partials (slot rank * 4 + warp) into
+            # the first's buffer by st.async, each completing 4 bytes of the
+            # first's `partials` mbarrier, and is done: no barrier holds it
+            # (only the first CTA's buffer is written remotely, and the first
+            # CTA cannot exit before the barrier completes).
+            ptx.cluster_wait()  # phase 0: every CTA of the cluster is running
+            slot = rank * layout.COMPUTE_WARPS + warp
+            remote = cutlass.select_(rank != 0, Int32(1), Int32(0))
+            first_red = ptx.map_shared_to_rank(red, Int32(0))
+            first_partials = ptx.map_shared_to_rank(smem + self.smem.partials, Int32(0))
         else:
-            # Every CTA of the cluster writes its partials into the first
-            # CTA's buffer (slot rank * 4 + warp), through distributed shared
-            # memory; the first CTA (rank 0) maps to itself.
+            # "barrier" build: every CTA of the cluster writes its partials
+            # into the first CTA's buffer (slot rank * 4 + warp), through
+            # distributed shared memory; the first CTA (rank 0) maps to itself.
             ptx.cluster_wait()  # phase 0: every CTA of the cluster is running
             dest = ptx.map_shared_to_rank(red, Int32(0))
             slot = rank * layout.COMPUTE_WARPS + warp
@@ -746,20 +778,27 @@ class WarpSplitKKernel:
                 for reg in range(4):
                     row, token = layout.accumulator_coords(lane, mi, ni, reg)
                     offset = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
-                    store(dest + offset * 4, acc[mi][ni][reg])
+                    if self.split_mbarrier:
+                        ptx.st_partial_f32(red + offset * 4, first_red + offset * 4,
+                                           first_partials, acc[mi][ni][reg], remote)
+                    else:
+                        store(dest + offset * 4, acc[mi][ni][reg])
         self._stamp("partials_stored", tidx == 0)
         if not self.cluster_split:
             ptx.named_barrier(1, self.compute_threads)
+        elif self.split_mbarrier:
+            # the first CTA: its own warps' partials, then the others' bytes
+            # (acquire at cluster scope); the others store nothing after this
+            ptx.named_barrier(1, self.compute_threads)
+            ptx.mbarrier_wait_cluster_if(smem + self.smem.partials, 0,
+                                         cutlass.select_(rank == 0, Int32(1), Int32(0)))
         else:
             # phase 1: all partials written (release) and visible (acquire);
             # rank 0 also cannot exit before the others' stores have landed.
             # Every interleaving of this protocol: tests/test_layout.py
             # (explore_cluster).
             ptx.cluster_arrive()
-            if cutlass.const_expr(self.split_reduce == "first-waits"):
-                ptx.cluster_wait_if(cutlass.select_(rank == 0, Int32(1), Int32(0)))
-            else:
-                ptx.cluster_wait()
+            ptx.cluster_wait()
         self._stamp("reduced", tidx == 0)
         vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
         for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile)):

@@ -322,6 +322,9 @@ class SmemPlan:
     total: int
     #: the reduction buffer lies over the rings (see smem_plan)
     reduction_aliased: bool = False
+    #: k_split > 1: one mbarrier, the other CTAs' partial sums landed in the
+    #: first CTA's buffer (their bytes complete it); None without a split
+    partials: int | None = None
 
 
 def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
@@ -330,7 +333,8 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
 
     With ``k_split`` CTAs per cluster sharing K, the reduction buffer holds
     the partials of every compute warp of the cluster (``[k_split * 4]``
-    warps): the other CTAs write theirs into the first CTA's buffer. With
+    warps): the other CTAs write theirs into the first CTA's buffer, and
+    their bytes complete its ``partials`` mbarrier. With
     ``bulk_x`` or ``x_multicast`` > 1 the activation stages are row-padded
     (``padded``), unless ``tma_x``: then they are TMA boxes (``tma_swizzle``,
     1024-byte aligned).
@@ -359,8 +363,11 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
         full_b = full_a + stages * MBARRIER_BYTES
         empty = full_b + stages * MBARRIER_BYTES
         total = empty + stages * MBARRIER_BYTES
+        partials = None
+        if k_split > 1:
+            partials, total = total, total + MBARRIER_BYTES
         return SmemPlan(a_stage, b_stage, a_ring, b_ring, reduction, full_a, full_b, empty, total,
-                        aliased)
+                        aliased, partials)
 
     separate = plan(rings_end, _align(rings_end + reduction_bytes, REGION_ALIGN), False)
     if separate.total <= SMEM_PER_BLOCK or k_split > 1 or reduction_bytes > rings_end:
@@ -370,6 +377,14 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
 
 
 # ------------------------------------------------------------- the ring
+
+
+def split_partial_bytes(output_tile, token_tile):
+    """Bytes of partial sums one CTA of a K split sends the first CTA: each
+    compute lane's accumulators, one f32 per store (the first CTA's
+    ``partials`` barrier expects ``k_split - 1`` times this)."""
+    return (COMPUTE_WARPS * WARP * (output_tile // MMA_M) * mma_token_blocks(token_tile)
+            * 4 * 4)
 
 
 def ring_slot(k_tile_index, stages):

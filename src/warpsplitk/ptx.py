@@ -196,14 +196,6 @@ def cluster_wait(*, loc=None, ip=None):
 
 
 @dsl_user_op
-def cluster_wait_if(predicate, *, loc=None, ip=None):
-    """``cluster_wait`` if ``predicate`` (non-zero; uniform over the CTA)."""
-    _asm(None, [Int32(predicate)],
-         "{\n.reg .pred P1;\nsetp.ne.u32 P1, $0, 0;\n@P1 barrier.cluster.wait.acquire;\n}",
-         "r,~{memory}", loc, ip)
-
-
-@dsl_user_op
 def map_shared_to_rank(address, rank, *, loc=None, ip=None):
     """The shared::cluster address of ``address`` in the cluster CTA ``rank``."""
     return Int32(_asm(Int32.mlir_type, [Int32(address), Int32(rank)],
@@ -216,6 +208,34 @@ def st_shared_cluster_f32(address, value, *, loc=None, ip=None):
     _asm(None, [Int32(address), Float32(value)], "st.shared::cluster.f32 [$0], $1;", "r,f",
          loc, ip)
 
+
+
+@dsl_user_op
+def st_partial_f32(local, remote, remote_barrier, value, is_remote, *, loc=None, ip=None):
+    """One partial sum of a K split: if ``is_remote`` (non-zero), into another
+    CTA's shared memory at ``remote`` (shared::cluster) by ``st.async``, its 4
+    bytes completing that CTA's mbarrier ``remote_barrier``; else into this
+    CTA's own at ``local``. Only the receiving CTA waits: the sender needs no
+    barrier of its own after it."""
+    _asm(None, [Int32(local), Int32(remote), Int32(remote_barrier), Float32(value),
+                Int32(is_remote)],
+         "{\n.reg .pred P1;\nsetp.ne.u32 P1, $4, 0;\n"
+         "@P1 st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [$1], $3, [$2];\n"
+         "@!P1 st.shared.f32 [$0], $3;\n}",
+         "r,r,r,f,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
+def mbarrier_wait_cluster_if(barrier, parity, predicate, *, loc=None, ip=None):
+    """``mbarrier_wait(barrier, parity, cluster=True)`` if ``predicate``
+    (non-zero; uniform over the warp): acquire at cluster scope, for bytes
+    other CTAs stored into this one with ``st.async``."""
+    _asm(None, [Int32(barrier), Int32(parity), Int32(predicate)],
+         "{\n.reg .pred P1;\n.reg .pred P2;\nsetp.ne.u32 P2, $2, 0;\n"
+         "@!P2 bra WSK_SKIP_${:uid};\nWSK_WAIT_${:uid}:\n"
+         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [$0], $1;\n"
+         "@!P1 bra WSK_WAIT_${:uid};\nWSK_SKIP_${:uid}:\n}",
+         "r,r,r,~{memory}", loc, ip)
 
 # ------------------------------------------------ activation multicast
 # For x_multicast > 1: the CTAs of a cluster along N load each activation

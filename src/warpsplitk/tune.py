@@ -434,33 +434,40 @@ def _count_lines(path):
         return sum(1 for _ in f)
 
 
-#: The kernel revision a timing of a tactic with an async activation ring
-#: (TMA boxes or bulk copies) must carry to count: 2 since the cross-proxy
-#: fence before each stage release (session 10, docs/NOTES.md), which made
-#: those kernels correct and up to ~10% slower. Older records of such
-#: tactics are stale: the tuner measures them again on resume, and plans
-#: leave them out unless asked (``stale=True``). Other tactics' kernels did
-#: not change, and their records stay valid.
+#: Kernel revisions. A log record carries the revision its kernel had
+#: (``rev``; none: 1). Each change below made the timings of some tactics
+#: stale: the tuner measures them again on resume, and plans leave them out
+#: unless asked (``stale=True``), or made at an earlier ``revision``.
+#: 2, session 10: the cross-proxy fence before each stage release of an
+#: async activation ring (TMA boxes or bulk copies), which made those
+#: kernels correct and up to ~10% slower.
 ASYNC_RING_REVISION = 2
+#: 3, session 14: a K split's partial sums handed over by st.async into an
+#: mbarrier of the first CTA instead of a cluster barrier every CTA waits
+#: on (docs/NOTES.md); k_split > 1 kernels got faster.
+SPLIT_MBARRIER_REVISION = 3
+KERNEL_REVISION = SPLIT_MBARRIER_REVISION
 
 
-def is_stale(rec) -> bool:
-    """Whether a log record times a kernel that has changed since (see
-    ``ASYNC_RING_REVISION``)."""
+def is_stale(rec, revision=KERNEL_REVISION) -> bool:
+    """Whether a log record times a kernel that changed between its
+    revision and ``revision``."""
     tactic = WarpSplitKTactic.parse(rec["tactic"])
-    return tactic.async_activation_ring and rec.get("rev", 1) < ASYNC_RING_REVISION
+    rev = rec.get("rev", 1)
+    return ((tactic.async_activation_ring and rev < ASYNC_RING_REVISION <= revision)
+            or (tactic.k_split > 1 and rev < SPLIT_MBARRIER_REVISION <= revision))
 
 
 def _record(**fields):
     """A new log record, stamped with the revision its kernel has."""
-    return {**fields, "rev": ASYNC_RING_REVISION}
+    return {**fields, "rev": KERNEL_REVISION}
 
 
-def _read_log(path, records=None, stale=False):
+def _read_log(path, records=None, stale=False, revision=KERNEL_REVISION):
     """``{key: record}`` of a tuning log (its first ``records`` lines only,
     when given: the log as it stood when a plan was made from it), the last
-    record of each key winning; stale records (``is_stale``) are left out
-    unless ``stale``."""
+    record of each key winning; records stale at ``revision`` (``is_stale``)
+    are left out unless ``stale``."""
     done = {}
     if path and os.path.exists(path):
         with open(path) as f:
@@ -469,7 +476,7 @@ def _read_log(path, records=None, stale=False):
                     break
                 if line.strip():
                     rec = json.loads(line)
-                    if stale or not is_stale(rec):
+                    if stale or not is_stale(rec, revision):
                         done[rec["key"]] = rec
     return done
 
@@ -493,17 +500,20 @@ def _dominated(valid, stale) -> set:
         if rec.get("ok") and not rec.get("confirm"):
             cell = (rec["n"], rec["k"], rec["m"])
             best[cell] = min(best.get(cell, float("inf")), rec["us"])
+    # only the release fence is known to slow kernels down: a stale K split
+    # (faster since revision 3) is measured again whatever its old time
     return {key for key, rec in stale.items()
             if rec.get("ok") and not rec.get("confirm")
+            and WarpSplitKTactic.parse(rec["tactic"]).k_split == 1
             and rec["us"] >= best.get((rec["n"], rec["k"], rec["m"]), float("inf"))}
 
 
 def dominated_stale_keys(path) -> set:
-    """Keys of stale timings not worth measuring again: the change that made
-    them stale (the release fence) only adds work to a kernel, so a stale
-    timing already slower than the best valid one of its cell can only get
-    slower (confirmations and failures are not judged: their cell's
-    candidates decide)."""
+    """Keys of stale timings not worth measuring again: the release fence
+    only adds work to a kernel, so a timing it made stale that was already
+    slower than the best valid one of its cell can only get slower (a K
+    split, faster since, is always measured again; confirmations and
+    failures are not judged: their cell's candidates decide)."""
     return _dominated(*_stale_split(path))
 
 
@@ -585,9 +595,10 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
         for key in dominated:
             done[key] = {"key": key, "ok": False, "dominated": True}
         progress(f"{len(stale)} logged timings of kernels changed since (async activation "
-                 f"rings before the release fence): {len(dominated)} were already slower "
-                 "than their cell's best valid one and are skipped, the rest are measured "
-                 "again if still candidates")
+                 "rings before the release fence, K splits before the mbarrier hand-over): "
+                 f"{len(dominated)} were already slower than their cell's best valid one and "
+                 "only slower since, and are skipped; the rest are measured again if still "
+                 "candidates")
     progress(f"{sum(len(v) for v in work.values())} candidates to measure, "
              f"{len({(n, k, t) for (n, k, _), ts in work.items() for t in ts})} distinct kernels")
     started = time.perf_counter()
@@ -754,6 +765,7 @@ def plan_meta(gpu, sm_count, torch_version, **extra) -> dict:
             "method": "warpsplitk tune: " + " ".join(timing.__doc__.split()),
             "representative_ms": list(REPRESENTATIVE_MS),
             "async_ring_revision": ASYNC_RING_REVISION,
+            "kernel_revision": KERNEL_REVISION,
             "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **extra}
 
 
@@ -782,7 +794,7 @@ def in_default_space(tactic: WarpSplitKTactic, narrow=True, k_split_4=False) -> 
 
 def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
                   reps=REPRESENTATIVE_MS, narrow=True, k_split_4=False, records=None,
-                  stale=False):
+                  stale=False, revision=None):
     """The plan ``tune`` makes from the measurements in its log, without a GPU.
 
     A shape is planned when the log has a correct measurement for every
@@ -801,11 +813,13 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     ``records``, only the log's first ``records`` lines count (the log as
     it stood when the plan was made; the plan's meta says how many). With
     ``stale``, records of kernels changed since count too (a plan made
-    before the change is rebuilt that way; its meta says
-    ``async_ring_revision`` 1).
+    before the first change is rebuilt that way; its meta says
+    ``async_ring_revision`` 1); with ``revision``, the records valid at that
+    kernel revision (a plan made then; its meta says ``kernel_revision``).
     """
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
-    logged = _read_log(log_path, records, stale)
+    revision = KERNEL_REVISION if revision is None else revision
+    logged = _read_log(log_path, records, stale, revision)
     for rec in logged.values():
         if rec.get("ok") and not rec.get("confirm"):
             tactic = WarpSplitKTactic.parse(rec["tactic"])
@@ -838,7 +852,8 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     shapes = sorted({(n, k) for n, k, _ in best})
     meta = dict(meta or {}, source=f"log {os.path.basename(log_path)}", representative_ms=reps,
                 log_records=records if records is not None else _count_lines(log_path),
-                async_ring_revision=1 if stale else ASYNC_RING_REVISION, narrow_tiles=bool(narrow))
+                async_ring_revision=1 if stale else min(revision, ASYNC_RING_REVISION),
+                kernel_revision=1 if stale else revision, narrow_tiles=bool(narrow))
     if inherited:
         meta["inherited_ms"] = inherited
     return _plan(best, shapes, ms, meta, reps, shape_reps), partial
