@@ -50,6 +50,8 @@
 #   split-mbarrier the K split's mbarrier hand-over: GPU tests, sanitizer,
 #           the A/B against the protocol before, the tuner on the shapes
 #           whose plan splits K, and the bench of its log's plan
+#   resume  the tuner resumed from the committed log (TUNE_FLAGS), the plan
+#           of its log and its bench
 #   split-reduce what a K split's reduction costs (build_ab.py --compare
 #           split-reduce): the tactic as built, its partials kept local,
 #           no cluster at all, on the K-split tactics of the cells near the
@@ -290,6 +292,11 @@ split-mbarrier)
   echo "split-reduce rc=$?"; cat "$OUT/split-reduce.log"
   TUNE_LIMIT=${TUNE_LIMIT:-230} TUNE_BUDGET=${TUNE_BUDGET:-190} tune_plan_bench \
     "--shapes ${SPLIT_SHAPES:-1536,7168 2112,7168 768,7168 2048,2048}"
+  ;;
+resume)
+  # the tuner resumed from the committed log with TUNE_FLAGS, the plan its
+  # log gives and that plan's bench
+  TUNE_LIMIT=${TUNE_LIMIT:-150} TUNE_BUDGET=${TUNE_BUDGET:-110} tune_plan_bench "${TUNE_FLAGS:-}"
   ;;
 split-reduce)
   timeout ${SPLIT_LIMIT:-300} python3 scripts/build_ab.py --compare split-reduce \
