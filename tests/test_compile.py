@@ -751,28 +751,34 @@ def test_diagnostic_stamps_build(tmp_path, text, n, k):
         _build(n, k, tactic, True, True, "sm_90a", stamps=True)
 
 
+def _ptx_counts(dump, n, k, tactic, patterns, **build):
+    """``{name: occurrences of its regex}`` in the sm_90a PTX of ``tactic``
+    built with the ``_build`` keywords ``build`` (diagnostic builds are
+    never cached), dumped into the new folder ``dump``."""
+    import re
+    from warpsplitk.compile import _build
+    dump.mkdir()
+    ptx = _build(n, k, tactic, False, True, "sm_90a",
+                 options=f"--keep-ptx --dump-dir={dump}", **build).artifacts.PTX
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    return {name: len(re.findall(pattern, ptx)) for name, pattern in patterns.items()}
+
+
 def test_x_smem_diagnostic_drops_the_activations_shared_memory_traffic(tmp_path):
     """scripts/build_ab.py --compare x-smem: "no-read" keeps the loader's
     16-byte copies of x but no compute warp reads them (only the weight's
     ldmatrix remain: one per m16 block and K step); "none" copies no x
     either; the mma count and the ring's barriers are unchanged. Only for
     16-byte activation copies."""
-    import re
     from warpsplitk.compile import _build
     tactic = WarpSplitKTactic.parse("32,32,256,4,1")
     n, k = 256, 2048
     k_tiles, steps = k // tactic.k_tile, layout.k_steps(tactic.k_tile)
+    patterns = {"ldmatrix": r"ldmatrix\.sync", "copies": r"cp\.async\.cg\.shared\.global",
+                "mma": r"mma\.sync", "arrives": r"cp\.async\.mbarrier\.arrive"}
 
     def ptx_of(x_smem):
-        dump = tmp_path / x_smem
-        dump.mkdir()
-        ptx = _build(n, k, tactic, False, True, "sm_90a", x_smem=x_smem,
-                     options=f"--keep-ptx --dump-dir={dump}").artifacts.PTX
-        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-        return {"ldmatrix": len(re.findall(r"ldmatrix\.sync", ptx)),
-                "copies": len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)),
-                "mma": len(re.findall(r"mma\.sync", ptx)),
-                "arrives": len(re.findall(r"cp\.async\.mbarrier\.arrive", ptx))}
+        return _ptx_counts(tmp_path / x_smem, n, k, tactic, patterns, x_smem=x_smem)
     full, no_read, none = (ptx_of(v) for v in ("full", "no-read", "none"))
     a_reads = k_tiles * (tactic.output_tile // 16) * steps
     assert no_read["ldmatrix"] == none["ldmatrix"] == a_reads < full["ldmatrix"]
@@ -824,25 +830,19 @@ def test_split_reduce_builds(tmp_path):
     "none" have no cluster barrier and sum only their own four warps'
     partials. The mma count never changes. Only for a K split without the
     multicast."""
-    import re
     from warpsplitk.compile import _build
     tactic = WarpSplitKTactic.parse("32,8,256,4,1,2")
     n, k = 256, 4096
+    patterns = {"remote": r"st\.shared::cluster\.f32", "async": r"st\.async\.shared::cluster",
+                "phase0": r"barrier\.cluster\.arrive\.relaxed",
+                "phase1": r"barrier\.cluster\.arrive\.release",
+                "cluster_wait": r"barrier\.cluster\.wait",
+                "partials_wait": r"try_wait\.parity\.acquire\.cluster",
+                "partial_loads": r"ld\.shared\.v4\.f32", "mma": r"mma\.sync"}
 
     def ptx_of(split_reduce):
-        dump = tmp_path / split_reduce
-        dump.mkdir()
-        ptx = _build(n, k, tactic, False, True, "sm_90a", split_reduce=split_reduce,
-                     options=f"--keep-ptx --dump-dir={dump}").artifacts.PTX
-        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-        return {"remote": len(re.findall(r"st\.shared::cluster\.f32", ptx)),
-                "async": len(re.findall(r"st\.async\.shared::cluster", ptx)),
-                "phase0": len(re.findall(r"barrier\.cluster\.arrive\.relaxed", ptx)),
-                "phase1": len(re.findall(r"barrier\.cluster\.arrive\.release", ptx)),
-                "cluster_wait": len(re.findall(r"barrier\.cluster\.wait", ptx)),
-                "partials_wait": len(re.findall(r"try_wait\.parity\.acquire\.cluster", ptx)),
-                "partial_loads": len(re.findall(r"ld\.shared\.v4\.f32", ptx)),
-                "mma": len(re.findall(r"mma\.sync", ptx))}
+        return _ptx_counts(tmp_path / split_reduce, n, k, tactic, patterns,
+                           split_reduce=split_reduce)
     builds = {v: ptx_of(v) for v in ("mbarrier", "barrier", "no-remote", "no-barrier", "none")}
     shipped, before, local = builds["mbarrier"], builds["barrier"], builds["no-remote"]
     partials = (tactic.output_tile // 16) * layout.mma_token_blocks(tactic.token_tile) * 4
