@@ -403,6 +403,14 @@ def test_audit_requires_the_cluster_reduction_only_with_k_split():
     assert audit_ptx(shipped.ptx, k_tiles=4, k_split=2)  # missing cluster reduction
     split = compile_for_arch(256, 512, WarpSplitKTactic(16, 8, 128, 2, 1, 2), "sm_90a")
     assert any("without k_split" in p for p in audit_ptx(split.ptx, k_tiles=2, k_split=1))
+    # the split's hand-over, each part missing in turn, or the protocol before it
+    assert audit_ptx(split.ptx, k_tiles=2, k_split=2) == []
+    for old, new in (("st.async.shared::cluster", "st.shared::cluster"),
+                     ("mbarrier.arrive.expect_tx", "mbarrier.arrive"),
+                     ("try_wait.parity.acquire.cluster", "try_wait.parity"),
+                     ("barrier.cluster.arrive.relaxed", "barrier.cluster.arrive.release")):
+        assert old in split.ptx
+        assert audit_ptx(split.ptx.replace(old, new), k_tiles=2, k_split=2), old
 
 
 def test_diagnostic_build_without_the_dependency_wait(tmp_path):

@@ -310,13 +310,18 @@ PTX_FORBIDDEN = (
 HINT_PATTERNS = (PTX_AUDIT[0][0], PTX_AUDIT[1][0])
 
 
-#: What a cluster split of K (k_split > 1) adds.
+#: What a cluster split of K (k_split > 1) adds: the cluster barrier's
+#: phase 0 and the mapping of the first CTA (the multicast has them too),
+#: and its own hand-over of the partials (PTX_AUDIT_SPLIT).
 PTX_AUDIT_CLUSTER = (
     (r"barrier\.cluster\.arrive\.relaxed", "cluster barrier phase 0 (CTAs running)"),
     (r"barrier\.cluster\.wait\.acquire", "cluster barrier phase 0 waited on"),
     (r"mapa\.shared::cluster", "the first CTA's reduction buffer mapped"),
-    (r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.f32",
-     "partials stored into the first CTA, completing its barrier"),
+)
+PTX_SPLIT_STORES = (r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.f32",
+                    "partials stored into the first CTA, completing its barrier")
+PTX_AUDIT_SPLIT = (
+    PTX_SPLIT_STORES,
     (r"mbarrier\.arrive\.expect_tx\.shared::cta", "the partials' bytes expected"),
     (r"mbarrier\.try_wait\.parity\.acquire\.cluster", "the first CTA waits for them"),
 )
@@ -404,7 +409,7 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
     ring (``release_fence_problems``) are checked tile by tile."""
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
     if k_split > 1:
-        required += list(PTX_AUDIT_CLUSTER)
+        required += list(PTX_AUDIT_CLUSTER) + list(PTX_AUDIT_SPLIT)
     if x_multicast > 1:
         required += [PTX_TMA_MULTICAST if tma_x and i == 0 else entry
                      for i, entry in enumerate(PTX_AUDIT_MULTICAST)]
@@ -420,9 +425,10 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
                  if re.search(pattern, ptx_text)]
     allowed = {p for p, _ in required}
     if k_split == 1:
-        # (the expect_tx and the cluster-scoped wait serve other features too)
+        # (the split's expect_tx and cluster-scoped wait serve other features
+        # too: only its st.async stores are its own)
         problems += [f"found {why} ({pattern}) without k_split"
-                     for pattern, why in PTX_AUDIT_CLUSTER[:4]
+                     for pattern, why in PTX_AUDIT_CLUSTER + (PTX_SPLIT_STORES,)
                      if pattern not in allowed and re.search(pattern, ptx_text)]
     else:
         problems += [f"found {why} ({pattern}) in a K split"
