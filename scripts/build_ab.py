@@ -42,7 +42,9 @@ others' times over its):
   split-reduce what a K split over a cluster pays for its reduction: the
                protocol before session 14 (remote stores, then a cluster
                barrier all wait on); the shipped one (st.async completing
-               the first CTA's mbarrier, only it waits); then diagnostic
+               the first CTA's mbarrier, only it waits); the experimental
+               vector hand-over (each CTA's warps summed first, one
+               vector per output vector sent); then diagnostic
                builds with wrong results, not checked: the first with its
                partials stored locally; a cluster launch with no barrier;
                no cluster at all (each CTA sums its own warps). On
@@ -87,7 +89,9 @@ COMPARISONS = {
     # diagnostic builds with wrong results (WRONG_BUILDS); the reference is
     # the tactic with 16-byte activation copies (X_SMEM_FIELDS)
     "x-smem": (("full", {}), ("no-read", {"x_smem": "no-read"}), ("none", {"x_smem": "none"})),
-    "split-reduce": (("barrier", {"split_reduce": "barrier"}), ("mbarrier", {}),
+    "split-reduce": (("barrier", {"split_reduce": "barrier"}),
+                     ("mbarrier", {"split_reduce": "mbarrier"}),
+                     ("vector", {"split_reduce": "vector"}),
                      ("no-remote", {"split_reduce": "no-remote"}),
                      ("no-barrier", {"split_reduce": "no-barrier"}),
                      ("none", {"split_reduce": "none"})),

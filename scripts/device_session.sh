@@ -50,6 +50,8 @@
 #   split-mbarrier the K split's mbarrier hand-over: GPU tests, sanitizer,
 #           the A/B against the protocol before, the tuner on the shapes
 #           whose plan splits K, and the bench of its log's plan
+#   split-vector the K split's experimental vector hand-over: GPU tests and
+#           sanitizer with it, and the split-reduce A/B
 #   resume  the tuner resumed from the committed log (TUNE_FLAGS), the plan
 #           of its log and its bench
 #   split-reduce what a K split's reduction costs (build_ab.py --compare
@@ -292,6 +294,24 @@ split-mbarrier)
   echo "split-reduce rc=$?"; cat "$OUT/split-reduce.log"
   TUNE_LIMIT=${TUNE_LIMIT:-230} TUNE_BUDGET=${TUNE_BUDGET:-190} tune_plan_bench \
     "--shapes ${SPLIT_SHAPES:-1536,7168 2112,7168 768,7168 2048,2048}"
+  ;;
+split-vector)
+  # the K split's experimental vector hand-over (WARPSPLITK_SPLIT_REDUCE=
+  # vector): its GPU tests beside the sanitizer over every family's split,
+  # then the split-reduce A/B (every hand-over side by side); tune and bench
+  # it with `WARPSPLITK_SPLIT_REDUCE=vector … resume` if it wins
+  LIMIT=${PHASE1_LIMIT:-150}
+  WARPSPLITK_SPLIT_REDUCE=vector timeout -k 5 $LIMIT python3 -m pytest -q -m gpu \
+    tests/test_gpu_k_split.py > "$OUT/gpu_k_split-vector.log" 2>&1 &
+  WARPSPLITK_SPLIT_REDUCE=vector OUT=$OUT/split K_SPLIT=1 CLUSTERS_ONLY=1 \
+    TOOLS="${SPLIT_TOOLS:-memcheck synccheck racecheck}" SHARDS=${SHARDS:-4} SUBSET=rotate \
+    CASE_LIMIT=$LIMIT bash scripts/sanitize.sh > "$OUT/sanitizer-split-vector.log" 2>&1 &
+  wait
+  summarise gpu_k_split-vector
+  SUMMARY_LINES=3 summarise sanitizer-split-vector
+  timeout ${SPLIT_LIMIT:-150} python3 scripts/build_ab.py --compare split-reduce \
+    --json "$OUT/split-reduce.json" > "$OUT/split-reduce.log" 2>&1
+  echo "split-reduce rc=$?"; cat "$OUT/split-reduce.log"
   ;;
 resume)
   # the tuner resumed from the committed log with TUNE_FLAGS, the plan its

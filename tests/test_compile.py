@@ -873,3 +873,47 @@ def test_split_reduce_builds(tmp_path):
                split_reduce="none")
     with pytest.raises(ValueError, match="split_reduce must be one of"):
         _build(n, k, tactic, False, True, "sm_90a", split_reduce="dsmem")
+
+
+@pytest.mark.parametrize("text,n,k", [
+    ("32,8,256,4,1,2", 256, 4096),      # one round of output vectors
+    ("48,32,128,3,2,4", 2304, 1536),    # two rounds (192 vectors), four CTAs
+    ("32,1,256,13,1,2", 768, 7168),     # a narrow token tile
+])
+def test_vector_hand_over_of_a_k_split(monkeypatch, text, n, k):
+    """WARPSPLITK_SPLIT_REDUCE=vector (experimental): each CTA stores its
+    partials locally, sums its four warps, and the others send one 8-float
+    sum per output vector as two st.async .v4 stores per epilogue round (a
+    quarter of the bytes at 16 and 32 tokens); the first CTA waits on its
+    mbarrier once per round and adds k_split - 1 sums. Audit clean, no
+    more spilled than the shipped hand-over (the narrow tile's deep ring
+    spills 16 bytes either way); a variant of K splits only (the cache key
+    says so, and a kernel without a split is the same build), and the
+    shipped hand-over's scalar stores are gone."""
+    import re
+    from warpsplitk import disk_cache
+    from warpsplitk.compile import build_variant
+    tactic = WarpSplitKTactic.parse(text)
+    rounds = layout.epilogue_rounds(tactic.output_tile, tactic.token_tile)
+    plain = WarpSplitKTactic.parse("32,8,256,4,1")
+    shipped, shipped_plain = compile_for_arch(n, k, tactic), compile_for_arch(n, k, plain)
+    monkeypatch.setenv("WARPSPLITK_SPLIT_REDUCE", "vector")
+    variant = build_variant()
+    assert variant["split_reduce"] == "vector"
+    report = compile_for_arch(n, k, tactic)
+    assert report.audit() == [] and report.local_bytes == 0
+    assert report.spill_bytes <= shipped.spill_bytes
+    ptx = report.ptx
+    assert len(re.findall(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.f32",
+                          ptx)) == 2 * rounds
+    assert not re.search(r"complete_tx::bytes\.f32", ptx)  # no scalar sends
+    assert len(re.findall(r"try_wait\.parity\.acquire\.cluster", ptx)) == rounds
+    # per round: four local warp slots, then the k_split - 1 received sums
+    assert len(re.findall(r"ld\.shared\.v4\.f32", ptx)) == \
+        2 * rounds * (layout.COMPUTE_WARPS + tactic.k_split - 1)
+    assert (disk_cache.key("sm_90a", n, k, tactic, False, True, **variant)
+            != disk_cache.key("sm_90a", n, k, tactic, False, True))
+    assert compile_for_arch(n, k, plain).ptx == shipped_plain.ptx
+    monkeypatch.setenv("WARPSPLITK_SPLIT_REDUCE", "dsmem")
+    with pytest.raises(ValueError, match="WARPSPLITK_SPLIT_REDUCE"):
+        build_variant()

@@ -73,13 +73,31 @@ def test_emulate_exact_on_integers(tactic, m, n, k):
     (WarpSplitKTactic(48, 8, 128, 2, 1, 4), 5, 96, 1024),    # k_split 4: sixteen slots
     (WarpSplitKTactic(16, 1, 256, 1, 1, 4), 1, 32, 1024),    # one tile per CTA, narrow
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
-def test_cluster_split_of_k_exact(tactic, m, n, k):
+@pytest.mark.parametrize("split_reduce", ["mbarrier", "vector"])
+def test_cluster_split_of_k_exact(tactic, m, n, k, split_reduce):
     """k_split 2 (4): each CTA of the cluster takes half (a quarter) of K;
-    the eight (sixteen) warps' partials meet in the first CTA's buffer
-    (each word written once)."""
+    the eight (sixteen) warps' partials meet in the first CTA's buffer, or,
+    with the vector hand-over, each CTA's own four and then one sum per CTA
+    past them (each word written once, none read unwritten)."""
     x, w, bias = integer_problem(m, n, k, seed=m + n + k, with_bias=True)
-    out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
+    out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True,
+                  split_reduce=split_reduce)
     np.testing.assert_array_equal(out, reference(x, w, bias))
+
+
+def test_vector_hand_over_sums_in_the_kernels_order():
+    """On floats, the vector hand-over's result is its own order of sums:
+    the first CTA's four warps, then each other CTA's four-warp sum in rank
+    order; it differs from the shipped order (all warps in one chain) in
+    the last bits only, as a different order of FP32 sums does."""
+    rng = np.random.default_rng(7)
+    tactic = WarpSplitKTactic(32, 8, 128, 2, 1, 4)
+    x = rng.standard_normal((5, 1024)).astype(np.float32)
+    w = rng.standard_normal((64, 1024)).astype(np.float32)
+    shipped = emulate(x, w, tactic, round_output=False)
+    vector = emulate(x, w, tactic, round_output=False, split_reduce="vector")
+    np.testing.assert_allclose(vector, shipped, rtol=1e-5, atol=1e-4)
+    assert not np.array_equal(vector, shipped)
 
 
 @pytest.mark.parametrize("tactic,m,n,k", [

@@ -115,6 +115,21 @@ def _remote_release_from_env() -> str:
     return value
 
 
+#: How a K split hands its partial sums to the first CTA, by
+#: WARPSPLITK_SPLIT_REDUCE (kernel.SPLIT_REDUCE): "mbarrier" (shipped) or
+#: "vector" (experimental: each CTA's warps summed first, one vector per
+#: output vector sent). Kernels without a split are the same either way.
+SPLIT_REDUCES = ("mbarrier", "vector")
+
+
+def _split_reduce_from_env() -> str:
+    value = os.environ.get("WARPSPLITK_SPLIT_REDUCE", "").strip() or "mbarrier"
+    if value not in SPLIT_REDUCES:
+        raise ValueError(f"WARPSPLITK_SPLIT_REDUCE must be one of {SPLIT_REDUCES}, "
+                         f"got {value!r}")
+    return value
+
+
 def build_variant() -> dict:
     """This process's kernel variant (``_build`` keyword arguments), from the
     diagnostic and experimental switches above; part of every cache key."""
@@ -125,12 +140,15 @@ def build_variant() -> dict:
     remote = _remote_release_from_env()
     if remote != "cluster":
         variant["remote_release"] = remote
+    split = _split_reduce_from_env()
+    if split != "mbarrier":
+        variant["split_reduce"] = split
     return variant
 
 
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None,
            dependency_wait=True, release_fence=None, stamps=False, remote_release=None,
-           x_smem="full", split_reduce="mbarrier"):
+           x_smem="full", split_reduce=None):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
@@ -142,6 +160,10 @@ def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, ear
         release_fence = _release_fence_from_env()
     if remote_release is None:
         remote_release = _remote_release_from_env()
+    if split_reduce is None:
+        split_reduce = _split_reduce_from_env()
+    if split_reduce in SPLIT_REDUCES and (tactic.k_split == 1 or tactic.x_multicast > 1):
+        split_reduce = "mbarrier"  # a hand-over variant: nothing to hand over here
     if remote_release not in REMOTE_RELEASES:
         raise ValueError(f"remote_release must be one of {REMOTE_RELEASES}, got {remote_release!r}")
     if release_fence not in RELEASE_FENCES:
@@ -318,7 +340,7 @@ PTX_AUDIT_CLUSTER = (
     (r"barrier\.cluster\.wait\.acquire", "cluster barrier phase 0 waited on"),
     (r"mapa\.shared::cluster", "the first CTA's reduction buffer mapped"),
 )
-PTX_SPLIT_STORES = (r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.f32",
+PTX_SPLIT_STORES = (r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes(\.v4)?\.f32",
                     "partials stored into the first CTA, completing its barrier")
 PTX_AUDIT_SPLIT = (
     PTX_SPLIT_STORES,

@@ -89,7 +89,7 @@ def _versions() -> dict:
 
 def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arrivals: str = "",
         early_launch: bool = False, release_fence: str = "proxy",
-        remote_release: str = "cluster") -> str:
+        remote_release: str = "cluster", split_reduce: str = "mbarrier") -> str:
     """The file name stem of one compiled kernel (hex, 40 characters)."""
     fields = {
         "format": FORMAT, **_versions(), "sources": _sources_digest(), "arch": arch,
@@ -101,6 +101,8 @@ def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arriva
         fields["release_fence"] = release_fence
     if remote_release != "cluster":
         fields["remote_release"] = remote_release
+    if split_reduce != "mbarrier":
+        fields["split_reduce"] = split_reduce
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
 
 

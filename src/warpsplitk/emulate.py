@@ -211,25 +211,37 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
     return acc
 
 
-def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=False):
+def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=False,
+                split_reduce="mbarrier"):
     """Output vectors ``{(token, first_weight_row): 8 FP32}`` one CTA (with
-    ``k_split`` > 1: one cluster of CTAs sharing K) stores."""
+    ``k_split`` > 1: one cluster of CTAs sharing K) stores. ``split_reduce``
+    "vector": the K split's experimental hand-over (each CTA sums its own
+    warps first, the others send those sums into the first CTA's
+    ``layout.split_sum_slot``); otherwise every warp's partials land in the
+    first CTA's buffer (slot rank * 4 + warp)."""
     t = tactic
     m, k = x.shape
     k_cta = k // t.k_split
     m_iters = t.output_tile // layout.MMA_M
     n_iters = layout.mma_token_blocks(t.token_tile)
     lanes = range(layout.WARP)
-    # split-K reduction through the padded buffer: slot rank * 4 + warp; the
-    # CTAs of a cluster past the first write theirs into the first's buffer
+    vector_hand_over = split_reduce == "vector" and t.k_split > 1
     slots = t.k_split * layout.COMPUTE_WARPS
     words = slots * layout.reduction_tokens(t.token_tile) * layout.reduction_row_words(t.output_tile)
-    red = np.full(words, np.nan, dtype=np.float32)
+    # each CTA's reduction buffer (the shipped hand-over writes only the first's)
+    bufs = [np.full(words, np.nan, dtype=np.float32) for _ in range(t.k_split)]
+
+    def put(buf, off, values):
+        if check_coverage and not np.all(np.isnan(buf[off:off + len(values)])):
+            raise AssertionError(f"reduction word {off} written twice")
+        buf[off:off + len(values)] = values
+
     for rank in range(t.k_split):
         share = slice(rank * k_cta, (rank + 1) * k_cta)
         acc = _accumulate(x[:, share], weight[:, share], t, tile_n, tile_t, check_coverage)
         for warp in range(layout.COMPUTE_WARPS):
-            slot = rank * layout.COMPUTE_WARPS + warp
+            slot, buf = ((warp, bufs[rank]) if vector_hand_over
+                         else (rank * layout.COMPUTE_WARPS + warp, bufs[0]))
             for mi in range(m_iters):
                 for ni in range(n_iters):
                     for lane in lanes:
@@ -237,34 +249,54 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
                             row, token = layout.accumulator_coords(lane, mi, ni, reg)
                             off = layout.reduction_offset(slot, token, row, t.output_tile,
                                                           t.token_tile)
-                            if check_coverage and not np.isnan(red[off]):
-                                raise AssertionError(f"reduction word {off} written twice")
-                            red[off] = acc[warp, mi, ni, lane, reg]
-    stores = {}
+                            put(buf, off, [acc[warp, mi, ni, lane, reg]])
     vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
     threads = layout.COMPUTE_WARPS * layout.WARP
-    for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile)):
-        for thread in range(threads):
-            vector = round_ * threads + thread
-            token, row = layout.epilogue_coords(vector % vectors, t.output_tile)
-            total = np.zeros(layout.CHUNK, dtype=np.float32)
-            for slot in range(slots):
-                off = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
-                total = (total + red[off:off + layout.CHUNK]).astype(np.float32)
-            global_token = tile_t * t.token_tile + token
-            if vector < vectors and global_token < m:
-                n0 = tile_n * t.output_tile + row
-                if bias is not None:
-                    total = (total + bias[n0:n0 + layout.CHUNK]).astype(np.float32)
-                key = (global_token, n0)
-                if key in stores:
-                    raise AssertionError(f"output vector {key} stored twice")
-                stores[key] = total
+    coords = [layout.epilogue_coords(v % vectors, t.output_tile)
+              for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile))
+              for v in range(round_ * threads, (round_ + 1) * threads)]
+
+    def sum_slots(buf, slot_ids, token, row):
+        total = np.zeros(layout.CHUNK, dtype=np.float32)
+        for slot in slot_ids:
+            off = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
+            total = (total + buf[off:off + layout.CHUNK]).astype(np.float32)
+        return total
+
+    if vector_hand_over:
+        # every other CTA's sums of its valid vectors, sent before the first
+        # CTA's mbarrier lets it read them
+        for rank in range(1, t.k_split):
+            for vector, (token, row) in enumerate(coords):
+                if vector < vectors:
+                    own = sum_slots(bufs[rank], range(layout.COMPUTE_WARPS), token, row)
+                    off = layout.reduction_offset(layout.split_sum_slot(rank), token, row,
+                                                  t.output_tile, t.token_tile)
+                    put(bufs[0], off, own)
+    stores = {}
+    for vector, (token, row) in enumerate(coords):
+        if vector_hand_over:
+            # its own warps' sum, then each received sum in rank order
+            total = sum_slots(bufs[0], range(layout.COMPUTE_WARPS), token, row)
+            for q in range(1, t.k_split):
+                total = (total + sum_slots(bufs[0], [layout.split_sum_slot(q)], token, row)
+                         ).astype(np.float32)
+        else:
+            total = sum_slots(bufs[0], range(slots), token, row)
+        global_token = tile_t * t.token_tile + token
+        if vector < vectors and global_token < m:
+            n0 = tile_n * t.output_tile + row
+            if bias is not None:
+                total = (total + bias[n0:n0 + layout.CHUNK]).astype(np.float32)
+            key = (global_token, n0)
+            if key in stores:
+                raise AssertionError(f"output vector {key} stored twice")
+            stores[key] = total
     return stores
 
 
 def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, round_output=True,
-            check_coverage=False) -> np.ndarray:
+            check_coverage=False, split_reduce="mbarrier") -> np.ndarray:
     """What the kernel writes for ``out = x @ weight.T (+ bias)``, as float32.
 
     ``round_output`` applies the kernel's final BF16 rounding; without it the
@@ -291,7 +323,7 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, round_output=True
         cta_tactic = tactic if rows == tactic.output_tile else half_tactic
         for tile_t in range(-(-m // tactic.token_tile)):
             stores = emulate_cta(x, weight, cta_tactic, index, tile_t, bias,
-                                 check_coverage=check_coverage)
+                                 check_coverage=check_coverage, split_reduce=split_reduce)
             for (token, n0), values in stores.items():
                 out[token, n0:n0 + layout.CHUNK] = values
                 written[token, n0:n0 + layout.CHUNK] += 1

@@ -88,15 +88,19 @@ X_SMEM = ("full", "no-read", "none")
 #: --compare split-reduce``). Shipped, "mbarrier": each other CTA stores its
 #: partial sums into the first CTA's buffer by ``st.async``, whose bytes
 #: complete an mbarrier there, and only the first CTA waits (on it).
+#: "vector" (experimental, correct): every CTA first sums its own four
+#: warps' partials, and the others send those sums, one 8-float vector per
+#: output vector (``st.async`` .v4, a quarter of the bytes at 16 and 32
+#: tokens), into the first CTA's slots ``layout.split_sum_slot``.
 #: "barrier" (the protocol before, correct): plain remote stores, then a
 #: cluster barrier every thread of every CTA arrives on and waits for.
 #: Diagnostics with wrong results: "no-remote" (the barrier protocol with the
 #: partials stored locally), "no-barrier" (a cluster launch without any
 #: barrier or remote store), "none" (no cluster: each CTA sums its own
 #: warps and stores).
-SPLIT_REDUCE = ("mbarrier", "barrier", "no-remote", "no-barrier", "none")
+SPLIT_REDUCE = ("mbarrier", "vector", "barrier", "no-remote", "no-barrier", "none")
 #: the split_reduce builds whose results are right
-SPLIT_REDUCE_CORRECT = ("mbarrier", "barrier")
+SPLIT_REDUCE_CORRECT = ("mbarrier", "vector", "barrier")
 
 
 class WarpSplitKKernel:
@@ -190,8 +194,9 @@ class WarpSplitKKernel:
         # activation stages by TMA boxes (tma_x): a tensor map of x per call
         self.tma_activations = t.tma_x
         self.b_layout = t.activation_layout
-        # split_reduce (SPLIT_REDUCE): "mbarrier" is shipped; the others are
-        # for scripts/build_ab.py --compare split-reduce only, never cached
+        # split_reduce (SPLIT_REDUCE): "mbarrier" is shipped, "vector" an
+        # experimental build variant (WARPSPLITK_SPLIT_REDUCE); the others
+        # are for scripts/build_ab.py --compare split-reduce only, never cached
         if split_reduce not in SPLIT_REDUCE:
             raise ValueError(f"split_reduce must be one of {SPLIT_REDUCE}, got {split_reduce!r}")
         if split_reduce != "mbarrier" and (t.k_split == 1 or t.x_multicast > 1):
@@ -201,7 +206,9 @@ class WarpSplitKKernel:
         # the K split's CTAs form a cluster and reduce through its shared memory
         self.cluster_split = self.k_split > 1 and split_reduce not in ("none", "no-barrier")
         # ... the others' partials completing the first CTA's mbarrier
-        self.split_mbarrier = self.cluster_split and split_reduce == "mbarrier"
+        self.split_mbarrier = self.cluster_split and split_reduce in ("mbarrier", "vector")
+        # ... as one sum per CTA and output vector
+        self.split_vector = self.cluster_split and split_reduce == "vector"
         # a cluster barrier (phase 0 at least: every CTA running, its
         # mbarriers initialised, before the first remote operation)
         self.clustered = self.cluster_split or self.multicast
@@ -380,9 +387,10 @@ class WarpSplitKKernel:
             # waits on cluster barrier phase 0, which this thread's arrival
             # (after it) completes.
             t = self.tactic
+            per_cta = (layout.split_vector_bytes if self.split_vector
+                       else layout.split_partial_bytes)(t.output_tile, t.token_tile)
             ptx.mbarrier_arrive_expect_tx_if(
-                smem + self.smem.partials,
-                (self.k_split - 1) * layout.split_partial_bytes(t.output_tile, t.token_tile),
+                smem + self.smem.partials, (self.k_split - 1) * per_cta,
                 cutlass.select_(rank == 0, Int32(1), Int32(0)))
 
     def _loader_arrive(self, barrier):
@@ -743,7 +751,8 @@ class WarpSplitKKernel:
 
         # split-K reduction: partials to shared, then a fixed-order sum
         red = smem + self.smem.reduction
-        if not self.cluster_split:
+        if not self.cluster_split or self.split_vector:
+            # (the vector hand-over: each CTA's warps into its own buffer first)
             dest, slot, store = red, warp, ptx.st_shared_f32
             if self.smem.reduction_aliased:
                 # the buffer lies over the rings (a ring too deep for both):
@@ -778,7 +787,7 @@ class WarpSplitKKernel:
                 for reg in range(4):
                     row, token = layout.accumulator_coords(lane, mi, ni, reg)
                     offset = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
-                    if self.split_mbarrier:
+                    if self.split_mbarrier and not self.split_vector:
                         ptx.st_partial_f32(red + offset * 4, first_red + offset * 4,
                                            first_partials, acc[mi][ni][reg], remote)
                     else:
@@ -786,6 +795,13 @@ class WarpSplitKKernel:
         self._stamp("partials_stored", tidx == 0)
         if not self.cluster_split:
             ptx.named_barrier(1, self.compute_threads)
+        elif self.split_vector:
+            # this CTA's warps' partials in; phase 0 (every CTA of the
+            # cluster running, the first's mbarrier armed) before the sends
+            ptx.named_barrier(1, self.compute_threads)
+            ptx.cluster_wait()
+            first_red = ptx.map_shared_to_rank(red, Int32(0))
+            first_partials = ptx.map_shared_to_rank(smem + self.smem.partials, Int32(0))
         elif self.split_mbarrier:
             # the first CTA: its own warps' partials, then the others' bytes
             # (acquire at cluster scope); the others store nothing after this
@@ -806,11 +822,32 @@ class WarpSplitKKernel:
             # threads past the tile's vectors read a valid slot and store nothing
             token, row = layout.epilogue_coords(vector % vectors, t.output_tile)
             total = [Float32(0.0)] * layout.CHUNK
-            for w in range(layout.COMPUTE_WARPS * (self.k_split if self.cluster_split else 1)):
+            warps = (layout.COMPUTE_WARPS * self.k_split
+                     if self.cluster_split and not self.split_vector else layout.COMPUTE_WARPS)
+            for w in range(warps):
                 offset = layout.reduction_offset(w, token, row, t.output_tile, t.token_tile)
                 part = (ptx.ld_shared_v4_f32(red + offset * 4)
                         + ptx.ld_shared_v4_f32(red + (offset + 4) * 4))
                 total = part if w == 0 else [total[j] + part[j] for j in range(layout.CHUNK)]
+            if self.split_vector:
+                # the others send this CTA's sum (rank 0 would send to slot 3,
+                # its own warp's, if it sent: it does not), the first adds
+                # theirs in rank order once its mbarrier says all are in
+                send = (cutlass.select_(vector < vectors, Int32(1), Int32(0))
+                        * cutlass.select_(rank != 0, Int32(1), Int32(0)))
+                offset = layout.reduction_offset(layout.split_sum_slot(rank), token, row,
+                                                 t.output_tile, t.token_tile)
+                ptx.st_async_v4_f32_if(first_red + offset * 4, first_partials, total[:4], send)
+                ptx.st_async_v4_f32_if(first_red + (offset + 4) * 4, first_partials, total[4:],
+                                       send)
+                ptx.mbarrier_wait_cluster_if(smem + self.smem.partials, 0,
+                                             cutlass.select_(rank == 0, Int32(1), Int32(0)))
+                for q in range(1, self.k_split):
+                    offset = layout.reduction_offset(layout.split_sum_slot(q), token, row,
+                                                     t.output_tile, t.token_tile)
+                    part = (ptx.ld_shared_v4_f32(red + offset * 4)
+                            + ptx.ld_shared_v4_f32(red + (offset + 4) * 4))
+                    total = [total[j] + part[j] for j in range(layout.CHUNK)]
             global_token = tile_t * t.token_tile + token
             n_index = tile_n * t.output_tile + row
             store = (cutlass.select_(vector < vectors, Int32(1), Int32(0))

@@ -387,6 +387,21 @@ def split_partial_bytes(output_tile, token_tile):
             * 4 * 4)
 
 
+def split_sum_slot(rank):
+    """The vector hand-over of a K split (experimental): the slot of the first
+    CTA's reduction buffer that CTA ``rank`` (> 0) sends its four warps' sums
+    into, past the first CTA's own four warp slots (the buffer has
+    ``k_split * 4`` slots, more than the ``4 + k_split - 1`` this uses)."""
+    return COMPUTE_WARPS + rank - 1
+
+
+def split_vector_bytes(output_tile, token_tile):
+    """Bytes one CTA of a K split sends the first CTA in the vector hand-over:
+    one 8-float sum per output vector (``epilogue_vectors``), a quarter of
+    ``split_partial_bytes`` for 16- and 32-token tiles."""
+    return epilogue_vectors(output_tile, token_tile) * CHUNK * 4
+
+
 def ring_slot(k_tile_index, stages):
     """(stage, parity) of K tile ``k_tile_index``: the full barrier of that stage
     completes its phase ``parity`` when the tile has landed."""

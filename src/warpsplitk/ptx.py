@@ -226,6 +226,19 @@ def st_partial_f32(local, remote, remote_barrier, value, is_remote, *, loc=None,
 
 
 @dsl_user_op
+def st_async_v4_f32_if(remote, remote_barrier, values, predicate, *, loc=None, ip=None):
+    """If ``predicate`` (non-zero): four floats into another CTA's shared
+    memory at ``remote`` (shared::cluster, 16-byte aligned) by ``st.async``,
+    their 16 bytes completing that CTA's mbarrier ``remote_barrier``."""
+    _asm(None, [Int32(remote), Int32(remote_barrier)] + [Float32(v) for v in values]
+         + [Int32(predicate)],
+         "{\n.reg .pred P1;\nsetp.ne.u32 P1, $6, 0;\n"
+         "@P1 st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 "
+         "[$0], {$2, $3, $4, $5}, [$1];\n}",
+         "r,r,f,f,f,f,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
 def mbarrier_wait_cluster_if(barrier, parity, predicate, *, loc=None, ip=None):
     """``mbarrier_wait(barrier, parity, cluster=True)`` if ``predicate``
     (non-zero; uniform over the warp): acquire at cluster scope, for bytes
