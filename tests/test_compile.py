@@ -884,7 +884,7 @@ def test_vector_hand_over_of_a_k_split(monkeypatch, text, n, k):
     """WARPSPLITK_SPLIT_REDUCE=vector (experimental): each CTA stores its
     partials locally, sums its four warps, and the others send one 8-float
     sum per output vector as two st.async .v4 stores per epilogue round (a
-    quarter of the bytes at 16 and 32 tokens); the first CTA waits on its
+    quarter of the bytes); the first CTA waits on its
     mbarrier once per round and adds k_split - 1 sums. Audit clean, no
     more spilled than the shipped hand-over (the narrow tile's deep ring
     spills 16 bytes either way); a variant of K splits only (the cache key

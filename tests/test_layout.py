@@ -765,3 +765,25 @@ def test_l2_prefetch_span_whole_or_bounded():
     assert layout.l2_prefetch_span(28, 10, 256, 4) == (2560, 4 * 256)
     assert layout.l2_prefetch_span(14, 10, 256, 8) == (2560, 4 * 256)  # no more than remains
     assert layout.l2_prefetch_span(10, 10, 256, 2) == (2560, 0)
+
+
+@pytest.mark.parametrize("output_tile", [16, 32, 48, 64])
+def test_k_split_hand_over_sizes(output_tile):
+    """What a CTA of a K split sends the first: every lane's accumulators
+    (the shipped hand-over), or one 8-float sum per output vector (the
+    vector hand-over): a quarter of that from 8 tokens on, less for a narrow
+    tile. The vector hand-over's slots fit the buffer sized for k_split * 4
+    warps and leave the first CTA's own four alone."""
+    for token_tile in (1, 4, 8, 16, 32):
+        partial = layout.split_partial_bytes(output_tile, token_tile)
+        vector = layout.split_vector_bytes(output_tile, token_tile)
+        assert partial == layout.COMPUTE_WARPS * layout.WARP * (output_tile // 16) \
+            * layout.mma_token_blocks(token_tile) * 16
+        if token_tile >= 8:
+            assert vector * 4 == partial
+        else:
+            assert vector * 4 < partial
+    for k_split in (2, 4):
+        slots = [layout.split_sum_slot(rank) for rank in range(1, k_split)]
+        assert min(slots) == layout.COMPUTE_WARPS and max(slots) < k_split * layout.COMPUTE_WARPS
+        assert len(set(slots)) == k_split - 1

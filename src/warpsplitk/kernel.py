@@ -90,8 +90,8 @@ X_SMEM = ("full", "no-read", "none")
 #: complete an mbarrier there, and only the first CTA waits (on it).
 #: "vector" (experimental, correct): every CTA first sums its own four
 #: warps' partials, and the others send those sums, one 8-float vector per
-#: output vector (``st.async`` .v4, a quarter of the bytes at 16 and 32
-#: tokens), into the first CTA's slots ``layout.split_sum_slot``.
+#: output vector (``st.async`` .v4, a quarter of the bytes), into the
+#: first CTA's slots ``layout.split_sum_slot``.
 #: "barrier" (the protocol before, correct): plain remote stores, then a
 #: cluster barrier every thread of every CTA arrives on and waits for.
 #: Diagnostics with wrong results: "no-remote" (the barrier protocol with the

@@ -397,8 +397,9 @@ def split_sum_slot(rank):
 
 def split_vector_bytes(output_tile, token_tile):
     """Bytes one CTA of a K split sends the first CTA in the vector hand-over:
-    one 8-float sum per output vector (``epilogue_vectors``), a quarter of
-    ``split_partial_bytes`` for 16- and 32-token tiles."""
+    one 8-float sum per output vector (``epilogue_vectors``): a quarter of
+    ``split_partial_bytes`` (less for a narrow token tile, whose mma
+    columns past the tile are not sent)."""
     return epilogue_vectors(output_tile, token_tile) * CHUNK * 4
 
 
