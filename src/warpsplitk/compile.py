@@ -107,12 +107,17 @@ def _release_fence_from_env() -> str:
 REMOTE_RELEASES = ("cluster", "cta")
 
 
-def _remote_release_from_env() -> str:
-    value = os.environ.get("WARPSPLITK_REMOTE_RELEASE", "").strip() or "cluster"
-    if value not in REMOTE_RELEASES:
-        raise ValueError(f"WARPSPLITK_REMOTE_RELEASE must be one of {REMOTE_RELEASES}, "
-                         f"got {value!r}")
+def _choice_from_env(name, choices):
+    """The value of environment variable ``name``: one of ``choices``, the
+    first when unset or empty."""
+    value = os.environ.get(name, "").strip() or choices[0]
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
+
+
+def _remote_release_from_env() -> str:
+    return _choice_from_env("WARPSPLITK_REMOTE_RELEASE", REMOTE_RELEASES)
 
 
 #: How a K split hands its partial sums to the first CTA, by
@@ -123,11 +128,7 @@ SPLIT_REDUCES = ("mbarrier", "vector")
 
 
 def _split_reduce_from_env() -> str:
-    value = os.environ.get("WARPSPLITK_SPLIT_REDUCE", "").strip() or "mbarrier"
-    if value not in SPLIT_REDUCES:
-        raise ValueError(f"WARPSPLITK_SPLIT_REDUCE must be one of {SPLIT_REDUCES}, "
-                         f"got {value!r}")
-    return value
+    return _choice_from_env("WARPSPLITK_SPLIT_REDUCE", SPLIT_REDUCES)
 
 
 def build_variant() -> dict:
