@@ -169,6 +169,21 @@ def test_plan_view_without_gpu(capsys):
     assert int(row[-1]) == round(100 * floor / measured)
 
 
+def test_plan_view_takes_shapes_as_bench_and_tune_do(tmp_path, capsys):
+    """`warpsplitk plan --shapes` takes N,K pairs and .json tables, mixed,
+    as `bench` and `tune` do; a table's rows keep their names."""
+    from warpsplitk.cli import main
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"shapes": [{"n": 256, "k": 1024, "model": "x", "projection": "y"}]}))
+    assert main(["plan", "--no-compile", "--shapes", "4224,7168", str(table), "--m", "1,8"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [tuple(r[-14:-11]) for r in rows] == [("4224", "7168", "1"), ("4224", "7168", "8"),
+                                                 ("256", "1024", "1"), ("256", "1024", "8")]
+    assert rows[2][:2] == ["x", "y"]
+    assert main(["plan", "--no-compile", "--shapes", "4224x7168"]) == 2
+    assert "a shape is 'N,K' or a .json table, got '4224x7168'" in capsys.readouterr().err
+
+
 def test_plan_view_compiles_registers(tmp_path, capsys):
     from warpsplitk.cli import main
     table = tmp_path / "t.json"

@@ -136,14 +136,15 @@ def _cmd_plan(args):
     from .tactics import (ctas_per_sm, grid_ctas, l2_read_factor, register_estimate, sm_balance,
                           waves)
     plan, source = _resolve_plan(args.plan or "h200")
-    table = shape_table.load(args.shapes)
+    entries = (shape_table.shape_entries(args.shapes) if args.shapes
+               else shape_table.load()["shapes"])
     ms = shape_table.parse_ms(args.m)
     print(f"# tactics from {source}; {args.arch}, {args.sm_count} SMs; floor at "
           f"{args.tbps} TB/s; registers {'compiled here' if args.compile else 'from the model'}")
     print(f"{'projection':<34} {'N':>5} {'K':>5} {'M':>3} {'tactic':>30} {'CTAs':>5} {'waves':>5} "
           f"{'SM load':>7} {'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'L2 x':>5} {'floor us':>8} "
           f"{'meas us':>7} {'%floor':>6}")
-    for shape in table["shapes"]:
+    for shape in entries:
         n, k = shape["n"], shape["k"]
         for m in ms:
             tactic = plan.lookup(n, k, m) or default_tactic(m, n, k, sm_count=args.sm_count)
@@ -265,7 +266,7 @@ def main(argv=None):
 
     p = sub.add_parser("plan", help="show tactics, occupancy and the HBM floor per shape (no GPU)")
     p.add_argument("--plan", help="plan JSON, 'h200' (built-in, the default) or 'none' (the heuristic)")
-    p.add_argument("--shapes", help="shape table JSON (default: built-in)")
+    p.add_argument("--shapes", nargs="*", help="N,K pairs or .json shape tables (default: built-in)")
     p.add_argument("--m", default="1,8,16,24,32", help="M buckets to show")
     p.add_argument("--arch", default="sm_90a", choices=("sm_90a", "sm_100a"))
     p.add_argument("--sm-count", type=int, default=132)

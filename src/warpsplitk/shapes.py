@@ -19,19 +19,26 @@ def load(path=None) -> dict:
     return table
 
 
-def parse_shapes(items) -> list[tuple[int, int]]:
-    """``["N,K", "table.json", ...]`` -> ``[(N, K), ...]``; a path loads its table."""
-    shapes = []
+def shape_entries(items) -> list[dict]:
+    """``["N,K", "table.json", ...]`` -> the table entries they name
+    (``{"n", "k", ...}``; a pair has only those two, a table's keep its
+    model and projection names)."""
+    entries = []
     for item in items:
         if item.endswith(".json"):
-            shapes += [(s["n"], s["k"]) for s in load(item)["shapes"]]
+            entries += load(item)["shapes"]
             continue
         try:
             n, k = (int(v) for v in item.split(","))
         except ValueError:
             raise ValueError(f"a shape is 'N,K' or a .json table, got {item!r}") from None
-        shapes.append((n, k))
-    return shapes
+        entries.append({"n": n, "k": k})
+    return entries
+
+
+def parse_shapes(items) -> list[tuple[int, int]]:
+    """``["N,K", "table.json", ...]`` -> ``[(N, K), ...]``; a path loads its table."""
+    return [(s["n"], s["k"]) for s in shape_entries(items)]
 
 
 def parse_ms(text: str) -> list[int]:
