@@ -2,7 +2,9 @@
 
 Its own module so that the device session runs it in its own process with
 its own time limit: a protocol fault in a cluster barrier would hang, and must
-not take the other kernel tests with it.
+not take the other kernel tests with it. It tests the hand-over this process
+builds: the shipped one, or with WARPSPLITK_SPLIT_REDUCE=vector the
+experimental one (scripts/device_session.sh split-vector).
 """
 
 import pytest
@@ -16,8 +18,8 @@ from test_gpu_kernel import check_tactic_with_and_without_bias  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-# k_split 2 (experimental): two CTAs of a cluster share K and meet in the
-# first one's shared memory. Correctness, a graph, PDL back to back.
+# k_split 2: two CTAs of a cluster share K and meet in the first one's
+# shared memory. Correctness, a graph, PDL back to back.
 K_SPLIT_CASES = [
     (WarpSplitKTactic(16, 8, 256, 8, 1, 2), 1536, 7168),
     (WarpSplitKTactic(32, 8, 256, 6, 1, 2), 2624, 6144),
