@@ -761,3 +761,28 @@ def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp
         f.write(json.dumps({"key": f"1024,4096,1,{split}", "n": 1024, "k": 4096, "m": 1,
                             "tactic": split, "ok": True, "us": 9.0, "rev": 2}) + "\n")
     assert dominated_stale_keys(str(log)) == {f"1024,4096,1,{tma}"}
+
+
+def test_log_records_of_another_build_variant_never_count(tmp_path, monkeypatch):
+    """A record made by a process building an experimental variant (here
+    WARPSPLITK_SPLIT_REDUCE=vector) says so, and counts only for a process
+    building the same variant: plans and resumes of the shipped build never
+    see it, nor a vector process the shipped build's."""
+    from warpsplitk.tune import _read_log, _record, plan_from_log
+    split = "32,8,256,4,1,2"
+    assert "variant" not in _record(key="a")
+    monkeypatch.setenv("WARPSPLITK_SPLIT_REDUCE", "vector")
+    vector_rec = _record(key=f"1024,4096,1,{split}", n=1024, k=4096, m=1, tactic=split,
+                         ok=True, us=3.0)
+    assert vector_rec["variant"] == {"split_reduce": "vector"}
+    monkeypatch.delenv("WARPSPLITK_SPLIT_REDUCE")
+    log = tmp_path / "log.jsonl"
+    _log(log, [(1024, 4096, r, split, 5.0) for r in REPRESENTATIVE_MS])
+    with open(log, "a") as f:
+        f.write(json.dumps(vector_rec) + "\n")
+    assert _read_log(str(log))[f"1024,4096,1,{split}"]["us"] == 5.0
+    plan, _ = plan_from_log(str(log))
+    assert plan.entries[(1024, 4096)][1][1] == 5.0
+    monkeypatch.setenv("WARPSPLITK_SPLIT_REDUCE", "vector")
+    assert list(_read_log(str(log))) == [f"1024,4096,1,{split}"]
+    assert _read_log(str(log))[f"1024,4096,1,{split}"]["us"] == 3.0

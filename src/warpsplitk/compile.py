@@ -147,6 +147,13 @@ def build_variant() -> dict:
     return variant
 
 
+def build_switches() -> dict:
+    """The switches of ``build_variant`` that are set: ``{}`` for the
+    shipped build (what a benchmark's environment and a tuning record say
+    they timed)."""
+    return {key: value for key, value in build_variant().items() if value not in ("", False)}
+
+
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None,
            dependency_wait=True, release_fence=None, stamps=False, remote_release=None,
            x_smem="full", split_reduce=None):

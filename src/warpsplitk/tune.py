@@ -459,15 +459,23 @@ def is_stale(rec, revision=KERNEL_REVISION) -> bool:
 
 
 def _record(**fields):
-    """A new log record, stamped with the revision its kernel has."""
-    return {**fields, "rev": KERNEL_REVISION}
+    """A new log record, stamped with the revision its kernel has and, when
+    this process builds an experimental or diagnostic variant, its switches
+    (``compile.build_switches``)."""
+    from .compile import build_switches
+    switches = build_switches()
+    return {**fields, "rev": KERNEL_REVISION, **({"variant": switches} if switches else {})}
 
 
 def _read_log(path, records=None, stale=False, revision=KERNEL_REVISION):
     """``{key: record}`` of a tuning log (its first ``records`` lines only,
     when given: the log as it stood when a plan was made from it), the last
     record of each key winning; records stale at ``revision`` (``is_stale``)
-    are left out unless ``stale``."""
+    are left out unless ``stale``, and so are records of another build
+    variant than this process's (``compile.build_switches``: a timing of an
+    experimental build never counts for the shipped one, nor the reverse)."""
+    from .compile import build_switches
+    switches = build_switches()
     done = {}
     if path and os.path.exists(path):
         with open(path) as f:
@@ -476,6 +484,8 @@ def _read_log(path, records=None, stale=False, revision=KERNEL_REVISION):
                     break
                 if line.strip():
                     rec = json.loads(line)
+                    if rec.get("variant", {}) != switches:
+                        continue
                     if stale or not is_stale(rec, revision):
                         done[rec["key"]] = rec
     return done
