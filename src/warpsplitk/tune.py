@@ -690,7 +690,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                 cell = samples.setdefault((n, k), {}).setdefault(r, {})
 
                 def measure(tactic, n=n, k=k, r=r, x_ptr=x_ptr, out_ptr=out_ptr, ref=ref,
-                            out=out, cell=cell, time_code=time_code):
+                            out=out, cell=cell, time_code=time_code,
+                            checked_weight=weight_ptrs[-1], bias_ptr=bias_ptr):
                     key = _log_key(n, k, r, tactic)
                     rec = done.get(key)
                     if rec is None:
@@ -701,7 +702,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                             rec.update(ok=False, error=f"compile: {error}")
                         else:
                             out.fill_(float("nan"))
-                            code(weight_ptrs[-1], x_ptr, bias_ptr, out_ptr, r, stream())
+                            code(checked_weight, x_ptr, bias_ptr, out_ptr, r, stream())
                             torch.cuda.synchronize()
                             err = ((out.double() - ref).norm() / ref.norm()).item()
                             if check and not err < 1e-2:
