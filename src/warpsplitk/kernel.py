@@ -99,8 +99,6 @@ X_SMEM = ("full", "no-read", "none")
 #: barrier or remote store), "none" (no cluster: each CTA sums its own
 #: warps and stores).
 SPLIT_REDUCE = ("mbarrier", "vector", "barrier", "no-remote", "no-barrier", "none")
-#: the split_reduce builds whose results are right
-SPLIT_REDUCE_CORRECT = ("mbarrier", "vector", "barrier")
 
 
 class WarpSplitKKernel:
@@ -751,6 +749,10 @@ class WarpSplitKKernel:
 
         # split-K reduction: partials to shared, then a fixed-order sum
         red = smem + self.smem.reduction
+        if self.split_mbarrier:
+            # the first CTA's buffer and partials barrier, as the others address them
+            first_red = ptx.map_shared_to_rank(red, Int32(0))
+            first_partials = ptx.map_shared_to_rank(smem + self.smem.partials, Int32(0))
         if not self.cluster_split or self.split_vector:
             # (the vector hand-over: each CTA's warps into its own buffer first)
             dest, slot, store = red, warp, ptx.st_shared_f32
@@ -770,8 +772,6 @@ class WarpSplitKKernel:
             ptx.cluster_wait()  # phase 0: every CTA of the cluster is running
             slot = rank * layout.COMPUTE_WARPS + warp
             remote = cutlass.select_(rank != 0, Int32(1), Int32(0))
-            first_red = ptx.map_shared_to_rank(red, Int32(0))
-            first_partials = ptx.map_shared_to_rank(smem + self.smem.partials, Int32(0))
         else:
             # "barrier" build: every CTA of the cluster writes its partials
             # into the first CTA's buffer (slot rank * 4 + warp), through
@@ -800,14 +800,12 @@ class WarpSplitKKernel:
             # cluster running, the first's mbarrier armed) before the sends
             ptx.named_barrier(1, self.compute_threads)
             ptx.cluster_wait()
-            first_red = ptx.map_shared_to_rank(red, Int32(0))
-            first_partials = ptx.map_shared_to_rank(smem + self.smem.partials, Int32(0))
         elif self.split_mbarrier:
             # the first CTA: its own warps' partials, then the others' bytes
             # (acquire at cluster scope); the others store nothing after this
             ptx.named_barrier(1, self.compute_threads)
-            ptx.mbarrier_wait_cluster_if(smem + self.smem.partials, 0,
-                                         cutlass.select_(rank == 0, Int32(1), Int32(0)))
+            ptx.mbarrier_wait(smem + self.smem.partials, 0, cluster=True,
+                              predicate=cutlass.select_(rank == 0, Int32(1), Int32(0)))
         else:
             # phase 1: all partials written (release) and visible (acquire);
             # rank 0 also cannot exit before the others' stores have landed.
@@ -840,8 +838,8 @@ class WarpSplitKKernel:
                 ptx.st_async_v4_f32_if(first_red + offset * 4, first_partials, total[:4], send)
                 ptx.st_async_v4_f32_if(first_red + (offset + 4) * 4, first_partials, total[4:],
                                        send)
-                ptx.mbarrier_wait_cluster_if(smem + self.smem.partials, 0,
-                                             cutlass.select_(rank == 0, Int32(1), Int32(0)))
+                ptx.mbarrier_wait(smem + self.smem.partials, 0, cluster=True,
+                                  predicate=cutlass.select_(rank == 0, Int32(1), Int32(0)))
                 for q in range(1, self.k_split):
                     offset = layout.reduction_offset(layout.split_sum_slot(q), token, row,
                                                      t.output_tile, t.token_tile)

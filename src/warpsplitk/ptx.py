@@ -110,17 +110,25 @@ def mbarrier_init(barrier, count, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def mbarrier_wait(barrier, parity, cluster=False, *, loc=None, ip=None):
+def mbarrier_wait(barrier, parity, cluster=False, predicate=None, *, loc=None, ip=None):
     """Spin (with the hardware's suspend hint) until phase ``parity`` of ``barrier``
     completed. ``cluster``: acquire at cluster scope, for a barrier other CTAs
     of the cluster arrive on (release.cluster) to hand over their own shared
-    memory, which this thread then has overwritten by a multicast copy."""
+    memory, which this thread then has overwritten by a multicast copy, or
+    whose bytes they stored into this CTA with ``st.async``. ``predicate``
+    (non-zero; uniform over the warp): wait only where it holds."""
     scope = ".acquire.cluster" if cluster else ""
-    _asm(None, [Int32(barrier), Int32(parity)],
-         "{\n.reg .pred P1;\nWSK_WAIT_${:uid}:\n"
-         f"mbarrier.try_wait.parity{scope}.shared::cta.b64 P1, [$0], $1;\n"
-         "@!P1 bra WSK_WAIT_${:uid};\n}",
-         "r,r,~{memory}", loc, ip)
+    loop = ("WSK_WAIT_${:uid}:\n"
+            f"mbarrier.try_wait.parity{scope}.shared::cta.b64 P1, [$0], $1;\n"
+            "@!P1 bra WSK_WAIT_${:uid};\n")
+    if predicate is None:
+        _asm(None, [Int32(barrier), Int32(parity)], "{\n.reg .pred P1;\n" + loop + "}",
+             "r,r,~{memory}", loc, ip)
+        return
+    _asm(None, [Int32(barrier), Int32(parity), Int32(predicate)],
+         "{\n.reg .pred P1;\n.reg .pred P2;\nsetp.ne.u32 P2, $2, 0;\n"
+         "@!P2 bra WSK_SKIP_${:uid};\n" + loop + "WSK_SKIP_${:uid}:\n}",
+         "r,r,r,~{memory}", loc, ip)
 
 
 @dsl_user_op
@@ -209,7 +217,6 @@ def st_shared_cluster_f32(address, value, *, loc=None, ip=None):
          loc, ip)
 
 
-
 @dsl_user_op
 def st_partial_f32(local, remote, remote_barrier, value, is_remote, *, loc=None, ip=None):
     """One partial sum of a K split: if ``is_remote`` (non-zero), into another
@@ -237,18 +244,6 @@ def st_async_v4_f32_if(remote, remote_barrier, values, predicate, *, loc=None, i
          "[$0], {$2, $3, $4, $5}, [$1];\n}",
          "r,r,f,f,f,f,r,~{memory}", loc, ip)
 
-
-@dsl_user_op
-def mbarrier_wait_cluster_if(barrier, parity, predicate, *, loc=None, ip=None):
-    """``mbarrier_wait(barrier, parity, cluster=True)`` if ``predicate``
-    (non-zero; uniform over the warp): acquire at cluster scope, for bytes
-    other CTAs stored into this one with ``st.async``."""
-    _asm(None, [Int32(barrier), Int32(parity), Int32(predicate)],
-         "{\n.reg .pred P1;\n.reg .pred P2;\nsetp.ne.u32 P2, $2, 0;\n"
-         "@!P2 bra WSK_SKIP_${:uid};\nWSK_WAIT_${:uid}:\n"
-         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [$0], $1;\n"
-         "@!P1 bra WSK_WAIT_${:uid};\nWSK_SKIP_${:uid}:\n}",
-         "r,r,r,~{memory}", loc, ip)
 
 # ------------------------------------------------ activation multicast
 # For x_multicast > 1: the CTAs of a cluster along N load each activation
