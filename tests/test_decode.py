@@ -299,7 +299,7 @@ def test_shipped_plan_is_what_its_log_gives():
     from pathlib import Path
 
     from warpsplitk.tune import plan_from_log
-    log = Path(__file__).resolve().parent.parent / "docs/gpu-runs/2026-12-02-tune-log.jsonl"
+    log = Path(__file__).resolve().parent.parent / "bench/results/h200-tune-log.jsonl"
     if not log.exists():
         pytest.skip("the tuner log is not in this checkout")
     shipped = builtin_plan("h200")

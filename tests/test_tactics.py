@@ -376,7 +376,7 @@ def test_default_heuristic_against_the_measured_log():
     import statistics
     from pathlib import Path
 
-    log = Path(__file__).resolve().parent.parent / "docs/gpu-runs/2026-12-02-tune-log.jsonl"
+    log = Path(__file__).resolve().parent.parent / "bench/results/h200-tune-log.jsonl"
     times = {}
     for line in log.read_text().splitlines():
         rec = json.loads(line)

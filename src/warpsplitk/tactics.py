@@ -615,7 +615,7 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
       dependency wait, on every call's critical path), 1 for one token.
 
     Chosen (v3, session 4) against the 80 measured cells of the tuner's log
-    (``docs/gpu-runs/2026-12-02-tune-log.jsonl``): its tactic is within a
+    (``bench/results/h200-tune-log.jsonl``): its tactic is within a
     median 1.024 (mean 1.056, worst 1.395) of the fastest measured tactic
     without the early trigger, against 1.058 (1.093, 1.502) for v2, which
     took 32 rows only for 32-token tiles covering every SM and one
