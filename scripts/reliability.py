@@ -1,14 +1,16 @@
 """Reliability runs on a GPU: sanitizer cases, soak, determinism across processes.
 
-    python3 scripts/reliability.py cases --subset all|rotate [--shard I --shards N] [--json OUT]
-                                         [--k-split] [--x-multicast] [--bulk-x] [--tma-x]
-                                         [--half-tiles]
-                                         [--l2-prefetch]
+    python3 scripts/reliability.py cases --subset all|rotate|shipped [--shard I --shards N]
+                                         [--json OUT] [--k-split] [--bulk-x] [--tma-x]
+                                         [--half-tiles] [--l2-prefetch]
                                          [--deep-rings] [--NAME-only ...] [--progress]
-        Every tactic family (output_tile x token_tile x k_tile x
-        b_loader_warps; with --k-split also each with k_split 2 and 4, with
-        --x-multicast each with x_multicast 2, 3 and 4, with --bulk-x each
-        one-warp family also with bulk activation copies, with --tma-x each
+        --subset shipped: every distinct tactic of the built-in H200 plan and
+        of the default heuristic over the built-in shape table, each on a
+        small weight of its own output tiles whose K is one K tile past what
+        its ring (and bounded prefetch) holds per CTA, so every stage is
+        refilled. Otherwise every tactic family (output_tile x token_tile x
+        k_tile x b_loader_warps; with --k-split also each with k_split 2,
+        with --bulk-x each one-warp family also with bulk activation copies, with --tma-x each
         one-warp family also with TMA activation boxes; with --half-tiles
         each case of a 32- or 64-row family also as a mixed grid, three half
         tiles after two full ones; every token tile, the narrow 1-, 2- and
@@ -25,7 +27,7 @@
         takes one ring variant per family, starting at --offset, so that
         tools run with different offsets cover all three between them.
         --NAME-only (NAME in CASE_FILTERS: clusters, x-copies, aliased,
-        narrow, split-four, past-16) keeps the cases that pass every one given.
+        narrow, past-16) keeps the cases that pass every one given.
     python3 scripts/reliability.py soak [--projections 64] [--replays 100000]
         A captured graph of a decode-layer-like chain of projections (each
         output feeds the next input, PDL on), replayed many times; outputs
@@ -56,53 +58,80 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def _deepest_aliased(o, t, kt, b, c, x, bulk, tma=False):
+def _deepest_aliased(o, t, kt, b, c, bulk, tma=False):
     """(stages, K) of the deepest legal ring whose reduction buffer lies over
     the rings (layout.smem_plan), with one K tile past the ring; None if none."""
     for stages in range(MAX_STAGES, 1, -1):
-        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk, tma_x=tma)
+        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, bulk_x=bulk, tma_x=tma)
         k = c * (stages + 1) * kt
         plan = tactic.smem_plan
-        if plan.reduction_aliased and is_legal(tactic, 2 * x * o, k):
+        if plan.reduction_aliased and is_legal(tactic, 2 * o, k):
             return stages, k
     return None
 
 
-def _deepest_past_16(o, t, kt, b, c, x, bulk, tma=False):
+def _deepest_past_16(o, t, kt, b, c, bulk, tma=False):
     """(stages, K) of the deepest legal ring past 16 stages (narrow token
     tiles and small stages reach up to MAX_STAGES), with one K tile past
     the ring; None if the family's stages are too large for 17."""
     for stages in range(MAX_STAGES, 16, -1):
-        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk, tma_x=tma)
+        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, bulk_x=bulk, tma_x=tma)
         k = c * (stages + 1) * kt
-        if is_legal(tactic, 2 * x * o, k):
+        if is_legal(tactic, 2 * o, k):
             return stages, k
     return None
 
 
-def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(False,),
-                 l2_prefetch=False, deep_rings=False, tma_xs=(False,), half_tiles=False):
+def shipped_tactics():
+    """Every distinct tactic of the built-in H200 plan and of the default
+    heuristic over the built-in shape table, for M 1..32."""
+    from warpsplitk import builtin_plan
+    from warpsplitk.shapes import load
+    found = {tactic for entries in builtin_plan("h200").entries.values()
+             for tactic, _ in entries.values()}
+    for shape in load()["shapes"]:
+        found |= {default_tactic(m, shape["n"], shape["k"], sm_count=132) for m in range(1, 33)}
+    return sorted(found)
+
+
+def shipped_cases():
+    """``shipped_tactics`` on small weights: two output tiles (a mixed
+    grid: one full tile and its half tiles), K one K tile per CTA past what
+    the ring and a bounded prefetch hold, so every stage is refilled."""
+    cases = []
+    for t in shipped_tactics():
+        n = (2 * t.output_tile if not t.half_tiles
+             else t.output_tile + t.half_tiles * (t.output_tile // 2))
+        k = t.k_split * (t.stages + t.prefetch_tiles + 1) * t.k_tile
+        if not is_legal(t, n, k):
+            raise ValueError(f"shipped case {t.short()} N={n} K={k} is not legal")
+        ms = sorted({1, max(1, t.token_tile - 1), t.token_tile, min(32, t.token_tile + 1), 32})
+        cases.append((t, n, k, ms))
+    return cases
+
+
+def family_cases(subset, offset=0, k_splits=(1,), bulk_xs=(False,), l2_prefetch=False,
+                 deep_rings=False, tma_xs=(False,), half_tiles=False):
+    if subset == "shipped":
+        return shipped_cases()
     cases = []
     families = [f for f in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS,
-                                             k_splits, x_multicasts, bulk_xs, tma_xs)
-                # multicast: one loader warp, no split; bulk_x: one loader warp, no
-                # multicast unless by TMA; tma_x: one loader warp, not with bulk_x
-                if (f[5] == 1 or (f[3] == 1 and f[4] == 1))
-                and not (f[6] and (f[3] > 1 or f[5] > 1 or f[7]))
-                and not (f[7] and f[3] > 1)]
-    for index, (o, t, kt, b, c, x, bulk, tma) in enumerate(families):
+                                             k_splits, bulk_xs, tma_xs)
+                # bulk_x: one loader warp; tma_x: one loader warp, not with bulk_x
+                if not (f[5] and (f[3] > 1 or f[6])) and not (f[6] and f[3] > 1)]
+    for index, (o, t, kt, b, c, bulk, tma) in enumerate(families):
         # per CTA: one stage; a ring shorter than its K tiles; one equal to them
         rings = [(1, c * kt), (2, 3 * c * kt), (3, 3 * c * kt)]
         if subset == "rotate":
             rings = [rings[(index + offset) % 3]]
         if deep_rings:
-            for deepest in (_deepest_aliased(o, t, kt, b, c, x, bulk, tma),
-                            _deepest_past_16(o, t, kt, b, c, x, bulk, tma)):
+            for deepest in (_deepest_aliased(o, t, kt, b, c, bulk, tma),
+                            _deepest_past_16(o, t, kt, b, c, bulk, tma)):
                 if deepest and deepest not in rings:
                     rings.append(deepest)
-        n = 2 * x * o  # two output tiles, or two clusters of them
+        n = 2 * o  # two output tiles
         for stages, k in rings:
-            tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x, bulk_x=bulk, tma_x=tma)
+            tactic = WarpSplitKTactic(o, t, kt, stages, b, c, bulk_x=bulk, tma_x=tma)
             if not is_legal(tactic, n, k):
                 continue  # a combination check_tactic refuses (48/64-row tiles need k_tile 128)
             ms = sorted({1, max(1, t - 1), t, min(32, t + 1), 32})
@@ -124,27 +153,24 @@ def family_cases(subset, offset=0, k_splits=(1,), x_multicasts=(1,), bulk_xs=(Fa
 
 #: ``--NAME-only``: keep only the cases whose tactic passes (several: all of them).
 CASE_FILTERS = {
-    "clusters": ("the cases with k_split or x_multicast > 1",
-                 lambda t: t.k_split > 1 or t.x_multicast > 1),
+    "clusters": ("the cases with k_split > 1", lambda t: t.k_split > 1),
     "x-copies": ("the cases with bulk_x, tma_x, half tiles or the L2 prefetch",
                  lambda t: t.bulk_x or t.l2_prefetch or t.tma_x or t.half_tiles),
     "aliased": ("the cases whose reduction buffer lies over the rings",
                 lambda t: t.reduction_aliased),
     "narrow": ("the cases with a narrow token tile (1, 2 or 4 rows)",
                lambda t: t.token_tile < layout.MMA_N),
-    "split-four": ("the cases with k_split 4 (with --k-split)", lambda t: t.k_split == 4),
     "past-16": ("the rings deeper than 16 stages (with --deep-rings)", lambda t: t.stages > 16),
 }
 
 
-def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), x_multicasts=(1,),
-              only=(), progress=False, bulk_xs=(False,), l2_prefetch=False, deep_rings=False,
+def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), only=(), progress=False, bulk_xs=(False,), l2_prefetch=False, deep_rings=False,
               tma_xs=(False,), half_tiles=False):
     """``only``: names of ``CASE_FILTERS`` every case must pass."""
     torch.manual_seed(0)
     results = []
-    cases = family_cases(subset, offset, k_splits, x_multicasts, bulk_xs, l2_prefetch, deep_rings,
-                         tma_xs, half_tiles)
+    cases = family_cases(subset, offset, k_splits, bulk_xs, l2_prefetch, deep_rings, tma_xs,
+                         half_tiles)
     for name in only:
         cases = [case for case in cases if CASE_FILTERS[name][1](case[0])]
     for tactic, n, k, ms in cases[shard::shards]:
@@ -240,14 +266,12 @@ def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("cases")
-    c.add_argument("--subset", default="all", choices=("all", "rotate"))
+    c.add_argument("--subset", default="all", choices=("all", "rotate", "shipped"))
     c.add_argument("--offset", type=int, default=0, help="which ring variant 'rotate' starts at")
     c.add_argument("--shard", type=int, default=0, help="run cases shard, shard+shards, ...")
     c.add_argument("--shards", type=int, default=1)
     c.add_argument("--k-split", action="store_true",
-                   help="also the cluster split of K (k_split 2 and 4) of every family")
-    c.add_argument("--x-multicast", action="store_true",
-                   help="also the activation multicast (x_multicast 2, 3 and 4) of every family")
+                   help="also the cluster split of K (k_split 2) of every family")
     c.add_argument("--bulk-x", action="store_true",
                    help="also bulk activation copies (bulk_x) of every one-warp family")
     c.add_argument("--tma-x", action="store_true",
@@ -273,9 +297,7 @@ def main():
     args = p.parse_args()
     if args.cmd == "cases":
         results, bad = run_cases(args.subset, args.offset, args.shard, args.shards,
-                                (1, 2, 4) if args.k_split else (1,),
-                                (1, 2, 3, 4) if args.x_multicast else (1,),
-                                args.only, args.progress,
+                                (1, 2) if args.k_split else (1,), args.only, args.progress,
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,
                                 args.deep_rings, (False, True) if args.tma_x else (False,),
                                 args.half_tiles)

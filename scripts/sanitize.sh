@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every
-# tactic family with each ring variant (scripts/reliability.py cases; SUBSET=rotate
-# takes one variant per family and tool instead). Every tool's cases are
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over the
+# cases of scripts/reliability.py: SUBSET=shipped every tactic the built-in
+# plan and the default heuristic use; SUBSET=all (the default) every tactic
+# family with each ring variant; SUBSET=rotate one variant per family and tool. Every tool's cases are
 # split into SHARDS processes and all processes run at once: compiling is
 # CPU-bound and correctness does not mind a shared GPU. One summary line per
 # tool on stdout; $OUT/sanitizer-report.txt has, per log, its summary lines,
@@ -13,27 +14,21 @@
 #   MEMCHECK_FLAGS   memcheck's own flags, default "--report-api-errors no":
 #                    the CUDA driver's start-up symbol probing makes 34 failed
 #                    cuGetProcAddress calls per process, which memcheck counts
-#                    as errors though no kernel is involved (docs/gpu-runs.md,
-#                    runs 6-7); MEMCHECK_FLAGS= counts them again
+#                    as errors though no kernel is involved; MEMCHECK_FLAGS=
+#                    counts them again
 #   K_SPLIT=1        add every family's cluster split of K (k_split 2)
-#   X_MULTICAST=1    add every family's activation multicast (x_multicast 2-4)
-#   CLUSTERS_ONLY=1  with K_SPLIT / X_MULTICAST: only those cluster cases
+#   CLUSTERS_ONLY=1  with K_SPLIT: only those cluster cases
 #   BULK_X=1         add every one-warp family with bulk activation copies
 #   TMA_X=1          add every one-warp family with TMA activation boxes
 #   HALF_TILES=1     add every 32/64-row case as a mixed grid (half_tiles 3)
 #   L2_PREFETCH=1    add the L2 prefetch of every case whose ring is shorter than K
 #   X_COPIES_ONLY=1  with BULK_X / TMA_X / HALF_TILES / L2_PREFETCH: only those cases
 #   NARROW_ONLY=1    only the cases with a narrow token tile (1, 2 or 4 rows)
-#   SPLIT_FOUR_ONLY=1  with K_SPLIT: only the cases with k_split 4
 #   PAST_16_ONLY=1   with DEEP_RINGS: only the rings deeper than 16 stages
 #   DEEP_RINGS=1     add each family's deepest ring, whose reduction buffer
 #                    lies over the rings; ALIASED_ONLY=1: only those cases
-#   THREAD_ARRIVE=all|lane0  sanitise another ring-arrival variant
-#                    (compile.ARRIVALS): all: loaders also arrive themselves;
-#                    lane0: one stage release per compute warp (the build
-#                    shipped before 2026-12-02, racecheck cannot follow it)
+#   CASE_LIMIT       seconds each tool's shard may run (default 600)
 set -u
-[ -n "${THREAD_ARRIVE:-}" ] && export WARPSPLITK_THREAD_ARRIVE=$THREAD_ARRIVE
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOGS=$(mktemp -d)
@@ -42,7 +37,6 @@ TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
 SHARDS=${SHARDS:-2}
 subset=${SUBSET:-all}
 split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
-[ "${X_MULTICAST:-0}" = 1 ] && split_flag="$split_flag --x-multicast"
 [ "${CLUSTERS_ONLY:-0}" = 1 ] && split_flag="$split_flag --clusters-only"
 [ "${BULK_X:-0}" = 1 ] && split_flag="$split_flag --bulk-x"
 [ "${TMA_X:-0}" = 1 ] && split_flag="$split_flag --tma-x"
@@ -52,7 +46,6 @@ split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 [ "${DEEP_RINGS:-0}" = 1 ] && split_flag="$split_flag --deep-rings"
 [ "${ALIASED_ONLY:-0}" = 1 ] && split_flag="$split_flag --aliased-only"
 [ "${NARROW_ONLY:-0}" = 1 ] && split_flag="$split_flag --narrow-only"
-[ "${SPLIT_FOUR_ONLY:-0}" = 1 ] && split_flag="$split_flag --split-four-only"
 [ "${PAST_16_ONLY:-0}" = 1 ] && split_flag="$split_flag --past-16-only"
 offset=0
 for tool in $TOOLS; do

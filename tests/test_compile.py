@@ -155,14 +155,11 @@ def _run_facts(jobs, timeout=900, import_cutlass=False):
     return json.loads(lines[0][len("FACTS "):])
 
 
-#: the cluster split of K and the activation multicast, compiled for
-#: Blackwell in the same process
+#: each feature, compiled for Blackwell in the same process
 SM100_K_SPLIT = (1536, 7168, WarpSplitKTactic(16, 8, 256, 8, 1, 2))
-SM100_MULTICAST = (1536, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, 1, 4))
 SM100_X_COPIES = (768, 7168, WarpSplitKTactic(32, 8, 256, 10, 1, 2, early_launch=True,
                                               l2_prefetch=True, bulk_x=True))
-SM100_TMA = (3216, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, 1, 3, early_launch=True,
-                                          tma_x=True))
+SM100_TMA = (3216, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, early_launch=True, tma_x=True))
 SM100_MIXED = (3216, 7168, WarpSplitKTactic(32, 32, 256, 7, 1, tma_x=True, half_tiles=63))
 
 
@@ -170,7 +167,7 @@ SM100_MIXED = (3216, 7168, WarpSplitKTactic(32, 32, 256, 7, 1, tma_x=True, half_
 def sm100_facts():
     jobs = [["sm_100a", n, k, t.short(), False] for _, n, k, t in
             (c for c in CASES if c[0] == "sm_100a")]
-    for n, k, t in (SM100_K_SPLIT, SM100_MULTICAST, SM100_X_COPIES, SM100_TMA, SM100_MIXED):
+    for n, k, t in (SM100_K_SPLIT, SM100_X_COPIES, SM100_TMA, SM100_MIXED):
         jobs.append(["sm_100a", n, k, t.short(), False])
     results = _run_facts(jobs)
     return {(n, k, WarpSplitKTactic.parse(short)): f
@@ -182,12 +179,11 @@ def test_compile_sm100a(sm100_facts, arch, n, k, tactic):
     check_facts(sm100_facts[(n, k, tactic)], arch, n, k, tactic)
 
 
-@pytest.mark.parametrize("case", [SM100_K_SPLIT, SM100_MULTICAST, SM100_X_COPIES, SM100_TMA,
-                                  SM100_MIXED],
-                         ids=["k_split", "multicast", "bulk_x+prefetch", "tma_multicast", "mixed"])
+@pytest.mark.parametrize("case", [SM100_K_SPLIT, SM100_X_COPIES, SM100_TMA, SM100_MIXED],
+                         ids=["k_split", "bulk_x+prefetch", "tma", "mixed"])
 def test_compile_sm100a_features(sm100_facts, case):
-    """The cluster split of K, the activation multicast, bulk copies with the
-    L2 prefetch, the TMA multicast and a mixed grid, on Blackwell: the audit
+    """The cluster split of K, bulk copies with the L2 prefetch, TMA boxes
+    and a mixed grid, on Blackwell: the audit
     (which requires each feature's instructions) passes, nothing spills."""
     n, k, tactic = case
     f = sm100_facts[(n, k, tactic)]
@@ -276,67 +272,33 @@ def test_launcher_slots_match_the_compiled_signature():
     assert marshals_as_slots(compiled)
 
 
-def test_arrival_variants_differ_only_where_meant(tmp_path):
-    """The shipped build keeps hardware-completed loader arrivals and releases
-    a stage with every compute lane's own arrival (no bar.warp.sync); the
-    lane-0 variant releases once per warp after bar.warp.sync; the "all"
-    diagnostic build also has the loaders arrive themselves."""
-    import re as regex
-
-    from warpsplitk.compile import _build
+def test_early_launch_moves_only_the_pdl_trigger():
+    """Late trigger: the next kernel may launch after the last activation
+    tile is issued (after griddepcontrol.wait); ``early_launch`` triggers
+    before the wait. Nothing else moves."""
+    from dataclasses import replace
     tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
-    ptx = {a: _build(64, 512, tactic, False, True, "sm_90a", options=f"--keep-ptx --dump-dir={tmp_path}",
-                     arrivals=a).artifacts.PTX for a in ("", "lane0", "all")}
-    ptx = {a: p.decode() if isinstance(p, bytes) else p for a, p in ptx.items()}
-
-    def count(text, pattern):
-        return len(regex.findall(pattern, text))
-    shipped, lane0, both = ptx[""], ptx["lane0"], ptx["all"]
-    assert count(shipped, r"cp\.async\.mbarrier\.arrive\.noinc") > 0
-    assert count(shipped, r"bar\.warp\.sync") == 0
-    assert count(lane0, r"bar\.warp\.sync") > 0
-    assert count(lane0, r"cp\.async\.mbarrier\.arrive\.noinc") == \
-        count(shipped, r"cp\.async\.mbarrier\.arrive\.noinc")
-    assert count(both, r"cp\.async\.mbarrier\.arrive\.noinc") == 0
-    assert count(both, r"bar\.warp\.sync") == 0
-    with pytest.raises(ValueError, match="arrivals must be"):
-        _build(64, 512, tactic, False, True, "sm_90a", arrivals="compute")
-
-
-def test_early_launch_variant_moves_only_the_pdl_trigger(tmp_path, monkeypatch):
-    """Shipped: the next kernel may launch after the last activation tile is
-    issued (after griddepcontrol.wait); the experimental early_launch build
-    (WARPSPLITK_EARLY_LAUNCH=1) triggers before the wait. Nothing else moves."""
-    from warpsplitk.compile import _build, _early_launch_from_env
-    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
-
-    def ptx(early):
-        text = _build(64, 512, tactic, False, True, "sm_90a", arrivals="", early_launch=early,
-                      options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
-        return text.decode() if isinstance(text, bytes) else text
-    shipped, early = ptx(False), ptx(True)
-    for text in (shipped, early):
+    late = compile_for_arch(64, 512, tactic).ptx
+    early = compile_for_arch(64, 512, replace(tactic, early_launch=True)).ptx
+    for text in (late, early):
         assert text.count("griddepcontrol.launch_dependents") == 1
         assert text.count("griddepcontrol.wait") == 1
         assert audit_ptx(text, k_tiles=4) == []
-    assert shipped.index("griddepcontrol.wait") < shipped.index("griddepcontrol.launch_dependents")
+    assert late.index("griddepcontrol.wait") < late.index("griddepcontrol.launch_dependents")
     assert early.index("griddepcontrol.launch_dependents") < early.index("griddepcontrol.wait")
-    assert sorted(shipped.splitlines()) == sorted(early.splitlines())  # the same instructions
-    # the tactic's early_launch builds the same kernel as the process-wide switch
-    from dataclasses import replace
-    by_tactic = _build(64, 512, replace(tactic, early_launch=True), False, True, "sm_90a",
-                       arrivals="", early_launch=False,
-                       options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
-    by_tactic = by_tactic.decode() if isinstance(by_tactic, bytes) else by_tactic
-    assert by_tactic.index("griddepcontrol.launch_dependents") < by_tactic.index("griddepcontrol.wait")
-    assert sorted(by_tactic.splitlines()) == sorted(early.splitlines())
-    monkeypatch.delenv("WARPSPLITK_EARLY_LAUNCH", raising=False)
-    assert _early_launch_from_env() is False
-    monkeypatch.setenv("WARPSPLITK_EARLY_LAUNCH", "1")
-    assert _early_launch_from_env() is True
-    monkeypatch.setenv("WARPSPLITK_EARLY_LAUNCH", "yes")
-    with pytest.raises(ValueError, match="WARPSPLITK_EARLY_LAUNCH"):
-        _early_launch_from_env()
+    assert sorted(late.splitlines()) == sorted(early.splitlines())  # the same instructions
+
+
+def test_stage_release_is_one_arrival_per_compute_lane():
+    """Loaders' arrivals are completed by their copies
+    (cp.async.mbarrier.arrive.noinc); each compute lane releases a stage with
+    its own arrival, no warp sync (racecheck follows per-lane arrivals)."""
+    import re
+    ptx = compile_for_arch(64, 512, WarpSplitKTactic(16, 8, 128, 2, 1)).ptx
+    assert re.search(r"cp\.async\.mbarrier\.arrive\.noinc", ptx)
+    assert not re.search(r"bar\.warp\.sync", ptx)
+    # one release per K tile of the compute loop
+    assert len(re.findall(r"mbarrier\.arrive\.shared::cta\.b64\s+_,", ptx)) == 4
 
 
 @pytest.mark.parametrize("tactic,n,k", [
@@ -344,11 +306,10 @@ def test_early_launch_variant_moves_only_the_pdl_trigger(tmp_path, monkeypatch):
     (WarpSplitKTactic(32, 32, 256, 4, 2, 2), 2624, 6144),
     (WarpSplitKTactic(64, 16, 128, 4, 2, 2), 1024, 2048),
     (WarpSplitKTactic(16, 8, 128, 1, 1, 2), 256, 256),     # one tile per CTA
-    (WarpSplitKTactic(48, 8, 128, 14, 1, 4), 1536, 7168),  # k_split 4
-    (WarpSplitKTactic(32, 1, 256, 7, 1, 4), 1536, 7168),
+    (WarpSplitKTactic(32, 1, 256, 7, 1, 2), 1536, 7168),   # a narrow token tile
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_cluster_split_of_k_compiles_with_its_reduction(tactic, n, k):
-    """k_split 2 and 4: cluster barrier phase 0, the mapped first-CTA buffer
+    """k_split 2: cluster barrier phase 0, the mapped first-CTA buffer
     and barrier, one st.async per partial sum, the first CTA's expect_tx and
     wait are in the PTX (the audit); no phase 1 and no spills."""
     import re
@@ -368,36 +329,6 @@ def test_cluster_split_of_k_compiles_with_its_reduction(tactic, n, k):
     (WarpSplitKTactic(16, 8, 128, 1, 1, 1, 4), 64, 128),      # one tile
     (WarpSplitKTactic(16, 32, 256, 4, 1, 1, 3), 3216, 7168),  # a cluster of 3
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
-def test_activation_multicast_compiles_with_its_protocol(tactic, n, k):
-    """x_multicast (experimental): per stage one armed full barrier and one
-    bulk copy per owned token row (predicated by lane), a release of every
-    stage to each member, the two cluster barrier phases; no spills, and no
-    thread-issued activation copies left."""
-    import re
-    report = compile_for_arch(n, k, tactic, "sm_90a")
-    assert report.audit() == []
-    assert report.spill_bytes == 0 and report.local_bytes == 0
-    ptx = report.ptx
-    k_tiles = k // tactic.k_tile
-    assert len(re.findall(r"multicast::cluster", ptx)) == k_tiles
-    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == k_tiles
-    assert len(re.findall(r"mbarrier\.arrive\.release\.cluster", ptx)) == \
-        k_tiles * tactic.x_multicast
-    assert not re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 16, ", ptx)  # no zfill
-    # each refill of an activation stage waits for the members' releases at cluster scope
-    refills = max(0, k_tiles - tactic.stages)
-    assert len(re.findall(r"try_wait\.parity\.acquire\.cluster", ptx)) == refills
-
-
-def test_audit_requires_the_multicast_only_with_x_multicast():
-    shipped = compile_for_arch(256, 512, WarpSplitKTactic(16, 8, 128, 2, 1), "sm_90a")
-    assert any("missing activation rows multicast" in p
-               for p in audit_ptx(shipped.ptx, k_tiles=4, x_multicast=2))
-    multicast = compile_for_arch(256, 512, WarpSplitKTactic(16, 8, 128, 2, 1, 1, 2), "sm_90a")
-    assert any("without x_multicast" in p for p in audit_ptx(multicast.ptx, k_tiles=4))
-    assert audit_ptx(multicast.ptx, k_tiles=4, x_multicast=2) == []
-
-
 def test_audit_requires_the_cluster_reduction_only_with_k_split():
     shipped = compile_for_arch(256, 512, WarpSplitKTactic(16, 8, 128, 2, 1), "sm_90a")
     assert audit_ptx(shipped.ptx, k_tiles=4, k_split=2)  # missing cluster reduction
@@ -411,55 +342,6 @@ def test_audit_requires_the_cluster_reduction_only_with_k_split():
                      ("barrier.cluster.arrive.relaxed", "barrier.cluster.arrive.release")):
         assert old in split.ptx
         assert audit_ptx(split.ptx.replace(old, new), k_tiles=2, k_split=2), old
-
-
-def test_diagnostic_build_without_the_dependency_wait(tmp_path):
-    """scripts/build_ab.py --compare pdl: the same kernel without
-    griddepcontrol.wait, to measure what the wait costs independent calls.
-    The library never builds it (no switch reaches it from the public API)."""
-    from warpsplitk.compile import _build
-    tactic = WarpSplitKTactic(16, 8, 128, 2, 1, early_launch=True)
-    ptx = _build(64, 512, tactic, False, True, "sm_90a", dependency_wait=False,
-                 options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
-    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-    assert "griddepcontrol.wait" not in ptx
-    assert ptx.count("griddepcontrol.launch_dependents") == 1
-    import inspect
-
-    from warpsplitk import compile as compile_module
-    assert "dependency_wait" not in inspect.signature(compile_module.compile_warp_splitk).parameters
-
-
-def test_multicast_lane0_release_build(tmp_path):
-    """WARPSPLITK_THREAD_ARRIVE=lane0 with x_multicast: one remote release per
-    compute warp and member (predicated on lane 0, after bar.warp.sync)
-    instead of one per lane; the barriers expect 4 c arrivals. Built to
-    measure whether the per-lane remote arrivals make the multicast slow."""
-    import re
-
-    from warpsplitk.compile import _build
-    tactic, n, k = WarpSplitKTactic(16, 16, 256, 4, 1, 1, 2), 1536, 7168
-
-    def ptx(arrivals):
-        text = _build(n, k, tactic, False, True, "sm_90a", arrivals=arrivals,
-                      options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
-        return text.decode() if isinstance(text, bytes) else text
-    lanes, lane0 = ptx(""), ptx("lane0")
-    k_tiles = k // tactic.k_tile
-    for text in (lanes, lane0):
-        assert audit_ptx(text, k_tiles=k_tiles, x_multicast=2) == []
-        assert len(re.findall(r"mbarrier\.arrive\.release\.cluster", text)) == k_tiles * 2
-    assert not re.search(r"@P1 mbarrier\.arrive\.release\.cluster", lanes)
-    assert len(re.findall(r"@P1 mbarrier\.arrive\.release\.cluster", lane0)) == k_tiles * 2
-    assert lane0.count("bar.warp.sync") >= k_tiles
-    # empty barriers initialised for 4 warps x 2 members instead of 128 lanes x 2
-    # (the counts reach mbarrier.init through registers)
-
-    def init_counts(text):
-        regs = set(re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (%r\d+);", text))
-        return {int(v) for r in regs for v in re.findall(rf"mov\.[ub]32\s+{r}, (\d+);", text)}
-    assert init_counts(lane0) == {64, 8, 1}
-    assert init_counts(lanes) == {64, 256, 1}
 
 
 @pytest.mark.parametrize("tactic,n,k", [
@@ -547,12 +429,11 @@ def test_reduction_over_the_rings_waits_for_every_compute_warp(tactic, n, k, ali
     (WarpSplitKTactic(32, 8, 256, 4, 1, tma_x=True), 2048, 2048),
     (WarpSplitKTactic(64, 8, 128, 3, 1, early_launch=True, tma_x=True), 7168, 384),
     (WarpSplitKTactic(32, 16, 256, 3, 1, 2, l2_prefetch=True, tma_x=True), 2048, 2048),
-    (WarpSplitKTactic(16, 32, 256, 4, 1, 1, 3, tma_x=True), 3216, 7168),
+    (WarpSplitKTactic(16, 32, 256, 4, 1, tma_x=True), 3216, 7168),
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_tma_x_compiles_with_its_instructions(tactic, n, k):
     """tma_x: per stage one armed full barrier and k_tile / 64 box copies,
-    each entered by the whole warp and issued by one elected lane (multicast:
-    traced for every box, issued by its owner), the tensor map prefetched
+    each entered by the whole warp and issued by one elected lane, the tensor map prefetched
     once; no 16-byte or per-row activation copies; no spills."""
     import re
     report = compile_for_arch(n, k, tactic, "sm_90a")
@@ -563,7 +444,7 @@ def test_tma_x_compiles_with_its_instructions(tactic, n, k):
     boxes = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::(?:cta|cluster)\.global\.tile"
                        r"\.mbarrier::complete_tx::bytes(\.multicast::cluster)?", ptx)
     assert len(boxes) == k_tiles * layout.tma_boxes(tactic.k_tile)
-    assert all(bool(b) == (tactic.x_multicast > 1) for b in boxes)
+    assert not any(boxes)  # no multicast
     assert len(re.findall(r"elect\.sync", ptx)) == len(boxes)
     assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == k_tiles + (tactic.k_split > 1)
     assert len(re.findall(r"prefetch\.tensormap", ptx)) == 1
@@ -578,10 +459,10 @@ def test_audit_requires_tma_x_only_with_its_field():
     boxes = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 256, 2, 1, tma_x=True), "sm_90a")
     assert any("without tma_x" in p for p in audit_ptx(boxes.ptx, k_tiles=4))
     assert audit_ptx(boxes.ptx, k_tiles=4, tma_x=True) == []
-    # the TMA multicast in place of the row multicast, and not the other way round
-    rows = compile_for_arch(256, 1024, WarpSplitKTactic(16, 16, 256, 2, 1, 1, 2), "sm_90a")
-    assert any("with tma_x" in p or "missing" in p
-               for p in audit_ptx(rows.ptx, k_tiles=4, x_multicast=2, tma_x=True))
+    # nothing is multicast into a cluster
+    multicast = boxes.ptx + ("\ncp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier"
+                             "::complete_tx::bytes.multicast::cluster [%r1, {%r2, %r3}], [%r4];")
+    assert any("multicast" in p for p in audit_ptx(multicast, k_tiles=4, tma_x=True))
 
 
 @pytest.mark.parametrize("tactic,n,k", [
@@ -645,15 +526,13 @@ def test_narrow_token_tile_is_the_8_row_kernel_with_smaller_stages(narrow, n, k)
     assert plan_w.b_stage_bytes == plan_n.b_stage_bytes * 8 // narrow.token_tile
 
 
-def test_async_activation_rings_fence_each_refilled_release(tmp_path, monkeypatch):
+def test_async_activation_rings_fence_each_refilled_release():
     """A stage refilled by TMA boxes or bulk copies (async proxy) is released
-    only after a cross-proxy fence that follows its last ldmatrix: the
-    shipped build of both passes the audit, with one fence per K tile whose
-    stage a copy refills (none for the last ``stages`` tiles, nor for a
-    ring as deep as K); the diagnostic build without it
-    (WARPSPLITK_RELEASE_FENCE=0, which raced on the H200) is flagged; a
-    cp.async ring has none."""
-    from warpsplitk.compile import _build, build_variant, release_fence_problems
+    only after a cross-proxy fence that follows its last ldmatrix: both pass
+    the audit, with one fence per K tile whose stage a copy refills (none
+    for the last ``stages`` tiles, nor for a ring as deep as K); the same
+    PTX with the fence taken out is flagged; a cp.async ring has none."""
+    from warpsplitk.compile import release_fence_problems
     n, k = 7168, 384
     for text, fences in (("16,8,128,2,1+tma", 1), ("16,8,128,2,1+bulk", 1),
                          ("64,8,128,3,1+early+bulk", 0), ("32,8,128,2,1+tma+half40", 2)):
@@ -663,32 +542,10 @@ def test_async_activation_rings_fence_each_refilled_release(tmp_path, monkeypatc
         assert report.ptx.count("fence.proxy.async.shared::cta") == fences, text
     assert "fence.proxy.async" not in compile_for_arch(
         n, k, WarpSplitKTactic.parse("16,8,128,2,1")).ptx
-    monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "release")
-    assert build_variant()["release_fence"] == "release"
-    light = _build(n, k, WarpSplitKTactic.parse("16,8,128,2,1+tma"), False, True, "sm_90a",
-                   options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
-    light = light.decode() if isinstance(light, bytes) else light
-    assert light.count("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;") == 1
-    assert release_fence_problems(light, async_ring=True, k_tiles=3, stages=2) == []
-    monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "loader")
-    loader = _build(n, k, WarpSplitKTactic.parse("16,8,128,2,1+tma"), False, True, "sm_90a",
-                    options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
-    loader = loader.decode() if isinstance(loader, bytes) else loader
-    # one fence, on the loader's side: after its wait for the release, before the refill
-    assert loader.count("fence.proxy.async.shared::cta;") == 1
-    fence_at = loader.index("fence.proxy.async.shared::cta;")
-    assert loader.rfind("mbarrier.try_wait.parity", 0, fence_at) > 0
-    assert loader.find("cp.async.bulk.tensor", fence_at) > 0
-    monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "0")
-    assert build_variant()["release_fence"] == "none"
-    unfenced = _build(n, k, WarpSplitKTactic.parse("16,8,128,2,1+tma"), False, True, "sm_90a",
-                      options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
-    unfenced = unfenced.decode() if isinstance(unfenced, bytes) else unfenced
+    fenced = compile_for_arch(n, k, WarpSplitKTactic.parse("16,8,128,2,1+tma")).ptx
+    unfenced = fenced.replace("fence.proxy.async.shared::cta;", "")
     problems = release_fence_problems(unfenced, async_ring=True, k_tiles=3, stages=2)
     assert len(problems) == 1 and "no fence.proxy.async.shared::cta" in problems[0]
-    monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "yes")
-    with pytest.raises(ValueError, match="WARPSPLITK_RELEASE_FENCE"):
-        build_variant()
 
 
 def test_release_fence_check_reads_the_order_of_reads_fence_and_release():
@@ -696,16 +553,12 @@ def test_release_fence_check_reads_the_order_of_reads_fence_and_release():
     read = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r5];"
     fence = "fence.proxy.async.shared::cta;"
     release = "mbarrier.arrive.shared::cta.b64 _, [%r6];"
-    remote = "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r7];"
     arm = "@P1 mbarrier.arrive.expect_tx.shared::cta.b64 _, [%r8], %r9;"
 
     def problems(lines, **kw):
         return release_fence_problems("\n".join(lines), async_ring=True, **kw)
     # three K tiles, two stages: only the first tile's stage is refilled
     assert problems([arm, read, fence, release, read, release, read, release],
-                    k_tiles=3, stages=2) == []
-    # the multicast releases one stage to every member: one group per tile
-    assert problems([read, fence, remote, remote, read, remote, remote, read, remote, remote],
                     k_tiles=3, stages=2) == []
     assert "no fence" in problems([read, release, read, release, read, release],
                                   k_tiles=3, stages=2)[0]
@@ -724,196 +577,3 @@ def test_release_fence_check_reads_the_order_of_reads_fence_and_release():
     assert problems([read]) == ["no stage release found to check the release fence against"]
     assert release_fence_problems("\n".join([read, fence, release]), async_ring=False)
     assert release_fence_problems("\n".join([read, release]), async_ring=False) == []
-
-
-@pytest.mark.parametrize("text, n, k", [
-    ("16,8,128,2,1", 64, 512),              # 16-byte copies, a ring refill
-    ("32,1,256,2,1,2+early", 128, 1024),    # narrow tile, k_split cluster
-    ("16,8,128,2,1+early+tma", 64, 512),    # TMA boxes
-    ("16,8,128,2,1+bulk", 64, 512),         # bulk rows
-    ("32,8,256,2,1+half1", 48, 1024),       # a mixed grid: both views stamp
-    ("32,16,128,2,1,1,2+tma", 128, 512),    # the activation multicast
-])
-def test_diagnostic_stamps_build(tmp_path, text, n, k):
-    """scripts/stamps.py: the same kernel with each CTA's STAMP_SLOTS
-    written through the bias pointer. Every slot is stored once per CTA
-    role path (the mixed grid traces its roles twice), and one per K tile,
-    each a predicated store of {%globaltimer, %clock64} or of %smid; the
-    shipped build has none of it."""
-    from warpsplitk.compile import _build
-    from warpsplitk.kernel import STAMP_SLOTS, STAMP_STAGES
-    tactic = WarpSplitKTactic.parse(text)
-    views = 2 if tactic.half_tiles else 1
-    k_tiles = k // (tactic.k_tile * tactic.k_split)
-    ptx = _build(n, k, tactic, False, True, "sm_90a", stamps=True,
-                 options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
-    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-    assert ptx.count("%globaltimer") == views * (len(STAMP_SLOTS) - 1
-                                                 + min(k_tiles, STAMP_STAGES))
-    assert ptx.count("%smid") == views
-    plain = _build(n, k, tactic, False, True, "sm_90a",
-                   options=f"--keep-ptx --dump-dir={tmp_path}/plain").artifacts.PTX
-    plain = plain.decode() if isinstance(plain, bytes) else plain
-    assert "%globaltimer" not in plain and "%smid" not in plain
-    with pytest.raises(ValueError, match="without a bias"):
-        _build(n, k, tactic, True, True, "sm_90a", stamps=True)
-
-
-def _ptx_counts(dump, n, k, tactic, patterns, **build):
-    """``{name: occurrences of its regex}`` in the sm_90a PTX of ``tactic``
-    built with the ``_build`` keywords ``build`` (diagnostic builds are
-    never cached), dumped into the new folder ``dump``."""
-    import re
-    from warpsplitk.compile import _build
-    dump.mkdir()
-    ptx = _build(n, k, tactic, False, True, "sm_90a",
-                 options=f"--keep-ptx --dump-dir={dump}", **build).artifacts.PTX
-    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-    return {name: len(re.findall(pattern, ptx)) for name, pattern in patterns.items()}
-
-
-def test_x_smem_diagnostic_drops_the_activations_shared_memory_traffic(tmp_path):
-    """scripts/build_ab.py --compare x-smem: "no-read" keeps the loader's
-    16-byte copies of x but no compute warp reads them (only the weight's
-    ldmatrix remain: one per m16 block and K step); "none" copies no x
-    either; the mma count and the ring's barriers are unchanged. Only for
-    16-byte activation copies."""
-    from warpsplitk.compile import _build
-    tactic = WarpSplitKTactic.parse("32,32,256,4,1")
-    n, k = 256, 2048
-    k_tiles, steps = k // tactic.k_tile, layout.k_steps(tactic.k_tile)
-    patterns = {"ldmatrix": r"ldmatrix\.sync", "copies": r"cp\.async\.cg\.shared\.global",
-                "mma": r"mma\.sync", "arrives": r"cp\.async\.mbarrier\.arrive"}
-
-    def ptx_of(x_smem):
-        return _ptx_counts(tmp_path / x_smem, n, k, tactic, patterns, x_smem=x_smem)
-    full, no_read, none = (ptx_of(v) for v in ("full", "no-read", "none"))
-    a_reads = k_tiles * (tactic.output_tile // 16) * steps
-    assert no_read["ldmatrix"] == none["ldmatrix"] == a_reads < full["ldmatrix"]
-    x_copies = k_tiles * layout.copies_per_thread(tactic.token_tile, tactic.k_tile, 32)
-    assert full["copies"] == no_read["copies"] and full["copies"] - none["copies"] == x_copies
-    assert full["mma"] == no_read["mma"] == none["mma"]
-    assert full["arrives"] == no_read["arrives"] == none["arrives"]
-    with pytest.raises(ValueError, match="16-byte activation copies"):
-        _build(n, k, WarpSplitKTactic.parse("32,32,256,4,1+tma"), False, True, "sm_90a",
-               x_smem="none")
-    with pytest.raises(ValueError, match="x_smem must be one of"):
-        _build(n, k, tactic, False, True, "sm_90a", x_smem="half")
-
-
-def test_multicast_remote_release_scope(monkeypatch):
-    """The activation multicast's stage release: each compute lane arrives
-    on every member's empty barrier with a cluster-scoped release (shipped),
-    or, with WARPSPLITK_REMOTE_RELEASE=cta (experimental; the form CUTLASS's
-    TMA pipelines use), the default cta-scoped one. The same arrivals either
-    way, each passing the audit; the variant is part of the cache key."""
-    from warpsplitk import disk_cache
-    from warpsplitk.compile import build_variant
-    tactic = WarpSplitKTactic.parse("32,32,256,2,1,1,2+tma")
-    n, k = 128, 1024
-    shipped = compile_for_arch(n, k, tactic)
-    scoped = "mbarrier.arrive.release.cluster.shared::cluster.b64"
-    assert shipped.audit() == [] and shipped.ptx.count(scoped) == 4 * 2  # 4 K tiles, 2 members
-    assert "remote_release" not in build_variant()
-    monkeypatch.setenv("WARPSPLITK_REMOTE_RELEASE", "cta")
-    variant = build_variant()
-    assert variant["remote_release"] == "cta"
-    cta = compile_for_arch(n, k, tactic)
-    assert cta.audit() == [] and scoped not in cta.ptx
-    assert cta.ptx.count("mbarrier.arrive.shared::cluster.b64") == shipped.ptx.count(scoped)
-    assert (disk_cache.key("sm_90a", n, k, tactic, False, True, **variant)
-            != disk_cache.key("sm_90a", n, k, tactic, False, True))
-    monkeypatch.setenv("WARPSPLITK_REMOTE_RELEASE", "gpu")
-    with pytest.raises(ValueError, match="WARPSPLITK_REMOTE_RELEASE"):
-        build_variant()
-
-
-def test_split_reduce_builds(tmp_path):
-    """How a K split reduces (kernel.SPLIT_REDUCE). Shipped, "mbarrier":
-    one st.async per partial sum (rank 0 stores its own locally, in the
-    same predicated instruction), cluster barrier phase 0 only, the first
-    CTA's expect_tx and its cluster-scoped wait. "barrier" (the protocol
-    before): plain remote stores and phase 1. Diagnostics: "no-remote" keeps
-    "barrier"'s cluster and phases but stores locally; "no-barrier" and
-    "none" have no cluster barrier and sum only their own four warps'
-    partials. The mma count never changes. Only for a K split without the
-    multicast."""
-    from warpsplitk.compile import _build
-    tactic = WarpSplitKTactic.parse("32,8,256,4,1,2")
-    n, k = 256, 4096
-    patterns = {"remote": r"st\.shared::cluster\.f32", "async": r"st\.async\.shared::cluster",
-                "phase0": r"barrier\.cluster\.arrive\.relaxed",
-                "phase1": r"barrier\.cluster\.arrive\.release",
-                "cluster_wait": r"barrier\.cluster\.wait",
-                "partials_wait": r"try_wait\.parity\.acquire\.cluster",
-                "partial_loads": r"ld\.shared\.v4\.f32", "mma": r"mma\.sync"}
-
-    def ptx_of(split_reduce):
-        return _ptx_counts(tmp_path / split_reduce, n, k, tactic, patterns,
-                           split_reduce=split_reduce)
-    builds = {v: ptx_of(v) for v in ("mbarrier", "barrier", "no-remote", "no-barrier", "none")}
-    shipped, before, local = builds["mbarrier"], builds["barrier"], builds["no-remote"]
-    partials = (tactic.output_tile // 16) * layout.mma_token_blocks(tactic.token_tile) * 4
-    assert shipped["async"] == before["remote"] == partials
-    assert shipped["remote"] == 0 and before["async"] == 0
-    assert all(b["remote"] == b["async"] == 0
-               for b in (local, builds["no-barrier"], builds["none"]))
-    assert shipped["phase0"] == before["phase0"] == local["phase0"] == 1
-    assert shipped["phase1"] == 0 < before["phase1"] == local["phase1"]
-    assert shipped["partials_wait"] == 1 and before["partials_wait"] == 0
-    assert 0 < shipped["cluster_wait"] < before["cluster_wait"] == local["cluster_wait"]
-    for name in ("no-barrier", "none"):
-        assert builds[name]["phase0"] == builds[name]["cluster_wait"] == 0
-    # the epilogue's sum: two vectors per warp's slot, over the cluster's warps or its own
-    assert (shipped["partial_loads"] == before["partial_loads"] == local["partial_loads"]
-            == 2 * builds["none"]["partial_loads"] == 2 * builds["no-barrier"]["partial_loads"])
-    assert len({b["mma"] for b in builds.values()}) == 1
-    with pytest.raises(ValueError, match="is for a K split"):
-        _build(n, k, WarpSplitKTactic.parse("32,8,256,4,1"), False, True, "sm_90a",
-               split_reduce="none")
-    with pytest.raises(ValueError, match="split_reduce must be one of"):
-        _build(n, k, tactic, False, True, "sm_90a", split_reduce="dsmem")
-
-
-@pytest.mark.parametrize("text,n,k", [
-    ("32,8,256,4,1,2", 256, 4096),      # one round of output vectors
-    ("48,32,128,3,2,4", 2304, 1536),    # two rounds (192 vectors), four CTAs
-    ("32,1,256,13,1,2", 768, 7168),     # a narrow token tile
-])
-def test_vector_hand_over_of_a_k_split(monkeypatch, text, n, k):
-    """WARPSPLITK_SPLIT_REDUCE=vector (experimental): each CTA stores its
-    partials locally, sums its four warps, and the others send one 8-float
-    sum per output vector as two st.async .v4 stores per epilogue round (a
-    quarter of the bytes); the first CTA waits on its
-    mbarrier once per round and adds k_split - 1 sums. Audit clean, no
-    more spilled than the shipped hand-over (the narrow tile's deep ring
-    spills 16 bytes either way); a variant of K splits only (the cache key
-    says so, and a kernel without a split is the same build), and the
-    shipped hand-over's scalar stores are gone."""
-    import re
-    from warpsplitk import disk_cache
-    from warpsplitk.compile import build_variant
-    tactic = WarpSplitKTactic.parse(text)
-    rounds = layout.epilogue_rounds(tactic.output_tile, tactic.token_tile)
-    plain = WarpSplitKTactic.parse("32,8,256,4,1")
-    shipped, shipped_plain = compile_for_arch(n, k, tactic), compile_for_arch(n, k, plain)
-    monkeypatch.setenv("WARPSPLITK_SPLIT_REDUCE", "vector")
-    variant = build_variant()
-    assert variant["split_reduce"] == "vector"
-    report = compile_for_arch(n, k, tactic)
-    assert report.audit() == [] and report.local_bytes == 0
-    assert report.spill_bytes <= shipped.spill_bytes
-    ptx = report.ptx
-    assert len(re.findall(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.f32",
-                          ptx)) == 2 * rounds
-    assert not re.search(r"complete_tx::bytes\.f32", ptx)  # no scalar sends
-    assert len(re.findall(r"try_wait\.parity\.acquire\.cluster", ptx)) == rounds
-    # per round: four local warp slots, then the k_split - 1 received sums
-    assert len(re.findall(r"ld\.shared\.v4\.f32", ptx)) == \
-        2 * rounds * (layout.COMPUTE_WARPS + tactic.k_split - 1)
-    assert (disk_cache.key("sm_90a", n, k, tactic, False, True, **variant)
-            != disk_cache.key("sm_90a", n, k, tactic, False, True))
-    assert compile_for_arch(n, k, plain).ptx == shipped_plain.ptx
-    monkeypatch.setenv("WARPSPLITK_SPLIT_REDUCE", "dsmem")
-    with pytest.raises(ValueError, match="WARPSPLITK_SPLIT_REDUCE"):
-        build_variant()

@@ -1,10 +1,8 @@
-"""The cluster split of K (k_split 2 and 4) on the GPU.
+"""The cluster split of K (k_split 2) on the GPU.
 
-Its own module so that the device session runs it in its own process with
-its own time limit: a protocol fault in a cluster barrier would hang, and must
-not take the other kernel tests with it. It tests the hand-over this process
-builds: the shipped one, or with WARPSPLITK_SPLIT_REDUCE=vector the
-experimental one (scripts/device_session.sh split-vector).
+Its own module so that the GPU check runs it in its own process with its
+own time limit: a protocol fault in the cluster hand-over would hang, and
+must not take the other kernel tests with it.
 """
 
 import pytest
@@ -26,12 +24,11 @@ K_SPLIT_CASES = [
     (WarpSplitKTactic(16, 32, 256, 4, 2, 2), 3216, 7168),
     (WarpSplitKTactic(64, 16, 128, 4, 2, 2), 1024, 2048),
     (WarpSplitKTactic(16, 8, 128, 1, 1, 2), 256, 256),    # one tile per CTA
-    # k_split 4: four CTAs, sixteen warps' partials in the first one's buffer
-    (WarpSplitKTactic(48, 8, 128, 14, 1, 4), 1536, 7168),  # the whole K share in the ring
-    (WarpSplitKTactic(32, 8, 256, 4, 2, 4, early_launch=True), 1536, 7168),
-    (WarpSplitKTactic(64, 16, 128, 3, 2, 4), 1024, 2048),
-    (WarpSplitKTactic(32, 1, 256, 7, 1, 4), 1536, 7168),  # a narrow token tile
-    (WarpSplitKTactic(16, 8, 128, 1, 1, 4), 256, 512),    # one tile per CTA
+    (WarpSplitKTactic(16, 8, 256, 14, 1, 2), 1536, 7168),  # the whole K share in the ring
+    (WarpSplitKTactic(32, 8, 256, 4, 2, 2, early_launch=True), 1536, 7168),
+    (WarpSplitKTactic(32, 1, 256, 7, 1, 2), 1536, 7168),  # a narrow token tile
+    (WarpSplitKTactic(32, 8, 256, 4, 1, 2, tma_x=True, l2_prefetch=True, prefetch_tiles=2),
+     2112, 7168),
 ]
 
 

@@ -55,11 +55,7 @@ def _environment():
     except Exception:  # pragma: no cover - a bundle without metadata
         env["cutlass_dsl"] = "unknown"
     from . import __version__
-    from .compile import build_switches
     env["warpsplitk"] = __version__
-    # which kernel build was timed: the shipped one ({}), or the diagnostic
-    # and experimental switches that were set (e.g. release_fence: none)
-    env["build_variant"] = build_switches()
     return env
 
 

@@ -83,7 +83,7 @@ def _cmd_plan_from_log(args):
         return 2
     meta = plan_meta(args.gpu or "unknown", args.sm_count, None)
     plan, partial = plan_from_log(args.log, shape_table.parse_ms(args.m), meta,
-                                  narrow=args.narrow_tiles, k_split_4=args.k_split_4,
+                                  narrow=args.narrow_tiles,
                                   records=args.log_records, stale=args.stale_records,
                                   revision=args.kernel_revision)
     for (n, k), missing in partial.items():
@@ -102,8 +102,7 @@ def _cmd_tune(args):
     ms = shape_table.parse_ms(args.m)
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
                 progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget,
-                k_splits=((1, 2, 4) if args.k_split_4 else (1, 2)) if args.k_split else (1,),
-                x_multicasts=(1, 2, 3, 4) if args.x_multicast else (1,),
+                k_splits=(1, 2) if args.k_split else (1,),
                 early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs,
                 confirm=args.confirm, bulk_xs=(False, True) if args.bulk_x else (False,),
                 l2_prefetch=args.l2_prefetch, tma=args.tma_x, mixed=args.mixed_tiles,

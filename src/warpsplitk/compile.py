@@ -10,7 +10,6 @@ tactic family.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import tempfile
 import threading
@@ -45,149 +44,13 @@ def _fake_args():
     return (*pointers, cutlass.Int32(1), make_fake_stream())
 
 
-#: Ring arrival variants of the kernel (kernel.py): "" the shipped one
-#: (copy completion arrives for the loaders, every compute lane releases);
-#: "lane0": one release per compute warp by lane 0 after bar.warp.sync (the
-#: earlier build, for speed comparisons; with x_multicast, one remote release
-#: per warp and member instead of one per lane); "all": loaders also arrive
-#: themselves after waiting for their copies (diagnostic, for racecheck).
-ARRIVALS = ("", "lane0", "all")
-
-
-def _arrivals_from_env() -> str:
-    # a diagnostic variant for the whole process: WARPSPLITK_THREAD_ARRIVE
-    arrivals = os.environ.get("WARPSPLITK_THREAD_ARRIVE", "")
-    arrivals = "all" if arrivals == "1" else arrivals
-    if arrivals not in ARRIVALS:
-        raise ValueError(f"WARPSPLITK_THREAD_ARRIVE must be unset, 1, all or lane0, "
-                         f"got {arrivals!r}")
-    return arrivals
-
-
-def _early_launch_from_env() -> bool:
-    # WARPSPLITK_EARLY_LAUNCH=1 builds every kernel of the process with the
-    # early PDL trigger, whatever its tactic says (kernel.py, early_launch):
-    # every GPU test, the sanitizer and the soak then run on it
-    value = os.environ.get("WARPSPLITK_EARLY_LAUNCH", "0").strip()
-    if value not in ("0", "1", ""):
-        raise ValueError(f"WARPSPLITK_EARLY_LAUNCH must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
-#: The cross-proxy fence before a compute thread releases an activation stage
-#: that a TMA or bulk copy refills (kernel.py, compute), by
-#: WARPSPLITK_RELEASE_FENCE: "proxy" (the shipped one, the bidirectional
-#: fence.proxy.async.shared::cta; also "1" or unset), "release"
-#: (experimental: the uni-directional generic-to-async release proxy fence
-#: of PTX 8.6, lighter if the hardware agrees; not shipped until the PTX
-#: ISA documents it for reads before an async write and a GPU run shows it
-#: clean and faster), "loader" (experimental: no fence in the compute
-#: threads; the refilling loader thread fences once per refill, after its
-#: acquire of the stage's release: cheaper if the memory model's proxy
-#: rules are cumulative over that synchronisation, which is to be
-#: established before it ships), "none" or "0" (diagnostic: no fence; it
-#: races, and exists only to measure what the fence costs).
-RELEASE_FENCES = ("proxy", "release", "loader", "none")
-
-
-def _release_fence_from_env() -> str:
-    value = os.environ.get("WARPSPLITK_RELEASE_FENCE", "").strip()
-    value = {"": "proxy", "1": "proxy", "0": "none"}.get(value, value)
-    if value not in RELEASE_FENCES:
-        raise ValueError(f"WARPSPLITK_RELEASE_FENCE must be one of {RELEASE_FENCES} (or 1, 0), "
-                         f"got {value!r}")
-    return value
-
-
-#: The scope of the activation multicast's stage release (a compute lane's
-#: arrival on each member's empty barrier), by WARPSPLITK_REMOTE_RELEASE:
-#: "cluster" (the shipped one) or "cta" (experimental: CUTLASS's TMA
-#: pipelines' form; scripts/stamps.py measured ~0.5 us per stage in the
-#: cluster-scoped one).
-REMOTE_RELEASES = ("cluster", "cta")
-
-
-def _choice_from_env(name, choices):
-    """The value of environment variable ``name``: one of ``choices``, the
-    first when unset or empty."""
-    value = os.environ.get(name, "").strip() or choices[0]
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value
-
-
-def _remote_release_from_env() -> str:
-    return _choice_from_env("WARPSPLITK_REMOTE_RELEASE", REMOTE_RELEASES)
-
-
-#: How a K split hands its partial sums to the first CTA, by
-#: WARPSPLITK_SPLIT_REDUCE (kernel.SPLIT_REDUCE): "mbarrier" (shipped) or
-#: "vector" (experimental: each CTA's warps summed first, one vector per
-#: output vector sent). Kernels without a split are the same either way.
-SPLIT_REDUCES = ("mbarrier", "vector")
-
-
-def _split_reduce_from_env() -> str:
-    return _choice_from_env("WARPSPLITK_SPLIT_REDUCE", SPLIT_REDUCES)
-
-
-def build_variant() -> dict:
-    """This process's kernel variant (``_build`` keyword arguments), from the
-    diagnostic and experimental switches above; part of every cache key."""
-    variant = {"arrivals": _arrivals_from_env(), "early_launch": _early_launch_from_env()}
-    fence = _release_fence_from_env()
-    if fence != "proxy":
-        variant["release_fence"] = fence  # only the experimental and diagnostic builds say so
-    remote = _remote_release_from_env()
-    if remote != "cluster":
-        variant["remote_release"] = remote
-    split = _split_reduce_from_env()
-    if split != "mbarrier":
-        variant["split_reduce"] = split
-    return variant
-
-
-def build_switches() -> dict:
-    """The switches of ``build_variant`` that are set: ``{}`` for the
-    shipped build (what a benchmark's environment and a tuning record say
-    they timed)."""
-    return {key: value for key, value in build_variant().items() if value not in ("", False)}
-
-
-def _build(n, k, tactic, has_bias, use_pdl, arch, options="", arrivals=None, early_launch=None,
-           dependency_wait=True, release_fence=None, stamps=False, remote_release=None,
-           x_smem="full", split_reduce=None):
+def _build(n, k, tactic, has_bias, use_pdl, arch, options=""):
     check_tactic(tactic, n, k)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
-    if arrivals is None:
-        arrivals = _arrivals_from_env()
-    if early_launch is None:
-        early_launch = _early_launch_from_env()
-    if release_fence is None:
-        release_fence = _release_fence_from_env()
-    if remote_release is None:
-        remote_release = _remote_release_from_env()
-    if split_reduce is None:
-        split_reduce = _split_reduce_from_env()
-    if split_reduce in SPLIT_REDUCES and (tactic.k_split == 1 or tactic.x_multicast > 1):
-        split_reduce = "mbarrier"  # a hand-over variant: nothing to hand over here
-    if remote_release not in REMOTE_RELEASES:
-        raise ValueError(f"remote_release must be one of {REMOTE_RELEASES}, got {remote_release!r}")
-    if release_fence not in RELEASE_FENCES:
-        raise ValueError(f"release_fence must be one of {RELEASE_FENCES}, got {release_fence!r}")
-    if arrivals not in ARRIVALS:
-        raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
-    kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
-                              loader_thread_arrive=arrivals == "all",
-                              compute_thread_arrive=arrivals != "lane0",
-                              early_launch=early_launch, dependency_wait=dependency_wait,
-                              release_fence=release_fence, stamps=stamps,
-                              remote_release=remote_release, x_smem=x_smem,
-                              split_reduce=split_reduce)
-    args = _fake_args()
+    kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl)
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
-    return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())
+    return cute.compile(kernel, *_fake_args(), options=f"--gpu-arch {arch} {options}".strip())
 
 
 @functools.cache
@@ -196,12 +59,11 @@ def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl):
 
     from . import disk_cache
     arch = device_arch(device_index)
-    variant = build_variant()
-    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, **variant)
+    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl)
     with torch.cuda.device(device_index):
         compiled = disk_cache.load(stem)
         if compiled is None:
-            compiled = _build(n, k, tactic, has_bias, use_pdl, arch, **variant)
+            compiled = _build(n, k, tactic, has_bias, use_pdl, arch)
             disk_cache.store(stem, compiled)
         return compiled
 
@@ -269,8 +131,8 @@ class CompileReport:
     def audit(self) -> list[str]:
         t = self.tactic
         return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split,
-                         x_multicast=t.x_multicast, l2_prefetch=t.l2_prefetch, bulk_x=t.bulk_x,
-                         tma_x=t.tma_x, prefetch_bytes=self.prefetch_bytes, stages=t.stages)
+                         l2_prefetch=t.l2_prefetch, bulk_x=t.bulk_x, tma_x=t.tma_x,
+                         prefetch_bytes=self.prefetch_bytes, stages=t.stages)
 
     @property
     def prefetch_bytes(self) -> int | None:
@@ -332,6 +194,10 @@ PTX_AUDIT = (
 )
 PTX_FORBIDDEN = (
     (r"\bld\.local|\bst\.local", "local memory (a register array indexed at run time)"),
+    # no kernel shares activation stages across a cluster
+    (r"\.multicast::cluster", "a copy multicast into a cluster"),
+    (r"mbarrier\.arrive(\.release\.cluster)?\.shared::cluster\.b64",
+     "an arrival on another CTA's barrier"),
 )
 
 
@@ -341,8 +207,8 @@ HINT_PATTERNS = (PTX_AUDIT[0][0], PTX_AUDIT[1][0])
 
 
 #: What a cluster split of K (k_split > 1) adds: the cluster barrier's
-#: phase 0 and the mapping of the first CTA (the multicast has them too),
-#: and its own hand-over of the partials (PTX_AUDIT_SPLIT).
+#: phase 0 and the mapping of the first CTA, and its hand-over of the
+#: partials (PTX_AUDIT_SPLIT).
 PTX_AUDIT_CLUSTER = (
     (r"barrier\.cluster\.arrive\.relaxed", "cluster barrier phase 0 (CTAs running)"),
     (r"barrier\.cluster\.wait\.acquire", "cluster barrier phase 0 waited on"),
@@ -355,24 +221,11 @@ PTX_AUDIT_SPLIT = (
     (r"mbarrier\.arrive\.expect_tx\.shared::cta", "the partials' bytes expected"),
     (r"mbarrier\.try_wait\.parity\.acquire\.cluster", "the first CTA waits for them"),
 )
-#: The K split's cluster barrier phase 1 is gone (only the first CTA waits).
+#: No cluster barrier after the partials (only the first CTA of a K split
+#: waits, on its mbarrier) and no plain remote stores.
 PTX_FORBIDDEN_CLUSTER = (
     (r"barrier\.cluster\.arrive\.release", "a cluster barrier after the partials"),
     (r"st\.shared::cluster\.f32", "plain remote stores of partials"),
-)
-
-
-#: What the activation multicast (x_multicast > 1) adds.
-PTX_AUDIT_MULTICAST = (
-    (r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes\.multicast::cluster",
-     "activation rows multicast into the cluster"),
-    (r"mbarrier\.arrive\.expect_tx\.shared::cta", "the stage's bytes expected on its full barrier"),
-    (r"mbarrier\.arrive(\.release\.cluster)?\.shared::cluster\.b64",
-     "stages released to every member"),
-    (r"barrier\.cluster\.arrive\.relaxed", "cluster barrier phase 0 (barriers initialised)"),
-    (r"barrier\.cluster\.arrive\.release", "cluster barrier phase 1 (last remote arrival made)"),
-    (r"barrier\.cluster\.wait\.acquire", "cluster barrier waits"),
-    (r"mapa\.shared::cluster", "members' empty barriers mapped"),
 )
 
 
@@ -391,10 +244,6 @@ PTX_AUDIT_TMA_X = (
     (r"prefetch\.tensormap", "the tensor map of x prefetched"),
     (r"mbarrier\.arrive\.expect_tx\.shared::cta", "the stage's bytes expected on its full barrier"),
 )
-#: The TMA multicast (tma_x with x_multicast > 1), in place of the row multicast.
-PTX_TMA_MULTICAST = (
-    r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
-    r"\.multicast::cluster", "activation boxes multicast into the cluster")
 #: Activation copies of 16 bytes with a source size (rows past M zero-filled).
 PTX_X_ZFILL = (r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 16, %r",
                "16-byte activation copies")
@@ -423,16 +272,14 @@ def prefetch_sizes(ptx_text: str) -> list[int | None]:
 
 
 def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
-              x_multicast: int = 1, l2_prefetch: bool = False,
-              bulk_x: bool = False, tma_x: bool = False,
+              l2_prefetch: bool = False, bulk_x: bool = False, tma_x: bool = False,
               prefetch_bytes: int | None = None, stages: int | None = None) -> list[str]:
     """Problems with a kernel's PTX: required instructions missing, forbidden ones
     present. ``k_tiles`` (per CTA) ``== 1`` waives the L2 hint (a one-tile
     weight has only the unhinted prologue copy); ``k_split > 1`` requires the
-    cluster reduction, ``x_multicast > 1`` the activation multicast,
-    ``l2_prefetch`` the bulk L2 prefetch, ``bulk_x`` the bulk activation
-    copies, ``tma_x`` TMA boxes of x (and, multicast, their multicast in
-    place of the rows'); each is forbidden without its tactic. With
+    cluster reduction, ``l2_prefetch`` the bulk L2 prefetch, ``bulk_x`` the
+    bulk activation copies, ``tma_x`` TMA boxes of x; each is forbidden
+    without its tactic. With
     ``prefetch_bytes``, every L2 prefetch must ask for that many bytes per
     row (the bound of ``prefetch_tiles``, or the whole remainder). With
     ``k_tiles`` and ``stages``, the release fences of an async activation
@@ -440,9 +287,6 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
     if k_split > 1:
         required += list(PTX_AUDIT_CLUSTER) + list(PTX_AUDIT_SPLIT)
-    if x_multicast > 1:
-        required += [PTX_TMA_MULTICAST if tma_x and i == 0 else entry
-                     for i, entry in enumerate(PTX_AUDIT_MULTICAST)]
     if tma_x:
         required += list(PTX_AUDIT_TMA_X)
     if l2_prefetch:
@@ -460,18 +304,13 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
         problems += [f"found {why} ({pattern}) without k_split"
                      for pattern, why in PTX_AUDIT_CLUSTER + (PTX_SPLIT_STORES,)
                      if pattern not in allowed and re.search(pattern, ptx_text)]
-    else:
-        problems += [f"found {why} ({pattern}) in a K split"
-                     for pattern, why in PTX_FORBIDDEN_CLUSTER if re.search(pattern, ptx_text)]
-    if x_multicast == 1:
-        problems += [f"found {why} ({pattern}) without x_multicast"
-                     for pattern, why in PTX_AUDIT_MULTICAST
-                     if pattern not in allowed and re.search(pattern, ptx_text)]
-    tma_patterns = [PTX_AUDIT_TMA_X[0], PTX_AUDIT_TMA_X[1], PTX_TMA_MULTICAST]
+    problems += [f"found {why} ({pattern})"
+                 for pattern, why in PTX_FORBIDDEN_CLUSTER if re.search(pattern, ptx_text)]
+    tma_patterns = [PTX_AUDIT_TMA_X[0], PTX_AUDIT_TMA_X[1]]
     if tma_x:
         # the boxes replace every other way activations arrive
         problems += [f"found {why} ({pattern}) with tma_x"
-                     for pattern, why in (PTX_AUDIT_BULK_X[0], PTX_AUDIT_MULTICAST[0], PTX_X_ZFILL)
+                     for pattern, why in (PTX_AUDIT_BULK_X[0], PTX_X_ZFILL)
                      if re.search(pattern, ptx_text)]
     else:
         problems += [f"found {why} ({pattern}) without tma_x"
@@ -480,7 +319,7 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
         problems += [f"found {why} ({pattern}) without bulk_x"
                      for pattern, why in PTX_AUDIT_BULK_X
                      if pattern not in allowed and re.search(pattern, ptx_text)]
-    problems += release_fence_problems(ptx_text, async_ring=bulk_x or tma_x or x_multicast > 1,
+    problems += release_fence_problems(ptx_text, async_ring=bulk_x or tma_x,
                                        k_tiles=k_tiles, stages=stages)
     if not l2_prefetch:
         problems += [f"found {why} ({pattern}) without l2_prefetch"
@@ -494,13 +333,10 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
 
 
 #: a compute thread's release of a ring stage (not a loader's expect_tx arrival)
-_STAGE_RELEASE = re.compile(
-    r"mbarrier\.arrive(\.release\.cluster)?\.shared::(cta|cluster)\.b64\s+_,\s*\[")
+_STAGE_RELEASE = re.compile(r"mbarrier\.arrive\.shared::cta\.b64\s+_,\s*\[")
 _RELEASE_FENCE = "fence.proxy.async.shared::cta"
-#: either form of the fence (the shipped bidirectional one, or the
-#: experimental uni-directional release: RELEASE_FENCES)
-_ANY_RELEASE_FENCE = re.compile(
-    r"fence\.proxy\.async(\.shared::cta|::generic\.release\.sync_restrict::shared::cta\.cluster);")
+#: any cross-proxy fence (only the bidirectional shared::cta one belongs)
+_ANY_RELEASE_FENCE = re.compile(r"fence\.proxy\.async[.:\w]*;")
 
 
 def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None = None,
@@ -516,8 +352,8 @@ def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None 
     if not async_ring:
         return ([f"found the release fence ({_RELEASE_FENCE}) with a cp.async activation ring"]
                 if _ANY_RELEASE_FENCE.search(ptx_text) else [])
-    # one group per K tile: its releases (one per cluster member with the
-    # multicast) after its reads, and whether a fence came between
+    # one group per K tile: its release after its reads, and whether a
+    # fence came between
     groups, read, fenced = [], False, False
     for number, line in enumerate(ptx_text.splitlines(), 1):
         if "ldmatrix" in line:

@@ -101,42 +101,35 @@ def _load_stage(ring, stage_base, source_rows, k_tile_index, rows, k_tile, threa
                 writes[dst:dst + layout.CHUNK] += 1
 
 
-def _multicast_stage(ring, source_rows, k_tile_index, token_tile, k_tile, x_multicast,
-                     writes=None):
-    """An activation stage filled by bulk copies (bulk_x, or the cluster
-    with x_multicast > 1): each member CTA (the only one, for bulk_x) copies
-    its rows (``layout.multicast_rows``) whole, one bulk copy per token row,
-    into every member's stage; rows past M are not
+def _bulk_stage(ring, source_rows, k_tile_index, k_tile, writes=None):
+    """An activation stage filled by bulk copies (bulk_x): one bulk copy per
+    token row inside M, whole, into the row-padded stage; rows past M are not
     copied and keep whatever the stage held (their outputs are never stored)."""
-    for rank in range(x_multicast):
-        for row in layout.multicast_rows(rank, token_tile, x_multicast):
-            src = source_rows[row]
-            if src is None:
-                continue
-            dst = layout.padded(row, 0, k_tile)
-            start = k_tile_index * k_tile
-            ring[dst:dst + k_tile] = src[start:start + k_tile]
-            if writes is not None:
-                writes[dst:dst + k_tile] += 1
+    for row, src in enumerate(source_rows):
+        if src is None:
+            continue
+        dst = layout.padded(row, 0, k_tile)
+        start = k_tile_index * k_tile
+        ring[dst:dst + k_tile] = src[start:start + k_tile]
+        if writes is not None:
+            writes[dst:dst + k_tile] += 1
 
 
-def _tma_stage(ring, source_rows, k_tile_index, token_tile, k_tile, x_multicast, writes=None):
-    """An activation stage filled by TMA boxes (tma_x): box ``b`` (64 columns
-    of every token row of the tile) comes from cluster CTA
-    ``layout.tma_box_owner(b)``, 16-byte chunks placed by
+def _tma_stage(ring, source_rows, k_tile_index, token_tile, k_tile, writes=None):
+    """An activation stage filled by TMA boxes (tma_x): box ``b`` holds 64
+    columns of every token row of the tile, 16-byte chunks placed by
     ``layout.tma_swizzle``; rows past M arrive as zeros (the tensor map's
     bounds), like every other row written exactly once."""
     first = k_tile_index * k_tile
-    for rank in range(x_multicast):
-        for box in layout.tma_owned_boxes(rank, k_tile, x_multicast):
-            for row, src in enumerate(source_rows):
-                for chunk in range(layout.TMA_BOX_COLS // layout.CHUNK):
-                    col = box * layout.TMA_BOX_COLS + chunk * layout.CHUNK
-                    dst = layout.tma_swizzle(row, col, k_tile, token_tile)
-                    ring[dst:dst + layout.CHUNK] = (0.0 if src is None
-                                                    else src[first + col:first + col + layout.CHUNK])
-                    if writes is not None:
-                        writes[dst:dst + layout.CHUNK] += 1
+    for box in range(layout.tma_boxes(k_tile)):
+        for row, src in enumerate(source_rows):
+            for chunk in range(layout.TMA_BOX_COLS // layout.CHUNK):
+                col = box * layout.TMA_BOX_COLS + chunk * layout.CHUNK
+                dst = layout.tma_swizzle(row, col, k_tile, token_tile)
+                ring[dst:dst + layout.CHUNK] = (0.0 if src is None
+                                                else src[first + col:first + col + layout.CHUNK])
+                if writes is not None:
+                    writes[dst:dst + layout.CHUNK] += 1
 
 
 def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
@@ -145,7 +138,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
     t = tactic
     m, k = x.shape
     k_tiles = k // t.k_tile
-    bulk = t.bulk_activations  # row-padded stages filled by bulk copies
+    bulk = t.bulk_x  # row-padded stages filled by bulk copies
     kind = t.activation_layout
     a_stage = t.output_tile * t.k_tile
     b_stage = t.token_tile * (t.k_tile + (layout.B_ROW_PAD if bulk else 0))
@@ -173,10 +166,9 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
         b_view[:] = np.nan
         _load_stage(a_view, 0, weight_rows, i, t.output_tile, t.k_tile, a_threads, a_writes)
         if t.tma_x:
-            _tma_stage(b_view, token_rows, i, t.token_tile, t.k_tile, t.x_multicast, b_writes)
+            _tma_stage(b_view, token_rows, i, t.token_tile, t.k_tile, b_writes)
         elif bulk:
-            _multicast_stage(b_view, token_rows, i, t.token_tile, t.k_tile, t.x_multicast,
-                             b_writes)
+            _bulk_stage(b_view, token_rows, i, t.k_tile, b_writes)
         else:
             _load_stage(b_view, 0, token_rows, i, t.token_tile, t.k_tile, b_threads, b_writes)
         if check_coverage:
@@ -211,27 +203,23 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
     return acc
 
 
-def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=False,
-                split_reduce="mbarrier"):
+def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=False):
     """Output vectors ``{(token, first_weight_row): 8 FP32}`` one CTA (with
-    ``k_split`` > 1: one cluster of CTAs sharing K) stores. ``split_reduce``
-    "vector": the K split's experimental hand-over (each CTA sums its own
-    warps first, the others send those sums into the first CTA's
-    ``layout.split_sum_slot``); otherwise every warp's partials land in the
-    first CTA's buffer (slot rank * 4 + warp)."""
+    ``k_split`` > 1: one cluster of CTAs sharing K) stores. Every warp's
+    partials land in the first CTA's buffer (slot ``rank * 4 + warp``),
+    each word once."""
     t = tactic
     m, k = x.shape
     k_cta = k // t.k_split
     m_iters = t.output_tile // layout.MMA_M
     n_iters = layout.mma_token_blocks(t.token_tile)
     lanes = range(layout.WARP)
-    vector_hand_over = split_reduce == "vector" and t.k_split > 1
     slots = t.k_split * layout.COMPUTE_WARPS
     words = slots * layout.reduction_tokens(t.token_tile) * layout.reduction_row_words(t.output_tile)
-    # each CTA's reduction buffer (the shipped hand-over writes only the first's)
-    bufs = [np.full(words, np.nan, dtype=np.float32) for _ in range(t.k_split)]
+    # the first CTA's reduction buffer: the only one the K split writes
+    buf = np.full(words, np.nan, dtype=np.float32)
 
-    def put(buf, off, values):
+    def put(off, values):
         if check_coverage and not np.all(np.isnan(buf[off:off + len(values)])):
             raise AssertionError(f"reduction word {off} written twice")
         buf[off:off + len(values)] = values
@@ -240,8 +228,7 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
         share = slice(rank * k_cta, (rank + 1) * k_cta)
         acc = _accumulate(x[:, share], weight[:, share], t, tile_n, tile_t, check_coverage)
         for warp in range(layout.COMPUTE_WARPS):
-            slot, buf = ((warp, bufs[rank]) if vector_hand_over
-                         else (rank * layout.COMPUTE_WARPS + warp, bufs[0]))
+            slot = rank * layout.COMPUTE_WARPS + warp
             for mi in range(m_iters):
                 for ni in range(n_iters):
                     for lane in lanes:
@@ -249,40 +236,20 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
                             row, token = layout.accumulator_coords(lane, mi, ni, reg)
                             off = layout.reduction_offset(slot, token, row, t.output_tile,
                                                           t.token_tile)
-                            put(buf, off, [acc[warp, mi, ni, lane, reg]])
+                            put(off, [acc[warp, mi, ni, lane, reg]])
     vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
     threads = layout.COMPUTE_WARPS * layout.WARP
     coords = [layout.epilogue_coords(v % vectors, t.output_tile)
               for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile))
               for v in range(round_ * threads, (round_ + 1) * threads)]
 
-    def sum_slots(buf, slot_ids, token, row):
-        total = np.zeros(layout.CHUNK, dtype=np.float32)
-        for slot in slot_ids:
-            off = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
-            total = (total + buf[off:off + layout.CHUNK]).astype(np.float32)
-        return total
-
-    if vector_hand_over:
-        # every other CTA's sums of its valid vectors, sent before the first
-        # CTA's mbarrier lets it read them
-        for rank in range(1, t.k_split):
-            for vector, (token, row) in enumerate(coords):
-                if vector < vectors:
-                    own = sum_slots(bufs[rank], range(layout.COMPUTE_WARPS), token, row)
-                    off = layout.reduction_offset(layout.split_sum_slot(rank), token, row,
-                                                  t.output_tile, t.token_tile)
-                    put(bufs[0], off, own)
     stores = {}
     for vector, (token, row) in enumerate(coords):
-        if vector_hand_over:
-            # its own warps' sum, then each received sum in rank order
-            total = sum_slots(bufs[0], range(layout.COMPUTE_WARPS), token, row)
-            for q in range(1, t.k_split):
-                total = (total + sum_slots(bufs[0], [layout.split_sum_slot(q)], token, row)
-                         ).astype(np.float32)
-        else:
-            total = sum_slots(bufs[0], range(slots), token, row)
+        # every warp's partials in slot order (the kernel's fixed order)
+        total = np.zeros(layout.CHUNK, dtype=np.float32)
+        for slot in range(slots):
+            off = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
+            total = (total + buf[off:off + layout.CHUNK]).astype(np.float32)
         global_token = tile_t * t.token_tile + token
         if vector < vectors and global_token < m:
             n0 = tile_n * t.output_tile + row
@@ -296,7 +263,7 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
 
 
 def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, round_output=True,
-            check_coverage=False, split_reduce="mbarrier") -> np.ndarray:
+            check_coverage=False) -> np.ndarray:
     """What the kernel writes for ``out = x @ weight.T (+ bias)``, as float32.
 
     ``round_output`` applies the kernel's final BF16 rounding; without it the
@@ -323,7 +290,7 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, round_output=True
         cta_tactic = tactic if rows == tactic.output_tile else half_tactic
         for tile_t in range(-(-m // tactic.token_tile)):
             stores = emulate_cta(x, weight, cta_tactic, index, tile_t, bias,
-                                 check_coverage=check_coverage, split_reduce=split_reduce)
+                                 check_coverage=check_coverage)
             for (token, n0), values in stores.items():
                 out[token, n0:n0 + layout.CHUNK] = values
                 written[token, n0:n0 + layout.CHUNK] += 1

@@ -59,7 +59,7 @@ B_ROW_PAD = CHUNK
 
 def padded(row, col, k_tile):
     """Element offset of ``(row, col)`` in a row-padded ``[rows, k_tile + 8]``
-    activation stage (bulk_x, or x_multicast > 1). A bulk copy writes one row of x as it
+    activation stage (bulk_x). A bulk copy writes one row of x as it
     is in memory, so the stage cannot be swizzled; the 16-byte pad shifts each
     row by four banks instead, which keeps the ldmatrix phases (8 rows x 16 B
     at one column) on 32 distinct banks."""
@@ -92,17 +92,6 @@ def tma_boxes(k_tile):
     return k_tile // TMA_BOX_COLS
 
 
-def tma_box_owner(box, x_multicast):
-    """The cluster CTA that issues box ``box`` of every stage (for all
-    members, with x_multicast > 1; CTA 0 alone otherwise)."""
-    return box % x_multicast
-
-
-def tma_owned_boxes(rank, k_tile, x_multicast):
-    """Boxes of each stage that cluster CTA ``rank`` issues."""
-    return [b for b in range(tma_boxes(k_tile)) if tma_box_owner(b, x_multicast) == rank]
-
-
 #: How an activation stage is laid out, by how it is filled:
 #: 16-byte cp.async copies (swizzled), one bulk copy per row (row-padded),
 #: or TMA boxes (128-byte swizzled boxes).
@@ -117,16 +106,6 @@ def b_offset(row, col, k_tile, kind="swizzle", token_tile=0):
     if kind == "tma":
         return tma_swizzle(row, col, k_tile, token_tile)
     return swizzle(row, col, k_tile)
-
-
-def multicast_owner(row, x_multicast):
-    """The cluster CTA that loads token row ``row`` of a stage for all members."""
-    return row % x_multicast
-
-
-def multicast_rows(rank, token_tile, x_multicast):
-    """Token rows of a stage that cluster CTA ``rank`` loads for all members."""
-    return [r for r in range(token_tile) if multicast_owner(r, x_multicast) == rank]
 
 
 # ---------------------------------------------------------------- loaders
@@ -327,17 +306,15 @@ class SmemPlan:
     partials: int | None = None
 
 
-def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
-              bulk_x=False, tma_x=False):
+def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, bulk_x=False, tma_x=False):
     """Where the two rings, the reduction buffer and the mbarriers live.
 
     With ``k_split`` CTAs per cluster sharing K, the reduction buffer holds
     the partials of every compute warp of the cluster (``[k_split * 4]``
     warps): the other CTAs write theirs into the first CTA's buffer, and
-    their bytes complete its ``partials`` mbarrier. With
-    ``bulk_x`` or ``x_multicast`` > 1 the activation stages are row-padded
-    (``padded``), unless ``tma_x``: then they are TMA boxes (``tma_swizzle``,
-    1024-byte aligned).
+    their bytes complete its ``partials`` mbarrier. With ``bulk_x`` the
+    activation stages are row-padded (``padded``); with ``tma_x`` they are
+    TMA boxes (``tma_swizzle``, 1024-byte aligned).
 
     A ring too deep to fit beside the reduction buffer in one block
     (``SMEM_PER_BLOCK``) gets the buffer laid over its start instead
@@ -347,7 +324,7 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, x_multicast=1,
     before the first partial is stored. Only then: a ring that fits either
     way keeps its own buffer, and with it the kernel the tuner measured."""
     a_stage = output_tile * k_tile * ELEMENT_BYTES
-    b_row = k_tile + (B_ROW_PAD if (bulk_x or x_multicast > 1) and not tma_x else 0)
+    b_row = k_tile + (B_ROW_PAD if bulk_x else 0)
     # 16-byte aligned rows either way (a multiple of 128 B from 8 rows on)
     b_stage = token_tile * b_row * ELEMENT_BYTES
     a_ring = 0
@@ -385,22 +362,6 @@ def split_partial_bytes(output_tile, token_tile):
     ``partials`` barrier expects ``k_split - 1`` times this)."""
     return (COMPUTE_WARPS * WARP * (output_tile // MMA_M) * mma_token_blocks(token_tile)
             * 4 * 4)
-
-
-def split_sum_slot(rank):
-    """The vector hand-over of a K split (experimental): the slot of the first
-    CTA's reduction buffer that CTA ``rank`` (> 0) sends its four warps' sums
-    into, past the first CTA's own four warp slots (the buffer has
-    ``k_split * 4`` slots, more than the ``4 + k_split - 1`` this uses)."""
-    return COMPUTE_WARPS + rank - 1
-
-
-def split_vector_bytes(output_tile, token_tile):
-    """Bytes one CTA of a K split sends the first CTA in the vector hand-over:
-    one 8-float sum per output vector (``epilogue_vectors``): a quarter of
-    ``split_partial_bytes`` (less for a narrow token tile, whose mma
-    columns past the tile are not sent)."""
-    return epilogue_vectors(output_tile, token_tile) * CHUNK * 4
 
 
 def ring_slot(k_tile_index, stages):

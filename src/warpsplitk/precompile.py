@@ -73,12 +73,10 @@ def _compile_job(job: dict):
     """Compile one job (in a worker) into the disk cache; None or an error text."""
     from .compile import _build
     tactic = WarpSplitKTactic.parse(job["tactic"])
-    stem = disk_cache.key(job["arch"], job["n"], job["k"], tactic, job["bias"], job["pdl"],
-                          **job["variant"])
+    stem = disk_cache.key(job["arch"], job["n"], job["k"], tactic, job["bias"], job["pdl"])
     if disk_cache.path_for(stem).is_file():
         return None
-    compiled = _build(job["n"], job["k"], tactic, job["bias"], job["pdl"], job["arch"],
-                      **job["variant"])
+    compiled = _build(job["n"], job["k"], tactic, job["bias"], job["pdl"], job["arch"])
     if disk_cache.store(stem, compiled) is None:
         return "could not write the disk cache"
     return None
@@ -100,17 +98,15 @@ def _worker_main() -> int:
     return 0
 
 
-def missing(kernels, arch: str, variant: dict | None = None) -> list:
-    """The distinct kernels of ``kernels`` the disk cache does not hold
-    (``variant``: ``compile.build_variant()``, the shipped kernel if None)."""
-    variant = variant or {}
+def missing(kernels, arch: str) -> list:
+    """The distinct kernels of ``kernels`` the disk cache does not hold."""
     seen, todo = set(), []
     for n, k, tactic, has_bias, use_pdl in kernels:
         item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl))
         if item in seen:
             continue
         seen.add(item)
-        stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, **variant)
+        stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl)
         if not disk_cache.path_for(stem).is_file():
             todo.append(item)
     return todo
@@ -124,13 +120,11 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
     will raise the real error); empty when all are stored, or when there is
     nothing to gain (cache off, one job, fewer than two kernels missing).
     """
-    from .compile import build_variant
     jobs = default_jobs() if jobs is None else int(jobs)
     if not disk_cache.enabled() or jobs < 2:
         return {}
-    variant = build_variant()
     todo = []
-    for item in missing(kernels, arch, variant):
+    for item in missing(kernels, arch):
         check_tactic(item[2], item[0], item[1])  # an illegal tactic is the caller's error
         todo.append(item)
     if len(todo) < 2:
@@ -158,7 +152,7 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
                     break
                 n, k, tactic, has_bias, use_pdl = item
                 job = {"arch": arch, "n": n, "k": k, "tactic": tactic.short(), "bias": has_bias,
-                       "pdl": use_pdl, "variant": variant}
+                       "pdl": use_pdl}
                 try:
                     worker.stdin.write(json.dumps(job) + "\n")
                     worker.stdin.flush()

@@ -113,9 +113,8 @@ def mbarrier_init(barrier, count, *, loc=None, ip=None):
 def mbarrier_wait(barrier, parity, cluster=False, predicate=None, *, loc=None, ip=None):
     """Spin (with the hardware's suspend hint) until phase ``parity`` of ``barrier``
     completed. ``cluster``: acquire at cluster scope, for a barrier other CTAs
-    of the cluster arrive on (release.cluster) to hand over their own shared
-    memory, which this thread then has overwritten by a multicast copy, or
-    whose bytes they stored into this CTA with ``st.async``. ``predicate``
+    whose bytes other CTAs of the cluster stored into this CTA with
+    ``st.async``. ``predicate``
     (non-zero; uniform over the warp): wait only where it holds."""
     scope = ".acquire.cluster" if cluster else ""
     loop = ("WSK_WAIT_${:uid}:\n"
@@ -132,25 +131,10 @@ def mbarrier_wait(barrier, parity, cluster=False, predicate=None, *, loc=None, i
 
 
 @dsl_user_op
-def mbarrier_arrive_lane0(barrier, lane, *, loc=None, ip=None):
-    """Lane 0 of the warp arrives on ``barrier`` (release: orders the warp's earlier
-    shared reads, which a preceding ``bar.warp.sync`` gathers)."""
-    _asm(None, [Int32(barrier), Int32(lane)],
-         "{\n.reg .pred P1;\nsetp.eq.u32 P1, $1, 0;\n"
-         "@P1 mbarrier.arrive.shared::cta.b64 _, [$0];\n}",
-         "r,r,~{memory}", loc, ip)
-
-
-@dsl_user_op
 def mbarrier_arrive(barrier, *, loc=None, ip=None):
     """This thread arrives on ``barrier`` (release)."""
     _asm(None, [Int32(barrier)], "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}",
          loc, ip)
-
-
-@dsl_user_op
-def syncwarp(*, loc=None, ip=None):
-    _asm(None, [], "bar.warp.sync -1;", "~{memory}", loc, ip)
 
 
 @dsl_user_op
@@ -166,21 +150,6 @@ def fence_proxy_async_shared(*, loc=None, ip=None):
 
 
 @dsl_user_op
-def fence_proxy_async(*, loc=None, ip=None):
-    """The bidirectional cross-proxy fence over every state space."""
-    _asm(None, [], "fence.proxy.async;", "~{memory}", loc, ip)
-
-
-@dsl_user_op
-def fence_proxy_async_release_shared(*, loc=None, ip=None):
-    """The uni-directional form (PTX 8.6, sm_90): release this thread's
-    generic-proxy shared accesses to later async-proxy ones (experimental,
-    compile.RELEASE_FENCES)."""
-    _asm(None, [], "fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;",
-         "~{memory}", loc, ip)
-
-
-@dsl_user_op
 def fence_mbarrier_init(*, loc=None, ip=None):
     _asm(None, [], "fence.mbarrier_init.release.cluster;", "~{memory}", loc, ip)
 
@@ -191,10 +160,10 @@ def fence_mbarrier_init(*, loc=None, ip=None):
 
 
 @dsl_user_op
-def cluster_arrive(relaxed=False, *, loc=None, ip=None):
-    """Arrive on the cluster barrier (release, or relaxed: orders nothing)."""
-    sem = "relaxed" if relaxed else "release"
-    _asm(None, [], f"barrier.cluster.arrive.{sem};", "~{memory}", loc, ip)
+def cluster_arrive_relaxed(*, loc=None, ip=None):
+    """Arrive on the cluster barrier, ordering nothing (its wait only says
+    every CTA of the cluster is running and past this point)."""
+    _asm(None, [], "barrier.cluster.arrive.relaxed;", "~{memory}", loc, ip)
 
 
 @dsl_user_op
@@ -208,13 +177,6 @@ def map_shared_to_rank(address, rank, *, loc=None, ip=None):
     """The shared::cluster address of ``address`` in the cluster CTA ``rank``."""
     return Int32(_asm(Int32.mlir_type, [Int32(address), Int32(rank)],
                       "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", loc, ip))
-
-
-@dsl_user_op
-def st_shared_cluster_f32(address, value, *, loc=None, ip=None):
-    """Store to a shared::cluster address (another CTA's shared memory)."""
-    _asm(None, [Int32(address), Float32(value)], "st.shared::cluster.f32 [$0], $1;", "r,f",
-         loc, ip)
 
 
 @dsl_user_op
@@ -233,24 +195,6 @@ def st_partial_f32(local, remote, remote_barrier, value, is_remote, *, loc=None,
 
 
 @dsl_user_op
-def st_async_v4_f32_if(remote, remote_barrier, values, predicate, *, loc=None, ip=None):
-    """If ``predicate`` (non-zero): four floats into another CTA's shared
-    memory at ``remote`` (shared::cluster, 16-byte aligned) by ``st.async``,
-    their 16 bytes completing that CTA's mbarrier ``remote_barrier``."""
-    _asm(None, [Int32(remote), Int32(remote_barrier)] + [Float32(v) for v in values]
-         + [Int32(predicate)],
-         "{\n.reg .pred P1;\nsetp.ne.u32 P1, $6, 0;\n"
-         "@P1 st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 "
-         "[$0], {$2, $3, $4, $5}, [$1];\n}",
-         "r,r,f,f,f,f,r,~{memory}", loc, ip)
-
-
-# ------------------------------------------------ activation multicast
-# For x_multicast > 1: the CTAs of a cluster along N load each activation
-# stage once (a share of its token rows each) into every member's ring.
-
-
-@dsl_user_op
 def mbarrier_arrive_expect_tx_if(barrier, nbytes, predicate, *, loc=None, ip=None):
     """If ``predicate`` (non-zero): arrive on ``barrier`` and expect ``nbytes`` more
     from bulk copies in this phase (they may land before or after the arrival:
@@ -262,55 +206,16 @@ def mbarrier_arrive_expect_tx_if(barrier, nbytes, predicate, *, loc=None, ip=Non
 
 
 @dsl_user_op
-def cp_async_bulk_multicast_if(dst, src, nbytes, barrier, cta_mask, predicate, *, loc=None,
-                               ip=None):
-    """If ``predicate``: copy ``nbytes`` (a multiple of 16) from global ``src`` to
-    shared ``dst`` in every CTA of the cluster in ``cta_mask``, each copy
-    completing ``nbytes`` on the mbarrier at ``barrier``'s offset in that CTA."""
-    _asm(None, [Int32(dst), Int64(src), Int32(nbytes), Int32(barrier), Int32(cta_mask),
-                Int32(predicate)],
-         "{\n.reg .b16 M;\n.reg .pred P1;\ncvt.u16.u32 M, $4;\nsetp.ne.u32 P1, $5, 0;\n"
-         "@P1 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-         " [$0], [$1], $2, [$3], M;\n}",
-         "r,l,r,r,r,r,~{memory}", loc, ip)
-
-
-@dsl_user_op
 def cp_async_bulk_if(dst, src, nbytes, barrier, predicate, *, loc=None, ip=None):
     """If ``predicate``: copy ``nbytes`` (a multiple of 16) from global ``src`` to
     this CTA's shared ``dst``, completing ``nbytes`` on the mbarrier at
-    ``barrier`` (bulk_x: the multicast's copy with the cluster of one CTA
-    every launch is)."""
+    ``barrier`` (the ``shared::cluster`` form: a launch without a cluster is
+    a cluster of one CTA)."""
     _asm(None, [Int32(dst), Int64(src), Int32(nbytes), Int32(barrier), Int32(predicate)],
          "{\n.reg .pred P1;\nsetp.ne.u32 P1, $4, 0;\n"
          "@P1 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
          " [$0], [$1], $2, [$3];\n}",
          "r,l,r,r,r,~{memory}", loc, ip)
-
-
-@dsl_user_op
-def mbarrier_arrive_cluster(address, scope="cluster", *, loc=None, ip=None):
-    """Arrive (release, at ``scope``: cluster or cta) on the mbarrier at
-    shared::cluster ``address`` (``map_shared_to_rank``: possibly another
-    CTA's). CUTLASS's TMA pipelines release a multicast stage with the
-    cta-scoped form (the default semantics of ``mbarrier.arrive``)."""
-    sem = ".release.cluster" if scope == "cluster" else ""
-    _asm(None, [Int32(address)],
-         f"mbarrier.arrive{sem}.shared::cluster.b64 _, [$0];", "r,~{memory}", loc, ip)
-
-
-@dsl_user_op
-def mbarrier_arrive_cluster_lane0(address, lane, *, loc=None, ip=None):
-    """Lane 0 of the warp arrives (release, cluster scope) on the mbarrier at
-    shared::cluster ``address``; a preceding ``bar.warp.sync`` gathers the
-    other lanes' reads under that release, as in ``mbarrier_arrive_lane0``."""
-    _asm(None, [Int32(address), Int32(lane)],
-         "{\n.reg .pred P1;\nsetp.eq.u32 P1, $1, 0;\n"
-         "@P1 mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];\n}",
-         "r,r,~{memory}", loc, ip)
-
-
-# --------------------------------------------------------------- PDL
 
 
 @dsl_user_op
@@ -408,30 +313,3 @@ def st_global_v4_b32_if(address, words, predicate, *, loc=None, ip=None):
          "{\n.reg .pred P1;\nsetp.ne.u32 P1, $5, 0;\n"
          "@P1 st.global.v4.b32 [$0], {$1, $2, $3, $4};\n}",
          "l,r,r,r,r,r,~{memory}", loc, ip)
-
-
-# ------------------------------------------------------------ diagnostics
-
-
-@dsl_user_op
-def stamp_if(address, predicate, *, loc=None, ip=None):
-    """Diagnostic (``kernel.py``, ``stamps``): store ``{%globaltimer,
-    %clock64}`` (16 bytes) at ``address`` if ``predicate`` is non-zero. The
-    global timer (ns) orders events across SMs; the cycle counter times
-    intervals within one SM finely."""
-    _asm(None, [Int64(address), Int32(predicate)],
-         "{\n.reg .pred P1;\n.reg .u64 G, C;\nsetp.ne.u32 P1, $1, 0;\n"
-         "mov.u64 G, %globaltimer;\nmov.u64 C, %clock64;\n"
-         "@P1 st.global.v2.u64 [$0], {G, C};\n}",
-         "l,r,~{memory}", loc, ip)
-
-
-@dsl_user_op
-def smid_if(address, predicate, *, loc=None, ip=None):
-    """Diagnostic: store this thread's SM index (as a u64) at ``address``
-    if ``predicate`` is non-zero."""
-    _asm(None, [Int64(address), Int32(predicate)],
-         "{\n.reg .pred P1;\n.reg .u32 S;\n.reg .u64 S64;\nsetp.ne.u32 P1, $1, 0;\n"
-         "mov.u32 S, %smid;\ncvt.u64.u32 S64, S;\n"
-         "@P1 st.global.u64 [$0], S64;\n}",
-         "l,r,~{memory}", loc, ip)

@@ -33,14 +33,9 @@ MAX_STAGES = 32
 DEFAULT_MAX_STAGES = 16
 B_LOADER_WARPS = (1, 2)
 #: CTAs of a cluster that share one output tile's K (each streams 1/k_split
-#: of K; their partial sums meet in the first CTA's shared memory). 4 for
-#: weights whose N leaves most SMs idle even split in two (1536x7168 in
-#: 48-row tiles: 32 x 4 = 128 CTAs of 172 KB where 32-row tiles split in two
-#: give 96 of 229 KB).
-K_SPLITS = (1, 2, 4)
-#: CTAs of a cluster along N that share each activation stage: one load from
-#: L2, multicast into every member's ring (experimental, see kernel.py).
-X_MULTICASTS = (1, 2, 3, 4)
+#: of K; the second's partial sums meet the first's in its shared memory):
+#: for weights whose N leaves SMs idle.
+K_SPLITS = (1, 2)
 #: Where the kernel lets the next PDL kernel launch: False after its last
 #: activation tile is issued, True before its griddepcontrol.wait (see
 #: WarpSplitKTactic.early_launch).
@@ -101,32 +96,22 @@ class WarpSplitKTactic:
         for M <= 4) the activation stage holds only the tile's rows and the
         mma's other columns read duplicates that are never stored
         (``layout.stage_row``): smaller stages, a deeper ring for the same
-        shared memory. 16-byte activation copies only: not with tma_x,
-        x_multicast or bulk_x (with bulk rows the H200 gave wrong sums now
-        and then, run 45). Experimental.
+        shared memory. Not with tma_x (a TMA box has at least 8 rows).
     k_tile: K elements per pipeline stage, 128 or 256.
     stages: depth of the shared-memory rings, 1..32 (the default heuristic's
         at most 16).
     b_loader_warps: warps that load activations, 1 or 2.
-    k_split: CTAs of a cluster splitting K, 1, 2 or 4 (multiplies the grid
-        for shapes whose N leaves SMs idle; measured by the tuner, never the
+    k_split: CTAs of a cluster splitting K, 1 or 2 (doubles the grid for
+        shapes whose N leaves SMs idle; measured by the tuner, never the
         default heuristic's choice).
-    x_multicast: CTAs of a cluster along N that share their activation
-        stages, 1 to 4: each x stage is read from L2 once per cluster
-        and multicast into every member's ring, cutting the activation
-        re-reads that bound M >= 16 (experimental: correct on the H200 but
-        1.4-5x slower than the best tactic without it, so nothing picks it
-        unless asked; docs/NOTES.md).
     early_launch: where the kernel triggers the next PDL kernel's launch.
         False: once its last activation tile is issued (late in the CTA's
         life when the ring is shallower than K). True: before its
         griddepcontrol.wait, so the next kernel's CTAs become resident and
         prefetch their weight while this grid still streams. Either way
         every read of x and write of out waits for the previous grid to
-        complete, so the choice is speed only: measured on the H200 it is
-        0.84-1.08x on independent calls and 0.95-1.17x in dependent
-        chains, depending on the tactic (docs/NOTES.md); the tuner picks it
-        only where it is measurably faster.
+        complete, so the choice is speed only, and the tuner makes it per
+        cell (docs/design-notes.md).
     l2_prefetch: whether the weight loaders, once the ring's first fill is
         issued, ask L2 (``cp.async.bulk.prefetch.L2``, one instruction per
         weight row) for the rest of the CTA's K share. The weight does not
@@ -138,9 +123,9 @@ class WarpSplitKTactic:
         past the ring; 1-8 (``PREFETCH_TILES``) only that many K tiles past
         it (fewer than remain). All of it filled the gap between calls
         on 11-14 MB weights but lost on larger ones, where every CTA's whole
-        remainder queues ahead of the refills the running grid needs (runs
-        25, 27); a few tiles per CTA are what the gap between two calls can
-        stream, and L2 keeps them.
+        remainder queues ahead of the refills the running grid needs; a few
+        tiles per CTA are what the gap between two calls can stream, and L2
+        keeps them.
     bulk_x: how activation rows reach the ring. False: every activation-
         loader thread issues 16-byte ``cp.async`` copies, rows past M
         zero-filled (``token_tile * k_tile / 8`` copies per stage, M or
@@ -149,27 +134,21 @@ class WarpSplitKTactic:
         stage's barrier by byte count, into row-padded stages; rows past M
         are never written (their outputs are never stored). The copies
         follow the dependency wait, so their issue cost is on every call's
-        critical path. One activation warp. The activation multicast
-        (x_multicast > 1) copies this way unless ``tma_x``, so it takes
-        False here.
+        critical path. One activation warp.
     tma_x: activation stages by the tensor-memory accelerator: one lane of
         one activation warp issues ``k_tile / 64`` copies of a
         ``[token_tile, 64]`` box of x per stage (``cp.async.bulk.tensor``,
         through a tensor map built per call from x's address and M), into
         128-byte-swizzled stages; rows past M arrive as zeros. The same few
         instructions per stage at any M, where bulk_x needs one per token
-        row. With x_multicast > 1 the cluster's CTAs share the boxes of a
-        stage, each issuing its own to every member, so x is read from L2
-        once per cluster (``layout.tma_owned_boxes``; x_multicast may not
-        exceed the boxes of a stage). Not with bulk_x.
+        row. Not with bulk_x.
     half_tiles: a mixed grid: the last ``half_tiles`` CTAs
         along N own ``output_tile / 2`` weight rows, the others
         ``output_tile``, so that N can spread evenly over the SMs where no
         single tile size does (3216 rows: 69 CTAs of 32 and 63 of 16, one
         per SM, instead of 201 CTAs of 16 on 132 SMs). Both tile paths are
         traced into one kernel, chosen by block index; shared memory is the
-        larger tile's. output_tile 32 or 64; not with k_split or
-        x_multicast. Depends on N, so it is never in ``all_tactics``.
+        larger tile's. output_tile 32 or 64; not with k_split. Depends on N, so it is never in ``all_tactics``.
     """
 
     output_tile: int = 16
@@ -178,7 +157,6 @@ class WarpSplitKTactic:
     stages: int = 4
     b_loader_warps: int = 1
     k_split: int = 1
-    x_multicast: int = 1
     early_launch: bool = False
     l2_prefetch: bool = False
     bulk_x: bool = False
@@ -187,16 +165,10 @@ class WarpSplitKTactic:
     prefetch_tiles: int = 0
 
     @property
-    def bulk_activations(self) -> bool:
-        """Activation rows by bulk copy into row-padded stages (bulk_x, or
-        the multicast, which copies that way unless by TMA)."""
-        return self.bulk_x or (self.x_multicast > 1 and not self.tma_x)
-
-    @property
     def async_activation_ring(self) -> bool:
         """Activation stages written by the async proxy (TMA boxes or bulk
         copies): their release needs a cross-proxy fence (kernel.py)."""
-        return self.tma_x or self.bulk_activations
+        return self.tma_x or self.bulk_x
 
     @property
     def activation_layout(self) -> str:
@@ -204,7 +176,7 @@ class WarpSplitKTactic:
         boxes, "padded" for bulk-copied rows, "swizzle" for 16-byte copies."""
         if self.tma_x:
             return "tma"
-        return "padded" if self.bulk_activations else "swizzle"
+        return "padded" if self.bulk_x else "swizzle"
 
     @property
     def threads(self) -> int:
@@ -219,7 +191,7 @@ class WarpSplitKTactic:
     @property
     def smem_plan(self) -> layout.SmemPlan:
         return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages,
-                                self.k_split, self.x_multicast, self.bulk_x, self.tma_x)
+                                self.k_split, self.bulk_x, self.tma_x)
 
     @property
     def reduction_aliased(self) -> bool:
@@ -228,16 +200,14 @@ class WarpSplitKTactic:
         return self.smem_plan.reduction_aliased
 
     def short(self) -> str:
-        """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1,
-        ``o,t,k,s,b,c,x`` when x_multicast x > 1), then ``+early`` with the
+        """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1),
+        then ``+early`` with the
         early PDL trigger, ``+prefetch`` with the L2 prefetch (``+prefetchP``
         bounded to P tiles), ``+bulk``
         with bulk activation copies and ``+tma`` with TMA ones."""
         text = (f"{self.output_tile},{self.token_tile},{self.k_tile},"
                 f"{self.stages},{self.b_loader_warps}")
-        if self.x_multicast > 1:
-            text = f"{text},{self.k_split},{self.x_multicast}"
-        elif self.k_split > 1:
+        if self.k_split > 1:
             text = f"{text},{self.k_split}"
         if self.early_launch:
             text += EARLY_SUFFIX
@@ -273,15 +243,15 @@ class WarpSplitKTactic:
             fields = [int(v) for v in body.split(",")]
         except ValueError:
             fields = []
-        if len(fields) not in (5, 6, 7):
+        if len(fields) not in (5, 6):
             raise ValueError(
                 "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
-                "b_loader_warps', then optionally k_split and x_multicast, then "
+                "b_loader_warps', then optionally k_split, then "
                 f"optionally '{EARLY_SUFFIX}', '{PREFETCH_SUFFIX}', '{BULK_SUFFIX}' and "
                 f"'{TMA_SUFFIX}' in that order ('{PREFETCH_SUFFIX}P' for a bounded prefetch), "
                 f"then optionally '{HALF_SUFFIX}H', "
                 f"got {text!r}")
-        fields += [1] * (7 - len(fields))
+        fields += [1] * (6 - len(fields))
         return cls(*fields, early_launch=flags[EARLY_SUFFIX], l2_prefetch=flags[PREFETCH_SUFFIX],
                    bulk_x=flags[BULK_SUFFIX], tma_x=flags[TMA_SUFFIX], half_tiles=half,
                    prefetch_tiles=prefetch_tiles)
@@ -308,8 +278,6 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         raise _field_error("b_loader_warps", tactic.b_loader_warps, B_LOADER_WARPS)
     if tactic.k_split not in K_SPLITS:
         raise _field_error("k_split", tactic.k_split, K_SPLITS)
-    if tactic.x_multicast not in X_MULTICASTS:
-        raise _field_error("x_multicast", tactic.x_multicast, X_MULTICASTS)
     if tactic.early_launch not in EARLY_LAUNCHES or not isinstance(tactic.early_launch, bool):
         raise _field_error("early_launch", tactic.early_launch, EARLY_LAUNCHES)
     if tactic.l2_prefetch not in L2_PREFETCHES or not isinstance(tactic.l2_prefetch, bool):
@@ -331,42 +299,24 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
         # one lane issues a stage's boxes
         raise ValueError(f"warp split-K tactic: tma_x takes b_loader_warps 1, got "
                          f"{tactic.b_loader_warps}")
-    if tactic.tma_x and tactic.x_multicast > layout.tma_boxes(tactic.k_tile):
-        raise ValueError(f"warp split-K tactic: with tma_x each of the x_multicast "
-                         f"{tactic.x_multicast} CTAs issues whole boxes of "
-                         f"{layout.TMA_BOX_COLS} columns, and a k_tile {tactic.k_tile} stage "
-                         f"has {layout.tma_boxes(tactic.k_tile)}")
-    if tactic.bulk_x and tactic.x_multicast > 1:
-        raise ValueError(f"warp split-K tactic: x_multicast {tactic.x_multicast} already copies "
-                         "activations in bulk; bulk_x is for x_multicast 1")
     if tactic.bulk_x and tactic.b_loader_warps != 1:
         # one lane per token row issues the stage's bulk copies
         raise ValueError(f"warp split-K tactic: bulk_x takes b_loader_warps 1, got "
                          f"{tactic.b_loader_warps}")
-    if tactic.token_tile < layout.MMA_N and (tactic.tma_x or tactic.x_multicast > 1):
+    if tactic.token_tile < layout.MMA_N and tactic.tma_x:
         # a TMA stage's boxes must start on 1024-byte boundaries (the
-        # 128-byte swizzle), and a box of fewer than 8 rows is not one; the
-        # multicast shares rows among CTAs, and a narrow tile has too few
+        # 128-byte swizzle), and a box of fewer than 8 rows is not one
         raise ValueError(f"warp split-K tactic: a narrow token_tile {tactic.token_tile} "
-                         f"(< {layout.MMA_N}) takes neither tma_x nor x_multicast > 1, got "
-                         f"tma_x {tactic.tma_x}, x_multicast {tactic.x_multicast}")
+                         f"(< {layout.MMA_N}) does not take tma_x")
     chunks = tactic.token_tile * tactic.k_tile // layout.CHUNK
     b_threads = tactic.b_loader_warps * layout.WARP
-    if not (tactic.bulk_activations or tactic.tma_x) and chunks % b_threads:
+    if not (tactic.bulk_x or tactic.tma_x) and chunks % b_threads:
         # the 16-byte loader gives every activation thread the same number of
         # copies per stage
         raise ValueError(f"warp split-K tactic: a stage of token_tile {tactic.token_tile} x "
                          f"k_tile {tactic.k_tile} is {chunks} 16-byte copies, not a multiple "
                          f"of the {b_threads} threads of b_loader_warps "
                          f"{tactic.b_loader_warps}")
-    if tactic.x_multicast > 1 and tactic.k_split > 1:
-        raise ValueError("warp split-K tactic: x_multicast and k_split cannot be combined "
-                         f"(got x_multicast {tactic.x_multicast}, k_split {tactic.k_split})")
-    if tactic.x_multicast > 1 and tactic.b_loader_warps != 1:
-        # one lane per token row issues the stage's bulk copies: a second
-        # activation warp would have nothing to do
-        raise ValueError(f"warp split-K tactic: x_multicast {tactic.x_multicast} takes "
-                         f"b_loader_warps 1, got {tactic.b_loader_warps}")
     if tactic.output_tile >= WIDE_TILE and tactic.k_tile != 128:
         # ptxas-driven: 48 or 64 rows x 256 K are 24-32 copies per weight-loader
         # thread per stage; ptxas 13.4 hoists their addresses into 150-255
@@ -383,9 +333,9 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
             raise ValueError(f"warp split-K tactic: half_tiles needs output_tile in "
                              f"{HALF_TILE_SOURCES} (half tiles of whole 16-row blocks), got "
                              f"{tactic.output_tile}")
-        if tactic.k_split > 1 or tactic.x_multicast > 1:
-            raise ValueError("warp split-K tactic: half_tiles is for k_split 1 and "
-                             f"x_multicast 1, got {tactic.k_split} and {tactic.x_multicast}")
+        if tactic.k_split > 1:
+            raise ValueError(f"warp split-K tactic: half_tiles is for k_split 1, got "
+                             f"{tactic.k_split}")
         half_rows = tactic.half_tiles * (tactic.output_tile // 2)
         if not isinstance(n, int) or n <= half_rows or (n - half_rows) % tactic.output_tile:
             raise ValueError(f"warp split-K: with {tactic.half_tiles} half tiles of "
@@ -397,10 +347,6 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
     if not isinstance(k, int) or k <= 0 or k % tactic.k_tile:
         raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
                          f"{tactic.k_tile}, got K={k!r}")
-    if (n // tactic.output_tile) % tactic.x_multicast:
-        raise ValueError(f"warp split-K: x_multicast {tactic.x_multicast} must divide the "
-                         f"{n // tactic.output_tile} output tiles of N={n} (output_tile "
-                         f"{tactic.output_tile})")
     k_tiles = k // tactic.k_tile
     if k_tiles > MAX_K_TILES:
         raise ValueError(f"warp split-K: K={k} is {k_tiles} tiles of {tactic.k_tile}; "
@@ -440,40 +386,37 @@ def is_legal(tactic: WarpSplitKTactic, n: int, k: int) -> bool:
     return True
 
 
-def all_tactics(k_splits=(1,), x_multicasts=(1,), early_launches=(False,),
-                l2_prefetches=(False,), bulk_xs=(False,), tma_xs=(False,), prefetch_tiles=(0,)):
+def all_tactics(k_splits=(1,), early_launches=(False,), l2_prefetches=(False,),
+                bulk_xs=(False,), tma_xs=(False,), prefetch_tiles=(0,)):
     """Every tactic of the kernel's space, legal for some shape or not (with
     ``k_splits=K_SPLITS``, the cluster split of K too; with
-    ``x_multicasts=X_MULTICASTS``, the experimental activation multicast;
-    with ``early_launches=EARLY_LAUNCHES``, both PDL trigger points; with
+    ``early_launches=EARLY_LAUNCHES``, both PDL trigger points; with
     ``l2_prefetches=L2_PREFETCHES``, the L2 prefetch too; with
     ``bulk_xs=BULK_XS``, bulk activation copies too; with ``tma_xs=TMA_XS``,
     TMA activation copies too; with ``prefetch_tiles=(0,) + PREFETCH_TILES``
     and the L2 prefetch, its bounded forms too)."""
-    for o, t, kt, s, b, c, x, e, f, bx, tx, p in itertools.product(
+    for o, t, kt, s, b, c, e, f, bx, tx, p in itertools.product(
             OUTPUT_TILES, TOKEN_TILES, K_TILES, range(1, MAX_STAGES + 1), B_LOADER_WARPS,
-            k_splits, x_multicasts, early_launches, l2_prefetches, bulk_xs, tma_xs,
-            prefetch_tiles):
-        if (x > 1 and (c > 1 or b > 1 or bx)) or (bx and b > 1) or (tx and (bx or b > 1)):
+            k_splits, early_launches, l2_prefetches, bulk_xs, tma_xs, prefetch_tiles):
+        if (bx and b > 1) or (tx and (bx or b > 1)):
             continue  # never legal (check_tactic)
         if p and not f:
             continue  # a bound without the prefetch (check_tactic)
-        if t < layout.MMA_N and (tx or x > 1 or bx or (t * kt // layout.CHUNK)
-                                                   % (b * layout.WARP)):
+        if t < layout.MMA_N and (tx or bx or (t * kt // layout.CHUNK) % (b * layout.WARP)):
             continue  # a narrow token tile: never legal this way (check_tactic)
-        yield WarpSplitKTactic(o, t, kt, s, b, c, x, e, f, bx, tx, prefetch_tiles=p)
+        yield WarpSplitKTactic(o, t, kt, s, b, c, e, f, bx, tx, prefetch_tiles=p)
 
 
-def legal_tactics(m: int, n: int, k: int, k_splits=(1,), x_multicasts=(1,),
-                  early_launches=(False,), l2_prefetches=(False,),
-                  bulk_xs=(False,), tma_xs=(False,), prefetch_tiles=(0,)) -> list[WarpSplitKTactic]:
+def legal_tactics(m: int, n: int, k: int, k_splits=(1,), early_launches=(False,),
+                  l2_prefetches=(False,), bulk_xs=(False,), tma_xs=(False,),
+                  prefetch_tiles=(0,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
     larger than the mma-wide tile needed to cover ``m`` in one tile (a bigger
     tile only loads zeros); narrow tiles included."""
     _check_m(m)
     need = min(t for t in MMA_TOKEN_TILES if t >= m)
-    return [t for t in all_tactics(k_splits, x_multicasts, early_launches, l2_prefetches,
-                                   bulk_xs, tma_xs, prefetch_tiles)
+    return [t for t in all_tactics(k_splits, early_launches, l2_prefetches, bulk_xs, tma_xs,
+                                   prefetch_tiles)
             if t.token_tile <= need and is_legal(t, n, k)]
 
 
@@ -614,12 +557,10 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
     - b_loader_warps: 2 when M > 1 (the activation copies follow the
       dependency wait, on every call's critical path), 1 for one token.
 
-    Chosen (v3, session 4) against the 80 measured cells of the tuner's log
-    (``bench/results/h200-tune-log.jsonl``): its tactic is within a
-    median 1.024 (mean 1.056, worst 1.395) of the fastest measured tactic
-    without the early trigger, against 1.058 (1.093, 1.502) for v2, which
-    took 32 rows only for 32-token tiles covering every SM and one
-    activation warp for 8-token tiles.
+    Fitted to the 80 measured cells of the tuner's log
+    (``bench/results/h200-tune-log.jsonl``): its tactic is within a median
+    1.024 (worst 1.395) of the fastest measured tactic without the early
+    trigger.
     """
     _check_m(m)
     if sm_count is None:

@@ -40,8 +40,8 @@ class Timing:
 #: alternating with the others, and the median graph counts: on the
 #: smallest kernels one graph's time can sit in one of two states ~20%
 #: apart (3072x128 M=1, late trigger: 1.24 us in a process's first graph of
-#: it, 1.48 in every later one, at constant clocks; docs/gpu-runs.md runs
-#: 41-42), and a single graph let that decide the plan-vs-default verdict.
+#: it, 1.48 in every later one, at constant clocks), and a single graph
+#: would let that decide the plan-vs-default verdict.
 ROUNDS = 3
 
 

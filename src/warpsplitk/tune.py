@@ -11,7 +11,7 @@ Pruning, before anything is measured:
 * b_loader_warps: 2 for 16- and 32-token tiles; for 8-token tiles 1, and 2
   as well when M > 1: the activation copies are issued after the
   dependency wait, on every call's critical path once the weight is
-  prefetched (run 23), so two warps issuing them may pay where one used to
+  prefetched, so two warps issuing them may pay where one used to
   suffice;
 * stages, per (output_tile, token_tile, k_tile): the grid needs
   ``r = ceil(CTAs / SMs)`` resident CTAs per SM for one wave; the deepest
@@ -27,69 +27,53 @@ Pruning, before anything is measured:
 * k_tile 128 only where 256 cannot give two tiles (and for 48/64-row tiles,
   which take 128);
 * the default heuristic's own choice is always a candidate;
-* with ``x_multicasts=(1, 2, 3, 4)`` (``warpsplitk tune --x-multicast``)
-  the activation multicast for 16- and 32-token tiles that cover M, pruned
-  like the rest, with the late PDL trigger only;
-* with ``k_splits=(1, 2)`` (the default; ``warpsplitk tune --no-k-split``
-  leaves it out) the cluster split of K too, only where ``N /
-  output_tile`` token-tile CTAs leave SMs idle, pruned like the rest; with
-  ``(1, 2, 4)`` (``--k-split-4``) also in four where the split in two still
-  leaves SMs idle, for weights of ``K_SPLIT_4_MIN_BYTES`` or more: on the
-  H200 it won no cell (1536x7168 M = 1: 6.25 µs against 5.74 for the best
-  split in two, 2112x7168 9.5 against 7.4; run 43);
-* with ``early_launches=(False, True)`` (the default; ``--no-early-launch``
-  leaves it out) every candidate also with the early PDL trigger
+* with ``k_splits=(1, 2)`` (the default) the cluster split of K too, only
+  where ``N / output_tile`` token-tile CTAs leave SMs idle, pruned like the
+  rest;
+* with ``early_launches=(False, True)`` (the default) every candidate also with the early PDL trigger
   (``WarpSplitKTactic.early_launch``), which can be 16% faster or slower
   depending on the tactic's residency, so it is measured rather than modelled;
-* with ``bulk_xs=(False, True)`` (the default; ``--no-bulk-x`` leaves it
-  out), at M = 1 every candidate also with its activation row copied by
+* with ``bulk_xs=(False, True)`` (the default), at M = 1 every candidate also with its activation row copied by
   one bulk copy per stage (``bulk_x``, one activation warp): 0.90-0.97x
   on most of the table at M = 1, but already 1.01-1.21x at M = 2 and
   1.03-1.46x at M = 8, where several small bulk copies per stage cost
-  more than 16-byte copies (runs 27, 30);
-* measured neighbours: with ``l2_prefetch`` (the default;
-  ``--no-l2-prefetch`` leaves it out), once a cell's candidates are timed,
+  more than 16-byte copies;
+* measured neighbours: with ``l2_prefetch`` (the default), once a cell's candidates are timed,
   its ``PREFETCH_TOP`` fastest are timed again with the L2 prefetch of the
   weight past the ring (``WarpSplitKTactic.l2_prefetch``), for weights up to
   ``PREFETCH_MAX_BYTES``: it was 0.90-0.97x on some 11-14 MB weights, but
-  1.05-1.26x on 22-61 MB ones and 1.19x on 2048x2048 at M = 32 (runs 25, 27),
-  too mixed to model and too often a loss to double the space for;
-* measured neighbours: with ``mixed`` (``--mixed-tiles``), each cell's
+  1.05-1.26x on 22-61 MB ones and 1.19x on 2048x2048 at M = 32, too mixed to model and too often a loss to double the space for;
+* measured neighbours: with ``mixed`` (the default), each cell's
   ``MIXED_TOP`` fastest whose grid loads some SMs with more CTAs than
   others (3216x7168 at M = 32: 201 CTAs on 132 SMs, 69 of them with two)
   or leaves SMs idle (2624x6144: 82 CTAs of 32 rows) are timed again as a
   mixed grid of 32- or 64-row tiles and their halves, one CTA per SM
-  (``WarpSplitKTactic.half_tiles``), with and without TMA boxes (run 36:
-  2624x6144 M = 32 10.0 -> 9.13 µs, 3216x7168 M = 16 12.8 -> 11.3 µs);
-* measured neighbours: with ``bounded_prefetch`` (the default;
-  ``--no-bounded-prefetch`` leaves it out), last, each cell's
+  (``WarpSplitKTactic.half_tiles``), with and without TMA boxes
+  (2624x6144 M = 32 10.0 -> 9.13 µs, 3216x7168 M = 16 12.8 -> 11.3 µs);
+* measured neighbours: with ``bounded_prefetch`` (the default), last, each
+  cell's
   ``BOUNDED_PREFETCH_TOP`` fastest are timed again with the L2 prefetch
   bounded to 1-4 K tiles past the ring (``prefetch_tiles``), on
-  weights of every size. The prediction (session 9): between two calls
+  weights of every size. Between two calls
   HBM idles while the running grid drains and completes and the next one
   waits for it (~1 µs on 22-30 MB weights, which stream at 84-92% of the
   read bandwidth against 96% for 61 MB); a few tiles per CTA asked of L2
   before the wait fill that gap, where the whole remainder (the unbounded
   prefetch) queued ahead of the running grid's refills;
-* measured neighbours: with ``tma`` (the default; ``--no-tma-x`` leaves it
-  out), each cell's ``TMA_TOP`` fastest are timed again with their
-  activations as TMA boxes (``WarpSplitKTactic.tma_x``, one activation
-  warp), and its fastest 16- or 32-row tactic also with the boxes multicast
-  over each legal cluster (x_multicast 2-4): 0.92-1.14x of the best without
-  them, a win at M >= 4 on most mid and large weights (run 34), so measured
-  where the cell's own fastest are rather than across the whole space. The
-  multicast has not won a cell (1.3-4.8x slower, docs/NOTES.md);
-* measured neighbours: with ``narrow`` (the default since session 11;
-  ``--no-narrow-tiles`` leaves it out), at M <= 4 each cell's
+* measured neighbours: with ``tma`` (the default), each cell's ``TMA_TOP``
+  fastest are timed again with their activations as TMA boxes
+  (``WarpSplitKTactic.tma_x``, one activation warp): 0.92-1.14x of the best
+  without them, a win at M >= 4 on most mid and large weights, so measured
+  where the cell's own fastest are rather than across the whole space;
+* measured neighbours: with ``narrow`` (the default), at M <= 4 each cell's
   ``NARROW_TOP`` fastest 8-token tactics are timed again with a 1- or
   4-row token tile at the ring depths its smaller stages allow
-  (``narrow_twins``; run 56: in 11 of the 80 benchmarked cells, and the
-  median 1.77x -> 1.80x);
+  (``narrow_twins``: it wins 11 of the 80 benchmarked cells);
 
 Each candidate is compiled, checked against an fp64 reference, and timed exactly
 as the benchmark times (``timing.time_calls`` over weight copies >= 3x L2).
 Candidates that fail to compile or are wrong are dropped and reported.
-With ``confirm`` (``--confirm N``, default ``CONFIRM`` = 3) the N fastest of each cell,
+With ``confirm`` (default ``CONFIRM`` = 3) the N fastest of each cell,
 and its default heuristic tactic, are then timed in ``CONFIRM_ROUNDS`` (2)
 more graphs, alternating, and count with the median of their timings, as
 the benchmark counts its three graphs: a single replay
@@ -100,9 +84,9 @@ another M of the shape is preferred (``choose_tactics``): fewer distinct
 kernels per shape, a shorter cold start, at no measurable cost. The early
 PDL trigger must win by more than ``TOLERANCE``: it is measured on
 independent calls, and in dependent chains it was up to 16% slower
-(docs/NOTES.md), so a tie goes to the late trigger. So must a mixed grid:
-one 1% faster in the tuner was 6% slower in the benchmark's process
-(7168x384 at M = 32, run 39), so a tie goes to the uniform grid.
+(docs/design-notes.md), so a tie goes to the late trigger. So must a mixed
+grid: one 1% faster in the tuner was 6% slower in the benchmark's process
+(7168x384 at M = 32), so a tie goes to the uniform grid.
 Every measurement is appended to a JSON-lines log; with ``resume`` a rerun
 skips what the log already holds.
 """
@@ -120,8 +104,9 @@ import time
 from . import layout, timing
 from .decode import DecodePlan
 from .tactics import (
-    DEFAULT_SM_COUNT,
     DEFAULT_MAX_STAGES,
+    DEFAULT_SM_COUNT,
+    K_SPLITS,
     MAX_STAGES,
     MMA_TOKEN_TILES,
     NARROW_TOKEN_TILES,
@@ -150,13 +135,9 @@ PREFETCH_TOP = 3
 PREFETCH_MAX_BYTES = 16 * 2**20
 
 
-#: the split of K in four: only for weights at least this large
-K_SPLIT_4_MIN_BYTES = 4 << 20
-
-
-def _activation_warps(token_tile, x_multicast, m, bulk_x=False):
+def _activation_warps(token_tile, m, bulk_x=False):
     """The b_loader_warps worth measuring (see the module docstring)."""
-    if x_multicast > 1 or bulk_x:
+    if bulk_x:
         return (1,)  # one lane per token row issues the bulk copies
     if token_tile == 8:
         return (1, 2) if m > 1 else (1,)
@@ -164,35 +145,26 @@ def _activation_warps(token_tile, x_multicast, m, bulk_x=False):
 
 
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
-               k_splits=(1, 2), x_multicasts=(1,),
-               early_launches=(False, True), bulk_xs=(False, True),
+               k_splits=(1, 2), early_launches=(False, True), bulk_xs=(False, True),
                max_stages=DEFAULT_MAX_STAGES) -> list[WarpSplitKTactic]:
     cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = {default_tactic(m, n, k, sm_count)}
-    for token_tile, output_tile, k_tile, k_split, x_multicast, b_warps, bulk_x in \
+    for token_tile, output_tile, k_tile, k_split, b_warps, bulk_x in \
             itertools.product(sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits,
-                              x_multicasts, (1, 2), bulk_xs):
-        if bulk_x and (m > 1 or x_multicast > 1):
+                              (1, 2), bulk_xs):
+        if bulk_x and m > 1:
             continue  # one bulk copy per stage pays; eight do not (module docstring)
-        if b_warps not in _activation_warps(token_tile, x_multicast, m, bulk_x):
-            continue
-        if x_multicast > 1 and (k_split > 1 or token_tile == 8 or token_tile != cover):
-            # not combinable; 8-token stages are too small to be worth sharing;
-            # half-size token tiles re-read the weight, which sharing x does not fix
+        if b_warps not in _activation_warps(token_tile, m, bulk_x):
             continue
         family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split,
-                                   x_multicast, bulk_x=bulk_x)
+                                   bulk_x=bulk_x)
                   for s in range(1, max_stages + 1)]
         family = [t for t in family if is_legal(t, n, k)]
         if not family:
             continue
-        if k_split > 1 and grid_ctas(family[0], m, n) // k_split * (k_split // 2) >= sm_count:
-            # the grid already covers the SMs (split in two, for a split in
-            # four): no reason to split K (further)
-            continue
-        if k_split > 2 and n * k * 2 < K_SPLIT_4_MIN_BYTES:
-            continue  # a few K tiles per CTA: the call is launch and cluster sync
+        if k_split > 1 and grid_ctas(family[0], m, n) // k_split >= sm_count:
+            continue  # the grid already covers the SMs: no reason to split K
         if k_tile == 128 and output_tile < WIDE_TILE and k % 256 == 0 and k // 256 >= 2:
             continue  # 256-wide tiles reach the same depth with half the barriers
         wanted = math.ceil(grid_ctas(family[0], m, n) / sm_count)
@@ -204,10 +176,8 @@ def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
                 fits_any = True
         if not fits_any:  # several waves whatever the ring: most resident, deepest
             found.add(max(family, key=lambda t: (ctas_per_sm(t), t.stages)))
-    # the early trigger's twin of each (not of the multicast ones: that would
-    # double the largest part of the space for a choice residency decides)
-    return sorted({dataclasses.replace(t, early_launch=e) for t in found for e in early_launches
-                   if not (e and t.x_multicast > 1)})
+    # the early trigger's twin of each
+    return sorted({dataclasses.replace(t, early_launch=e) for t in found for e in early_launches})
 
 
 def prefetch_twins(times, n, k, top=PREFETCH_TOP) -> list[WarpSplitKTactic]:
@@ -222,8 +192,8 @@ def prefetch_twins(times, n, k, top=PREFETCH_TOP) -> list[WarpSplitKTactic]:
 
 
 #: the bounded L2 prefetch's measured-neighbour rule (module docstring):
-#: the depths measured (run 46: 2 or 4 tiles won 87 of 89 parents on the
-#: 22-61 MB weights, 8 two, and 8 was slower than none on most)
+#: the depths measured (2 or 4 tiles won 87 of 89 parents on the 22-61 MB
+#: weights, 8 two, and 8 was slower than none on most)
 BOUNDED_PREFETCH_TOP = 2
 BOUNDED_PREFETCH_DEPTHS = (1, 2, 3, 4)
 
@@ -231,12 +201,11 @@ BOUNDED_PREFETCH_DEPTHS = (1, 2, 3, 4)
 def bounded_prefetch_twins(times, n, k, top=BOUNDED_PREFETCH_TOP,
                            depths=BOUNDED_PREFETCH_DEPTHS) -> list[WarpSplitKTactic]:
     """``{tactic: us}`` of one cell -> its ``top`` fastest tactics without
-    an L2 prefetch (and without the multicast), each with the prefetch
+    an L2 prefetch, each with the prefetch
     bounded to each of ``depths`` K tiles past the ring that leaves some of
     the CTA's K share unprefetched; any weight size. None already in
     ``times``, all legal."""
-    parents = sorted((t for t in times if not t.l2_prefetch and t.x_multicast == 1),
-                     key=times.get)[:top]
+    parents = sorted((t for t in times if not t.l2_prefetch), key=times.get)[:top]
     twins = [dataclasses.replace(t, l2_prefetch=True, prefetch_tiles=p)
              for t in parents for p in depths]
     return [t for t in dict.fromkeys(twins) if t not in times and is_legal(t, n, k)]
@@ -244,7 +213,6 @@ def bounded_prefetch_twins(times, n, k, top=BOUNDED_PREFETCH_TOP,
 
 #: the TMA twins' measured-neighbour rule (module docstring)
 TMA_TOP = 3
-TMA_MULTICAST_TOP = 1
 
 
 def with_tma_boxes(tactic: WarpSplitKTactic, **changes) -> WarpSplitKTactic:
@@ -253,18 +221,12 @@ def with_tma_boxes(tactic: WarpSplitKTactic, **changes) -> WarpSplitKTactic:
     return dataclasses.replace(tactic, tma_x=True, bulk_x=False, b_loader_warps=1, **changes)
 
 
-def tma_twins(times, n, k, top=TMA_TOP, multicast_top=TMA_MULTICAST_TOP) -> list[WarpSplitKTactic]:
+def tma_twins(times, n, k, top=TMA_TOP) -> list[WarpSplitKTactic]:
     """``{tactic: us}`` of one cell -> its ``top`` fastest tactics with their
-    activations as TMA boxes (one activation warp), and its
-    ``multicast_top`` fastest with 16 or 32 token rows also with the boxes
-    multicast over each legal cluster along N (x_multicast 2-4); none
-    already in ``times``, all legal."""
-    plain = sorted((t for t in times if not t.tma_x and t.x_multicast == 1), key=times.get)
-    found = []
-    for t in plain[:top]:
-        found.append(with_tma_boxes(t))
-    for t in [t for t in plain if t.token_tile >= 16 and t.k_split == 1][:multicast_top]:
-        found += [with_tma_boxes(t, x_multicast=c) for c in (2, 3, 4)]
+    activations as TMA boxes (one activation warp); none already in
+    ``times``, all legal."""
+    plain = sorted((t for t in times if not t.tma_x), key=times.get)
+    found = [with_tma_boxes(t) for t in plain[:top]]
     unique = list(dict.fromkeys(found))
     return [t for t in unique if t not in times and is_legal(t, n, k)]
 
@@ -272,8 +234,8 @@ def tma_twins(times, n, k, top=TMA_TOP, multicast_top=TMA_MULTICAST_TOP) -> list
 #: the mixed grids' measured-neighbour rule (module docstring)
 MIXED_TOP = 3
 #: ...for weights at least this large: below, a CTA streams a few K tiles and
-#: the call is launch and latency, not the busiest SM's bytes (run 37: the
-#: tuner's 1.23 µs mixed pick on 1536x128 at M = 16 benchmarked 1.50)
+#: the call is launch and latency, not the busiest SM's bytes (the tuner's
+#: 1.23 µs mixed pick on 1536x128 at M = 16 benchmarked 1.50)
 MIXED_MIN_BYTES = 4 << 20
 
 
@@ -296,13 +258,12 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
     deepest ring one CTA per SM holds, where that lowers the busiest SM's L2
     bytes against the mean by 5% or more (``sm_balance``), for weights of
     ``MIXED_MIN_BYTES`` or more; each also with its activations as TMA boxes
-    (run 36: 2624x6144 at M = 32 mixed, 9.13 µs with the boxes, 11.9
+    (2624x6144 at M = 32 mixed, 9.13 µs with the boxes, 11.9
     without). None already in ``times``, all legal."""
     if n * k * 2 < MIXED_MIN_BYTES:
         return []
     found = []
-    plain = sorted((t for t in times if t.x_multicast == 1 and t.k_split == 1
-                    and not t.half_tiles), key=times.get)
+    plain = sorted((t for t in times if t.k_split == 1 and not t.half_tiles), key=times.get)
     for t in plain[:top]:
         token_tiles = -(-m // t.token_tile)
         ctas = grid_ctas(t, m, n)
@@ -349,8 +310,7 @@ def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
     if m > NARROW_TOKEN_TILES[-1]:
         return []
     token_tile = min(t for t in NARROW_TOKEN_TILES if t >= m)
-    parents = sorted((t for t in times if t.token_tile == 8 and t.x_multicast == 1),
-                     key=times.get)[:top]
+    parents = sorted((t for t in times if t.token_tile == 8), key=times.get)[:top]
     found = []
     for parent in parents:
         resident = ctas_per_sm(parent)
@@ -379,14 +339,14 @@ def _log_key(n, k, m, tactic):
 CONFIRM_PREFIX = "confirm:"
 
 #: How many of each cell's fastest candidates are timed a second time by
-#: default (``warpsplitk tune --confirm N``).
+#: default.
 CONFIRM = 3
 
 
 #: Graphs each confirmed candidate is timed in after its first: with the
 #: first, ``timing.ROUNDS`` graphs, ranked by their median, as the benchmark
-#: ranks (logs from before session 11 hold one confirmation: the median of
-#: two timings is their mean, as it was then).
+#: ranks (older log records hold one confirmation: the median of two
+#: timings is their mean).
 CONFIRM_ROUNDS = timing.ROUNDS - 1
 
 
@@ -401,7 +361,7 @@ def _cell_times(samples):
     """``{tactic: [us, ...]}`` -> ``{tactic: median us}``: a tactic timed in
     several graphs (a first pass and its confirmations) counts with the
     median of them, so one graph in a lucky state does not pick it (small
-    kernels' graphs can be bimodal, docs/gpu-runs.md runs 41-42)."""
+    kernels' graphs can be bimodal)."""
     return {t: round(statistics.median(v), 3) for t, v in samples.items() if v}
 
 
@@ -410,7 +370,7 @@ def _confirm_candidates(samples, confirm, default=None):
     the cell's ``default`` heuristic tactic if it was measured: the plan
     must not lose to the default, and a single timing of it can be off by
     more than the margins between the fastest (3072x128 M=1, late trigger:
-    1.47 us in the tuner, 1.24 us in every benchmark since run 28), so it
+    1.47 us in the tuner, 1.24 us in every benchmark), so it
     is confirmed beside them and the median of its graphs decides."""
     first = {t: v[0] for t, v in samples.items() if v}
     chosen = sorted(first, key=first.get)[:confirm]
@@ -438,13 +398,11 @@ def _count_lines(path):
 #: (``rev``; none: 1). Each change below made the timings of some tactics
 #: stale: the tuner measures them again on resume, and plans leave them out
 #: unless asked (``stale=True``), or made at an earlier ``revision``.
-#: 2, session 10: the cross-proxy fence before each stage release of an
-#: async activation ring (TMA boxes or bulk copies), which made those
-#: kernels correct and up to ~10% slower.
+#: 2: the cross-proxy fence before each stage release of an async
+#: activation ring (TMA boxes or bulk copies), up to ~10% slower.
 ASYNC_RING_REVISION = 2
-#: 3, session 14: a K split's partial sums handed over by st.async into an
-#: mbarrier of the first CTA instead of a cluster barrier every CTA waits
-#: on (docs/NOTES.md); k_split > 1 kernels got faster.
+#: 3: a K split's partial sums handed over by st.async into an mbarrier of
+#: the first CTA instead of a cluster barrier every CTA waits on; faster.
 SPLIT_MBARRIER_REVISION = 3
 KERNEL_REVISION = SPLIT_MBARRIER_REVISION
 
@@ -459,23 +417,29 @@ def is_stale(rec, revision=KERNEL_REVISION) -> bool:
 
 
 def _record(**fields):
-    """A new log record, stamped with the revision its kernel has and, when
-    this process builds an experimental or diagnostic variant, its switches
-    (``compile.build_switches``)."""
-    from .compile import build_switches
-    switches = build_switches()
-    return {**fields, "rev": KERNEL_REVISION, **({"variant": switches} if switches else {})}
+    """A new log record, stamped with the revision its kernel has."""
+    return {**fields, "rev": KERNEL_REVISION}
+
+
+def _current(rec) -> bool:
+    """Whether a log record times a kernel this version builds: not one of
+    a retired experimental build (``variant``) nor a tactic this version no
+    longer parses (a retired field)."""
+    if rec.get("variant"):
+        return False
+    try:
+        WarpSplitKTactic.parse(rec["tactic"])
+    except ValueError:
+        return False
+    return True
 
 
 def _read_log(path, records=None, stale=False, revision=KERNEL_REVISION):
     """``{key: record}`` of a tuning log (its first ``records`` lines only,
     when given: the log as it stood when a plan was made from it), the last
     record of each key winning; records stale at ``revision`` (``is_stale``)
-    are left out unless ``stale``, and so are records of another build
-    variant than this process's (``compile.build_switches``: a timing of an
-    experimental build never counts for the shipped one, nor the reverse)."""
-    from .compile import build_switches
-    switches = build_switches()
+    are left out unless ``stale``, and so are records of kernels this
+    version does not build (``_current``)."""
     done = {}
     if path and os.path.exists(path):
         with open(path) as f:
@@ -484,7 +448,7 @@ def _read_log(path, records=None, stale=False, revision=KERNEL_REVISION):
                     break
                 if line.strip():
                     rec = json.loads(line)
-                    if rec.get("variant", {}) != switches:
+                    if not _current(rec):
                         continue
                     if stale or not is_stale(rec, revision):
                         done[rec["key"]] = rec
@@ -561,8 +525,8 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
 
 
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
-         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=(1, 2),
-         x_multicasts=(1,), early_launches=(False, True), jobs=None,
+         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=K_SPLITS,
+         early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
          mixed=True, narrow=True, bounded_prefetch=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
@@ -594,8 +558,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     if sm_count is None:
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     reps = sorted({representative(m) for m in ms})
-    work = {(n, k, r): candidates(r, n, k, sm_count, k_splits, x_multicasts, early_launches,
-                                  bulk_xs)
+    work = {(n, k, r): candidates(r, n, k, sm_count, k_splits, early_launches, bulk_xs)
             for n, k in shapes for r in reps}
     done, stale = _stale_split(log_path) if resume else ({}, {})
     if stale:
@@ -791,21 +754,20 @@ def _plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS, shape_reps=None) -> De
     return plan
 
 
-def in_default_space(tactic: WarpSplitKTactic, narrow=True, k_split_4=False) -> bool:
-    """Whether ``tactic`` is in the space a tune with these flags measures:
-    with ``narrow=False`` (``--no-narrow-tiles``) no narrow token tile and
-    no ring past ``DEFAULT_MAX_STAGES`` (only the narrow twins reach
-    deeper); no split of K in four unless ``k_split_4``. A log holds
-    whatever any run measured; a plan is made from what the run's flags
-    ask for."""
+def in_default_space(tactic: WarpSplitKTactic, narrow=True) -> bool:
+    """Whether ``tactic`` is in the space ``tune`` measures: with
+    ``narrow=False`` no narrow token tile and no ring past
+    ``DEFAULT_MAX_STAGES`` (only the narrow twins reach deeper). A log holds
+    whatever any tune measured; a plan is made from what the tune asked
+    for."""
     if not narrow and (tactic.token_tile < layout.MMA_N or tactic.stages > DEFAULT_MAX_STAGES):
         return False
-    return k_split_4 or tactic.k_split <= 2
+    return tactic.k_split in K_SPLITS
 
 
 def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
-                  reps=REPRESENTATIVE_MS, narrow=True, k_split_4=False, records=None,
-                  stale=False, revision=None):
+                  reps=REPRESENTATIVE_MS, narrow=True, records=None, stale=False,
+                  revision=None):
     """The plan ``tune`` makes from the measurements in its log, without a GPU.
 
     A shape is planned when the log has a correct measurement for every
@@ -818,8 +780,8 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     shape's Ms in ascending order: a run stopped mid-shape lacks the largest)
     are left out and returned with the plan: ``(plan, {(n, k): missing reps})``.
     Only tactics of the space the flags name count (``in_default_space``:
-    narrow token tiles unless ``narrow=False``, the split of K in four only
-    with ``k_split_4``; the plan's meta says ``narrow_tiles``), and only
+    narrow token tiles unless ``narrow=False``; the plan's meta says
+    ``narrow_tiles``), and only
     those this version accepts (a log can hold some it now refuses). With
     ``records``, only the log's first ``records`` lines count (the log as
     it stood when the plan was made; the plan's meta says how many). With
@@ -834,7 +796,7 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     for rec in logged.values():
         if rec.get("ok") and not rec.get("confirm"):
             tactic = WarpSplitKTactic.parse(rec["tactic"])
-            if not in_default_space(tactic, narrow, k_split_4):
+            if not in_default_space(tactic, narrow):
                 continue
             if not is_legal(tactic, rec["n"], rec["k"]):
                 continue  # measured by an earlier version that allowed it (narrow + bulk_x)
