@@ -97,12 +97,15 @@ def shipped_tactics():
 def shipped_cases():
     """``shipped_tactics`` on small weights: two output tiles (a mixed
     grid: one full tile and its half tiles), K one K tile per CTA past what
-    the ring and a bounded prefetch hold, so every stage is refilled."""
+    the ring and a bounded prefetch hold, so every stage is refilled (a
+    one-stage ring: one K tile)."""
     cases = []
     for t in shipped_tactics():
         n = (2 * t.output_tile if not t.half_tiles
              else t.output_tile + t.half_tiles * (t.output_tile // 2))
-        k = t.k_split * (t.stages + t.prefetch_tiles + 1) * t.k_tile
+        # a one-stage ring holds exactly one K tile per CTA (check_tactic)
+        tiles = 1 if t.stages == 1 else t.stages + t.prefetch_tiles + 1
+        k = t.k_split * tiles * t.k_tile
         if not is_legal(t, n, k):
             raise ValueError(f"shipped case {t.short()} N={n} K={k} is not legal")
         ms = sorted({1, max(1, t.token_tile - 1), t.token_tile, min(32, t.token_tile + 1), 32})

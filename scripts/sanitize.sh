@@ -31,7 +31,7 @@
 set -u
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LOGS=$(mktemp -d)
+LOGS=${LOGS_DIR:-$(mktemp -d)}; mkdir -p "$LOGS"
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
 SHARDS=${SHARDS:-2}

@@ -220,7 +220,7 @@ def test_reduction_buffer_over_the_rings(text, n, k):
     tactic = WarpSplitKTactic.parse(text)
     t = tactic
     assert layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
-                            t.x_multicast, t.bulk_x).reduction_aliased
+                            t.bulk_x).reduction_aliased
     check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=min(tactic.token_tile, 17))
 
 

@@ -1,0 +1,102 @@
+"""Write a GPU test or sanitizer run as one JSON record for bench/results/.
+
+    python3 scripts/gpu_record.py tests JUNIT_XML... --command CMD --out OUT.json
+    python3 scripts/gpu_record.py sanitizer LOG_DIR --command CMD --out OUT.json
+
+Each record holds the command, the date, the GPU and the versions
+(``warpsplitk.bench``'s), then the counts: per test module
+passed/failed/skipped/errors and the failed test ids; per sanitizer tool the
+cases run, the cases wrong, the errors or hazards the tool reported and each
+shard's exit code. Used by ``scripts/gpu_check.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+import xml.etree.ElementTree as ElementTree
+
+
+def environment(command):
+    from warpsplitk.bench import _environment
+    return {**_environment(), "command": command}
+
+
+def test_counts(paths):
+    modules, failed = {}, []
+    for path in paths:
+        name = os.path.basename(path).removesuffix(".xml")
+        counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0, "seconds": 0.0}
+        try:
+            root = ElementTree.parse(path).getroot()
+        except (OSError, ElementTree.ParseError) as error:
+            counts["errors"] = 1
+            failed.append(f"{name}: no report ({error})")
+            modules[name] = counts
+            continue
+        for case in root.iter("testcase"):
+            counts["seconds"] += float(case.get("time", 0))
+            test_id = f"{case.get('classname')}::{case.get('name')}"
+            if case.find("failure") is not None:
+                counts["failed"] += 1
+                failed.append(test_id)
+            elif case.find("error") is not None:
+                counts["errors"] += 1
+                failed.append(test_id)
+            elif case.find("skipped") is not None:
+                counts["skipped"] += 1
+            else:
+                counts["passed"] += 1
+        counts["seconds"] = round(counts["seconds"], 1)
+        modules[name] = counts
+    totals = {key: sum(m[key] for m in modules.values())
+              for key in ("passed", "failed", "skipped", "errors")}
+    return {"totals": totals, "modules": modules, "failed": failed}
+
+
+#: compute-sanitizer's summary line, and reliability.py's per-shard line
+SUMMARY = re.compile(r"(ERROR|RACECHECK) SUMMARY: (\d+) (errors|hazards)")
+CASES = re.compile(r"^(\d+) cases, (\d+) wrong", re.M)
+
+
+def sanitizer_counts(log_dir):
+    tools = {}
+    for log in sorted(glob.glob(os.path.join(log_dir, "*.log"))):
+        tool, _, shard = os.path.basename(log).removesuffix(".log").rpartition("-")
+        text = open(log, errors="replace").read()
+        rc_path = log.removesuffix(".log") + ".rc"
+        rc = open(rc_path).read().strip() if os.path.exists(rc_path) else "none"
+        entry = tools.setdefault(tool, {"cases": 0, "wrong": 0, "reported": 0, "shards": {}})
+        for found in CASES.finditer(text):
+            entry["cases"] += int(found.group(1))
+            entry["wrong"] += int(found.group(2))
+        entry["reported"] += sum(int(found.group(2)) for found in SUMMARY.finditer(text))
+        entry["shards"][shard] = {"exit": rc, "finished": bool(CASES.search(text))}
+    return {"tools": tools,
+            "clean": all(t["wrong"] == 0 and t["reported"] == 0
+                         and all(s["exit"] == "0" and s["finished"] for s in t["shards"].values())
+                         for t in tools.values()) and bool(tools)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=("tests", "sanitizer"))
+    parser.add_argument("inputs", nargs="+")
+    parser.add_argument("--command", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    counts = test_counts(args.inputs) if args.kind == "tests" else sanitizer_counts(args.inputs[0])
+    with open(args.out, "w") as f:
+        json.dump({"environment": environment(args.command), "kind": args.kind, **counts}, f,
+                  indent=1)
+    print(json.dumps(counts.get("totals") or {t: {k: v for k, v in c.items() if k != "shards"}
+                                              for t, c in counts["tools"].items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
