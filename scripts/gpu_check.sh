@@ -3,8 +3,8 @@
 #   bash scripts/gpu_check.sh [tests] [sanitize] [bench]     (default: all three)
 # writes its records into $RESULTS (default bench/results), named for the GPU
 # ($GPU_NAME, default h200):
-#   tests     every GPU test module (pytest -m gpu), each in its own process
-#             with its own time limit ($TEST_LIMIT s, default 300)
+#   tests     every GPU test module (pytest -m gpu), side by side, each in its
+#             own process with its own time limit ($TEST_LIMIT s, default 300)
 #             -> $GPU_NAME-gpu-tests.json
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck
 #             over every tactic of the built-in plan and the default
@@ -26,14 +26,20 @@ for stage in $stages; do
   case $stage in
     tests)
       reports=$(mktemp -d)
-      # compile every test's kernels first, in parallel, into the disk cache
+      # the modules side by side (correctness does not mind a shared GPU;
+      # compiling is CPU-bound), each in its own process and time limit
       for module in tests/test_gpu_*.py; do
         name=$(basename "$module" .py)
-        timeout -k 5 "${TEST_LIMIT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-          --junitxml "$reports/$name.xml" "$module" > "$reports/$name.log" 2>&1 || status=1
-        tail -1 "$reports/$name.log"
+        ( timeout -k 5 "${TEST_LIMIT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+            --junitxml "$reports/$name.xml" "$module" > "$reports/$name.log" 2>&1
+          echo $? > "$reports/$name.rc" ) &
       done
-      python3 scripts/gpu_record.py tests "$reports"/*.xml \
+      wait
+      for log in "$reports"/*.log; do
+        echo "$(basename "$log" .log): $(tail -1 "$log")"
+        [ "$(cat "${log%.log}.rc")" = 0 ] || status=1
+      done
+      python3 scripts/gpu_record.py tests "$reports" \
         --command "bash scripts/gpu_check.sh tests" --out "$RESULTS/$GPU_NAME-gpu-tests.json" ;;
     sanitize)
       logs=$(mktemp -d)

@@ -1,6 +1,6 @@
 """Write a GPU test or sanitizer run as one JSON record for bench/results/.
 
-    python3 scripts/gpu_record.py tests JUNIT_XML... --command CMD --out OUT.json
+    python3 scripts/gpu_record.py tests REPORT_DIR --command CMD --out OUT.json
     python3 scripts/gpu_record.py sanitizer LOG_DIR --command CMD --out OUT.json
 
 Each record holds the command, the date, the GPU and the versions
@@ -26,16 +26,22 @@ def environment(command):
     return {**_environment(), "command": command}
 
 
-def test_counts(paths):
+def test_counts(report_dir):
+    """Per test module ``NAME``: ``NAME.rc`` (its exit status) and, unless it
+    was killed, ``NAME.xml`` (pytest's JUnit report) in ``report_dir``."""
     modules, failed = {}, []
-    for path in paths:
-        name = os.path.basename(path).removesuffix(".xml")
-        counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0, "seconds": 0.0}
+    for rc_path in sorted(glob.glob(os.path.join(report_dir, "*.rc"))):
+        name = os.path.basename(rc_path).removesuffix(".rc")
+        path = os.path.join(report_dir, name + ".xml")
+        rc = open(rc_path).read().strip()
+        counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0, "seconds": 0.0,
+                  "exit": rc}
         try:
             root = ElementTree.parse(path).getroot()
-        except (OSError, ElementTree.ParseError) as error:
+        except (OSError, ElementTree.ParseError):
+            # killed by its time limit (124, 137) or crashed before its report
             counts["errors"] = 1
-            failed.append(f"{name}: no report ({error})")
+            failed.append(f"{name}: no report, exit status {rc}")
             modules[name] = counts
             continue
         for case in root.iter("testcase"):
@@ -85,11 +91,11 @@ def sanitizer_counts(log_dir):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=("tests", "sanitizer"))
-    parser.add_argument("inputs", nargs="+")
+    parser.add_argument("inputs", nargs=1, help="the report or log folder")
     parser.add_argument("--command", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    counts = test_counts(args.inputs) if args.kind == "tests" else sanitizer_counts(args.inputs[0])
+    counts = (test_counts if args.kind == "tests" else sanitizer_counts)(args.inputs[0])
     with open(args.out, "w") as f:
         json.dump({"environment": environment(args.command), "kind": args.kind, **counts}, f,
                   indent=1)
