@@ -236,14 +236,18 @@ def load_resources(stem: str) -> dict | None:
     return {name: record[name] for name in RESOURCE_FIELDS}
 
 
-def store_resources(stem: str, resources: dict) -> Path | None:
+def store_resources(stem: str, resources: dict, describe=None) -> Path | None:
     """Write a resource record under ``stem``, atomically (a temporary file
-    renamed into place); None when the cache is off or the write failed
-    (warned once)."""
+    renamed into place), with ``describe`` (``(n, k, tactic, arch)``, what
+    ``warpsplitk cache --list`` shows) if given; None when the cache is off
+    or the write failed (warned once)."""
     if not enabled():
         return None
     folder = cache_dir()
     record = {**{name: resources.get(name) for name in RESOURCE_FIELDS}, **_generation()}
+    if describe is not None:
+        n, k, tactic, arch = describe
+        record.update(n=int(n), k=int(k), tactic=tactic.short(), arch=arch)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, scratch = tempfile.mkstemp(prefix=".resources-", suffix=".tmp", dir=folder)
@@ -283,8 +287,20 @@ def arch_resources(n: int, k: int, tactic, arch: str = "sm_90a", has_bias: bool 
     report = compile_for_arch(n, k, tactic, arch, has_bias=has_bias, use_pdl=use_pdl)
     found = {"registers": report.registers, "spill_bytes": report.spill_bytes,
              "local_bytes": report.local_bytes}
-    store_resources(stem, found)
+    store_resources(stem, found, describe=(n, k, tactic, arch))
     return found
+
+
+def describe_resources(path: Path) -> str:
+    """One line about a resource record: what it is of and what it says."""
+    try:
+        record = json.loads(Path(path).read_text())
+        what = (f"{record.get('arch', '?')} N={record.get('n', '?')} K={record.get('k', '?')} "
+                f"tactic={record.get('tactic', '?')}")
+        return (f"{what}: {record['registers']} registers, {record['spill_bytes']} B spilled "
+                f"({Path(path).name})")
+    except (OSError, ValueError, KeyError, AttributeError):
+        return f"{Path(path).name}: unreadable"
 
 
 def _resource_worker() -> int:
@@ -440,4 +456,4 @@ def clear() -> int:
 
 __all__ = ["cache_dir", "enabled", "key", "load", "store", "entries", "stale", "prune", "clear",
            "path_for", "arch_resources", "cached_resources", "fill_resources", "load_resources",
-           "store_resources", "resource_entries", "resource_path"]
+           "store_resources", "resource_entries", "resource_path", "describe_resources"]
