@@ -72,6 +72,13 @@ def _int_at_least(low):
     return parse
 
 
+def _int(text):
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer, got {text!r}") from None
+
+
 def _positive_float(text):
     try:
         value = float(text)
@@ -224,6 +231,9 @@ def _cmd_compile(args, argv):
 
 
 def _cmd_bench(args, argv):
+    if args.rounds is not None and args.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {args.rounds} (graphs timed per "
+                         "configuration; default 3)")
     if args.chain and args.shapes is not None:
         raise UsageError("argument --shapes: not with --chain (it times the built-in chains of "
                          "table shape pairs)")
@@ -447,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH",
                    help="write rows and environment (with this command line) here")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot here")
-    p.add_argument("--rounds", type=_int_at_least(1), default=None,
+    p.add_argument("--rounds", type=_int, default=None,
                    help="graphs per configuration, alternating; the median one counts "
                         "(default: timing.ROUNDS = 3)")
     p.add_argument("--chain", action="store_true",
