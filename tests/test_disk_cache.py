@@ -35,21 +35,38 @@ def cache(tmp_path, monkeypatch):
 def compiled():
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     from warpsplitk.compile import _build
-    return _build(N, K, TACTIC, False, True, "sm_90a", arrivals="")
+    return _build(N, K, TACTIC, False, True, "sm_90a")
 
 
 def test_key_names_every_input():
-    base = dict(arch="sm_90a", n=N, k=K, tactic=TACTIC, has_bias=False, use_pdl=True, arrivals="",
-                early_launch=False)
+    base = dict(arch="sm_90a", n=N, k=K, tactic=TACTIC, has_bias=False, use_pdl=True)
     stem = disk_cache.key(**base)
     assert stem == disk_cache.key(**base) and len(stem) == 40
     changes = [("arch", "sm_100a"), ("n", 512), ("k", 1024),
                ("tactic", WarpSplitKTactic(16, 8, 128, 3, 1)),
                ("tactic", WarpSplitKTactic(16, 8, 128, 2, 1, 2)),
-               ("has_bias", True), ("use_pdl", False), ("arrivals", "lane0"),
-               ("early_launch", True)]
+               ("has_bias", True), ("use_pdl", False)]
     stems = {disk_cache.key(**{**base, field: value}) for field, value in changes}
     assert len(stems) == len(changes) and stem not in stems
+
+
+def test_key_takes_the_kernel_inputs_only():
+    """The build switches are gone from the package: the key names the
+    kernel's own inputs, and stays what it was for the shipped build (the
+    kernels already on disk are found again)."""
+    import inspect
+    assert list(inspect.signature(disk_cache.key).parameters) == [
+        "arch", "n", "k", "tactic", "has_bias", "use_pdl"]
+    with pytest.raises(TypeError):
+        disk_cache.key("sm_90a", N, K, TACTIC, False, True, arrivals="lane0")
+    import hashlib
+    import json
+    fields = {"format": disk_cache.FORMAT, **disk_cache._versions(),
+              "sources": disk_cache._sources_digest(), "arch": "sm_90a", "n": N, "k": K,
+              "tactic": TACTIC.short(), "k_split": 1, "bias": False, "pdl": True,
+              "arrivals": "", "early_launch": False}
+    assert disk_cache.key("sm_90a", N, K, TACTIC, False, True) == hashlib.sha256(
+        json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
 
 
 def test_key_follows_versions_and_sources(monkeypatch):
@@ -147,7 +164,8 @@ def test_compile_cached_compiles_once_across_processes(cache, compiled, monkeypa
     monkeypatch.setattr(compile_module, "_build", counting_build)
     monkeypatch.setattr(compile_module, "device_arch", lambda index: "sm_90a")
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
-    monkeypatch.delenv("WARPSPLITK_THREAD_ARRIVE", raising=False)
+    # the shipped build (while compile.py still has build switches: none set)
+    monkeypatch.setattr(compile_module, "build_variant", lambda: {}, raising=False)
     compile_module._compile_cached.cache_clear()
     try:
         first = compile_module._compile_cached(0, N, K, TACTIC, False, True)
@@ -155,10 +173,9 @@ def test_compile_cached_compiles_once_across_processes(cache, compiled, monkeypa
         compile_module._compile_cached.cache_clear()
         second = compile_module._compile_cached(0, N, K, TACTIC, False, True)
         assert len(builds) == 1 and second is not first
-        # a diagnostic build is a different kernel: it must not be served the shipped one
-        monkeypatch.setenv("WARPSPLITK_THREAD_ARRIVE", "lane0")
+        # another kernel input is another kernel
         compile_module._compile_cached.cache_clear()
-        compile_module._compile_cached(0, N, K, TACTIC, False, True)
+        compile_module._compile_cached(0, N, K, TACTIC, True, True)
         assert len(builds) == 2 and len(disk_cache.entries()) == 2
     finally:
         compile_module._compile_cached.cache_clear()
@@ -214,3 +231,109 @@ def test_prune_removes_kernels_of_other_versions_or_sources(cache, compiled, mon
     assert disk_cache.entries() == [current]
     assert sorted(p.name for p in cache.iterdir()) == [f"{'ab' * 20}.build.json", current.name]
     assert disk_cache.load("ab" * 20) is not None
+
+
+# ------------------------------------------------ resource records
+
+
+def test_resources_miss_compiles_and_stores(cache, monkeypatch):
+    from warpsplitk import compile as compile_module
+    calls = []
+    real = compile_module.compile_for_arch
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_module, "compile_for_arch", counting)
+    assert disk_cache.cached_resources(N, K, TACTIC) is None
+    found = disk_cache.arch_resources(N, K, TACTIC, "sm_90a")
+    assert len(calls) == 1 and 16 <= found["registers"] <= 255
+    assert found == {"registers": real(N, K, TACTIC, "sm_90a").registers,
+                     "spill_bytes": 0, "local_bytes": 0}
+    path = disk_cache.resource_path(disk_cache.key("sm_90a", N, K, TACTIC, False, True))
+    assert path.is_file() and disk_cache.resource_entries() == [path]
+    assert [p.name for p in cache.iterdir()] == [path.name]  # no temporary file left
+    assert disk_cache.arch_resources(N, K, TACTIC, "sm_90a") == found and len(calls) == 1
+    # another arch, bias or tactic is another record
+    assert disk_cache.cached_resources(N, K, TACTIC, "sm_100a") is None
+    assert disk_cache.cached_resources(N, K, TACTIC, has_bias=True) is None
+
+
+def test_resources_hit_without_importing_the_dsl(cache):
+    stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
+    disk_cache.store_resources(stem, {"registers": 77, "spill_bytes": 8, "local_bytes": 16})
+    probe = (
+        "import sys\n"
+        "from warpsplitk import disk_cache\n"
+        "from warpsplitk.tactics import WarpSplitKTactic\n"
+        f"found = disk_cache.arch_resources({N}, {K}, WarpSplitKTactic.parse({TACTIC.short()!r}))\n"
+        "print(found['registers'], found['spill_bytes'], 'cutlass' in sys.modules, "
+        "'torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["77", "8", "False", "False"]
+
+
+def test_resources_switched_off(cache, monkeypatch):
+    from warpsplitk import compile as compile_module
+    calls = []
+
+    class Report:
+        registers, spill_bytes, local_bytes = 40, 0, 0
+
+    monkeypatch.setattr(compile_module, "compile_for_arch",
+                        lambda *a, **k: calls.append(a) or Report())
+    stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
+    monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "0")
+    assert disk_cache.arch_resources(N, K, TACTIC)["registers"] == 40
+    assert disk_cache.arch_resources(N, K, TACTIC)["registers"] == 40
+    assert len(calls) == 2 and not cache.exists()
+    assert disk_cache.store_resources(stem, {"registers": 1}) is None
+    assert disk_cache.fill_resources([(N, K, TACTIC, False, True)]) == {} and len(calls) == 2
+    monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "1")
+    disk_cache.store_resources(stem, {"registers": 50, "spill_bytes": 0, "local_bytes": 0})
+    monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "off")
+    assert disk_cache.load_resources(stem) is None
+    assert disk_cache.arch_resources(N, K, TACTIC)["registers"] == 40
+
+
+def test_resources_of_another_version_or_unreadable_are_not_used(cache, monkeypatch):
+    stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
+    disk_cache.store_resources(stem, {"registers": 50, "spill_bytes": 0, "local_bytes": 0})
+    assert disk_cache.stale() == []
+    with monkeypatch.context() as patch:
+        patch.setattr(disk_cache, "_versions", lambda: {"warpsplitk": "0.0.1",
+                                                        "cutlass_dsl": "4.8.1"})
+        old = disk_cache.store_resources("cd" * 20, {"registers": 1, "spill_bytes": 0,
+                                                     "local_bytes": 0})
+    assert disk_cache.load_resources("cd" * 20) is None  # written by another version
+    assert disk_cache.stale() == [old]
+    assert disk_cache.prune() == 1 and disk_cache.resource_entries() == [
+        disk_cache.resource_path(stem)]
+    disk_cache.resource_path(stem).write_text("{truncated")
+    assert disk_cache.load_resources(stem) is None
+    assert not disk_cache.resource_path(stem).exists()
+
+
+def test_fill_resources_in_worker_processes(cache):
+    """Two kernels the cache lacks, compiled by two workers into it; the
+    records are those compiling in-process gives."""
+    from warpsplitk.compile import compile_for_arch
+    other = WarpSplitKTactic(16, 8, 128, 3, 1)
+    seen = []
+    failures = disk_cache.fill_resources(
+        [(N, K, TACTIC, False, True), (N, K, other, False, True), (N, K, TACTIC, False, True)],
+        "sm_90a", jobs=2, progress=lambda done, total: seen.append((done, total)))
+    assert failures == {} and seen == [(1, 2), (2, 2)]
+    assert len(disk_cache.resource_entries()) == 2
+    for tactic in (TACTIC, other):
+        assert disk_cache.cached_resources(N, K, tactic)["registers"] == \
+            compile_for_arch(N, K, tactic, "sm_90a").registers
+    # nothing left to do: no worker started
+    assert disk_cache.fill_resources([(N, K, TACTIC, False, True)], "sm_90a", jobs=2,
+                                     progress=lambda *a: seen.append(a)) == {}
+    assert len(seen) == 2

@@ -1,19 +1,220 @@
-"""``warpsplitk`` command line: compile | bench | plan | tune."""
+"""``warpsplitk`` command line: plan | compile | bench | tune | cache.
+
+Every argument is checked before anything heavy (torch, the CuTe DSL)
+loads; a bad one ends the command with exit status 2 and one line on
+stderr, ``warpsplitk <command>: error: ...``, naming the argument, what was
+given and what is allowed. The same flag means the same in every command:
+
+``--plan``   ``h200``: the built-in H200 plan (the default); ``none``: the
+             default heuristic; else a plan JSON file.
+``--m``      Ms in 1..32, e.g. ``8``, ``1,4,8``, ``1-32`` (default: the plan's
+             M buckets, 1,4,8,16,24,32); ``compile --m`` is one M.
+``--shapes`` N,K pairs and .json shape tables (default: the built-in table).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 
 from . import shapes as shape_table
-from .tactics import WarpSplitKTactic, default_tactic
+
+ARCHS = ("sm_90a", "sm_100a")
+DEFAULT_M_TEXT = ",".join(map(str, shape_table.DEFAULT_MS))
+M_HELP = (f"Ms in 1..32, e.g. 8, 1,4,8, 1-32 or 1-8,16 (default: the plan's M buckets, "
+          f"{DEFAULT_M_TEXT})")
+SHAPES_HELP = "N,K pairs and/or .json shape tables (default: the built-in table)"
+PLAN_HELP = ("'h200': the built-in H200 plan (default); 'none': the default heuristic; "
+             "else a plan JSON file")
 
 
-def _cmd_compile(args):
+class UsageError(Exception):
+    """A bad argument or input file: one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints its usage, then the error: one line only, as ours
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+# ------------------------------------------------------------ argument types
+
+
+def _ms(text):
+    try:
+        return shape_table.parse_ms(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _one_m(text):
+    try:
+        m = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"one M in 1..{shape_table.MAX_M}, got {text!r}") from None
+    if not 1 <= m <= shape_table.MAX_M:
+        raise argparse.ArgumentTypeError(f"one M in 1..{shape_table.MAX_M}, got {m}")
+    return m
+
+
+def _int_at_least(low):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+def _int(text):
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer, got {text!r}") from None
+
+
+def _positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a positive number, got {text!r}")
+    return value
+
+
+def _tactic(text):
+    from .tactics import WarpSplitKTactic
+    try:
+        return WarpSplitKTactic.parse(text)
+    except (ValueError, TypeError) as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a tactic "
+                                         f"(o,t,k,s,b[,...], e.g. 16,8,128,4,1): {error}") from None
+
+
+# ------------------------------------------------------------ checks (light)
+
+
+def _shape_entries(args) -> list[dict]:
+    if args.shapes is None:
+        return shape_table.load()["shapes"]
+    try:
+        return shape_table.shape_entries(args.shapes)
+    except ValueError as error:
+        raise UsageError(f"argument --shapes: {error}") from None
+
+
+def _resolve_plan(text):
+    """``none`` -> the default heuristic, ``h200`` -> the built-in plan, else a file:
+    ``(plan, description)``."""
+    from .decode import DecodePlan, builtin_plan, load_plan
+    try:
+        if text == "none":
+            return DecodePlan(), "the default heuristic (--plan none)"
+        if text == "h200":
+            return builtin_plan("h200"), "built-in H200 plan"
+        return load_plan(text), text
+    except ValueError as error:
+        raise UsageError(f"argument --plan: {error} (give 'h200', 'none' or a plan JSON file)") \
+            from None
+
+
+def _output_folder(flag, path):
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"argument {flag}: {path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"argument {flag}: {path} is a folder, not a file to write")
+
+
+def _read_log(path, required):
+    """The tuning log's records, checked line by line (``[]`` when it is
+    absent and not ``required``)."""
+    import json
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except FileNotFoundError:
+        if required:
+            raise UsageError(f"argument --log: {path}: no such tuning log (--from-log rebuilds "
+                             "a plan from the log a `warpsplitk tune` run wrote)") from None
+        return []
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"argument --log: {path}: cannot read the tuning log ({error})") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"argument --log: {path} line {number}: not JSON ({error.msg}); "
+                             "a tuning log holds one JSON record a line") from None
+        if not isinstance(record, dict) or "key" not in record:
+            raise UsageError(f"argument --log: {path} line {number}: not a tuning record "
+                             "(a JSON object with a 'key')")
+        records.append(record)
+    if required and not records:
+        raise UsageError(f"argument --log: {path}: the tuning log has no records")
+    return records
+
+
+def _require_gpu(command):
+    """One line and exit 2 where no CUDA GPU warpsplitk runs on is usable."""
+    try:
+        import torch
+    except ImportError as error:
+        raise UsageError(f"`warpsplitk {command}` needs torch ({error})") from None
+    if not torch.cuda.is_available():
+        build = ("a CPU-only build" if torch.version.cuda is None
+                 else f"built for CUDA {torch.version.cuda}")
+        raise UsageError(f"no usable CUDA GPU: torch {torch.__version__} ({build}) sees none; "
+                         f"`warpsplitk {command}` runs kernels on an sm_90a or sm_100a GPU "
+                         "(`warpsplitk plan` and `warpsplitk compile` need none)")
+    index = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    arch = f"sm_{major}{minor}a"
+    if arch not in ARCHS:
+        raise UsageError(f"GPU {index} ({torch.cuda.get_device_name(index)}) is {arch}; "
+                         f"warpsplitk runs on {', '.join(ARCHS)}")
+
+
+def _planned_ms(ms):
+    """The Ms a plan tuned for ``ms`` covers: the tuner measures each M's
+    bucket (``tune.REPRESENTATIVE_MS``), and every M of a measured bucket
+    takes its winner."""
+    from .tune import representative
+    buckets = {representative(m) for m in ms}
+    return [m for m in range(1, shape_table.MAX_M + 1) if representative(m) in buckets]
+
+
+# ------------------------------------------------------------ commands
+
+
+def _cmd_compile(args, argv):
+    from .tactics import check_tactic, default_tactic
+    try:
+        tactic = args.tactic or default_tactic(args.m, args.n, args.k, sm_count=args.sm_count)
+        check_tactic(tactic, args.n, args.k)
+    except ValueError as error:
+        raise UsageError(f"{'argument --tactic: ' if args.tactic else ''}N={args.n} K={args.k}: "
+                         f"{error}") from None
+    _output_folder("--emit-ptx", args.emit_ptx)
+    from . import disk_cache
     from .compile import compile_for_arch
-    tactic = (WarpSplitKTactic.parse(args.tactic) if args.tactic
-              else default_tactic(args.m, args.n, args.k, sm_count=args.sm_count))
     report = compile_for_arch(args.n, args.k, tactic, args.arch, has_bias=args.bias)
+    disk_cache.store_resources(
+        disk_cache.key(args.arch, args.n, args.k, tactic, args.bias, True),
+        {"registers": report.registers, "spill_bytes": report.spill_bytes,
+         "local_bytes": report.local_bytes}, describe=(args.n, args.k, tactic, args.arch))
     print(f"tactic        {tactic.short()}  (output_tile,token_tile,k_tile,stages,b_loader_warps)")
     print(f"arch          {report.arch}")
     print(f"threads       {report.threads}")
@@ -29,41 +230,43 @@ def _cmd_compile(args):
     return 1 if problems else 0
 
 
-def _resolve_plan(text):
-    """``none`` -> the default heuristic, ``h200`` -> the built-in plan, else a file."""
-    from .decode import DecodePlan, builtin_plan, load_plan
-    if text == "none":
-        return DecodePlan(), "default heuristic"
-    if text == "h200":
-        return builtin_plan("h200"), "built-in H200 plan"
-    return load_plan(text), text
-
-
-def _cmd_bench(args):
+def _cmd_bench(args, argv):
+    if args.rounds is not None and args.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {args.rounds} (graphs timed per "
+                         "configuration; default 3)")
+    if args.chain and args.shapes is not None:
+        raise UsageError("argument --shapes: not with --chain (it times the built-in chains of "
+                         "table shape pairs)")
+    if args.chain and args.plot:
+        raise UsageError("argument --plot: not with --chain (it plots the per-shape rows)")
+    plan, _ = _resolve_plan(args.plan)
+    shapes = None if args.chain else [(s["n"], s["k"]) for s in _shape_entries(args)]
+    _output_folder("--json", args.json)
+    _output_folder("--plot", args.plot)
+    if args.plot:
+        import importlib.util
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UsageError("argument --plot: needs matplotlib (pip install 'warpsplitk[plot]')")
+    _require_gpu("bench")
     from . import bench
-    plan = _resolve_plan(args.plan)[0] if args.plan else None
-    ms = shape_table.parse_ms(args.m)
-    from .timing import resolve_rounds
-    try:
-        rounds = resolve_rounds(args.rounds)
-    except ValueError as error:
-        print(f"warpsplitk bench: --{error}", file=sys.stderr)
-        return 2
+    command = "warpsplitk " + shlex.join(argv)
     if args.chain:
         print("first -> second, M, tactics, warpsplitk us per pair, cuBLAS us, speedup", flush=True)
-        rows = bench.bench_chain(bench.DEFAULT_CHAINS, ms, plan, rounds=rounds,
+        rows = bench.bench_chain(bench.DEFAULT_CHAINS, args.m, plan, rounds=args.rounds,
                                  progress=lambda line: print(line, flush=True))
         if args.json:
             import json
             from dataclasses import asdict
             with open(args.json, "w") as f:
-                json.dump({"mode": "chain", "rounds": rounds,
+                environment = {**bench._environment(), "command": command,
+                               "rounds": args.rounds}
+                json.dump({"environment": environment, "mode": "chain",
                            "rows": [asdict(r) for r in rows]}, f, indent=1)
         return 0
-    shapes = shape_table.parse_shapes(args.shapes) if args.shapes else bench.default_shapes()
     print(bench.HEADER, flush=True)
-    env, rows = bench.run_bench(shapes, ms, plan, progress=lambda line: print(line, flush=True),
-                                rounds=rounds)
+    env, rows = bench.run_bench(shapes, args.m, plan, progress=lambda line: print(line, flush=True),
+                                rounds=args.rounds)
+    env["command"] = command
     print(f"# {env['gpu']}  read {env['read_TBps']} TB/s (datasheet {env['datasheet_TBps']})  "
           f"torch {env['torch']}  cutlass-dsl {env['cutlass_dsl']}  {env['date']}")
     if args.json:
@@ -74,119 +277,189 @@ def _cmd_bench(args):
     return 0
 
 
-def _cmd_plan_from_log(args):
-    import os
-
-    from .tune import plan_from_log, plan_meta
-    if not os.path.exists(args.log):
-        print(f"warpsplitk tune --from-log: no log at {args.log}", file=sys.stderr)
-        return 2
-    meta = plan_meta(args.gpu or "unknown", args.sm_count, None)
-    plan, partial = plan_from_log(args.log, shape_table.parse_ms(args.m), meta,
-                                  narrow=args.narrow_tiles,
-                                  records=args.log_records, stale=args.stale_records,
-                                  revision=args.kernel_revision)
-    for (n, k), missing in partial.items():
-        print(f"N={n} K={k}: left out, no measurement for M={missing}")
-    plan.save(args.output)
-    print(f"plan for {len(plan.entries)} shapes written to {args.output} from {args.log}")
-    return 0
-
-
-def _cmd_tune(args):
+def _cmd_tune(args, argv):
+    _output_folder("--output", args.output)
+    if args.from_log and args.fresh:
+        raise UsageError("argument --fresh: not with --from-log (which reads the log --fresh "
+                         "would ignore)")
+    records = _read_log(args.log, required=args.from_log) if (args.from_log or not args.fresh) \
+        else []
+    ms = _planned_ms(args.m)
     if args.from_log:
-        return _cmd_plan_from_log(args)
+        from .tune import plan_from_log, plan_meta
+        if args.shapes is not None:
+            raise UsageError("argument --shapes: not with --from-log (the plan has every shape "
+                             "the log measured)")
+        gpu = next((r["gpu"] for r in reversed(records) if r.get("gpu")), "unknown")
+        sm_count = next((r["sm_count"] for r in reversed(records) if r.get("sm_count")), 132)
+        plan, partial = plan_from_log(args.log, ms, plan_meta(gpu, sm_count, None))
+        for (n, k), missing in partial.items():
+            print(f"N={n} K={k}: left out, no measurement for M={missing}")
+        plan.save(args.output)
+        print(f"plan for {len(plan.entries)} shapes written to {args.output} from {args.log}")
+        return 0
+    shapes = [(s["n"], s["k"]) for s in _shape_entries(args)]
+    _require_gpu("tune")
     from .tune import tune
-    shapes = shape_table.parse_shapes(args.shapes) if args.shapes else \
-        [(s["n"], s["k"]) for s in shape_table.load()["shapes"]]
-    ms = shape_table.parse_ms(args.m)
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
                 progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget,
-                k_splits=(1, 2) if args.k_split else (1,),
-                early_launches=(False, True) if args.early_launch else (False,), jobs=args.jobs,
-                confirm=args.confirm, bulk_xs=(False, True) if args.bulk_x else (False,),
-                l2_prefetch=args.l2_prefetch, tma=args.tma_x, mixed=args.mixed_tiles,
-                narrow=args.narrow_tiles, bounded_prefetch=args.bounded_prefetch)
+                jobs=args.jobs)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
 
 
-def _cmd_cache(args):
+def _cmd_cache(args, argv):
     from . import disk_cache
     folder = disk_cache.cache_dir()
+    kernels, records = disk_cache.entries(), disk_cache.resource_entries()
     if args.clear:
-        print(f"removed {disk_cache.clear()} compiled kernels from {folder}")
+        disk_cache.clear()
+        print(f"removed {len(kernels)} compiled kernels and {len(records)} resource records "
+              f"from {folder}")
         return 0
     if args.prune:
-        print(f"removed {disk_cache.prune()} stale compiled kernels from {folder}")
+        stale = disk_cache.stale()
+        disk_cache.prune()
+        kernels_gone = sum(1 for p in stale if p.suffix == ".o")
+        print(f"removed {kernels_gone} stale compiled kernels and {len(stale) - kernels_gone} "
+              f"stale resource records from {folder}")
         return 0
-    files = disk_cache.entries()
-    size = sum(f.stat().st_size for f in files)
+    stale = set(disk_cache.stale())
+    if args.list:
+        for path in kernels:
+            print(f"kernel   {path.name}  {path.stat().st_size / 1e6:.2f} MB"
+                  f"{'  stale' if path in stale else ''}")
+        for path in records:
+            what = disk_cache.describe_resources(path)
+            print(f"registers {what}{'  stale' if path in stale else ''}")
+    size = sum(f.stat().st_size for f in kernels + records)
     state = "on" if disk_cache.enabled() else "off (WARPSPLITK_DISK_CACHE)"
-    print(f"{folder}: {len(files)} compiled kernels, {size / 1e6:.1f} MB "
-          f"({len(disk_cache.stale())} stale: other versions or kernel sources, "
-          f"'warpsplitk cache --prune' removes them); disk cache {state}")
+    print(f"{folder}: {len(kernels)} compiled kernels, {len(records)} resource records "
+          f"(registers for `warpsplitk plan`), {size / 1e6:.1f} MB ({len(stale)} stale: other "
+          f"versions or kernel sources, 'warpsplitk cache --prune' removes them); "
+          f"disk cache {state}")
     return 0
 
 
-def _cmd_plan(args):
+def _progress_line(arch):
+    tty = sys.stderr.isatty()
+
+    def show(done, total):
+        if tty:
+            end = "\n" if done == total else ""
+            print(f"\rcompiling {done}/{total} kernels for {arch} (registers; kept in the disk "
+                  "cache)", end=end, file=sys.stderr, flush=True)
+        elif done == 1 or done == total or done % 10 == 0:
+            print(f"compiling {done}/{total} kernels for {arch} (registers; kept in the disk "
+                  "cache)", file=sys.stderr, flush=True)
+    return show
+
+
+def _cmd_plan(args, argv):
+    plan, source = _resolve_plan(args.plan)
+    entries = _shape_entries(args)
     from . import layout
-    from .tactics import (ctas_per_sm, grid_ctas, l2_read_factor, register_estimate, sm_balance,
-                          waves)
-    plan, source = _resolve_plan(args.plan or "h200")
-    entries = (shape_table.shape_entries(args.shapes) if args.shapes
-               else shape_table.load()["shapes"])
-    ms = shape_table.parse_ms(args.m)
-    print(f"# tactics from {source}; {args.arch}, {args.sm_count} SMs; floor at "
-          f"{args.tbps} TB/s; registers {'compiled here' if args.compile else 'from the model'}")
-    print(f"{'projection':<34} {'N':>5} {'K':>5} {'M':>3} {'tactic':>30} {'CTAs':>5} {'waves':>5} "
-          f"{'SM load':>7} {'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'L2 x':>5} {'floor us':>8} "
-          f"{'meas us':>7} {'%floor':>6}")
+    from .tactics import (
+        ctas_per_sm,
+        default_tactic,
+        grid_ctas,
+        l2_read_factor,
+        register_estimate,
+        sm_balance,
+        waves,
+    )
+    rows = []
     for shape in entries:
         n, k = shape["n"], shape["k"]
-        for m in ms:
-            tactic = plan.lookup(n, k, m) or default_tactic(m, n, k, sm_count=args.sm_count)
-            if args.compile:
-                from .compile import compile_for_arch
-                regs = compile_for_arch(n, k, tactic, args.arch).registers
-            else:
-                regs = register_estimate(tactic)
-            name = f"{shape.get('model', '')} {shape.get('projection', '')}".strip()[:34]
-            floor = n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6)
-            # the time the tuner measured for this M, where it measured this M
-            measured = plan.entries.get((n, k), {}).get(m, (None, None))[1]
-            shown = ("-", "-") if measured is None else (f"{measured:.2f}",
-                                                         f"{100 * floor / measured:.0f}")
-            print(f"{name:<34} {n:>5} {k:>5} {m:>3} {tactic.short():>30} "
-                  f"{grid_ctas(tactic, m, n):>5} {waves(tactic, m, n, args.sm_count):>5.2f} "
-                  f"{sm_balance(tactic, m, n, args.sm_count):>7.2f} {ctas_per_sm(tactic):>6} {tactic.smem_bytes:>7} {regs:>4} "
-                  f"{l2_read_factor(tactic, m):>5.2f} {floor:>8.2f} {shown[0]:>7} {shown[1]:>6}")
+        for m in args.m:
+            tactic = plan.lookup(n, k, m)
+            origin = "plan"
+            if tactic is None:
+                tactic, origin = default_tactic(m, n, k, sm_count=args.sm_count), "heuristic"
+            rows.append((shape, m, tactic, origin))
+    registers = {}
+    if args.compile:
+        from . import disk_cache
+        kernels = [(s["n"], s["k"], t, False, True) for s, _, t, _ in rows]
+        disk_cache.fill_resources(kernels, args.arch, args.jobs, _progress_line(args.arch))
+        for n, k, tactic, _, _ in kernels:
+            if (n, k, tactic) not in registers:
+                registers[(n, k, tactic)] = disk_cache.arch_resources(n, k, tactic,
+                                                                      args.arch)["registers"]
+    from_plan = sum(1 for *_, origin in rows if origin == "plan")
+    print(f"# tactics from {source} ({from_plan} of {len(rows)} rows; 'heuristic': the plan has "
+          f"none, the default heuristic's); {args.arch}, {args.sm_count} SMs; floor at "
+          f"{args.tbps} TB/s; registers "
+          f"{'compiled for ' + args.arch if args.compile else 'from the model'}")
+    print(f"{'projection':<34} {'from':>9} {'N':>5} {'K':>5} {'M':>3} {'tactic':>30} {'CTAs':>5} "
+          f"{'waves':>5} {'SM load':>7} {'CTA/SM':>6} {'smem B':>7} {'regs':>4} {'L2 x':>5} "
+          f"{'floor us':>8} {'meas us':>7} {'%floor':>6}")
+    for shape, m, tactic, origin in rows:
+        n, k = shape["n"], shape["k"]
+        regs = registers[(n, k, tactic)] if args.compile else register_estimate(tactic)
+        name = f"{shape.get('model', '')} {shape.get('projection', '')}".strip()[:34]
+        floor = n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6)
+        # the time the tuner measured for this M, where it measured this M
+        measured = plan.entries.get((n, k), {}).get(m, (None, None))[1] if origin == "plan" \
+            else None
+        shown = ("-", "-") if measured is None else (f"{measured:.2f}",
+                                                     f"{100 * floor / measured:.0f}")
+        print(f"{name:<34} {origin:>9} {n:>5} {k:>5} {m:>3} {tactic.short():>30} "
+              f"{grid_ctas(tactic, m, n):>5} {waves(tactic, m, n, args.sm_count):>5.2f} "
+              f"{sm_balance(tactic, m, n, args.sm_count):>7.2f} {ctas_per_sm(tactic):>6} "
+              f"{tactic.smem_bytes:>7} {regs if regs is not None else '-':>4} "
+              f"{l2_read_factor(tactic, m):>5.2f} {floor:>8.2f} {shown[0]:>7} {shown[1]:>6}")
     return 0
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="warpsplitk", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+# ------------------------------------------------------------ parser
 
-    p = sub.add_parser("compile", help="compile one kernel for a target arch (no GPU needed)")
-    p.add_argument("--n", type=int, required=True)
-    p.add_argument("--k", type=int, required=True)
-    p.add_argument("--m", type=int, default=1, help="M the default tactic is chosen for")
-    p.add_argument("--tactic", help="o,t,k,s,b (default: the heuristic's)")
-    p.add_argument("--arch", default="sm_90a", choices=("sm_90a", "sm_100a"))
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="warpsplitk", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("plan", help="show tactics, occupancy, registers and the HBM floor per "
+                                    "shape and M (no GPU)")
+    p.add_argument("--plan", default="h200", help=PLAN_HELP)
+    p.add_argument("--shapes", nargs="*", help=SHAPES_HELP)
+    p.add_argument("--m", type=_ms, default=DEFAULT_M_TEXT, help=M_HELP)
+    p.add_argument("--arch", default="sm_90a", choices=ARCHS, help="target arch (default sm_90a)")
+    p.add_argument("--sm-count", type=_int_at_least(1), default=132,
+                   help="SMs of the target GPU (default 132, the H100/H200)")
+    p.add_argument("--tbps", type=_positive_float, default=4.8,
+                   help="peak HBM TB/s for the floor (default 4.8)")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="registers from the model instead of compiled for --arch (compiled "
+                        "ones are kept in the disk cache)")
+    p.add_argument("--jobs", type=_int_at_least(1),
+                   help="processes compiling the kernels the disk cache lacks "
+                        "(default: one per core)")
+    p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("compile", help="compile one kernel for a target arch (no GPU)")
+    p.add_argument("--n", type=_int_at_least(1), required=True, help="weight rows (output features)")
+    p.add_argument("--k", type=_int_at_least(1), required=True, help="weight columns (input features)")
+    p.add_argument("--m", type=_one_m, default=1,
+                   help="the M (1..32) the default tactic is chosen for (default 1)")
+    p.add_argument("--tactic", type=_tactic, help="o,t,k,s,b[...] (default: the heuristic's)")
+    p.add_argument("--arch", default="sm_90a", choices=ARCHS, help="target arch (default sm_90a)")
     p.add_argument("--bias", action="store_true", help="compile the bias epilogue")
-    p.add_argument("--sm-count", type=int, default=132)
-    p.add_argument("--emit-ptx", metavar="PATH")
+    p.add_argument("--sm-count", type=_int_at_least(1), default=132,
+                   help="SMs the default tactic is chosen for (default 132)")
+    p.add_argument("--emit-ptx", metavar="PATH", help="write the PTX here")
     p.set_defaults(func=_cmd_compile)
 
-    p = sub.add_parser("bench", help="time warpsplitk vs torch.matmul on this GPU")
-    p.add_argument("--shapes", nargs="*", help="N,K pairs or .json shape tables (default: built-in)")
-    p.add_argument("--m", default="1,4,8,16,32", help="Ms, e.g. 1-32 or 1,4,8")
-    p.add_argument("--plan", help="plan JSON, 'h200' (built-in) or 'none' (default: the heuristic)")
-    p.add_argument("--json", help="write rows and environment here")
-    p.add_argument("--plot", help="write a PNG plot here")
-    p.add_argument("--rounds", type=int, default=None,
+    p = sub.add_parser("bench", help="time warpsplitk against torch.matmul on this GPU")
+    p.add_argument("--shapes", nargs="*", help=SHAPES_HELP)
+    p.add_argument("--m", type=_ms, default=DEFAULT_M_TEXT, help=M_HELP)
+    p.add_argument("--plan", default="h200", help=PLAN_HELP)
+    p.add_argument("--json", metavar="PATH",
+                   help="write rows and environment (with this command line) here")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG plot here")
+    p.add_argument("--rounds", type=_int, default=None,
                    help="graphs per configuration, alternating; the median one counts "
                         "(default: timing.ROUNDS = 3)")
     p.add_argument("--chain", action="store_true",
@@ -194,94 +467,57 @@ def main(argv=None):
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("tune", help="measure tactics on this GPU and write a decode plan")
-    p.add_argument("--shapes", nargs="*", help="N,K pairs or .json shape tables (default: built-in)")
-    p.add_argument("--m", default="1-32")
-    p.add_argument("-o", "--output", required=True, help="plan JSON to write")
-    p.add_argument("--log", default="tune-log.jsonl", help="every measured candidate (JSON lines)")
-    p.add_argument("--fresh", action="store_true", help="ignore measurements already in the log")
-    p.add_argument("--time-budget", type=float,
-                   help="seconds: start no new shape after this (rerun with the log to go on)")
-    p.add_argument("--k-split", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure the cluster split of K (k_split 2) where the grid "
-                        "leaves SMs idle (default: on)")
-    p.add_argument("--k-split-4", action="store_true",
-                   help="also the split of K in four where the split in two leaves SMs idle "
-                        "(won no cell on the H200)")
-    p.add_argument("--x-multicast", action="store_true",
-                   help="also measure the experimental activation multicast (x_multicast 2-4) "
-                        "for 16- and 32-token tiles")
-    p.add_argument("--early-launch", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure every candidate with the early PDL trigger; it is "
-                        "chosen only where it wins by more than 2%% (default: on)")
-    p.add_argument("--bulk-x", action=argparse.BooleanOptionalAction, default=True,
-                   help="at M = 1 also measure every candidate with its activation row "
-                        "copied in bulk (default: on)")
-    p.add_argument("--l2-prefetch", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure each cell's fastest candidates with the L2 prefetch of "
-                        "the weight past the ring, for weights up to 16 MiB (default: on)")
-    p.add_argument("--bounded-prefetch", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure each cell's 2 fastest candidates with the L2 prefetch "
-                        "bounded to 1-4 K tiles past the ring, any weight size "
-                        "(default: on)")
-    p.add_argument("--tma-x", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure each cell's 3 fastest candidates with their activations "
-                        "as TMA boxes, and its fastest with 16+ token rows with the boxes "
-                        "multicast over clusters of 2-4 (default: on)")
-    p.add_argument("--mixed-tiles", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure each cell's fastest uneven grids as mixed grids of tiles "
-                        "and half tiles, one CTA per SM (default: on)")
-    p.add_argument("--narrow-tiles", action=argparse.BooleanOptionalAction, default=True,
-                   help="at M <= 4 also measure each cell's 3 fastest 8-token candidates with "
-                        "a 1-, 2- or 4-row token tile, at the ring depths its smaller stages "
-                        "allow (default: on)")
-    p.add_argument("--confirm", type=int, default=None,
-                   help="time each cell's N fastest candidates and its default tactic in "
-                        "two more graphs and rank by the median of the three (default: 3; "
-                        "0 times each once)")
-    p.add_argument("--from-log", action="store_true",
-                   help="no GPU: rebuild the plan from the measurements already in --log")
-    p.add_argument("--log-records", type=int,
-                   help="with --from-log: only the log's first N lines (the log as it stood "
-                        "when a plan was made; a plan's meta records its count)")
-    p.add_argument("--stale-records", action="store_true",
-                   help="with --from-log: also count timings of kernels changed since they "
-                        "were logged (async activation rings before the release fence): how a "
-                        "plan made before the change is rebuilt")
-    p.add_argument("--kernel-revision", type=int, default=None,
-                   help="with --from-log: count the timings valid at this kernel revision (a "
-                        "plan's meta records its kernel_revision; default: the current one)")
-    p.add_argument("--gpu", help="with --from-log: the GPU the log was measured on")
-    p.add_argument("--sm-count", type=int, help="with --from-log: that GPU's SM count")
-    p.add_argument("--jobs", type=int,
+    p.add_argument("--shapes", nargs="*", help=SHAPES_HELP)
+    p.add_argument("--m", type=_ms, default=DEFAULT_M_TEXT,
+                   help=M_HELP + "; each M is measured at its bucket and the plan covers every "
+                                 "M of the buckets measured (the default: 1..32)")
+    p.add_argument("-o", "--output", required=True, metavar="PATH", help="plan JSON to write")
+    p.add_argument("--log", default="tune-log.jsonl", metavar="PATH",
+                   help="every measurement, one JSON line each; a rerun resumes from it "
+                        "(default tune-log.jsonl)")
+    p.add_argument("--time-budget", type=_positive_float, metavar="SECONDS",
+                   help="start no new shape after this (rerun with the log to go on)")
+    p.add_argument("--jobs", type=_int_at_least(1),
                    help="processes compiling the candidates first (default: one per core but one)")
+    p.add_argument("--fresh", action="store_true",
+                   help="measure everything again, ignoring the log's measurements")
+    p.add_argument("--from-log", action="store_true",
+                   help="no GPU: rebuild the plan from the measurements in --log")
     p.set_defaults(func=_cmd_tune)
 
-    p = sub.add_parser("cache", help="show, prune or clear the compiled kernels kept on disk")
-    p.add_argument("--clear", action="store_true", help="remove them all")
-    p.add_argument("--prune", action="store_true",
-                   help="remove those built by other warpsplitk or CuTe DSL versions or "
-                        "other kernel sources")
+    p = sub.add_parser("cache", help="show, list, prune or clear the compiled kernels and "
+                                     "register records kept on disk")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--list", action="store_true", help="one line per file")
+    what.add_argument("--clear", action="store_true", help="remove them all")
+    what.add_argument("--prune", action="store_true",
+                      help="remove those built by other warpsplitk or CuTe DSL versions or "
+                           "other kernel sources")
     p.set_defaults(func=_cmd_cache)
+    parser.commands = sub.choices
+    return parser
 
-    p = sub.add_parser("plan", help="show tactics, occupancy and the HBM floor per shape (no GPU)")
-    p.add_argument("--plan", help="plan JSON, 'h200' (built-in, the default) or 'none' (the heuristic)")
-    p.add_argument("--shapes", nargs="*", help="N,K pairs or .json shape tables (default: built-in)")
-    p.add_argument("--m", default="1,8,16,24,32", help="M buckets to show")
-    p.add_argument("--arch", default="sm_90a", choices=("sm_90a", "sm_100a"))
-    p.add_argument("--sm-count", type=int, default=132)
-    p.add_argument("--tbps", type=float, default=4.8, help="peak HBM TB/s for the floor")
-    p.add_argument("--no-compile", dest="compile", action="store_false",
-                   help="registers from the model instead of compiling each tactic")
-    p.set_defaults(func=_cmd_plan)
 
-    args = parser.parse_args(argv)
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser = build_parser()
     try:
-        return args.func(args)
-    except ValueError as error:
-        print(f"warpsplitk: error: {error}", file=sys.stderr)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named by the command they were given to, as argparse's other errors
+            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)} "
+                                                f"(see warpsplitk {args.command} --help)")
+    except SystemExit as done:  # --help, or argparse's one-line error
+        return done.code if isinstance(done.code, int) else 2
+    prog = f"warpsplitk {args.command}"
+    try:
+        return args.func(args, argv)
+    except (UsageError, ValueError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `warpsplitk plan | head`: the reader has gone
-        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 

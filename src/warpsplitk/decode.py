@@ -71,12 +71,16 @@ def plan_from_json(data, source="plan") -> DecodePlan:
     if data.get("version") != PLAN_VERSION:
         raise ValueError(f"{source}: plan version {data.get('version')!r}, this warpsplitk reads "
                          f"version {PLAN_VERSION}")
+    if not isinstance(data.get("meta", {}), dict) or not isinstance(data.get("shapes", []), list):
+        raise ValueError(f"{source}: a plan's 'meta' is an object and its 'shapes' a list")
     plan = DecodePlan(meta=dict(data.get("meta", {})))
     for i, shape in enumerate(data.get("shapes", [])):
         try:
             n, k, entries = shape["n"], shape["k"], shape["entries"]
         except (KeyError, TypeError):
             raise ValueError(f"{source}: shapes[{i}] needs 'n', 'k' and 'entries'") from None
+        if not isinstance(entries, dict):
+            raise ValueError(f"{source}: shapes[{i}] 'entries' must map each M to its tactic")
         for key, entry in entries.items():
             where = f"{source}: N={n} K={k} M={key}"
             try:
@@ -97,17 +101,36 @@ def plan_from_json(data, source="plan") -> DecodePlan:
 
 
 def load_plan(path) -> DecodePlan:
-    """Read and validate a plan file."""
-    with open(path) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not valid JSON ({error})") from None
+    """Read and validate a plan file; every problem (no such file, not
+    JSON, not a plan, a bad entry) is a ``ValueError`` naming the file."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such plan file") from None
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read the plan ({error.strerror or error})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
     return plan_from_json(data, str(path))
 
 
+def builtin_plans() -> list[str]:
+    """The names of the plans shipped with the package (``builtin_plan``)."""
+    folder = resources.files("warpsplitk").joinpath("data")
+    return sorted(entry.name[len("plan-"):-len(".json")] for entry in folder.iterdir()
+                  if entry.name.startswith("plan-") and entry.name.endswith(".json"))
+
+
 def builtin_plan(name: str = "h200") -> DecodePlan:
-    """A plan shipped with the package (measured on that GPU)."""
+    """A plan shipped with the package (measured on that GPU); ``ValueError``
+    naming the shipped ones for any other name."""
+    available = builtin_plans()
+    if name not in available:
+        raise ValueError(f"no built-in plan {name!r}: the built-in plans are "
+                         f"{', '.join(map(repr, available))}")
     text = resources.files("warpsplitk").joinpath(f"data/plan-{name}.json").read_text()
     return plan_from_json(json.loads(text), f"built-in plan {name!r}")
 

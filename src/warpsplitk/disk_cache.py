@@ -17,6 +17,12 @@ processes (tensor-parallel ranks, say) can fill the cache at once. A file
 that fails to load is removed and the kernel compiled again: the cache can
 make a start faster, never make it fail.
 
+Beside the kernels, small JSON records of what compiling a kernel for an
+arch without a GPU reports (registers, spills: ``arch_resources``), under
+the same key, so ``warpsplitk plan`` shows compiled register counts
+without compiling again (and without importing the CuTe DSL at all when
+every record is there).
+
 ``WARPSPLITK_CACHE_DIR`` sets the folder (default
 ``$XDG_CACHE_HOME/warpsplitk``, else ``~/.cache/warpsplitk``);
 ``WARPSPLITK_DISK_CACHE=0`` turns it off.
@@ -87,22 +93,15 @@ def _versions() -> dict:
     return {"warpsplitk": __version__, "cutlass_dsl": dsl}
 
 
-def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool, arrivals: str = "",
-        early_launch: bool = False, release_fence: str = "proxy",
-        remote_release: str = "cluster", split_reduce: str = "mbarrier") -> str:
+def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool) -> str:
     """The file name stem of one compiled kernel (hex, 40 characters)."""
     fields = {
         "format": FORMAT, **_versions(), "sources": _sources_digest(), "arch": arch,
         "n": int(n), "k": int(k), "tactic": tactic.short(), "k_split": tactic.k_split,
-        "bias": bool(has_bias), "pdl": bool(use_pdl), "arrivals": arrivals,
-        "early_launch": bool(early_launch),
+        "bias": bool(has_bias), "pdl": bool(use_pdl),
+        # the shipped build's values of the build switches these once had
+        "arrivals": "", "early_launch": False,
     }
-    if release_fence != "proxy":  # the experimental and diagnostic builds only
-        fields["release_fence"] = release_fence
-    if remote_release != "cluster":
-        fields["remote_release"] = remote_release
-    if split_reduce != "mbarrier":
-        fields["split_reduce"] = split_reduce
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
 
 
@@ -175,9 +174,9 @@ def entries() -> list[Path]:
 
 
 def stale() -> list[Path]:
-    """Cached kernels built by another warpsplitk or CuTe DSL version or from
-    other kernel sources (their keys can never be asked for again), or
-    without a record of what built them."""
+    """Cached kernels and resource records built by another warpsplitk or
+    CuTe DSL version or from other kernel sources (their keys can never be
+    asked for again), or without a record of what built them."""
     current = _generation()
     found = []
     for path in entries():
@@ -187,13 +186,249 @@ def stale() -> list[Path]:
             built = None
         if built != current:
             found.append(path)
+    for path in resource_entries():
+        try:
+            record = json.loads(path.read_text())
+            built = {name: record.get(name) for name in current}
+        except (OSError, ValueError, AttributeError):
+            built = None
+        if built != current:
+            found.append(path)
     return found
 
 
-def _remove(path: Path) -> bool:
+# ------------------------------------------------ resource records (no GPU)
+
+#: What a resource record holds besides the generation (``_generation``).
+RESOURCE_FIELDS = ("registers", "spill_bytes", "local_bytes")
+
+_RESOURCE_SUFFIX = ".resources.json"
+
+
+def resource_path(stem: str) -> Path:
+    return cache_dir() / f"{stem}{_RESOURCE_SUFFIX}"
+
+
+def resource_entries() -> list[Path]:
+    folder = cache_dir()
+    return sorted(folder.glob(f"*{_RESOURCE_SUFFIX}")) if folder.is_dir() else []
+
+
+def load_resources(stem: str) -> dict | None:
+    """The resource record stored under ``stem`` (``{"registers",
+    "spill_bytes", "local_bytes"}``), or None (absent, disabled, unreadable
+    or from another generation: an unreadable file is removed)."""
+    if not enabled():
+        return None
+    path = resource_path(stem)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        _remove_file(path)
+        return None
+    if not isinstance(record, dict) or any(name not in record for name in RESOURCE_FIELDS):
+        _remove_file(path)
+        return None
+    if any(record.get(name) != value for name, value in _generation().items()):
+        return None  # another version's (a key collision in name only): compile again
+    return {name: record[name] for name in RESOURCE_FIELDS}
+
+
+def store_resources(stem: str, resources: dict, describe=None) -> Path | None:
+    """Write a resource record under ``stem``, atomically (a temporary file
+    renamed into place), with ``describe`` (``(n, k, tactic, arch)``, what
+    ``warpsplitk cache --list`` shows) if given; None when the cache is off
+    or the write failed (warned once)."""
+    if not enabled():
+        return None
+    folder = cache_dir()
+    record = {**{name: resources.get(name) for name in RESOURCE_FIELDS}, **_generation()}
+    if describe is not None:
+        n, k, tactic, arch = describe
+        record.update(n=int(n), k=int(k), tactic=tactic.short(), arch=arch)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(prefix=".resources-", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f, sort_keys=True)
+            final = resource_path(stem)
+            os.replace(scratch, final)
+        except BaseException:
+            _remove_file(Path(scratch))
+            raise
+        return final
+    except Exception as exc:
+        _warn_once("store", f"could not write to {folder} ({type(exc).__name__}: {exc}); "
+                            "compiled kernels are kept in this process only")
+        return None
+
+
+def cached_resources(n: int, k: int, tactic, arch: str = "sm_90a", has_bias: bool = False,
+                     use_pdl: bool = True) -> dict | None:
+    """``arch_resources``' record if the cache holds it, else None (never compiles)."""
+    return load_resources(key(arch, n, k, tactic, has_bias, use_pdl))
+
+
+def arch_resources(n: int, k: int, tactic, arch: str = "sm_90a", has_bias: bool = False,
+                   use_pdl: bool = True) -> dict:
+    """Registers per thread, spilled and local bytes of the kernel for
+    ``[n, k]`` with ``tactic``, compiled for ``arch`` (no GPU needed):
+    ``{"registers", "spill_bytes", "local_bytes"}``. From the disk cache
+    when it has the record (the CuTe DSL is then not imported), else
+    compiled with ``warpsplitk.compile.compile_for_arch`` and stored."""
+    stem = key(arch, n, k, tactic, has_bias, use_pdl)
+    found = load_resources(stem)
+    if found is not None:
+        return found
+    from .compile import compile_for_arch
+    report = compile_for_arch(n, k, tactic, arch, has_bias=has_bias, use_pdl=use_pdl)
+    found = {"registers": report.registers, "spill_bytes": report.spill_bytes,
+             "local_bytes": report.local_bytes}
+    store_resources(stem, found, describe=(n, k, tactic, arch))
+    return found
+
+
+def describe_resources(path: Path) -> str:
+    """One line about a resource record: what it is of and what it says."""
+    try:
+        record = json.loads(Path(path).read_text())
+        what = (f"{record.get('arch', '?')} N={record.get('n', '?')} K={record.get('k', '?')} "
+                f"tactic={record.get('tactic', '?')}")
+        return (f"{what}: {record['registers']} registers, {record['spill_bytes']} B spilled "
+                f"({Path(path).name})")
+    except (OSError, ValueError, KeyError, AttributeError):
+        return f"{Path(path).name}: unreadable"
+
+
+def _resource_worker() -> int:
+    """A worker of ``fill_resources``: one JSON job a line on stdin, one
+    JSON reply a line on stdout (anything else the DSL prints goes to stderr)."""
+    import sys
+
+    from .tactics import WarpSplitKTactic
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            arch_resources(job["n"], job["k"], WarpSplitKTactic.parse(job["tactic"]),
+                           job["arch"], job["bias"], job["pdl"])
+            error = None
+        except Exception as exc:  # the caller's own compile raises it again
+            error = f"{type(exc).__name__}: {exc}"
+        replies.write(json.dumps({"error": error}) + "\n")
+        replies.flush()
+    return 0
+
+
+def fill_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
+                   progress=None) -> dict:
+    """Compile, ``jobs`` worker processes at a time (default: one per core),
+    the kernels of ``kernels`` (``(n, k, tactic, has_bias, use_pdl)``) whose
+    resource records the cache lacks, storing their records. ``progress``
+    gets ``(done, total)`` after each. Returns ``{kernel: error}`` of those
+    that failed (left to the caller's own ``arch_resources``, which raises).
+    Nothing is done with the cache off; with one job the kernels are
+    compiled in this process."""
+    import queue
+    import subprocess
+    import sys
+
+    if not enabled():
+        return {}
+    todo, seen = [], set()
+    for n, k, tactic, has_bias, use_pdl in kernels:
+        item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl))
+        if item in seen:
+            continue
+        seen.add(item)
+        if not resource_path(key(arch, *item)).is_file():
+            todo.append(item)
+    if not todo:
+        return {}
+    jobs = max(1, min(os.cpu_count() or 1, 16) if jobs is None else int(jobs))
+    workers = min(jobs, len(todo))
+    failures, done = {}, [0]
+    lock = threading.Lock()
+
+    def report(item, error):
+        with lock:
+            if error:
+                failures[item] = error
+            done[0] += 1
+            count = done[0]
+        if progress:
+            progress(count, len(todo))
+
+    if workers == 1:
+        for item in todo:
+            try:
+                arch_resources(item[0], item[1], item[2], arch, item[3], item[4])
+                report(item, None)
+            except Exception as exc:
+                report(item, f"{type(exc).__name__}: {exc}")
+        return failures
+    pending = queue.Queue()
+    for item in todo:
+        pending.put(item)
+    env = dict(os.environ, CUTE_DSL_ARCH=arch)
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-c",
+               "import sys; from warpsplitk.disk_cache import _resource_worker; "
+               "sys.exit(_resource_worker())"]
+
+    def feed():
+        with subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) as worker:
+            while True:
+                try:
+                    item = pending.get_nowait()
+                except queue.Empty:
+                    break
+                n, k, tactic, has_bias, use_pdl = item
+                try:
+                    worker.stdin.write(json.dumps({"n": n, "k": k, "tactic": tactic.short(),
+                                                   "arch": arch, "bias": has_bias,
+                                                   "pdl": use_pdl}) + "\n")
+                    worker.stdin.flush()
+                    reply = worker.stdout.readline()
+                    error = json.loads(reply)["error"] if reply else "the worker died"
+                except (OSError, ValueError, KeyError) as exc:
+                    error = f"the worker failed: {exc}"
+                report(item, error)
+                if error == "the worker died":
+                    break
+            try:
+                worker.stdin.close()
+            except OSError:
+                pass
+
+    threads = [threading.Thread(target=feed, daemon=True) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    while not pending.empty():
+        failures[pending.get_nowait()] = "no worker left"
+    return failures
+
+
+def _remove_file(path: Path) -> bool:
     try:
         path.unlink()
     except OSError:
+        return False
+    return True
+
+
+def _remove(path: Path) -> bool:
+    if path.name.endswith(_RESOURCE_SUFFIX):
+        return _remove_file(path)
+    if not _remove_file(path):
         return False
     try:
         _generation_path(path).unlink()
@@ -203,19 +438,22 @@ def _remove(path: Path) -> bool:
 
 
 def prune() -> int:
-    """Remove the stale kernels (``stale``); returns how many."""
+    """Remove the stale kernels and resource records (``stale``); returns how many."""
     return sum(_remove(path) for path in stale())
 
 
 def clear() -> int:
-    """Remove every cached kernel; returns how many files were removed."""
-    removed = sum(_remove(path) for path in entries())
+    """Remove every cached kernel and resource record; returns how many."""
+    removed = sum(_remove(path) for path in entries() + resource_entries())
     folder = cache_dir()
     if folder.is_dir():
         for scratch in folder.glob(".export-*"):
             shutil.rmtree(scratch, ignore_errors=True)
+        for scratch in folder.glob(".resources-*.tmp"):
+            _remove_file(scratch)
     return removed
 
 
 __all__ = ["cache_dir", "enabled", "key", "load", "store", "entries", "stale", "prune", "clear",
-           "path_for"]
+           "path_for", "arch_resources", "cached_resources", "fill_resources", "load_resources",
+           "store_resources", "resource_entries", "resource_path", "describe_resources"]

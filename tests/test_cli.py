@@ -1,0 +1,404 @@
+"""The command line on a CPU: arguments checked before anything heavy, one
+error line and exit status 2 for a bad one, the same flags in every
+command, tune's short flag list and its interface with the tuner, the plan
+view's per-row source and its register counts from the disk cache."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from warpsplitk import cli, disk_cache
+from warpsplitk.cli import main
+from warpsplitk.decode import DecodePlan, builtin_plan
+from warpsplitk.tactics import default_tactic
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _env(**extra):
+    return {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            **extra}
+
+
+def _run(argv, **env):
+    return subprocess.run([sys.executable, "-m", "warpsplitk.cli", *argv], env=_env(**env),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_error(capsys, command, *words):
+    """The command wrote nothing to stdout and one error line naming ``words``."""
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"warpsplitk {command}: error: "), lines[0]
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def no_gpu_needed(monkeypatch):
+    """Fail the test if a command gets as far as its GPU check."""
+    def refuse(command):
+        raise AssertionError(f"{command} reached the GPU check")
+    monkeypatch.setattr(cli, "_require_gpu", refuse)
+
+
+# ------------------------------------------------------------ no GPU
+
+
+@pytest.mark.parametrize("argv", [["bench", "--shapes", "768,128", "--m", "1"],
+                                  ["tune", "--shapes", "768,128", "-o", "plan.json"]])
+def test_gpu_commands_without_a_gpu_say_so_in_one_line(argv, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "warpsplitk.cli", *argv], cwd=tmp_path,
+                          env=_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"warpsplitk {argv[0]}: error: no usable CUDA GPU")
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_bad_arguments_come_before_the_gpu_check_and_before_torch():
+    probe = ("import sys\n"
+             "from warpsplitk.cli import main\n"
+             "codes = [main(['bench', '--m', '0']), main(['tune', '-o', 'p.json', '--m', '0']),\n"
+             "         main(['plan', '--m', '0']), main(['compile', '--n', '16', '--k', '128',\n"
+             "                                          '--m', '40'])]\n"
+             "print(codes, 'torch' in sys.modules, 'cutlass' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.split() == ["[2,", "2,", "2,", "2]", "False", "False"], done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 4 and all("argument --m" in line for line in lines)
+    assert [line.split(":")[0] for line in lines] == [
+        "warpsplitk bench", "warpsplitk tune", "warpsplitk plan", "warpsplitk compile"]
+
+
+def test_bench_rounds_checked_before_the_gpu(capsys, no_gpu_needed):
+    assert main(["bench", "--rounds", "0", "--shapes", "768,128"]) == 2
+    _one_error(capsys, "bench", "--rounds", "at least 1, got 0")
+
+
+# ------------------------------------------------------------ --m
+
+
+@pytest.mark.parametrize("command", ["plan", "bench", "tune"])
+@pytest.mark.parametrize("text,words", [
+    ("1-40", ["1..32", "40", "'1-40'"]),
+    ("8-1", ["'8-1'", "empty"]),
+    ("abc", ["'abc'", "1..32"]),
+    ("0", ["1..32", "got 0"]),
+    ("", ["no M given", "1..32"]),
+])
+def test_m_checked_whole_before_any_output(command, text, words, capsys, no_gpu_needed):
+    extra = ["-o", "plan.json"] if command == "tune" else []
+    assert main([command, "--m", text, *extra]) == 2
+    _one_error(capsys, command, "argument --m:", *words)
+
+
+def test_compile_m_is_one_m_in_1_to_32(capsys):
+    assert main(["compile", "--n", "256", "--k", "1024", "--m", "40"]) == 2
+    _one_error(capsys, "compile", "argument --m", "1..32", "40")
+    assert main(["compile", "--n", "256", "--k", "1024", "--m", "1,8"]) == 2
+    _one_error(capsys, "compile", "argument --m", "'1,8'")
+
+
+def test_compile_refuses_a_tactic_the_shape_cannot_take(capsys):
+    assert main(["compile", "--n", "40", "--k", "1024", "--tactic", "16,8,128,4,1"]) == 2
+    _one_error(capsys, "compile", "--tactic", "N must be", "40")
+    assert main(["compile", "--n", "256", "--k", "1024", "--tactic", "16,8"]) == 2
+    _one_error(capsys, "compile", "argument --tactic", "'16,8'")
+
+
+# ------------------------------------------------------------ files
+
+
+def test_missing_plan_file(capsys, tmp_path):
+    missing = tmp_path / "nope.json"
+    for command in ("plan", "bench"):
+        assert main([command, "--plan", str(missing)]) == 2
+        _one_error(capsys, command, "argument --plan", str(missing), "no such plan file")
+
+
+def test_malformed_plan_file(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["plan", "--plan", str(bad)]) == 2
+    _one_error(capsys, "plan", "argument --plan", str(bad), "not valid JSON")
+    bad.write_text(json.dumps({"format": "something else"}))
+    assert main(["plan", "--plan", str(bad)]) == 2
+    _one_error(capsys, "plan", str(bad), "not a warpsplitk plan")
+    bad.write_text(json.dumps({"format": "warpsplitk-plan", "version": 1,
+                               "shapes": [{"n": 256, "k": 1024, "entries": []}]}))
+    assert main(["plan", "--plan", str(bad)]) == 2
+    _one_error(capsys, "plan", str(bad), "entries")
+
+
+def test_builtin_plan_names_the_available_ones():
+    with pytest.raises(ValueError, match="no built-in plan 'b200'.*'h200'"):
+        builtin_plan("b200")
+
+
+def test_missing_shape_table(capsys, tmp_path, no_gpu_needed):
+    missing = tmp_path / "shapes.json"
+    for command, extra in (("plan", []), ("bench", []), ("tune", ["-o", str(tmp_path / "p")])):
+        assert main([command, "--shapes", str(missing), *extra]) == 2
+        _one_error(capsys, command, "argument --shapes", str(missing), "no such shape table")
+
+
+def test_shape_table_without_k(capsys, tmp_path):
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"shapes": [{"n": 256, "k": 1024}, {"n": 512}]}))
+    assert main(["plan", "--no-compile", "--shapes", str(table)]) == 2
+    _one_error(capsys, "plan", "argument --shapes", str(table), "shapes[1]", "'k'")
+    table.write_text("[1, 2")
+    assert main(["plan", "--no-compile", "--shapes", str(table)]) == 2
+    _one_error(capsys, "plan", str(table), "not valid JSON")
+    table.write_text(json.dumps({"rows": []}))
+    assert main(["plan", "--no-compile", "--shapes", str(table)]) == 2
+    _one_error(capsys, "plan", str(table), "'shapes' list")
+
+
+def test_tune_log_missing_or_malformed(capsys, tmp_path, no_gpu_needed):
+    out = tmp_path / "plan.json"
+    log = tmp_path / "log.jsonl"
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 2
+    _one_error(capsys, "tune", "argument --log", str(log), "no such tuning log")
+    log.write_text('{"key": "1", "n": 1}\nnot json\n')
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 2
+    _one_error(capsys, "tune", "argument --log", str(log), "line 2", "not JSON")
+    # a tuning run (resuming from the log, the default) checks it before the GPU too
+    assert main(["tune", "--log", str(log), "-o", str(out), "--shapes", "256,1024"]) == 2
+    _one_error(capsys, "tune", str(log), "line 2")
+    log.write_text('[1, 2]\n')
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 2
+    _one_error(capsys, "tune", str(log), "line 1", "not a tuning record")
+    assert not out.exists()
+
+
+def test_output_folder_must_exist(capsys, tmp_path, no_gpu_needed):
+    out = tmp_path / "no such folder" / "plan.json"
+    assert main(["tune", "--shapes", "256,1024", "-o", str(out)]) == 2
+    _one_error(capsys, "tune", "argument --output", "does not exist")
+    assert main(["bench", "--json", str(out)]) == 2
+    _one_error(capsys, "bench", "argument --json", "does not exist")
+
+
+# ------------------------------------------------------------ same flags
+
+
+def test_same_flag_same_default_everywhere():
+    parser = cli.build_parser()
+    buckets = [1, 4, 8, 16, 24, 32]
+    for command in ("plan", "bench", "tune"):
+        args = parser.parse_args([command, "-o", "x.json"] if command == "tune" else [command])
+        assert args.m == buckets, command
+        assert args.shapes is None  # the built-in table
+    for command in ("plan", "bench"):
+        assert parser.parse_args([command]).plan == "h200"
+    args = parser.parse_args(["compile", "--n", "256", "--k", "1024"])
+    assert args.m == 1 and args.arch == "sm_90a" and args.sm_count == 132
+    args = parser.parse_args(["plan"])
+    assert args.arch == "sm_90a" and args.sm_count == 132
+
+
+def test_tune_shows_only_what_a_user_needs(capsys):
+    tune_parser = cli.build_parser().commands["tune"]
+    flags = {flag for action in tune_parser._actions for flag in action.option_strings}
+    assert flags == {"-h", "--help", "--shapes", "--m", "-o", "--output", "--log",
+                     "--time-budget", "--jobs", "--fresh", "--from-log"}
+    for gone in ("--k-split", "--k-split-4", "--x-multicast", "--early-launch", "--bulk-x",
+                 "--l2-prefetch", "--bounded-prefetch", "--tma-x", "--mixed-tiles",
+                 "--narrow-tiles", "--confirm", "--log-records", "--stale-records",
+                 "--kernel-revision", "--gpu", "--sm-count"):
+        assert main(["tune", "-o", "p.json", gone]) == 2
+        _one_error(capsys, "tune", "unrecognized arguments", gone)
+
+
+def test_tune_calls_the_tuner_with_its_interface_only(tmp_path, monkeypatch):
+    import warpsplitk.tune as tune_module
+    seen = {}
+
+    def fake_tune(shapes, ms, **kwargs):
+        seen.update(kwargs, shapes=shapes, ms=list(ms))
+        return DecodePlan()
+
+    monkeypatch.setattr(tune_module, "tune", fake_tune)
+    monkeypatch.setattr(cli, "_require_gpu", lambda command: None)
+    out = tmp_path / "plan.json"
+    log = tmp_path / "log.jsonl"
+    assert main(["tune", "--shapes", "256,512", "--m", "1-4", "-o", str(out), "--log", str(log),
+                 "--jobs", "3", "--time-budget", "60"]) == 0
+    assert set(seen) - {"shapes", "ms"} == {"log_path", "resume", "progress", "time_budget_s",
+                                            "jobs"}
+    assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
+    assert seen["log_path"] == str(log) and seen["resume"] is True
+    assert seen["jobs"] == 3 and seen["time_budget_s"] == 60.0
+    assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
+    # the default Ms: every M of 1..32, each measured at its bucket
+    assert main(["tune", "-o", str(out), "--fresh", "--log", str(log)]) == 0
+    assert seen["ms"] == list(range(1, 33)) and seen["resume"] is False
+    assert seen["jobs"] is None and seen["time_budget_s"] is None
+    assert len(seen["shapes"]) == 16
+
+
+def test_tune_from_log_takes_the_gpu_the_log_names(tmp_path, monkeypatch, capsys):
+    import warpsplitk.tune as tune_module
+    calls = []
+    real_meta = tune_module.plan_meta
+
+    def plan_from_log(*args, **kwargs):
+        calls.append((args, kwargs))
+        return DecodePlan(meta=args[2]), {}
+
+    def plan_meta(*args, **kwargs):
+        assert not kwargs
+        return real_meta(*args)
+
+    monkeypatch.setattr(tune_module, "plan_from_log", plan_from_log)
+    monkeypatch.setattr(tune_module, "plan_meta", plan_meta)
+    log, out = tmp_path / "log.jsonl", tmp_path / "plan.json"
+    log.write_text(json.dumps({"key": "a", "gpu": "NVIDIA H200", "sm_count": 132}) + "\n")
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out), "--m", "8"]) == 0
+    (args, kwargs), = calls
+    assert kwargs == {} and args[0] == str(log) and args[1] == [5, 6, 7, 8]
+    assert args[2]["gpu"] == "NVIDIA H200" and args[2]["sm_count"] == 132
+    assert "plan for 0 shapes" in capsys.readouterr().out
+    log.write_text(json.dumps({"key": "a"}) + "\n")
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 0
+    assert calls[-1][0][2]["gpu"] == "unknown" and calls[-1][0][2]["sm_count"] == 132
+
+
+def test_tune_from_log_rebuilds_a_plan_without_gpu(tmp_path, capsys):
+    from warpsplitk.decode import load_plan
+    from warpsplitk.tune import REPRESENTATIVE_MS
+    log, out = tmp_path / "log.jsonl", tmp_path / "plan.json"
+    with open(log, "w") as f:
+        for m in REPRESENTATIVE_MS:
+            f.write(json.dumps({"key": f"1024,4096,{m},16,8,256,4,1", "n": 1024, "k": 4096,
+                                "m": m, "tactic": "16,8,256,4,1", "ok": True, "us": 5.0}) + "\n")
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 0
+    assert sorted(load_plan(out).entries) == [(1024, 4096)]
+    assert sorted(load_plan(out).entries[(1024, 4096)]) == list(range(1, 33))
+    assert "plan for 1 shapes" in capsys.readouterr().out
+
+
+def test_bench_records_its_command_line(tmp_path, monkeypatch, capsys):
+    from warpsplitk import bench
+    from warpsplitk.decode import DecodePlan
+    seen = {}
+
+    def run_bench(shapes, ms, plan, **kwargs):
+        seen.update(shapes=shapes, ms=list(ms), plan=plan)
+        return {"gpu": "fake", "read_TBps": 4.0, "datasheet_TBps": 4.8, "torch": "t",
+                "cutlass_dsl": "c", "date": "d"}, []
+
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    monkeypatch.setattr(cli, "_require_gpu", lambda command: None)
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--shapes", "768,128", "--m", "1,8", "--json", str(out)]
+    assert main(argv) == 0
+    env = json.loads(out.read_text())["environment"]
+    assert env["command"] == "warpsplitk " + " ".join(argv)
+    assert seen["shapes"] == [(768, 128)] and seen["ms"] == [1, 8]
+    assert seen["plan"].entries == builtin_plan("h200").entries  # --plan h200, the default
+    assert main(["bench", "--plan", "none", "--shapes", "768,128"]) == 0
+    assert isinstance(seen["plan"], DecodePlan) and seen["plan"].entries == {}
+
+
+# ------------------------------------------------------------ plan view
+
+
+def _rows(out):
+    return [line.split() for line in out.splitlines()[2:] if line.strip()]
+
+
+def test_plan_view_says_per_row_where_the_tactic_came_from(capsys, tmp_path):
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"shapes": [{"n": 256, "k": 1024, "model": "x",
+                                             "projection": "y"}]}))
+    assert main(["plan", "--no-compile", "--shapes", "4224,7168", str(table), "--m", "1,8"]) == 0
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    assert [r[-15] for r in rows] == ["plan", "plan", "heuristic", "heuristic"]
+    assert [tuple(r[-14:-11]) for r in rows] == [("4224", "7168", "1"), ("4224", "7168", "8"),
+                                                 ("256", "1024", "1"), ("256", "1024", "8")]
+    plan = builtin_plan("h200")
+    assert rows[0][-11] == plan.lookup(4224, 7168, 1).short()
+    assert rows[2][-11] == default_tactic(1, 256, 1024, 132).short()
+    assert rows[2][-2:] == ["-", "-"]  # nothing measured for a heuristic row
+    assert "2 of 4 rows" in out.splitlines()[0]
+    assert main(["plan", "--plan", "none", "--no-compile", "--shapes", "4224,7168",
+                 "--m", "1"]) == 0
+    assert _rows(capsys.readouterr().out)[0][-15] == "heuristic"
+
+
+def test_plan_view_registers_from_the_disk_cache_without_the_dsl(tmp_path, monkeypatch):
+    """Every register count cached: the plan view imports no CuTe DSL and
+    shows the cached counts (here planted ones)."""
+    env = {"WARPSPLITK_CACHE_DIR": str(tmp_path / "cache"), "WARPSPLITK_DISK_CACHE": "1"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    plan = builtin_plan("h200")
+    planted = {}
+    for m in (1, 32):
+        tactic = plan.lookup(4224, 7168, m)
+        planted[m] = 70 + m
+        disk_cache.store_resources(disk_cache.key("sm_90a", 4224, 7168, tactic, False, True),
+                                   {"registers": planted[m], "spill_bytes": 0, "local_bytes": 0})
+    assert plan.lookup(4224, 7168, 1) != plan.lookup(4224, 7168, 32)
+    probe = ("import sys\n"
+             "from warpsplitk.cli import main\n"
+             "code = main(['plan', '--shapes', '4224,7168', '--m', '1,32'])\n"
+             "print('cutlass' in sys.modules, 'torch' in sys.modules, code)\n")
+    done = subprocess.run([sys.executable, "-c", probe], env=_env(**env), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "False False 0"
+    assert [row[-5] for row in _rows("\n".join(lines[:-1]))] == [str(planted[1]),
+                                                                 str(planted[32])]
+    assert "compiling" not in done.stderr
+
+
+def test_plan_view_compiles_what_the_cache_lacks_and_keeps_it(capsys, monkeypatch):
+    calls = []
+
+    def fake_resources(n, k, tactic, arch="sm_90a", has_bias=False, use_pdl=True):
+        calls.append((n, k, tactic, arch))
+        return {"registers": 42, "spill_bytes": 0, "local_bytes": 0}
+
+    monkeypatch.setattr(disk_cache, "fill_resources",
+                        lambda kernels, arch, jobs, progress: progress(1, 1) or {})
+    monkeypatch.setattr(disk_cache, "arch_resources", fake_resources)
+    assert main(["plan", "--shapes", "256,1024", "--m", "1", "--plan", "none",
+                 "--arch", "sm_100a"]) == 0
+    captured = capsys.readouterr()
+    assert _rows(captured.out)[0][-5] == "42"
+    assert calls == [(256, 1024, default_tactic(1, 256, 1024, 132), "sm_100a")]
+    assert "compiling 1/1" in captured.err
+
+
+def test_cache_lists_resource_records(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("WARPSPLITK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("WARPSPLITK_DISK_CACHE", raising=False)
+    tactic = default_tactic(1, 256, 1024)
+    disk_cache.store_resources(disk_cache.key("sm_90a", 256, 1024, tactic, False, True),
+                               {"registers": 56, "spill_bytes": 0, "local_bytes": 0},
+                               describe=(256, 1024, tactic, "sm_90a"))
+    assert main(["cache"]) == 0
+    assert "0 compiled kernels, 1 resource records" in capsys.readouterr().out
+    assert main(["cache", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert f"sm_90a N=256 K=1024 tactic={tactic.short()}: 56 registers" in out
+    assert main(["cache", "--clear"]) == 0
+    assert "removed 0 compiled kernels and 1 resource records" in capsys.readouterr().out
+    assert disk_cache.resource_entries() == []
