@@ -1,0 +1,80 @@
+"""The documentation stays in sync with the measurement records (CPU, fast).
+
+BENCHMARKS.md and the README's bench block are generated from
+bench/results/ by scripts/make_benchmarks.py; the docs are product docs
+(no account of how the project was made) under a word budget; every record
+is cited and every cited record exists and says how it was made.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from script_loader import load_script
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+WORD_BUDGET = 12_000
+#: Records scripts/gpu_check.sh writes on a GPU host; the docs describe them
+#: before the first check has produced them.
+WRITTEN_BY_GPU_CHECK = {"bench/results/h200-gpu-tests.json", "bench/results/h200-sanitizer.json"}
+RECORD_PATH = re.compile(r"bench/results/[\w\-]+(?:\.\w+)+")
+HISTORY = re.compile(r"\bsession\b|\brun [0-9]+", re.IGNORECASE)
+
+
+def docs():
+    return [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def cited_records():
+    return {match for path in docs() for match in RECORD_PATH.findall(path.read_text())}
+
+
+def test_generated_docs_match_the_records():
+    make = load_script("make_benchmarks")
+    assert make.stale() == [], "run: python scripts/make_benchmarks.py"
+
+
+def test_check_mode_exits_zero_when_in_sync():
+    make = load_script("make_benchmarks")
+    assert make.main(["--check"]) == 0
+
+
+def test_docs_stay_under_the_word_budget():
+    words = {path.relative_to(ROOT).as_posix(): len(path.read_text().split()) for path in docs()}
+    assert sum(words.values()) < WORD_BUDGET, words
+
+
+def test_docs_tell_no_history():
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in docs()
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if HISTORY.search(line)]
+    assert found == []
+
+
+def test_every_cited_record_exists():
+    missing = [p for p in cited_records() - WRITTEN_BY_GPU_CHECK if not (ROOT / p).is_file()]
+    assert missing == []
+
+
+def test_every_record_is_cited():
+    records = {p.relative_to(ROOT).as_posix() for p in RESULTS.iterdir() if p.is_file()}
+    assert records, "bench/results/ holds no record"
+    assert sorted(records - cited_records()) == []
+
+
+def _json_records():
+    return sorted(RESULTS.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", _json_records(), ids=lambda p: p.name)
+def test_each_record_says_how_it_was_made(path):
+    data = json.loads(path.read_text())
+    env = data.get("environment", data)
+    for key in ("command", "date", "gpu"):
+        assert env.get(key), f"{path.name}: environment.{key} missing"
+    versions = env.get("versions", env)
+    for key in ("warpsplitk", "cutlass_dsl", "torch"):
+        assert versions.get(key), f"{path.name}: version of {key} missing"
