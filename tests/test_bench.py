@@ -75,19 +75,24 @@ def test_benchmarks_tables_from_a_bench_json(tmp_path):
     assert "| 768×7168 → 7168×768 | 1 | a -> b | 7.00 | 14.00 | 2.00× | 71% |" in out
 
 
-def test_environment_names_the_kernel_build(monkeypatch):
-    """A benchmark's JSON says which build it timed: nothing for the shipped
-    one, the switch for a diagnostic or experimental one."""
+def test_environment_names_the_versions_and_no_build_variant(monkeypatch):
+    """A benchmark's JSON says what it ran on and which warpsplitk timed it;
+    there is one build (the retired switches' environment variables change
+    nothing and no ``build_variant`` is recorded)."""
     import torch
 
-    from warpsplitk import bench
+    from warpsplitk import __version__, bench
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test GPU")
-    monkeypatch.delenv("WARPSPLITK_RELEASE_FENCE", raising=False)
-    monkeypatch.delenv("WARPSPLITK_EARLY_LAUNCH", raising=False)
-    monkeypatch.delenv("WARPSPLITK_THREAD_ARRIVE", raising=False)
-    assert bench._environment()["build_variant"] == {}
-    monkeypatch.setenv("WARPSPLITK_RELEASE_FENCE", "0")
-    assert bench._environment()["build_variant"] == {"release_fence": "none"}
+    env = bench._environment()
+    assert env["gpu"] == "test GPU" and env["warpsplitk"] == __version__
+    assert env["torch"] == torch.__version__
+    assert {"cuda", "python", "date", "cutlass_dsl"} <= set(env)
+    assert "build_variant" not in env
+    for name in ("WARPSPLITK_RELEASE_FENCE", "WARPSPLITK_EARLY_LAUNCH", "WARPSPLITK_THREAD_ARRIVE",
+                 "WARPSPLITK_REMOTE_RELEASE", "WARPSPLITK_SPLIT_REDUCE"):
+        monkeypatch.setenv(name, "0")
+    again = bench._environment()
+    assert set(again) == set(env) and "build_variant" not in again
 
 
 def test_rounds_combine_to_the_median_graph():

@@ -316,19 +316,20 @@ def test_shipped_plan_is_what_its_log_gives():
 
 
 def test_cli_tune_from_log_without_gpu(tmp_path, capsys):
+    """``tune --from-log``: the plan of the whole log; a shape stopped short
+    of its larger Ms is left out and said so. (The log-prefix and stale
+    options are plan_from_log's ``records`` and ``stale``, tested above.)"""
     from warpsplitk.cli import main
-    _log(tmp_path / "log.jsonl", [(1024, 4096, r, "16,8,256,4,1", 5.0) for r in REPRESENTATIVE_MS])
+    log = tmp_path / "log.jsonl"
+    _log(log, [(1024, 4096, r, "16,8,256,4,1", 5.0) for r in REPRESENTATIVE_MS]
+         + [(2048, 4096, r, "16,8,256,4,1", 6.0) for r in REPRESENTATIVE_MS[:2]])
     out = tmp_path / "plan.json"
-    assert main(["tune", "--from-log", "--log", str(tmp_path / "log.jsonl"), "-o", str(out),
-                 "--gpu", "NVIDIA H200", "--sm-count", "132"]) == 0
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 0
     plan = load_plan(out)
     assert sorted(plan.entries) == [(1024, 4096)] and plan.meta["sm_count"] == 132
-    assert "plan for 1 shapes" in capsys.readouterr().out
-    assert plan.meta["log_records"] == len(REPRESENTATIVE_MS)
-    # only the first lines: the shape lacks its larger Ms and is left out
-    assert main(["tune", "--from-log", "--log", str(tmp_path / "log.jsonl"), "-o", str(out),
-                 "--log-records", "2"]) == 0
-    assert load_plan(out).entries == {} and "left out" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "plan for 1 shapes" in printed and "N=2048 K=4096: left out" in printed
+    assert plan.meta["log_records"] == len(REPRESENTATIVE_MS) + 2
     assert main(["tune", "--from-log", "--log", str(tmp_path / "none.jsonl"), "-o", str(out)]) == 2
 
 
@@ -343,53 +344,8 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
     # (112 CTAs) leave SMs idle
     split = [t for t in candidates(1, 7168, 768, 132, k_splits=(1, 2)) if t.k_split == 2]
     assert split and all(t.output_tile == 64 for t in split)
-
-
-@pytest.mark.parametrize(
-    "flags,k_splits,x_multicasts,jobs,early,confirm,bulk,prefetch,tma,mixed,narrow,bounded", [
-        ([], (1, 2), (1,), None, (False, True), None, (False, True), True, True, True, True,
-         True),
-        (["--k-split-4", "--narrow-tiles"], (1, 2, 4), (1,), None, (False, True), None,
-         (False, True), True, True, True, True, True),
-        (["--no-k-split", "--jobs", "3", "--x-multicast", "--no-early-launch", "--confirm", "0",
-          "--no-bulk-x", "--no-l2-prefetch", "--no-tma-x", "--no-mixed-tiles",
-          "--no-narrow-tiles", "--no-bounded-prefetch"],
-         (1,), (1, 2, 3, 4), 3, (False,), 0, (False,), False, False, False, False, False)])
-def test_tune_cli_passes_split_and_jobs(tmp_path, monkeypatch, flags, k_splits, x_multicasts,
-                                        jobs, early, confirm, bulk, prefetch, tma, mixed, narrow,
-                                        bounded):
-    import warpsplitk.tune as tune_module
-    from warpsplitk.cli import main
-    seen = {}
-
-    def fake_tune(shapes, ms, **kwargs):
-        seen.update(kwargs, shapes=shapes, ms=list(ms))
-        return DecodePlan()
-
-    monkeypatch.setattr(tune_module, "tune", fake_tune)
-    out = tmp_path / "plan.json"
-    assert main(["tune", "--shapes", "256,512", "--m", "1-4", "-o", str(out), *flags]) == 0
-    assert seen["k_splits"] == k_splits and seen["jobs"] == jobs
-    assert seen["x_multicasts"] == x_multicasts and seen["early_launches"] == early
-    # None: the tuner's own default (tune.CONFIRM, 3)
-    assert seen["confirm"] == confirm
-    assert seen["bulk_xs"] == bulk and seen["l2_prefetch"] is prefetch and seen["tma"] is tma
-    assert seen["mixed"] is mixed and seen["narrow"] is narrow
-    assert seen["bounded_prefetch"] is bounded
-    assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
-    assert json.loads(out.read_text())["format"] == "warpsplitk-plan"
-
-
-def test_multicast_candidates_only_on_request_and_for_wide_token_tiles():
-    assert not [t for t in candidates(32, 4224, 7168, 132) if t.x_multicast > 1]
-    found = candidates(32, 4224, 7168, 132, x_multicasts=(1, 2, 3, 4))
-    shared = [t for t in found if t.x_multicast > 1]
-    assert shared and all(is_legal(t, 4224, 7168) for t in shared)
-    assert all(t.token_tile >= 16 and t.b_loader_warps == 1 and t.k_split == 1 for t in shared)
-    # the token tile that covers M, the late trigger only
-    assert all(t.token_tile == 32 and not t.early_launch for t in shared)
-    assert not [t for t in candidates(1, 4224, 7168, 132, x_multicasts=(1, 2, 3, 4))
-                if t.x_multicast > 1]
+    # the split in two is in the default space; the split in four is retired
+    assert {t.k_split for t in candidates(1, 1536, 7168, 132)} == {1, 2}
 
 
 def test_plan_from_log_counts_confirmations_with_the_median(tmp_path):
@@ -503,31 +459,26 @@ def test_bounded_prefetch_twins_of_the_fastest_any_size():
         [dataclasses.replace(b, l2_prefetch=True, prefetch_tiles=1)]
     times[twins[0]] = 12.5  # measured: not again, and not a parent
     assert bounded_prefetch_twins(times, n, k) == twins[1:]
-    # the multicast is no parent
-    assert bounded_prefetch_twins({WarpSplitKTactic(16, 32, 256, 4, 1, 1, 2): 5.0}, 512, 7168) == []
 
 
 def test_tma_twins_of_the_fastest():
-    from warpsplitk.tune import TMA_MULTICAST_TOP, TMA_TOP, tma_twins
-    n, k = 4224, 7168  # 264 output tiles of 16: clusters of 2, 3 and 4 all divide them
+    from warpsplitk.tune import TMA_TOP, tma_twins
+    n, k = 4224, 7168
     times = {WarpSplitKTactic(16, 32, 256, s, 2): 15.0 + s / 10 for s in (2, 3, 4, 5)}
-    times[WarpSplitKTactic(16, 32, 256, 4, 1, 1, 2)] = 1.0  # the row multicast: never a source
+    times[WarpSplitKTactic(32, 32, 256, 4, 1, tma_x=True)] = 1.0  # boxes already: never a source
     twins = tma_twins(times, n, k)
-    plain = [WarpSplitKTactic(16, 32, 256, s, 1, tma_x=True) for s in (2, 3, 4)]
-    shared = [WarpSplitKTactic(16, 32, 256, 2, 1, 1, c, tma_x=True) for c in (2, 3, 4)]
-    assert twins == plain + shared
-    assert (TMA_TOP, TMA_MULTICAST_TOP) == (3, 1)
-    # 8-token tiles get no multicast twin; bulk copies become boxes
+    assert twins == [WarpSplitKTactic(16, 32, 256, s, 1, tma_x=True) for s in (2, 3, 4)]
+    assert TMA_TOP == 3
+    # bulk copies become boxes; a K split keeps its split; one activation warp
     small = {WarpSplitKTactic(32, 8, 256, 8, 1, bulk_x=True): 2.0,
              WarpSplitKTactic(32, 8, 256, 4, 2, 2): 2.1}
     assert tma_twins(small, 2048, 2048) == [WarpSplitKTactic(32, 8, 256, 8, 1, tma_x=True),
                                             WarpSplitKTactic(32, 8, 256, 4, 1, 2, tma_x=True)]
-    # measured twins are not measured again, nor twins of twins; illegal ones
-    # are left out (3216 rows are 201 tiles of 16: clusters of 3, not 2 or 4)
+    # measured twins are not measured again, nor twins of twins
     times.update({t: 14.0 for t in twins[:2]})
-    assert tma_twins(times, n, k) == [twins[2]] + shared
-    odd = {WarpSplitKTactic(16, 32, 256, 4, 2): 14.6}
-    assert [t.x_multicast for t in tma_twins(odd, 3216, 7168)] == [1, 3]
+    assert tma_twins(times, n, k) == [twins[2]]
+    # illegal twins are left out: a narrow token tile takes no TMA boxes
+    assert tma_twins({WarpSplitKTactic(16, 1, 256, 12, 1, bulk_x=True): 7.0}, 2112, 7168) == []
 
 
 def test_mixed_twins_balance_uneven_grids_only():
@@ -604,23 +555,6 @@ def test_narrow_twins_give_rows_past_m_to_ring_depth():
     assert narrow_twins({**times, **dict.fromkeys(twins, 7.0)}, n, k, 1) == []
 
 
-def test_k_split_in_four_on_request_where_the_split_in_two_leaves_sms_idle():
-    from warpsplitk.tune import K_SPLIT_4_MIN_BYTES
-    four = [t for t in candidates(1, 1536, 7168, 132, k_splits=(1, 2, 4)) if t.k_split == 4]
-    # 48-row tiles: 32 x 4 = 128 CTAs, one per SM, the whole K share in the ring
-    assert any(t.output_tile == 48 and t.stages == 14 and ctas_per_sm(t) == 1 for t in four)
-    for t in four:
-        assert is_legal(t, 1536, 7168)
-        assert grid_ctas(t, 1, 1536) // 2 < 132  # split in two, SMs would idle
-    # 16-row tiles split in two already give 192 CTAs: never split in four
-    assert not [t for t in four if t.output_tile == 16]
-    # 4224 rows fill the GPU unsplit; small weights are launch-bound
-    assert not [t for t in candidates(1, 4224, 7168, 132, k_splits=(1, 2, 4)) if t.k_split == 4]
-    assert 1152 * 1536 * 2 < K_SPLIT_4_MIN_BYTES
-    assert not [t for t in candidates(1, 1152, 1536, 132, k_splits=(1, 2, 4)) if t.k_split == 4]
-    assert not [t for t in candidates(1, 1536, 7168, 132) if t.k_split == 4]
-
-
 def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
     """A log from before M = 4 was measured (or a shape whose M = 4 cell
     failed): M 2-4 take the M = 8 winner, as they did then, and the plan
@@ -640,8 +574,8 @@ def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
 
 def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     """A log holds what any run measured; the plan counts narrow token tiles
-    (and rings past 16 stages) unless told not to, and the split of K in
-    four only on request."""
+    (and rings past 16 stages) unless told not to, and never the retired
+    split of K in four, however fast it was."""
     from warpsplitk.tune import in_default_space, plan_from_log
     wide, narrow, deep, four = ("32,8,256,4,1", "32,1,256,13,1", "16,8,256,18,1",
                                 "32,8,256,4,1,4")
@@ -652,7 +586,7 @@ def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     assert in_default_space(WarpSplitKTactic.parse(deep))
     assert not in_default_space(WarpSplitKTactic.parse(deep), narrow=False)
     assert not in_default_space(WarpSplitKTactic.parse(four))
-    assert in_default_space(WarpSplitKTactic.parse(four), k_split_4=True)
+    assert not in_default_space(WarpSplitKTactic.parse(four), narrow=False)
     records = [(2112, 7168, r, wide, 9.0) for r in REPRESENTATIVE_MS]
     records += [(2112, 7168, 1, narrow, 7.0), (2112, 7168, 4, deep, 7.0),
                 (2112, 7168, 8, four, 7.0)]
@@ -662,13 +596,11 @@ def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     assert plain.meta["log_records"] == len(records) and plain.meta["narrow_tiles"] is False
     default, _ = plan_from_log(str(tmp_path / "log.jsonl"))
     assert default.meta["narrow_tiles"] is True
-    assert (default.entries[(2112, 7168)][1][0].short(),
-            default.entries[(2112, 7168)][8][0].short()) == (narrow, wide)
-    asked, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True, k_split_4=True)
-    by_m = asked.entries[(2112, 7168)]
-    assert (by_m[1][0].short(), by_m[4][0].short(), by_m[8][0].short()) == (narrow, deep, four)
+    by_m = default.entries[(2112, 7168)]
+    assert (by_m[1][0].short(), by_m[4][0].short(), by_m[8][0].short()) == (narrow, deep, wide)
+    assert by_m[8][1] == 9.0  # the faster split in four does not count
     # the log as it stood before its last three lines: the wide tactic everywhere
-    early, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True, k_split_4=True,
+    early, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True,
                              records=len(REPRESENTATIVE_MS))
     assert {t.short() for t, _ in early.entries[(2112, 7168)].values()} == {wide}
     assert early.meta["log_records"] == len(REPRESENTATIVE_MS)
@@ -736,11 +668,10 @@ def test_cli_tune_from_log_stale_records(tmp_path, capsys):
     log = tmp_path / "log.jsonl"
     _log(log, [(1024, 4096, r, "16,8,256,4,1+tma", 4.0) for r in REPRESENTATIVE_MS])
     out = tmp_path / "plan.json"
+    # timings of kernels changed since are left out of the plan
     assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 0
     assert load_plan(out).entries == {}
-    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out), "--stale-records"]) == 0
-    assert sorted(load_plan(out).entries) == [(1024, 4096)]
-    assert load_plan(out).meta["async_ring_revision"] == 1
+    assert "plan for 0 shapes" in capsys.readouterr().out
 
 
 def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp_path):
@@ -763,26 +694,34 @@ def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp
     assert dominated_stale_keys(str(log)) == {f"1024,4096,1,{tma}"}
 
 
-def test_log_records_of_another_build_variant_never_count(tmp_path, monkeypatch):
-    """A record made by a process building an experimental variant (here
-    WARPSPLITK_SPLIT_REDUCE=vector) says so, and counts only for a process
-    building the same variant: plans and resumes of the shipped build never
-    see it, nor a vector process the shipped build's."""
-    from warpsplitk.tune import _read_log, _record, plan_from_log
-    split = "32,8,256,4,1,2"
-    assert "variant" not in _record(key="a")
-    monkeypatch.setenv("WARPSPLITK_SPLIT_REDUCE", "vector")
-    vector_rec = _record(key=f"1024,4096,1,{split}", n=1024, k=4096, m=1, tactic=split,
-                         ok=True, us=3.0)
-    assert vector_rec["variant"] == {"split_reduce": "vector"}
-    monkeypatch.delenv("WARPSPLITK_SPLIT_REDUCE")
+def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
+    """Records of an experimental build (stamped ``variant`` by versions that
+    built them) and of tactics this version no longer parses (a seventh
+    comma field: the retired activation multicast) are skipped by
+    ``_read_log`` and so by plans and resumes, however fast they were; a new
+    record carries the kernel revision and no ``variant``."""
+    from warpsplitk.tune import KERNEL_REVISION, _read_log, _record, plan_from_log
+    fresh = _record(key="a")
+    assert fresh["rev"] == KERNEL_REVISION and "variant" not in fresh
+    split, multicast = "32,8,256,4,1,2", "16,16,256,4,1,1,2"
+    with pytest.raises(ValueError):
+        WarpSplitKTactic.parse(multicast)
     log = tmp_path / "log.jsonl"
     _log(log, [(1024, 4096, r, split, 5.0) for r in REPRESENTATIVE_MS])
     with open(log, "a") as f:
-        f.write(json.dumps(vector_rec) + "\n")
-    assert _read_log(str(log))[f"1024,4096,1,{split}"]["us"] == 5.0
-    plan, _ = plan_from_log(str(log))
-    assert plan.entries[(1024, 4096)][1][1] == 5.0
-    monkeypatch.setenv("WARPSPLITK_SPLIT_REDUCE", "vector")
-    assert list(_read_log(str(log))) == [f"1024,4096,1,{split}"]
-    assert _read_log(str(log))[f"1024,4096,1,{split}"]["us"] == 3.0
+        # the same key, later in the log (it would win) but from a variant build
+        f.write(json.dumps({"key": f"1024,4096,1,{split}", "n": 1024, "k": 4096, "m": 1,
+                            "tactic": split, "ok": True, "us": 3.0, "rev": KERNEL_REVISION,
+                            "variant": {"split_reduce": "vector"}}) + "\n")
+        for r in REPRESENTATIVE_MS:
+            f.write(json.dumps({"key": f"1024,4096,{r},{multicast}", "n": 1024, "k": 4096,
+                                "m": r, "tactic": multicast, "ok": True, "us": 1.0,
+                                "rev": KERNEL_REVISION}) + "\n")
+    logged = _read_log(str(log))
+    assert sorted(logged) == sorted(f"1024,4096,{r},{split}" for r in REPRESENTATIVE_MS)
+    assert logged[f"1024,4096,1,{split}"]["us"] == 5.0
+    assert len(_read_log(str(log), stale=True)) == len(REPRESENTATIVE_MS)
+    plan, partial = plan_from_log(str(log))
+    assert partial == {}
+    assert {(t.short(), us) for t, us in
+            (plan.entries[(1024, 4096)][r] for r in REPRESENTATIVE_MS)} == {(split, 5.0)}

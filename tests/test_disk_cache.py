@@ -164,8 +164,6 @@ def test_compile_cached_compiles_once_across_processes(cache, compiled, monkeypa
     monkeypatch.setattr(compile_module, "_build", counting_build)
     monkeypatch.setattr(compile_module, "device_arch", lambda index: "sm_90a")
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
-    # the shipped build (while compile.py still has build switches: none set)
-    monkeypatch.setattr(compile_module, "build_variant", lambda: {}, raising=False)
     compile_module._compile_cached.cache_clear()
     try:
         first = compile_module._compile_cached(0, N, K, TACTIC, False, True)

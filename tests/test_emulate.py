@@ -70,34 +70,16 @@ def test_emulate_exact_on_integers(tactic, m, n, k):
     (WarpSplitKTactic(16, 32, 256, 2, 2, 2), 32, 16, 1024),
     (WarpSplitKTactic(64, 8, 128, 2, 1, 2), 7, 128, 512),
     (WarpSplitKTactic(48, 16, 128, 2, 2, 2), 17, 48, 512),
-    (WarpSplitKTactic(48, 8, 128, 2, 1, 4), 5, 96, 1024),    # k_split 4: sixteen slots
-    (WarpSplitKTactic(16, 1, 256, 1, 1, 4), 1, 32, 1024),    # one tile per CTA, narrow
+    (WarpSplitKTactic(48, 8, 128, 2, 1, 2), 5, 96, 1024),    # 4 tiles per CTA
+    (WarpSplitKTactic(16, 1, 256, 1, 1, 2), 1, 32, 512),     # one tile per CTA, narrow
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
-@pytest.mark.parametrize("split_reduce", ["mbarrier", "vector"])
-def test_cluster_split_of_k_exact(tactic, m, n, k, split_reduce):
-    """k_split 2 (4): each CTA of the cluster takes half (a quarter) of K;
-    the eight (sixteen) warps' partials meet in the first CTA's buffer, or,
-    with the vector hand-over, each CTA's own four and then one sum per CTA
-    past them (each word written once, none read unwritten)."""
+def test_cluster_split_of_k_exact(tactic, m, n, k):
+    """k_split 2: each CTA of the cluster takes half of K; the eight warps'
+    partials meet in the first CTA's buffer (each word written once, none
+    read unwritten)."""
     x, w, bias = integer_problem(m, n, k, seed=m + n + k, with_bias=True)
-    out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True,
-                  split_reduce=split_reduce)
+    out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
     np.testing.assert_array_equal(out, reference(x, w, bias))
-
-
-def test_vector_hand_over_sums_in_the_kernels_order():
-    """On floats, the vector hand-over's result is its own order of sums:
-    the first CTA's four warps, then each other CTA's four-warp sum in rank
-    order; it differs from the shipped order (all warps in one chain) in
-    the last bits only, as a different order of FP32 sums does."""
-    rng = np.random.default_rng(7)
-    tactic = WarpSplitKTactic(32, 8, 128, 2, 1, 4)
-    x = rng.standard_normal((5, 1024)).astype(np.float32)
-    w = rng.standard_normal((64, 1024)).astype(np.float32)
-    shipped = emulate(x, w, tactic, round_output=False)
-    vector = emulate(x, w, tactic, round_output=False, split_reduce="vector")
-    np.testing.assert_allclose(vector, shipped, rtol=1e-5, atol=1e-4)
-    assert not np.array_equal(vector, shipped)
 
 
 @pytest.mark.parametrize("tactic,m,n,k", [
@@ -304,47 +286,6 @@ def test_round_bf16_ties_to_even():
     np.testing.assert_array_equal(round_bf16(ties), np.array([one, one + 2 * ulp], np.float32))
 
 
-# --------------------------------------------- activation multicast (x_multicast)
-
-MULTICAST = [
-    (WarpSplitKTactic(16, 16, 256, 2, 1, 1, 2), 9, 64, 512),      # rows split 2 ways, M mid-tile
-    (WarpSplitKTactic(32, 32, 128, 2, 1, 1, 4), 17, 128, 384),    # 4 ways, 3 tiles, 2 stages
-    (WarpSplitKTactic(16, 8, 128, 1, 1, 1, 4), 1, 64, 128),       # one tile, one row in use
-    (WarpSplitKTactic(48, 32, 128, 3, 1, 1, 2), 32, 96, 384),
-    (WarpSplitKTactic(64, 16, 128, 2, 1, 1, 2), 16, 128, 256),
-    (WarpSplitKTactic(16, 32, 256, 2, 1, 1, 3), 31, 96, 512),    # 32 rows over 3 members
-]
-
-
-@pytest.mark.parametrize("tactic,m,n,k", MULTICAST,
-                         ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
-def test_multicast_stages_exact(tactic, m, n, k):
-    """x_multicast > 1: the cluster's bulk copies fill each row-padded stage
-    (every row inside M exactly once, nothing else written); rows past M
-    keep the stage's stale contents (NaN here) and must not reach an output."""
-    x, w, bias = integer_problem(m, n, k, seed=m + n + k, with_bias=True)
-    out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
-    np.testing.assert_array_equal(out, reference(x, w, bias))
-
-
-@pytest.mark.parametrize("tactic", [t for t, *_ in MULTICAST], ids=lambda t: t.short())
-def test_multicast_padded_stage_has_no_bank_conflicts(tactic):
-    assert bank_conflicts(tactic) == []
-
-
-def test_multicast_without_the_pad_has_bank_conflicts(monkeypatch):
-    monkeypatch.setattr(layout, "B_ROW_PAD", 0)
-    problems = bank_conflicts(WarpSplitKTactic(16, 16, 256, 2, 1, 1, 2))
-    assert problems and all("B ldmatrix" in p for p in problems)
-
-
-def test_multicast_row_owners_cover_the_tile_once():
-    for c in (2, 3, 4):
-        for t in (8, 16, 32):
-            rows = sorted(r for rank in range(c) for r in layout.multicast_rows(rank, t, c))
-            assert rows == list(range(t))
-
-
 # ----------------------------------------- bulk activation copies (bulk_x)
 
 BULK_X = [
@@ -373,6 +314,13 @@ def test_bulk_x_padded_stage_has_no_bank_conflicts(tactic):
     assert bank_conflicts(tactic) == []
 
 
+def test_bulk_x_without_the_pad_has_bank_conflicts(monkeypatch):
+    """The row pad is what keeps a bulk-copied stage's ldmatrix phases apart."""
+    monkeypatch.setattr(layout, "B_ROW_PAD", 0)
+    problems = bank_conflicts(WarpSplitKTactic(16, 16, 256, 2, 1, bulk_x=True))
+    assert problems and all("B ldmatrix" in p for p in problems)
+
+
 def test_l2_prefetch_changes_no_result():
     """The L2 prefetch is a hint: the emulated result is bit for bit the
     tactic's without it."""
@@ -385,29 +333,30 @@ def test_l2_prefetch_changes_no_result():
 
 @pytest.mark.parametrize("tactic,n,k,m", [
     (WarpSplitKTactic(32, 8, 256, 2, 1, tma_x=True), 64, 768, 3),
-    (WarpSplitKTactic(16, 32, 256, 2, 1, 1, 2, tma_x=True), 64, 512, 19),
-    (WarpSplitKTactic(16, 32, 256, 2, 1, 1, 3, tma_x=True), 96, 512, 32),
-    (WarpSplitKTactic(16, 16, 128, 2, 1, 1, 2, tma_x=True), 64, 384, 16),
+    (WarpSplitKTactic(16, 32, 256, 2, 1, tma_x=True), 64, 512, 19),
+    (WarpSplitKTactic(16, 32, 256, 1, 1, 2, tma_x=True), 96, 512, 32),   # one tile per CTA
+    (WarpSplitKTactic(16, 16, 128, 2, 1, tma_x=True), 64, 384, 16),
     (WarpSplitKTactic(32, 16, 256, 2, 1, 2, tma_x=True), 64, 1024, 9),
 ])
 def test_tma_boxes_emulate_exactly(tactic, n, k, m):
-    """TMA boxes (and their multicast): every stage element written once,
-    rows past M zeros, the same exact sums as the reference."""
+    """TMA boxes: every stage element written once, rows past M zeros, the
+    same exact sums as the reference."""
     x, w, _ = integer_problem(m, n, k, seed=7)
     out = emulate(x, w, tactic, round_output=False, check_coverage=True)
     assert np.array_equal(out, reference(x, w))
     assert bank_conflicts(tactic) == []
 
 
-def test_wrong_tma_box_owner_is_caught_by_coverage(monkeypatch):
-    monkeypatch.setattr(layout, "tma_box_owner", lambda box, c: 0)  # rank 1 owns nothing...
-    good = layout.tma_owned_boxes
-    # ...and rank 0 is made to issue box 0 twice
-    monkeypatch.setattr(layout, "tma_owned_boxes",
-                        lambda rank, k_tile, c: good(rank, k_tile, 1) + [0] if rank == 0 else [])
+def test_wrong_tma_box_placement_is_caught_by_coverage(monkeypatch):
+    """A box whose row 1 lands on row 0 writes those chunks twice (and row
+    1's never): check_coverage refuses the stage."""
+    good = layout.tma_swizzle
+    monkeypatch.setattr(layout, "tma_swizzle",
+                        lambda row, col, k_tile, token_tile:
+                        good(0 if row == 1 else row, col, k_tile, token_tile))
     x, w, _ = integer_problem(16, 32, 256, seed=8)
     with pytest.raises(AssertionError, match="expected once"):
-        emulate(x, w, WarpSplitKTactic(16, 16, 256, 1, 1, 1, 2, tma_x=True), check_coverage=True)
+        emulate(x, w, WarpSplitKTactic(16, 16, 256, 1, 1, tma_x=True), check_coverage=True)
 
 
 @pytest.mark.parametrize("tactic,n,k,m", [

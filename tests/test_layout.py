@@ -347,9 +347,8 @@ def test_ring_simulation_catches_a_wrong_parity():
 #            mbarrier) and runs the epilogue; every other CTA sends its
 #            partials into CTA 0 (st.async, completing that mbarrier) and
 #            runs an epilogue that stores nothing; exit.
-# Before session 14 ("barrier", still built for the A/B): loaders wait
-# phase 0 and arrive on phase 1; every compute thread stores into CTA 0,
-# arrives on phase 1 (release) and waits for it before the epilogue.
+# (The hand-over before session 14, a second cluster barrier phase instead
+# of the mbarrier, is retired and no longer modelled.)
 # One thread stands for each role of each CTA (a role's threads run the same
 # events); a role's program may differ between CTA 0 ("first") and the
 # others ("peer"). Every interleaving is explored.
@@ -359,11 +358,6 @@ CLUSTER_ROLES = {
                 "peer": ("arrive", "work", "wait", "send", "epilogue")},
     "weight loader": ("arrive", "work"),
     "activation loader": ("arrive", "work"),
-}
-BARRIER_ROLES = {
-    "compute": ("arrive", "work", "wait", "send", "arrive", "wait", "epilogue"),
-    "weight loader": ("arrive", "work", "wait", "arrive"),
-    "activation loader": ("arrive", "work", "wait", "arrive"),
 }
 
 
@@ -431,14 +425,9 @@ def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
     return problems
 
 
-@pytest.mark.parametrize("roles", [CLUSTER_ROLES, BARRIER_ROLES], ids=["mbarrier", "barrier"])
-@pytest.mark.parametrize("ctas", [2, 3])
-def test_cluster_protocol_is_safe_and_live(roles, ctas):
-    """k_split 2, and with two peers beside CTA 0 (what k_split 4 adds to 2:
-    more CTAs sending into CTA 0; four are the same protocol, but their
-    state space is too large to walk here); the shipped protocol and the
-    one before it."""
-    assert explore_cluster(roles, ctas=ctas) == set()
+def test_cluster_protocol_is_safe_and_live():
+    """k_split 2 (K_SPLITS' only split), the shipped mbarrier hand-over."""
+    assert explore_cluster(CLUSTER_ROLES, ctas=2) == set()
 
 
 def _with(roles, role, program, cta=None):
@@ -457,188 +446,17 @@ def _with(roles, role, program, cta=None):
     # ... and may exit before a peer has sent
     (_with(CLUSTER_ROLES, "compute", ("arrive", "work", "wait", "store", "epilogue"), "first"),
      "after it exited"),
-    # the barrier protocol: storing after the phase-1 arrive, CTA 0 may read first
-    (_with(BARRIER_ROLES, "compute", ("arrive", "work", "wait", "arrive", "send", "wait",
-                                      "epilogue")), "reads the partials before"),
-    # a loader that exits without its phase-1 arrive: the compute warps hang
-    (_with(BARRIER_ROLES, "weight loader", ("arrive", "work", "wait")), "deadlock"),
-    # a loader that skips the phase-0 wait arrives twice in a row (undefined in PTX)
-    (_with(BARRIER_ROLES, "activation loader", ("arrive", "work", "arrive")),
+    # a peer that never sends: CTA 0 waits on its mbarrier forever
+    (_with(CLUSTER_ROLES, "compute", ("arrive", "work", "wait", "epilogue"), "peer"),
+     "deadlock"),
+    # a loader that never arrives on phase 0: the compute warps' wait hangs
+    (_with(CLUSTER_ROLES, "weight loader", ("work",)), "deadlock"),
+    # a second arrival without a wait between them (undefined in PTX)
+    (_with(CLUSTER_ROLES, "activation loader", ("arrive", "work", "arrive")),
      "arrives twice without a wait"),
 ])
 def test_cluster_protocol_model_catches_broken_protocols(roles, problem):
     problems = explore_cluster(roles)
-    assert any(problem in p for p in problems), problems
-
-
-# ------------------------------- the activation multicast ring (x_multicast)
-#
-# kernel.py's program order for x_multicast > 1, per role and CTA:
-#   all: arrive on cluster barrier phase 0 after the mbarriers are initialised;
-#   activation loader: wait phase 0; per tile i: wait its own empty barrier
-#       (all members' compute warps released tile i - stages), arm its own
-#       full barrier for the stage's bytes, issue its rows into every member
-#       (bulk copies that land later, each on the target's full barrier);
-#       then arrive phase 1;
-#   compute: wait phase 0; per tile: wait its full barrier (armed and every
-#       sender's rows landed), read, release the stage on every member's empty
-#       barrier; arrive phase 1; epilogue; wait phase 1; exit;
-#   weight loader: its work, wait phase 0, arrive phase 1.
-# The copies' landings are separate, unordered events. Every interleaving is
-# explored for small rings.
-
-
-def multicast_programs(tiles, weights=False):
-    """Each role's events; with ``weights`` the weight loader's ring too (it
-    waits on the same empty barriers, so its refills also wait for every
-    member's release, and the compute waits for its tiles)."""
-    loader = [("arrive",), ("wait",)]
-    compute = [("arrive",), ("wait",)]
-    weight = [("arrive",)]
-    for i in range(tiles):
-        loader += [("wait_empty", i), ("arm", i), ("issue", i)]
-        compute += [("wait_full", i), ("release", i)]
-        if weights:
-            weight += [("wait_empty", i), ("load_weight", i)]
-    loader += [("arrive",)]
-    compute += [("arrive",), ("epilogue",), ("wait",)]
-    weight += [("work",), ("wait",), ("arrive",)]
-    return {"compute": compute, "activation loader": loader, "weight loader": weight}
-
-
-def explore_multicast(ctas=2, tiles=3, stages=2, senders=None, programs=None):
-    """Problems in every reachable state: deadlocks, a copy landing in a stage
-    its target still reads or in a phase not yet armed for, remote operations
-    on a CTA not running, not initialised or gone."""
-    senders = set(range(ctas)) if senders is None else set(senders)
-    programs = programs or multicast_programs(tiles)
-    threads = [(cta, role) for cta in range(ctas) for role in programs]
-    progs = [programs[role] for _, role in threads]
-    problems = set()
-
-    def done(pcs, t, event):
-        return event in progs[t][:pcs[t]]
-
-    def thread(cta, role):
-        return threads.index((cta, role))
-
-    def arrivals(pcs, t):
-        return sum(1 for e in progs[t][:pcs[t]] if e == ("arrive",))
-
-    def waits(pcs, t):
-        return sum(1 for e in progs[t][:pcs[t]] if e == ("wait",))
-
-    def exited(pcs, cta):
-        return all(pcs[t] == len(progs[t]) for t in range(len(threads)) if threads[t][0] == cta)
-
-    def initialised(pcs, cta):  # thread 0 inits before its phase-0 arrival
-        return all(arrivals(pcs, t) >= 1 for t in range(len(threads)) if threads[t][0] == cta)
-
-    def full_complete(pcs, landed, cta, i):
-        armed = done(pcs, thread(cta, "activation loader"), ("arm", i))
-        return armed and all((cta, i, q) in landed for q in senders)
-
-    def weight_ready(pcs, cta, i):  # full_a: the weight tile (when modelled) landed
-        program = progs[thread(cta, "weight loader")]
-        return ("load_weight", i) not in program or done(pcs, thread(cta, "weight loader"),
-                                                         ("load_weight", i))
-
-    def released(pcs, cta, i):  # releases of tile i on cta's empty barrier
-        return all(done(pcs, thread(q, "compute"), ("release", i)) for q in range(ctas))
-
-    start = (tuple(0 for _ in threads), frozenset(), frozenset())
-    seen, stack = set(), [start]
-    while stack:
-        state = stack.pop()
-        if state in seen:
-            continue
-        seen.add(state)
-        pcs, in_flight, landed = state
-        moves = []
-        for copy in in_flight:  # a copy lands: (target, tile, sender)
-            target, i, q = copy
-            if exited(pcs, target):
-                problems.add(f"a copy lands in CTA {target} after it exited")
-            if exited(pcs, q):
-                problems.add(f"CTA {q} exited with a copy in flight")
-            if i >= stages and not done(pcs, thread(target, "compute"), ("release", i - stages)):
-                problems.add(f"tile {i} lands in CTA {target} while it still reads tile {i - stages}")
-            moves.append((pcs, in_flight - {copy}, landed | {copy}))
-        for t, (cta, role) in enumerate(threads):
-            if pcs[t] == len(progs[t]):
-                continue
-            event = progs[t][pcs[t]]
-            name = event[0]
-            if name == "wait":
-                if min(arrivals(pcs, u) for u in range(len(threads))) <= waits(pcs, t):
-                    continue
-            if name == "arrive" and arrivals(pcs, t) > waits(pcs, t):
-                problems.add(f"{role} of CTA {cta} arrives twice without a wait")
-            if name == "wait_empty" and event[1] >= stages and not released(pcs, cta, event[1] - stages):
-                continue
-            if name == "wait_full" and not (full_complete(pcs, landed, cta, event[1])
-                                             and weight_ready(pcs, cta, event[1])):
-                continue
-            if (name == "load_weight" and event[1] >= stages
-                    and not done(pcs, thread(cta, "compute"), ("release", event[1] - stages))):
-                problems.add(f"CTA {cta} refills its weight stage while its compute reads it")
-            new_flight = in_flight
-            if name == "arm" and event[1] >= stages and not full_complete(pcs, landed, cta,
-                                                                          event[1] - stages):
-                problems.add(f"CTA {cta} arms tile {event[1]} before tile {event[1] - stages} completed")
-            if name in ("issue", "release"):
-                for target in range(ctas):
-                    if not initialised(pcs, target):
-                        problems.add(f"CTA {cta} {name}s into CTA {target} before its barriers exist")
-                    if exited(pcs, target):
-                        problems.add(f"CTA {cta} {name}s into CTA {target} after it exited")
-                if name == "issue" and cta in senders:
-                    new_flight = in_flight | {(target, event[1], cta) for target in range(ctas)}
-            next_pcs = pcs[:t] + (pcs[t] + 1,) + pcs[t + 1:]
-            moves.append((next_pcs, new_flight, landed))
-        if not moves and any(pcs[t] < len(progs[t]) for t in range(len(threads))):
-            problems.add(f"deadlock at {pcs}")
-        stack.extend(moves)
-    return problems
-
-
-@pytest.mark.parametrize("ctas,tiles,stages,senders", [
-    (2, 3, 2, None), (2, 2, 1, None), (2, 3, 1, None), (2, 3, 2, {0}), (3, 2, 1, {0}),
-])
-def test_multicast_ring_protocol_is_safe_and_live(ctas, tiles, stages, senders):
-    assert explore_multicast(ctas, tiles, stages, senders) == set()
-
-
-def test_multicast_ring_with_the_weight_ring_is_safe_and_live():
-    """The weight loaders wait on the same cluster-wide empty barriers: no
-    cycle between the two rings and the members."""
-    assert explore_multicast(2, 2, 1, None, multicast_programs(2, weights=True)) == set()
-    assert explore_multicast(2, 3, 2, {0}, multicast_programs(3, weights=True)) == set()
-    broken = multicast_programs(2, weights=True)
-    broken["weight loader"] = _without(broken["weight loader"], ("wait_empty", 1))
-    assert any("refills its weight stage" in p for p in explore_multicast(2, 2, 1, None, broken))
-
-
-def _without(program, event):
-    return [e for e in program if e != event]
-
-
-@pytest.mark.parametrize("role,change,problem", [
-    # the loader refills without waiting for every member's release
-    ("activation loader", lambda p: _without(p, ("wait_empty", 2)), "while it still reads"),
-    # no phase-0 wait: copies may reach a member before its barriers exist
-    ("activation loader", lambda p: [p[0]] + p[2:-1] + [("wait",), ("arrive",)],
-     "before its barriers exist"),
-    # compute exits without waiting for phase 1: members may still arrive on it
-    ("compute", lambda p: p[:-1], "after it exited"),
-    # compute arrives on phase 1 before its last release
-    ("compute", lambda p: p[:-5] + [("arrive",), p[-5], ("epilogue",), ("wait",)],
-     "exited"),
-])
-def test_multicast_model_catches_broken_protocols(role, change, problem):
-    programs = multicast_programs(3)
-    programs[role] = change(programs[role])
-    problems = explore_multicast(2, 3, 1, None, programs)
     assert any(problem in p for p in problems), problems
 
 
@@ -685,11 +503,12 @@ def test_reduction_buffer_over_the_rings_only_where_it_would_not_fit():
     mbarriers follow the rings. Every other plan keeps its own buffer, so a
     tactic measured before keeps its kernel."""
     seen = 0
-    for o, t, kt, s, c, x, bulk in itertools.product((16, 32, 48, 64), TOKEN_TILES, (128, 256),
-                                                     range(1, 33), (1, 2), (1, 2), (False, True)):
-        if (x > 1 and (c > 1 or bulk or t < layout.MMA_N)) or (o >= 48 and kt == 256):
+    for o, t, kt, s, c, bulk, tma in itertools.product((16, 32, 48, 64), TOKEN_TILES, (128, 256),
+                                                       range(1, 33), (1, 2), (False, True),
+                                                       (False, True)):
+        if (tma and (bulk or t < layout.MMA_N)) or (o >= 48 and kt == 256):
             continue
-        p = layout.smem_plan(o, t, kt, s, c, x, bulk)
+        p = layout.smem_plan(o, t, kt, s, c, bulk, tma)
         rings_end = p.b_ring + s * p.b_stage_bytes
         buffer = (c * layout.COMPUTE_WARPS * layout.reduction_tokens(t)
                   * layout.reduction_row_words(o) * 4)
@@ -733,16 +552,10 @@ def test_tma_swizzle_is_the_hardware_128_byte_swizzle():
             assert layout.tma_swizzle(r, c, k_tile, token_tile) * 2 == swizzled
 
 
-def test_tma_box_owners_cover_every_box_once():
-    for k_tile in (128, 256):
-        for c in range(1, layout.tma_boxes(k_tile) + 1):
-            owned = [b for rank in range(c) for b in layout.tma_owned_boxes(rank, k_tile, c)]
-            assert sorted(owned) == list(range(layout.tma_boxes(k_tile)))
-
-
 def test_tma_stages_are_1024_aligned_and_unpadded():
-    for o, t, kt, s in itertools.product((16, 32, 48, 64), (8, 16, 32), (128, 256), (1, 3, 7)):
-        plan = layout.smem_plan(o, t, kt, s, 1, 2, False, True)
+    for o, t, kt, s, c in itertools.product((16, 32, 48, 64), (8, 16, 32), (128, 256), (1, 3, 7),
+                                            (1, 2)):
+        plan = layout.smem_plan(o, t, kt, s, c, False, True)
         assert plan.b_ring % layout.TMA_ALIGN == 0 and plan.b_stage_bytes % layout.TMA_ALIGN == 0
         assert plan.b_stage_bytes == t * kt * 2
 
@@ -769,21 +582,19 @@ def test_l2_prefetch_span_whole_or_bounded():
 
 @pytest.mark.parametrize("output_tile", [16, 32, 48, 64])
 def test_k_split_hand_over_sizes(output_tile):
-    """What a CTA of a K split sends the first: every lane's accumulators
-    (the shipped hand-over), or one 8-float sum per output vector (the
-    vector hand-over): a quarter of that from 8 tokens on, less for a narrow
-    tile. The vector hand-over's slots fit the buffer sized for k_split * 4
-    warps and leave the first CTA's own four alone."""
+    """What the second CTA of a K split sends the first: every compute
+    lane's accumulators, one f32 each; the first CTA's buffer holds both
+    CTAs' slots and its partials mbarrier follows the ring's barriers."""
     for token_tile in (1, 4, 8, 16, 32):
         partial = layout.split_partial_bytes(output_tile, token_tile)
-        vector = layout.split_vector_bytes(output_tile, token_tile)
         assert partial == layout.COMPUTE_WARPS * layout.WARP * (output_tile // 16) \
             * layout.mma_token_blocks(token_tile) * 16
-        if token_tile >= 8:
-            assert vector * 4 == partial
-        else:
-            assert vector * 4 < partial
-    for k_split in (2, 4):
-        slots = [layout.split_sum_slot(rank) for rank in range(1, k_split)]
-        assert min(slots) == layout.COMPUTE_WARPS and max(slots) < k_split * layout.COMPUTE_WARPS
-        assert len(set(slots)) == k_split - 1
+        one = layout.smem_plan(output_tile, token_tile, 128, 2)
+        two = layout.smem_plan(output_tile, token_tile, 128, 2, 2)
+        assert one.partials is None and two.partials == two.empty + 2 * layout.MBARRIER_BYTES
+        # the buffer holds both CTAs' four warps' slots, each CTA's half at
+        # least what the second sends
+        half = (layout.COMPUTE_WARPS * layout.reduction_tokens(token_tile)
+                * layout.reduction_row_words(output_tile) * 4)
+        assert two.full_a >= two.reduction + 2 * half and one.full_a >= one.reduction + half
+        assert half >= partial

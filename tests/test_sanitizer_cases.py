@@ -20,9 +20,9 @@ def _legal(cases):
 
 
 def test_every_case_is_legal_and_covers_its_ms(reliability):
-    cases = reliability.family_cases("all", k_splits=(1, 2), x_multicasts=(1, 2, 3, 4),
-                                     bulk_xs=(False, True), l2_prefetch=True, deep_rings=True,
-                                     tma_xs=(False, True))
+    cases = reliability.family_cases("all", k_splits=(1, 2), bulk_xs=(False, True),
+                                     l2_prefetch=True, deep_rings=True, tma_xs=(False, True),
+                                     half_tiles=True)
     assert cases and _legal(cases)
     for tactic, _, _, ms in cases:
         assert 1 in ms and 32 in ms and tactic.token_tile in ms
@@ -41,11 +41,11 @@ def test_bounded_prefetch_cases_reach_the_sanitizer(reliability):
 
 
 def test_tma_cases_reach_the_sanitizer(reliability):
-    cases = reliability.family_cases("rotate", k_splits=(1, 2), x_multicasts=(1, 2, 3, 4),
-                                     tma_xs=(False, True), deep_rings=True)
+    cases = reliability.family_cases("rotate", k_splits=(1, 2), tma_xs=(False, True),
+                                     deep_rings=True)
     tma = [t for t, *_ in cases if t.tma_x]
     assert tma and all(t.b_loader_warps == 1 and not t.bulk_x for t in tma)
-    assert any(t.k_split == 2 for t in tma) and any(t.x_multicast == 3 for t in tma)
+    assert any(t.k_split == 2 for t in tma) and any(t.k_split == 1 for t in tma)
     assert any(t.reduction_aliased for t in tma)
     # without the flag, none
     assert not any(t.tma_x for t, *_ in reliability.family_cases("all"))
@@ -67,3 +67,41 @@ def test_mixed_grid_cases_reach_the_sanitizer(reliability):
     assert {t.output_tile for t, _ in mixed} == {32, 64}
     assert any(t.tma_x for t, _ in mixed)
     assert all(n == 2 * t.output_tile + 3 * (t.output_tile // 2) for t, n in mixed)
+
+
+def test_shipped_cases_cover_every_shipped_tactic_and_refill_every_stage(reliability):
+    """SUBSET=shipped: every tactic of the built-in H200 plan and of the
+    default heuristic over the shape table, once, legal, on two output tiles
+    (a mixed grid: one full tile and its half tiles), K one tile per CTA
+    past the ring and its bounded prefetch (a one-stage ring: one tile)."""
+    from warpsplitk import builtin_plan, default_tactic
+    from warpsplitk.shapes import load
+    cases = reliability.family_cases("shipped")
+    assert cases == reliability.shipped_cases() and _legal(cases)
+    tactics = [t for t, *_ in cases]
+    assert len(tactics) == len(set(tactics))
+    plan = {t for e in builtin_plan("h200").entries.values() for t, _ in e.values()}
+    heuristic = {default_tactic(m, s["n"], s["k"], sm_count=132)
+                 for s in load()["shapes"] for m in range(1, 33)}
+    assert set(tactics) == plan | heuristic
+    # the shipped plan's features all reach the sanitizer
+    for feature in (lambda t: t.k_split == 2, lambda t: t.early_launch, lambda t: t.bulk_x,
+                    lambda t: t.tma_x, lambda t: t.l2_prefetch, lambda t: t.prefetch_tiles,
+                    lambda t: t.half_tiles, lambda t: t.token_tile < 8,
+                    lambda t: t.reduction_aliased):
+        assert any(feature(t) for t in tactics)
+    for t, n, k, ms in cases:
+        rows = (2 * t.output_tile if not t.half_tiles
+                else t.output_tile + t.half_tiles * (t.output_tile // 2))
+        assert n == rows
+        tiles = k // (t.k_split * t.k_tile)
+        assert tiles == (1 if t.stages == 1 else t.stages + t.prefetch_tiles + 1)
+        assert 1 in ms and 32 in ms and t.token_tile in ms
+
+
+def test_case_filters_name_shipped_features_only(reliability):
+    assert set(reliability.CASE_FILTERS) == {"clusters", "x-copies", "aliased", "narrow",
+                                             "past-16"}
+    cases = reliability.family_cases("all", k_splits=(1, 2))
+    clusters = [c for c in cases if reliability.CASE_FILTERS["clusters"][1](c[0])]
+    assert clusters and all(c[0].k_split == 2 for c in clusters)

@@ -63,8 +63,7 @@ REJECTIONS = [
     (T(16, 8, 256, 2, 1), 256, 256, r"stages=2 exceeds the 1 K tiles"),
     (T(16, 8, 128, 1, 1), 256, 256, r"one-stage ring.*spans 2 tiles, use stages >= 2"),
     (T(32, 32, 256, 16, 2), 256, 4096, r"needs \d+ B of shared memory, over the 232448 B"),
-    (T(16, 4, 256, 4, 1, tma_x=True), 256, 1024, r"narrow token_tile 4 .* neither tma_x"),
-    (T(16, 2, 256, 4, 1, 1, 2), 256, 1024, r"narrow token_tile 2 .* x_multicast > 1"),
+    (T(16, 4, 256, 4, 1, tma_x=True), 256, 1024, r"narrow token_tile 4 .* does not take tma_x"),
     (T(16, 1, 128, 4, 1), 256, 1024, r"token_tile 1 x k_tile 128 is 16 16-byte copies, not a "
                                      r"multiple of the 32 threads"),
     (T(16, 1, 256, 4, 2), 256, 1024, r"is 32 16-byte copies, not a multiple of the 64 threads"),
@@ -95,7 +94,6 @@ REJECTION_IDS = ['output_tile-8',
                  'one-stage-ring',
                  'smem-over-227KB',
                  'narrow-token-tile-tma',
-                 'narrow-token-tile-multicast',
                  'narrow-token-tile-too-few-copies',
                  'narrow-token-tile-too-few-copies-two-warps']
 
@@ -248,8 +246,9 @@ def test_short_parse_round_trip():
 def test_k_split_rules():
     t = T(16, 8, 256, 4, 1, 2)
     check_tactic(t, 1536, 7168)                  # 28 tiles: 14 per CTA
-    with pytest.raises(ValueError, match="k_split must be one of"):
-        check_tactic(T(16, 8, 256, 4, 1, 3), 1536, 7168)
+    for c in (3, 4):  # a split in four is retired: K_SPLITS is (1, 2)
+        with pytest.raises(ValueError, match=r"k_split must be one of \(1, 2\)"):
+            check_tactic(T(16, 8, 256, 4, 1, c), 1536, 7168)
     with pytest.raises(ValueError, match="k_split 2 must divide the 3 K tiles"):
         check_tactic(T(16, 8, 128, 1, 1, 2), 1536, 384)
     with pytest.raises(ValueError, match="exceeds the 2 K tiles per CTA"):
@@ -267,7 +266,9 @@ def test_k_split_rules():
 
 
 @pytest.mark.parametrize("text", ["", "16,8,128,4", "16,8,128,4,1,1,2,1", "a,b,c,d,e", "16;8;128;4;1",
-                                  "16,8,128,4.5,1"])
+                                  "16,8,128,4.5,1",
+                                  # the retired seventh field (x_multicast)
+                                  "16,16,256,4,1,1,2", "16,16,256,4,1,1,2+early"])
 def test_parse_errors(text):
     with pytest.raises(ValueError, match="a tactic is five integers"):
         T.parse(text)
@@ -318,35 +319,11 @@ def test_l2_read_factor():
         l2_read_factor(t(32, 16, 256, 4, 2), 33)
 
 
-def test_x_multicast_rules_and_text():
-    t = T(16, 16, 256, 4, 1, 1, 2)
-    assert t.short() == "16,16,256,4,1,1,2" and T.parse(t.short()) == t
-    assert T.parse("16,16,256,4,1") == T(16, 16, 256, 4, 1, 1, 1)
-    check_tactic(t, 1536, 7168)  # 96 tiles of 16 rows, in clusters of 2
-    with pytest.raises(ValueError, match="x_multicast 2 must divide the 201 output tiles"):
-        check_tactic(t, 3216, 7168)
-
-
-def test_x_multicast_excludes_k_split_and_second_loader_warp():
-    with pytest.raises(ValueError, match="x_multicast must be one of"):
-        check_tactic(T(16, 16, 256, 4, 1, 1, 5), 1536, 7168)
-    with pytest.raises(ValueError, match="cannot be combined"):
-        check_tactic(T(16, 16, 256, 4, 1, 2, 2), 1536, 7168)
-    with pytest.raises(ValueError, match="takes b_loader_warps 1"):
-        check_tactic(T(16, 16, 256, 4, 2, 1, 2), 1536, 7168)
-    legal = legal_tactics(16, 1536, 7168, x_multicasts=(1, 2, 4))
-    assert any(t.x_multicast == 4 for t in legal)
-    assert all(t.k_split == 1 and t.b_loader_warps == 1 for t in legal if t.x_multicast > 1)
-    assert not any(t.x_multicast > 1 for t in legal_tactics(16, 1536, 7168))
-    # padded activation rows: 16 B more per token row and stage
-    assert T(16, 16, 256, 4, 1, 1, 2).smem_bytes == T(16, 16, 256, 4, 1).smem_bytes + 4 * 16 * 16
-
-
 def test_early_launch_text_and_rules():
     t = T(32, 8, 256, 11, 1, early_launch=True)
     assert t.short() == "32,8,256,11,1+early" and T.parse(t.short()) == t
     for tactic in (T(32, 8, 256, 10, 1, 2, early_launch=True),
-                   T(16, 16, 256, 4, 1, 1, 2, early_launch=True)):
+                   T(16, 16, 256, 4, 1, early_launch=True, tma_x=True)):
         assert T.parse(tactic.short()) == tactic
     assert T.parse("32,8,256,10,1,2+early").k_split == 2
     assert not T.parse("32,8,256,11,1").early_launch
@@ -369,25 +346,30 @@ def test_default_heuristic_against_the_measured_log():
     """default_tactic against the H200 tuner's log (every table shape at
     M 1, 4, 8, 16, 24, 32): each of its choices was measured there, and it
     is within a median 3% of the fastest tactic measured in its own space
-    (no early PDL trigger, multicast, bulk or TMA copies, L2 prefetch,
-    reduction buffer over the rings, mixed grid, narrow token tile, ring
-    past 16 stages or split of K in four; v2 of the heuristic: 5.8%)."""
+    (no early PDL trigger, bulk or TMA copies, L2 prefetch,
+    reduction buffer over the rings, mixed grid, narrow token tile or ring
+    past 16 stages; v2 of the heuristic: 5.8%). Records of retired tactics
+    (activation multicast: a seventh field; split of K in four) are skipped
+    as the tuner skips them (``tune._current``, ``in_default_space``)."""
     import json
     import statistics
     from pathlib import Path
+
+    from warpsplitk.tactics import K_SPLITS
+    from warpsplitk.tune import _current
 
     log = Path(__file__).resolve().parent.parent / "bench/results/h200-tune-log.jsonl"
     times = {}
     for line in log.read_text().splitlines():
         rec = json.loads(line)
-        if rec.get("ok") and not rec.get("confirm"):
+        if rec.get("ok") and not rec.get("confirm") and _current(rec):
             times.setdefault((rec["n"], rec["k"], rec["m"]), {})[T.parse(rec["tactic"])] = rec["us"]
     ratios = []
     for (n, k, m), measured in times.items():
-        late = [us for t, us in measured.items() if not t.early_launch and t.x_multicast == 1
+        late = [us for t, us in measured.items() if not t.early_launch
                 and not t.bulk_x and not t.l2_prefetch and not t.tma_x
                 and not t.reduction_aliased and not t.half_tiles
-                and t.token_tile >= layout.MMA_N and t.stages <= 16 and t.k_split <= 2]
+                and t.token_tile >= layout.MMA_N and t.stages <= 16 and t.k_split in K_SPLITS]
         chosen = default_tactic(m, n, k, sm_count=132)
         assert chosen in measured, (n, k, m, chosen.short())
         ratios.append(measured[chosen] / min(late))
@@ -415,17 +397,17 @@ def test_l2_prefetch_and_bulk_x_text_and_rules():
     with pytest.raises(ValueError, match=r"l2_prefetch needs more K tiles per CTA \(k_split 2\)"):
         check_tactic(T(32, 8, 256, 4, 1, 2, l2_prefetch=True), 2048, 2048)
     check_tactic(T(32, 8, 256, 3, 1, 2, l2_prefetch=True), 2048, 2048)
-    # one lane per token row issues the bulk copies; the multicast already does
+    # one lane per token row issues the bulk copies
     with pytest.raises(ValueError, match="bulk_x takes b_loader_warps 1"):
         check_tactic(T(32, 8, 256, 4, 2, bulk_x=True), 2048, 2048)
-    with pytest.raises(ValueError, match="already copies activations in bulk"):
-        check_tactic(T(16, 16, 256, 4, 1, 1, 2, bulk_x=True), 2048, 2048)
-    # the bulk-copied stage is row-padded like the multicast's; the prefetch
-    # needs no shared memory
-    assert T(16, 16, 256, 4, 1, bulk_x=True).smem_bytes == T(16, 16, 256, 4, 1, 1, 2).smem_bytes
+    # the bulk-copied stage is row-padded: B_ROW_PAD elements more per token
+    # row and stage; the prefetch needs no shared memory
+    assert T(16, 16, 256, 4, 1, bulk_x=True).smem_bytes == (
+        T(16, 16, 256, 4, 1).smem_bytes + 4 * 16 * layout.B_ROW_PAD * layout.ELEMENT_BYTES)
     assert T(32, 8, 256, 4, 1, l2_prefetch=True).smem_bytes == T(32, 8, 256, 4, 1).smem_bytes
-    assert T(32, 8, 256, 4, 1, bulk_x=True).bulk_activations
-    assert T(32, 8, 256, 4, 1, 1, 2).bulk_activations and not T(32, 8, 256, 4, 1).bulk_activations
+    bulk = T(32, 8, 256, 4, 1, bulk_x=True)
+    assert bulk.async_activation_ring and bulk.activation_layout == "padded"
+    assert not T(32, 8, 256, 4, 1).async_activation_ring
     legal = legal_tactics(1, 2048, 2048, l2_prefetches=(False, True), bulk_xs=(False, True))
     assert any(x.bulk_x and x.l2_prefetch for x in legal)
     assert all(x.b_loader_warps == 1 for x in legal if x.bulk_x)
@@ -436,8 +418,9 @@ def test_l2_prefetch_and_bulk_x_text_and_rules():
 
 
 def test_tma_x_text_and_rules():
-    t = T(16, 32, 256, 4, 1, 1, 3, early_launch=True, l2_prefetch=True, tma_x=True)
-    assert t.short() == "16,32,256,4,1,1,3+early+prefetch+tma" and T.parse(t.short()) == t
+    t = T(16, 32, 256, 4, 1, 2, early_launch=True, l2_prefetch=True, tma_x=True)
+    assert t.short() == "16,32,256,4,1,2+early+prefetch+tma" and T.parse(t.short()) == t
+    check_tactic(t, 4224, 7168)
     assert T.parse("32,8,256,10,1,2+tma") == T(32, 8, 256, 10, 1, 2, tma_x=True)
     for bad in ("32,8,256,11,1+tma+early", "32,8,256,11,1+tma+bulk", "32,8,256,11,1+bulk+tma+x"):
         with pytest.raises(ValueError):
@@ -448,22 +431,19 @@ def test_tma_x_text_and_rules():
         check_tactic(T(32, 8, 256, 4, 1, bulk_x=True, tma_x=True), 2048, 2048)
     with pytest.raises(ValueError, match="tma_x takes b_loader_warps 1"):
         check_tactic(T(32, 8, 256, 4, 2, tma_x=True), 2048, 2048)
-    # every multicast member issues whole 64-column boxes: at most 2 of a
-    # 128-wide stage, 4 of a 256-wide one
-    with pytest.raises(ValueError, match="has 2"):
-        check_tactic(T(16, 16, 128, 4, 1, 1, 3, tma_x=True), 3 * 16 * 4, 2048)
-    check_tactic(T(16, 16, 128, 4, 1, 1, 2, tma_x=True), 2 * 16 * 4, 2048)
-    check_tactic(T(16, 32, 256, 4, 1, 1, 4, tma_x=True), 4224, 7168)
-    # with the TMA the multicast no longer copies rows: unpadded, box layout
-    mc = T(16, 32, 256, 4, 1, 1, 2, tma_x=True)
-    assert not mc.bulk_activations and mc.activation_layout == "tma"
-    assert T(16, 32, 256, 4, 1, 1, 2).activation_layout == "padded"
+    check_tactic(T(16, 16, 128, 4, 1, tma_x=True), 2 * 16 * 4, 2048)
+    check_tactic(T(16, 32, 256, 4, 1, tma_x=True), 4224, 7168)
+    # TMA boxes land unpadded, in the box layout; bulk rows padded
+    box = T(16, 32, 256, 4, 1, tma_x=True)
+    assert box.async_activation_ring and box.activation_layout == "tma"
+    assert T(16, 32, 256, 4, 1, bulk_x=True).activation_layout == "padded"
     assert T(16, 32, 256, 4, 2).activation_layout == "swizzle"
-    assert mc.smem_bytes == T(16, 32, 256, 4, 2).smem_bytes < T(16, 32, 256, 4, 1, 1, 2).smem_bytes
-    legal = legal_tactics(9, 2048, 2048, x_multicasts=(1, 2, 3, 4), tma_xs=(False, True))
+    assert box.smem_bytes == T(16, 32, 256, 4, 2).smem_bytes < T(16, 32, 256, 4, 1,
+                                                                  bulk_x=True).smem_bytes
+    legal = legal_tactics(9, 2048, 2048, k_splits=(1, 2), tma_xs=(False, True))
     tma = [x for x in legal if x.tma_x]
     assert tma and all(x.b_loader_warps == 1 and not x.bulk_x for x in tma)
-    assert any(x.x_multicast > 1 for x in tma) and any(x.k_split == 1 for x in tma)
+    assert any(x.k_split == 2 for x in tma) and any(x.k_split == 1 for x in tma)
     assert not any(x.tma_x for x in legal_tactics(9, 2048, 2048))
     assert not any(default_tactic(m, 4224, 7168).tma_x for m in (1, 8, 32))
 
@@ -478,7 +458,7 @@ def test_half_tiles_text_and_rules():
         check_tactic(t, 3200, 7168)
     with pytest.raises(ValueError, match="output_tile in"):
         check_tactic(T(16, 32, 256, 4, 2, half_tiles=3), 16 * 4 + 8 * 3, 7168)
-    with pytest.raises(ValueError, match="k_split 1 and x_multicast 1"):
+    with pytest.raises(ValueError, match="half_tiles is for k_split 1, got 2"):
         check_tactic(T(32, 8, 256, 4, 1, 2, half_tiles=3), 32 * 4 + 16 * 3, 2048)
     with pytest.raises(ValueError, match="count >= 0"):
         check_tactic(T(32, 8, 256, 4, 1, half_tiles=-1), 2048, 2048)

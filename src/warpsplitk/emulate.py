@@ -347,7 +347,7 @@ def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
     t = tactic
     problems = []
     lanes = range(layout.WARP)
-    bulk = t.bulk_activations or t.tma_x
+    bulk = t.bulk_x or t.tma_x
     kind = t.activation_layout
     copied = [(t.output_tile, layout.A_LOADER_WARPS * layout.WARP, "A copy")]
     if not bulk:  # these stages are written by bulk or TMA copies, not by threads
