@@ -213,8 +213,8 @@ def test_same_flag_same_default_everywhere():
 def test_tune_shows_only_what_a_user_needs(capsys):
     tune_parser = cli.build_parser().commands["tune"]
     flags = {flag for action in tune_parser._actions for flag in action.option_strings}
-    assert flags == {"-h", "--help", "--shapes", "--m", "-o", "--output", "--log",
-                     "--time-budget", "--jobs", "--fresh", "--from-log"}
+    assert flags == {"-h", "--help", "--shapes", "--model", "--tp", "--m", "-o", "--output",
+                     "--log", "--time-budget", "--jobs", "--fresh", "--from-log"}
     for gone in ("--k-split", "--k-split-4", "--x-multicast", "--early-launch", "--bulk-x",
                  "--l2-prefetch", "--bounded-prefetch", "--tma-x", "--mixed-tiles",
                  "--narrow-tiles", "--confirm", "--log-records", "--stale-records",

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from . import shapes as shape_table
 from . import timing
-from .tactics import default_tactic
+from .tactics import default_tactic, reference_tactic
 
 DATASHEET_TBPS = {"NVIDIA H200": 4.8, "NVIDIA H100 80GB HBM3": 3.35}
 DEFAULT_MS = (1, 4, 8, 16, 32)
@@ -35,6 +35,9 @@ class BenchRow:
     cublas_spread: float
     floor_us: float
     floor_measured_us: float
+    #: the reference wave heuristic's tactic and time (tactics.reference_tactic)
+    reference_tactic: str | None = None
+    reference_us: float | None = None
 
     @property
     def speedup(self):
@@ -62,8 +65,11 @@ def _environment():
 def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=True,
                 rounds=None):
     """Rows for one ``[n, k]`` weight; ``tactic_for(m)`` -> (tactic, source).
-    Each configuration (ours, the default, cuBLAS) is timed in ``rounds``
-    graphs (``timing.ROUNDS``), alternating, and counts with the median one."""
+    Each configuration (ours, the default heuristic, the reference wave
+    heuristic, cuBLAS) is timed in ``rounds`` graphs (``timing.ROUNDS``),
+    alternating, and counts with the median one; a heuristic whose tactic
+    is ours (or the default's) takes that time. Rows: ``(m, (tactic,
+    source), ours, default_us, (reference tactic, reference_us), cublas)``."""
     rounds = timing.resolve_rounds(rounds)  # refused before anything is allocated
     import torch
 
@@ -74,9 +80,13 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     chosen = {m: tactic_for(m) for m in ms}
     tactics = {m: t for m, (t, _) in chosen.items()}
     defaults = {m: default_tactic(m, n, k) for m in ms}
+    references = {m: reference_tactic(m, n, k) for m in ms}
     prepared = [PreparedWarpSplitK(w, tactics) for w in weights]
     prepared_default = ([PreparedWarpSplitK(w, defaults) for w in weights]
                         if include_default and defaults != tactics else None)
+    own_reference = {m for m in ms if references[m] not in (tactics[m], defaults[m])}
+    prepared_reference = ([PreparedWarpSplitK(w, {m: references[m] for m in own_reference})
+                           for w in weights] if include_default and own_reference else None)
     rows = []
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -88,22 +98,27 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
             if not err < 1e-2 or torch.isnan(out).any():
                 raise RuntimeError(f"N={n} K={k} M={m}: relative error {err:.3g} (or NaN) after timing")
 
-        # ours, the default heuristic (where it differs), cuBLAS
+        # ours, the default heuristic (where it differs), the reference one
+        # (where it differs from both), cuBLAS
         configurations = [[lambda p=p: p.run(x, out) for p in prepared]]
         if prepared_default is not None:
             configurations.append([lambda p=p: p.run(x, out) for p in prepared_default])
+        if m in own_reference and prepared_reference is not None:
+            configurations.append([lambda p=p: p.run(x, out) for p in prepared_reference])
         configurations.append([lambda w=w: torch.matmul(x, w.t(), out=out) for w in weights])
         timings = timing.time_rounds(configurations, rounds, check_out if check else None)
         ours, cublas = timings[0], timings[-1]
-        default_us = None
-        if prepared_default is not None:
-            default_us = timings[1].median_us
-        elif include_default:
-            default_us = ours.median_us
-        rows.append((m, ours, default_us, cublas))
-    del prepared, prepared_default, weights
+        default_us = reference_us = None
+        if include_default:
+            default_us = (timings[1] if prepared_default is not None else ours).median_us
+            if m in own_reference:
+                reference_us = timings[-2].median_us
+            else:
+                reference_us = ours.median_us if references[m] == tactics[m] else default_us
+        rows.append((m, ours, default_us, (references[m], reference_us), cublas))
+    del prepared, prepared_default, prepared_reference, weights
     torch.cuda.empty_cache()
-    return [(m, chosen[m], o, d, c) for m, o, d, c in rows]
+    return [(m, chosen[m], o, d, r, c) for m, o, d, r, c in rows]
 
 
 def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=print, rounds=None):
@@ -129,31 +144,35 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     from .compile import device_arch
     from .precompile import precompile
     precompile([(n, k, t, False, True) for n, k in shapes for m in ms
-                for t in (tactic_for(m, n, k)[0], default_tactic(m, n, k))],
+                for t in (tactic_for(m, n, k)[0], default_tactic(m, n, k),
+                          reference_tactic(m, n, k))],
                device_arch(torch.cuda.current_device()), progress=progress)
     rows = []
     for n, k in shapes:
-        for m, (tactic, source), ours, default_us, cublas in bench_shape(
-                n, k, ms, functools.partial(tactic_for, n=n, k=k), rounds=rounds):
+        for m, (tactic, source), ours, default_us, (reference, reference_us), cublas in \
+                bench_shape(n, k, ms, functools.partial(tactic_for, n=n, k=k), rounds=rounds):
             weight_bytes = n * k * 2
             row = BenchRow(n, k, m, tactic.short(), source, round(ours.median_us, 3),
                            round(ours.spread, 3), None if default_us is None else round(default_us, 3),
                            round(cublas.median_us, 3), round(cublas.spread, 3),
                            round(weight_bytes / (sheet * 1e12) * 1e6, 3),
-                           round(weight_bytes / (read_tbps * 1e12) * 1e6, 3))
+                           round(weight_bytes / (read_tbps * 1e12) * 1e6, 3),
+                           reference.short(),
+                           None if reference_us is None else round(reference_us, 3))
             rows.append(row)
             progress(format_row(row))
     return env, rows
 
 
 HEADER = (f"{'N':>6} {'K':>6} {'M':>3} {'tactic':>22} {'ours us':>8} {'default':>8} "
-          f"{'cuBLAS':>8} {'speedup':>7} {'TB/s':>5} {'%floor':>6}")
+          f"{'ref':>8} {'cuBLAS':>8} {'speedup':>7} {'TB/s':>5} {'%floor':>6}")
 
 
 def format_row(r: BenchRow) -> str:
-    default = f"{r.default_us:8.2f}" if r.default_us is not None else f"{'-':>8}"
-    return (f"{r.n:>6} {r.k:>6} {r.m:>3} {r.tactic:>22} {r.ours_us:8.2f} {default} "
-            f"{r.cublas_us:8.2f} {r.speedup:7.2f} {r.weight_tbps:5.2f} "
+    def us(value):
+        return f"{value:8.2f}" if value is not None else f"{'-':>8}"
+    return (f"{r.n:>6} {r.k:>6} {r.m:>3} {r.tactic:>22} {r.ours_us:8.2f} {us(r.default_us)} "
+            f"{us(r.reference_us)} {r.cublas_us:8.2f} {r.speedup:7.2f} {r.weight_tbps:5.2f} "
             f"{100 * r.floor_measured_us / r.ours_us:5.0f}%")
 
 

@@ -102,12 +102,43 @@ def _tactic(text):
 
 
 def _shape_entries(args) -> list[dict]:
-    if args.shapes is None:
-        return shape_table.load()["shapes"]
-    try:
-        return shape_table.shape_entries(args.shapes)
-    except ValueError as error:
-        raise UsageError(f"argument --shapes: {error}") from None
+    """The shapes a command runs on: ``--model`` (sharded by ``--tp``) and
+    ``--shapes`` together, or the built-in table when neither is given."""
+    entries = []
+    model = getattr(args, "model", None)
+    if model is None and getattr(args, "tp", None) is not None:
+        raise UsageError(f"argument --tp: shards a --model's projections; no --model given "
+                         f"(got --tp {args.tp})")
+    if model is not None:
+        from . import models
+        try:
+            entries += models.projections(model, args.tp or 1)
+        except ValueError as error:
+            raise UsageError(f"argument --model: {error}") from None
+    if args.shapes is not None:
+        try:
+            entries += shape_table.shape_entries(args.shapes)
+        except ValueError as error:
+            raise UsageError(f"argument --shapes: {error}") from None
+    return entries if entries else shape_table.load()["shapes"]
+
+
+def _kernel_shapes(entries) -> list[tuple[int, int]]:
+    """The distinct (N, K) of ``entries`` the kernel takes; a line for each
+    it refuses (those run on cuBLAS)."""
+    from .models import kernel_refusal
+    shapes = []
+    for shape in entries:
+        n, k = shape["n"], shape["k"]
+        why = kernel_refusal(n, k)
+        if why is not None:
+            name = f"{shape.get('model', '')} {shape.get('projection', '')}".strip()
+            print(f"# {name + ': ' if name else ''}{n}x{k} left to cuBLAS: {why}", flush=True)
+        elif (n, k) not in shapes:
+            shapes.append((n, k))
+    if not shapes:
+        raise UsageError("no shape the kernel takes (N a multiple of 16, K of 128)")
+    return shapes
 
 
 def _resolve_plan(text):
@@ -234,13 +265,13 @@ def _cmd_bench(args, argv):
     if args.rounds is not None and args.rounds < 1:
         raise UsageError(f"--rounds must be at least 1, got {args.rounds} (graphs timed per "
                          "configuration; default 3)")
-    if args.chain and args.shapes is not None:
-        raise UsageError("argument --shapes: not with --chain (it times the built-in chains of "
-                         "table shape pairs)")
+    if args.chain and (args.shapes is not None or args.model is not None):
+        raise UsageError(f"argument {'--model' if args.model else '--shapes'}: not with --chain "
+                         "(it times the built-in chains of table shape pairs)")
     if args.chain and args.plot:
         raise UsageError("argument --plot: not with --chain (it plots the per-shape rows)")
     plan, _ = _resolve_plan(args.plan)
-    shapes = None if args.chain else [(s["n"], s["k"]) for s in _shape_entries(args)]
+    shapes = None if args.chain else _kernel_shapes(_shape_entries(args))
     _output_folder("--json", args.json)
     _output_folder("--plot", args.plot)
     if args.plot:
@@ -287,9 +318,9 @@ def _cmd_tune(args, argv):
     ms = _planned_ms(args.m)
     if args.from_log:
         from .tune import plan_from_log, plan_meta
-        if args.shapes is not None:
-            raise UsageError("argument --shapes: not with --from-log (the plan has every shape "
-                             "the log measured)")
+        if args.shapes is not None or args.model is not None:
+            raise UsageError(f"argument {'--model' if args.model else '--shapes'}: not with "
+                             "--from-log (the plan has every shape the log measured)")
         gpu = next((r["gpu"] for r in reversed(records) if r.get("gpu")), "unknown")
         sm_count = next((r["sm_count"] for r in reversed(records) if r.get("sm_count")), 132)
         plan, partial = plan_from_log(args.log, ms, plan_meta(gpu, sm_count, None))
@@ -298,7 +329,7 @@ def _cmd_tune(args, argv):
         plan.save(args.output)
         print(f"plan for {len(plan.entries)} shapes written to {args.output} from {args.log}")
         return 0
-    shapes = [(s["n"], s["k"]) for s in _shape_entries(args)]
+    shapes = _kernel_shapes(_shape_entries(args))
     _require_gpu("tune")
     from .tune import tune
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
@@ -369,10 +400,15 @@ def _cmd_plan(args, argv):
         sm_balance,
         waves,
     )
+    from .models import kernel_refusal
     rows = []
     for shape in entries:
         n, k = shape["n"], shape["k"]
+        refusal = kernel_refusal(n, k)
         for m in args.m:
+            if refusal is not None:  # no tactic: the shape runs on cuBLAS
+                rows.append((shape, m, None, "cublas"))
+                continue
             tactic = plan.lookup(n, k, m)
             origin = "plan"
             if tactic is None:
@@ -381,7 +417,7 @@ def _cmd_plan(args, argv):
     registers = {}
     if args.compile:
         from . import disk_cache
-        kernels = [(s["n"], s["k"], t, False, True) for s, _, t, _ in rows]
+        kernels = [(s["n"], s["k"], t, False, True) for s, _, t, _ in rows if t is not None]
         disk_cache.fill_resources(kernels, args.arch, args.jobs, _progress_line(args.arch))
         for n, k, tactic, _, _ in kernels:
             if (n, k, tactic) not in registers:
@@ -389,7 +425,7 @@ def _cmd_plan(args, argv):
                                                                       args.arch)["registers"]
     from_plan = sum(1 for *_, origin in rows if origin == "plan")
     print(f"# tactics from {source} ({from_plan} of {len(rows)} rows; 'heuristic': the plan has "
-          f"none, the default heuristic's); {args.arch}, {args.sm_count} SMs; floor at "
+          f"none, the default heuristic's; 'cublas': a shape the kernel does not take); {args.arch}, {args.sm_count} SMs; floor at "
           f"{args.tbps} TB/s; registers "
           f"{'compiled for ' + args.arch if args.compile else 'from the model'}")
     print(f"{'projection':<34} {'from':>9} {'N':>5} {'K':>5} {'M':>3} {'tactic':>30} {'CTAs':>5} "
@@ -397,8 +433,11 @@ def _cmd_plan(args, argv):
           f"{'floor us':>8} {'meas us':>7} {'%floor':>6}")
     for shape, m, tactic, origin in rows:
         n, k = shape["n"], shape["k"]
-        regs = registers[(n, k, tactic)] if args.compile else register_estimate(tactic)
         name = f"{shape.get('model', '')} {shape.get('projection', '')}".strip()[:34]
+        if tactic is None:
+            print(f"{name:<34} {origin:>9} {n:>5} {k:>5} {m:>3} {kernel_refusal(n, k)}")
+            continue
+        regs = registers[(n, k, tactic)] if args.compile else register_estimate(tactic)
         floor = n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6)
         # the time the tuner measured for this M, where it measured this M
         measured = plan.entries.get((n, k), {}).get(m, (None, None))[1] if origin == "plan" \
@@ -416,6 +455,17 @@ def _cmd_plan(args, argv):
 # ------------------------------------------------------------ parser
 
 
+MODEL_HELP = ("the decode projections of a model (warpsplitk.models: e.g. llama-3.1-8b, "
+              "qwen3-32b, deepseek-v3), merged and sharded as vLLM runs them")
+
+
+def _model_arguments(p):
+    p.add_argument("--model", metavar="NAME", help=MODEL_HELP)
+    p.add_argument("--tp", type=_int_at_least(1), metavar="P",
+                   help="with --model: the shards one rank of P holds (column-parallel N / P, "
+                        "row-parallel K / P; default 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="warpsplitk", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -425,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "shape and M (no GPU)")
     p.add_argument("--plan", default="h200", help=PLAN_HELP)
     p.add_argument("--shapes", nargs="*", help=SHAPES_HELP)
+    _model_arguments(p)
     p.add_argument("--m", type=_ms, default=DEFAULT_M_TEXT, help=M_HELP)
     p.add_argument("--arch", default="sm_90a", choices=ARCHS, help="target arch (default sm_90a)")
     p.add_argument("--sm-count", type=_int_at_least(1), default=132,
@@ -454,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="time warpsplitk against torch.matmul on this GPU")
     p.add_argument("--shapes", nargs="*", help=SHAPES_HELP)
+    _model_arguments(p)
     p.add_argument("--m", type=_ms, default=DEFAULT_M_TEXT, help=M_HELP)
     p.add_argument("--plan", default="h200", help=PLAN_HELP)
     p.add_argument("--json", metavar="PATH",
@@ -468,6 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="measure tactics on this GPU and write a decode plan")
     p.add_argument("--shapes", nargs="*", help=SHAPES_HELP)
+    _model_arguments(p)
     p.add_argument("--m", type=_ms, default=DEFAULT_M_TEXT,
                    help=M_HELP + "; each M is measured at its bucket and the plan covers every "
                                  "M of the buckets measured (the default: 1..32)")

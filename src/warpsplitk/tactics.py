@@ -594,3 +594,54 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
         return fitting[-1]  # the deepest ring that still lets the grid run in one wave
     # more than one wave whatever the ring: the most CTAs per SM, then the deepest ring
     return max(candidates, key=lambda t: (ctas_per_sm(t), t.stages))
+
+
+def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
+    """The reference wave heuristic: the baseline ``bench`` compares the
+    default and the plan with (a plain wave rule on this kernel, no
+    measurement behind it). Legal for every M, N and K ``default_tactic``
+    takes.
+
+    - output_tile: of the tiles that divide N, the one that minimises
+      ``ceil(CTAs / SMs) * output_tile`` (the rows the busiest SM streams),
+      the wider tile on ties;
+    - token_tile: 8, 16 or 32, the smallest covering M, then halved (not
+      below 8) while the doubled grid still fits in one wave;
+    - k_tile: 256 when K holds two of them and the tile takes it, else 128;
+    - b_loader_warps: 2 from 16 token rows or 8 K tiles on, else 1;
+    - stages: the deepest ring that keeps 2 CTAs per SM when the grid
+      exceeds the SMs, else the deepest legal one.
+    """
+    _check_m(m)
+    if sm_count is None:
+        sm_count = _device_sm_count()
+    default_tactic(m, n, k, sm_count)  # the same N and K checks
+    token_tile = min(t for t in MMA_TOKEN_TILES if t >= m)
+    token_tiles = -(-m // token_tile)
+
+    def busiest_rows(tile):
+        return -(-(n // tile) * token_tiles // sm_count) * tile
+
+    # 48- and 64-row tiles take 128-wide K tiles only (check_tactic)
+    tiles = [t for t in OUTPUT_TILES
+             if n % t == 0 and (t < WIDE_TILE or k <= MAX_K_TILES * 128)]
+    output_tile = min(tiles, key=lambda t: (busiest_rows(t), -t))
+    row_tiles = n // output_tile
+    while token_tile > layout.MMA_N and row_tiles * -(-m // (token_tile // 2)) <= sm_count:
+        token_tile //= 2
+    wide = output_tile >= WIDE_TILE
+    k_tile = 256 if (not wide and k % 256 == 0
+                     and (k // 256 >= 2 or k // 128 > MAX_K_TILES)) else 128
+    k_tiles = k // k_tile
+    b_warps = 2 if token_tile >= 16 or k_tiles >= 8 else 1
+    legal = [t for t in (WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
+                         for s in range(1, min(k_tiles, MAX_STAGES) + 1)) if is_legal(t, n, k)]
+    if not legal:  # (two activation warps are too many for a tile's copies)
+        legal = [t for t in (WarpSplitKTactic(output_tile, token_tile, k_tile, s, 1)
+                             for s in range(1, min(k_tiles, MAX_STAGES) + 1))
+                 if is_legal(t, n, k)]
+    if grid_ctas(legal[0], m, n) > sm_count:
+        keeping_two = [t for t in legal if ctas_per_sm(t) >= 2]
+        if keeping_two:
+            return keeping_two[-1]
+    return legal[-1]

@@ -1,0 +1,137 @@
+"""Decode projections of open models, per tensor-parallel rank.
+
+Package data (``data/models.json``) holds the linear-layer dimensions of
+common open models, taken from their public ``config.json``. A model and a
+tensor-parallel degree ``tp`` expand into the GEMMs one rank runs per decode
+step, merged and sharded as vLLM lays them out:
+
+* ``qkv``: q, k and v as one column-parallel weight. Each rank holds
+  ``heads / tp`` query heads and ``kv_heads / tp`` key/value heads, or one
+  replica of a key/value head when ``tp`` exceeds ``kv_heads``:
+  ``N = (heads / tp + 2 * max(1, kv_heads / tp)) * head_dim``, ``K = hidden``.
+* ``o``: row-parallel, ``N = hidden``, ``K = heads * head_dim / tp``.
+* ``gate_up``: gate and up as one column-parallel weight,
+  ``N = 2 * intermediate / tp``, ``K = hidden`` (models whose every MLP is a
+  mixture of experts have none); ``down``: row-parallel,
+  ``N = hidden``, ``K = intermediate / tp``.
+* ``lm_head``: column-parallel over the vocabulary padded to a multiple of
+  64, ``N = padded / tp``, ``K = hidden``.
+* Multi-head latent attention (DeepSeek-V3, Kimi-K2): ``qkv_a`` (the q and
+  kv down-projections as one replicated weight, ``N = q_lora_rank +
+  kv_lora_rank + qk_rope_head_dim``, ``K = hidden``), ``q_b``
+  (column-parallel, ``N = heads * (qk_nope + qk_rope) / tp``, ``K =
+  q_lora_rank``) and ``o`` (row-parallel, ``K = heads * v_head_dim / tp``).
+  The kv up-projection is absorbed into attention at decode, no GEMM.
+
+Whether the kernel takes a shape is a separate question
+(:func:`kernel_refusal`): N a multiple of 16 and K a multiple of 128 up to
+``64 * 256``. A shape it refuses runs on cuBLAS.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+
+from .tactics import MAX_K_TILES
+
+#: vLLM pads the vocabulary of a parallel LM head to a multiple of this.
+VOCAB_PADDING = 64
+#: A layer's projections in the order a decode step runs them: the chain
+#: ``bench --chain`` times (attention's own kernels sit between qkv and o).
+LAYER_ORDER = ("qkv_a", "q_b", "qkv", "o", "gate_up", "down")
+
+
+@cache
+def _table() -> dict:
+    return json.loads(resources.files("warpsplitk").joinpath("data/models.json").read_text())
+
+
+def model_names() -> list[str]:
+    """Every model name the table knows (aliases not included)."""
+    return sorted(_table()["models"])
+
+
+def config(name: str) -> dict:
+    """The table's entry for model ``name`` (case-insensitive; aliases
+    resolved); ``ValueError`` naming the known models otherwise."""
+    table = _table()
+    key = str(name).strip().lower()
+    key = table["aliases"].get(key, key)
+    if key not in table["models"]:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(model_names())} "
+                         f"(aliases: {', '.join(sorted(table['aliases']))})")
+    return {"name": key, **table["models"][key]}
+
+
+def _shard(what: str, size: int, tp: int, model: str) -> int:
+    if size % tp:
+        raise ValueError(f"{model}: {what} {size} does not split over tp {tp}")
+    return size // tp
+
+
+def projections(name: str, tp: int = 1, lm_head: bool = True) -> list[dict]:
+    """The GEMMs one rank of ``name`` runs per decode step at tensor-parallel
+    degree ``tp``: ``[{"n", "k", "model", "projection", "parallel", "per_step"}]``,
+    one entry per distinct projection of a layer (``per_step``: how many
+    layers run it), then the LM head (with ``lm_head``)."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    c = config(name)
+    model = c["name"]
+    label = model if tp == 1 else f"{model} tp{tp}"
+    heads = _shard("heads", c["heads"], tp, model)
+    layers = c["layers"]
+    found = []
+
+    def add(projection, n, k, parallel, per_step):
+        found.append({"n": n, "k": k, "model": label, "projection": projection,
+                      "parallel": parallel, "per_step": per_step})
+
+    if c["attention"] == "mla":
+        add("qkv_a", c["q_lora_rank"] + c["kv_lora_rank"] + c["qk_rope_head_dim"], c["hidden"],
+            "replicated", layers)
+        add("q_b", heads * (c["qk_nope_head_dim"] + c["qk_rope_head_dim"]), c["q_lora_rank"],
+            "column", layers)
+        add("o", c["hidden"], heads * c["v_head_dim"], "row", layers)
+    else:
+        kv = c["kv_heads"]
+        if kv >= tp:
+            kv_per_rank = _shard("kv_heads", kv, tp, model)
+        elif tp % kv:
+            raise ValueError(f"{model}: {kv} kv heads are replicated only over a tp that is "
+                             f"a multiple of them, got tp {tp}")
+        else:
+            kv_per_rank = 1
+        add("qkv", (heads + 2 * kv_per_rank) * c["head_dim"], c["hidden"], "column", layers)
+        add("o", c["hidden"], heads * c["head_dim"], "row", layers)
+    if "intermediate" in c:
+        dense = c.get("dense_layers", layers)
+        inter = _shard("intermediate", c["intermediate"], tp, model)
+        add("gate_up", 2 * inter, c["hidden"], "column", dense)
+        add("down", c["hidden"], inter, "row", dense)
+    if lm_head:
+        padded = -(-c["vocab"] // VOCAB_PADDING) * VOCAB_PADDING
+        add("lm_head", _shard("padded vocabulary", padded, tp, model), c["hidden"], "column", 1)
+    return found
+
+
+def layer_chain(name: str, tp: int = 1) -> list[dict]:
+    """One layer's projections in the order a decode step runs them
+    (``LAYER_ORDER``; the LM head is not part of a layer)."""
+    shapes = {p["projection"]: p for p in projections(name, tp, lm_head=False)}
+    return [shapes[p] for p in LAYER_ORDER if p in shapes]
+
+
+def kernel_refusal(n: int, k: int) -> str | None:
+    """Why the warp split-K kernel cannot take an ``[n, k]`` weight (None
+    when some tactic can): N a multiple of 16; K a multiple of 128 up to
+    ``MAX_K_TILES * 128``, or of 256 up to ``MAX_K_TILES * 256``."""
+    if n % 16:
+        return f"N={n} is not a multiple of 16"
+    if k % 128:
+        return f"K={k} is not a multiple of 128"
+    if k > MAX_K_TILES * 256 or (k > MAX_K_TILES * 128 and k % 256):
+        return f"K={k} is over the {MAX_K_TILES} K tiles a CTA unrolls"
+    return None

@@ -1,0 +1,173 @@
+"""Model shape tables (warpsplitk.models) and the reference wave heuristic, on the CPU."""
+
+from pathlib import Path
+
+import pytest
+
+from warpsplitk import models
+from warpsplitk.cli import main
+from warpsplitk.tactics import check_tactic, ctas_per_sm, grid_ctas, reference_tactic
+
+
+LOG = Path(__file__).resolve().parent.parent / "bench/results/h200-tune-log.jsonl"
+
+
+def shapes(name, tp=1, lm_head=True):
+    return {p["projection"]: (p["n"], p["k"]) for p in models.projections(name, tp, lm_head)}
+
+
+def test_llama_3_8b_merged_as_vllm_does():
+    # q 32 x 128 + k, v 8 x 128 each; gate and up 14336 each
+    assert shapes("llama-3.1-8b") == {"qkv": (6144, 4096), "o": (4096, 4096),
+                                      "gate_up": (28672, 4096), "down": (4096, 14336),
+                                      "lm_head": (128256, 4096)}
+    assert shapes("llama-3-8b") == shapes("LLaMA-3.1-8B")  # alias, any case
+
+
+def test_tensor_parallel_shards_columns_and_rows():
+    # 70B at tp 8: 8 query heads and 1 kv head per rank; vocab 128256 / 8
+    assert shapes("llama-3-70b", 8) == {"qkv": (1280, 8192), "o": (8192, 1024),
+                                        "gate_up": (7168, 8192), "down": (8192, 3584),
+                                        "lm_head": (16032, 8192)}
+    # kv heads replicated once tp exceeds them: Qwen2.5-7B has 4
+    assert shapes("qwen2.5-7b", 4)["qkv"] == ((7 + 2) * 128, 3584)
+    assert shapes("qwen2.5-0.5b", 2)["qkv"] == ((7 + 2) * 64, 896)
+    # every column-parallel N and row-parallel K is the tp-1 one over tp
+    one = shapes("llama-3.1-405b")
+    eight = shapes("llama-3.1-405b", 8)
+    assert eight["gate_up"][0] * 8 == one["gate_up"][0] and eight["down"][1] * 8 == one["down"][1]
+    assert eight["o"][0] == one["o"][0]
+
+
+def test_vocab_padded_to_64_before_the_split():
+    # Gemma 3's 262208 is a multiple of 64; gpt-oss's 201088 too; a tp of 16 still splits it
+    assert shapes("gemma-3-12b", 2)["lm_head"] == (131104, 3840)
+    assert shapes("kimi-k2", 16)["lm_head"] == (10240, 7168)
+
+
+def test_latent_attention_projections():
+    # DeepSeek-V3: q and kv down-projections as one replicated weight (2112 = 1536 + 512 + 64)
+    v3 = shapes("deepseek-v3", 8)
+    assert v3["qkv_a"] == (2112, 7168) and shapes("deepseek-v3")["qkv_a"] == (2112, 7168)
+    assert v3["q_b"] == (128 // 8 * 192, 1536) and v3["o"] == (7168, 128 // 8 * 128)
+    assert v3["gate_up"] == (2 * 18432 // 8, 7168) and v3["down"] == (7168, 18432 // 8)
+    assert "qkv" not in v3
+    per_step = {p["projection"]: p["per_step"] for p in models.projections("deepseek-v3", 8)}
+    assert per_step["gate_up"] == 3 and per_step["q_b"] == 61 and per_step["lm_head"] == 1
+    assert shapes("kimi-k2", 8)["q_b"] == (64 // 8 * 192, 1536)
+
+
+def test_mixture_of_experts_models_list_attention_only():
+    assert set(shapes("gpt-oss-120b")) == {"qkv", "o", "lm_head"}
+    assert shapes("gpt-oss-120b")["qkv"] == ((64 + 16) * 64, 2880)
+
+
+def test_layer_chain_runs_a_layer_in_order():
+    assert [p["projection"] for p in models.layer_chain("llama-3.1-8b")] == \
+        ["qkv", "o", "gate_up", "down"]
+    assert [p["projection"] for p in models.layer_chain("deepseek-v3", 8)] == \
+        ["qkv_a", "q_b", "o", "gate_up", "down"]
+
+
+@pytest.mark.parametrize("name,tp,problem", [
+    ("qwen2.5-7b", 8, "heads 28 does not split over tp 8"),
+    ("qwen2.5-0.5b", 7, "2 kv heads are replicated only over a tp that is a multiple"),
+    ("llama-9b", 1, "unknown model 'llama-9b'"),
+])
+def test_refused_shardings_and_names(name, tp, problem):
+    with pytest.raises(ValueError, match=problem):
+        models.projections(name, tp)
+    with pytest.raises(ValueError, match="tp must be a positive integer"):
+        models.projections("llama-3.1-8b", 0)
+
+
+def test_every_model_expands_at_every_tp_it_divides():
+    for name in models.model_names():
+        for tp in (1, 2, 4, 8):
+            try:
+                found = models.projections(name, tp)
+            except ValueError as error:
+                assert "split over tp" in str(error) or "replicated" in str(error)
+                continue
+            assert found and all(p["n"] > 0 and p["k"] > 0 for p in found)
+
+
+def test_kernel_refusal_names_the_rule():
+    assert models.kernel_refusal(4096, 4096) is None
+    assert models.kernel_refusal(16384, 16384) is None
+    assert "multiple of 128" in models.kernel_refusal(1280, 2880)  # gpt-oss
+    assert "multiple of 16" in models.kernel_refusal(1000, 4096)
+    assert "K tiles" in models.kernel_refusal(8192, 28672)  # 70B's down at tp 1
+    assert "K tiles" in models.kernel_refusal(4096, 8320)
+
+
+def test_plan_view_of_a_model_on_a_cpu(capsys):
+    assert main(["plan", "--model", "llama-3-70b", "--tp", "8", "--m", "1,8",
+                 "--no-compile"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("llama-3.1-70b tp8")]
+    assert len(rows) == 10 and all(" heuristic " in row for row in rows)
+    assert any("gate_up" in row and " 7168  8192 " in row for row in rows)
+
+
+def test_plan_view_leaves_refused_shapes_to_cublas(capsys):
+    assert main(["plan", "--model", "gpt-oss-20b", "--m", "1", "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "cublas" in out and "K=2880 is not a multiple of 128" in out
+    assert " heuristic " in out  # o_proj (2880 x 4096) takes the kernel
+
+
+@pytest.mark.parametrize("argv,problem", [
+    (["plan", "--tp", "8"], "argument --tp: shards a --model's projections"),
+    (["plan", "--model", "nope"], "argument --model: unknown model 'nope'"),
+    (["plan", "--model", "qwen2.5-7b", "--tp", "8"], "does not split over tp 8"),
+    (["plan", "--model", "llama-3.1-8b", "--tp", "0"], "argument --tp"),
+    (["bench", "--model", "llama-3.1-8b", "--chain"], "argument --model: not with --chain"),
+    (["tune", "--model", "llama-3.1-8b", "--from-log", "--log", str(LOG), "-o", "x.json"],
+     "not with --from-log"),
+])
+def test_model_arguments_are_checked_in_one_line(capsys, argv, problem):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and problem in err[0]
+
+
+# ------------------------------------------- the reference wave heuristic
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32])
+@pytest.mark.parametrize("n,k", [(16, 128), (48, 16384), (768, 7168), (1152, 1536),
+                                 (2880, 4096), (4608, 1536), (5120, 5120), (128256, 4096),
+                                 (1280, 8192), (7168, 8192)])
+def test_reference_tactic_is_legal_everywhere(m, n, k):
+    tactic = reference_tactic(m, n, k, sm_count=132)
+    check_tactic(tactic, n, k)
+    assert tactic.token_tile >= 8 and tactic.k_split == 1 and not tactic.early_launch
+
+
+def test_reference_tactic_follows_its_rules():
+    # 4608 rows at M = 1: 16-row tiles are 288 CTAs (3 waves: 48 rows on the busiest SM),
+    # 32 rows 144 (2 waves: 64), 48 rows 96 (1 wave: 48): the wider of the two 48s
+    t = reference_tactic(1, 4608, 1536, sm_count=132)
+    assert t.output_tile == 48 and t.k_tile == 128  # wide tiles take 128-wide K tiles
+    # the token tile halves while the doubled grid fits in one wave: 768 rows, M = 32
+    t = reference_tactic(32, 768, 7168, sm_count=132)
+    assert t.output_tile == 16 and t.token_tile == 16 and grid_ctas(t, 32, 768) == 96
+    # two activation warps from 16 token rows or 8 K tiles on
+    assert reference_tactic(1, 1152, 1536, sm_count=132).b_loader_warps == 1  # 6 K tiles
+    assert reference_tactic(1, 5120, 5120, sm_count=132).b_loader_warps == 2  # 20 K tiles
+    # more CTAs than SMs: the deepest ring that keeps two per SM
+    t = reference_tactic(1, 5120, 5120, sm_count=132)
+    assert grid_ctas(t, 1, 5120) > 132 and ctas_per_sm(t) >= 2
+    deeper = type(t)(t.output_tile, t.token_tile, t.k_tile, t.stages + 1, t.b_loader_warps)
+    assert ctas_per_sm(deeper) < 2
+    # a grid within the SMs: the deepest legal ring (here all of K)
+    t = reference_tactic(1, 1152, 1536, sm_count=132)
+    assert grid_ctas(t, 1, 1152) <= 132 and t.stages == 1536 // t.k_tile
+
+
+def test_reference_tactic_refuses_what_the_kernel_refuses():
+    with pytest.raises(ValueError, match="K must be"):
+        reference_tactic(1, 2880, 2880)
+    with pytest.raises(ValueError, match="M must be in 1..32"):
+        reference_tactic(33, 4096, 4096)
