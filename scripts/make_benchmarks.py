@@ -11,6 +11,8 @@ scripts/gpu_check.sh):
 - bench/results/h200-bench-plan.json   the shipped plan, the default heuristic
                                        and cuBLAS per shape and M
 - bench/results/h200-bench-chain.json  dependent chains (`bench --chain`)
+- bench/results/h200-bench-models.json other models' projections, default vs
+                                       reference heuristic vs cuBLAS
 - bench/results/h200-tune-log.jsonl    the tuner's log the shipped plan is built from
 
 Every number in the generated text comes from those files; nothing is
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 BENCH = RESULTS / "h200-bench-plan.json"
 CHAIN = RESULTS / "h200-bench-chain.json"
+MODELS = RESULTS / "h200-bench-models.json"
 TUNE_LOG = RESULTS / "h200-tune-log.jsonl"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 README = ROOT / "README.md"
@@ -141,7 +144,8 @@ def log_records(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def benchmarks_md(bench: dict, chain: dict | None, records: int) -> str:
+def benchmarks_md(bench: dict, chain: dict | None, records: int,
+                  models: dict | None = None) -> str:
     t = _tables()
     env = bench.get("environment", {})
     s = summary(bench, chain)
@@ -225,7 +229,51 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int) -> str:
             "",
             *t.chain(chain["rows"]),
         ]
+    if models:
+        out += models_md(models)
     return "\n".join(out) + "\n"
+
+
+def models_md(models: dict) -> list[str]:
+    """The section on other models' projections: the default heuristic (no
+    plan) against the reference wave heuristic and cuBLAS."""
+    import statistics
+    rows = [r for entry in models["models"] for r in entry["rows"]]
+    env = models.get("environment", {})
+
+    def ratio(values):
+        return f"{statistics.median(values):.2f}× (min {min(values):.2f}×)"
+    out = [
+        "",
+        "## Other models: the default heuristic",
+        "",
+        f"Data: `{_rel(MODELS)}`. The decode projections one rank of each model runs",
+        "(`warpsplitk bench --plan none --model NAME --tp P`, `warpsplitk.models`), no",
+        "plan: the default heuristic (`default_tactic`) against the reference wave",
+        "heuristic (`reference_tactic`) and cuBLAS, M ∈ {1, 8, 32}, same method.",
+        "",
+        *environment_lines(env)[:1],
+        "",
+        "| model (TP) | cells | default's speedup over cuBLAS | reference time / default time "
+        "(median) | cells where cuBLAS is faster |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in models["models"]:
+        r = entry["rows"]
+        out.append(f"| {entry['model']} | {len(r)} | "
+                   f"{ratio([x['cublas_us'] / x['default_us'] for x in r])} | "
+                   f"{statistics.median([x['reference_us'] / x['default_us'] for x in r]):.3f} | "
+                   f"{sum(x['cublas_us'] < x['default_us'] for x in r)} |")
+    vs_ref = [x["reference_us"] / x["default_us"] for x in rows]
+    out += [
+        "",
+        f"Over all {len(rows)} cells the default is a median "
+        f"{ratio([x['cublas_us'] / x['default_us'] for x in rows])} cuBLAS; the reference "
+        f"heuristic is more than 2% faster than it in {sum(v < 0.98 for v in vs_ref)} cells "
+        f"and more than 2% slower in {sum(v > 1.02 for v in vs_ref)}; cuBLAS is faster in "
+        f"{sum(x['cublas_us'] < x['default_us'] for x in rows)}.",
+    ]
+    return out
 
 
 def readme_block(bench: dict, chain: dict | None) -> str:
@@ -284,8 +332,9 @@ def generate() -> dict[Path, str]:
     """{file: the text it should have}."""
     bench = load(BENCH)
     chain = load(CHAIN) if CHAIN.exists() else None
+    models = load(MODELS) if MODELS.exists() else None
     readme = README.read_text()
-    return {BENCHMARKS: benchmarks_md(bench, chain, log_records(TUNE_LOG)),
+    return {BENCHMARKS: benchmarks_md(bench, chain, log_records(TUNE_LOG), models),
             README: replace_block(readme, readme_block(bench, chain))}
 
 
