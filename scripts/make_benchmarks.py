@@ -178,7 +178,7 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int,
         "",
         "## Summary",
         "",
-        f"The shipped plan (`builtin_plan(\"h200\")`, `src/warpsplitk/data/plan-h200.json`)",
+        "The shipped plan (`builtin_plan(\"h200\")`, `src/warpsplitk/data/plan-h200.json`)",
         f"over the {s['shapes']}-shape table × M ∈ {{{ms}}}:",
         "",
         f"- Faster than cuBLAS in {s['faster']} of {s['cells']} cells: median "

@@ -376,7 +376,8 @@ def test_plan_view_compiles_what_the_cache_lacks_and_keeps_it(capsys, monkeypatc
         calls.append((n, k, tactic, arch))
         return {"registers": 42, "spill_bytes": 0, "local_bytes": 0}
 
-    monkeypatch.setattr(disk_cache, "fill_resources",
+    from warpsplitk import precompile
+    monkeypatch.setattr(precompile, "precompile_resources",
                         lambda kernels, arch, jobs, progress: progress(1, 1) or {})
     monkeypatch.setattr(disk_cache, "arch_resources", fake_resources)
     assert main(["plan", "--shapes", "256,1024", "--m", "1", "--plan", "none",

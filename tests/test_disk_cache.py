@@ -291,7 +291,8 @@ def test_resources_switched_off(cache, monkeypatch):
     assert disk_cache.arch_resources(N, K, TACTIC)["registers"] == 40
     assert len(calls) == 2 and not cache.exists()
     assert disk_cache.store_resources(stem, {"registers": 1}) is None
-    assert disk_cache.fill_resources([(N, K, TACTIC, False, True)]) == {} and len(calls) == 2
+    from warpsplitk.precompile import precompile_resources
+    assert precompile_resources([(N, K, TACTIC, False, True)]) == {} and len(calls) == 2
     monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "1")
     disk_cache.store_resources(stem, {"registers": 50, "spill_bytes": 0, "local_bytes": 0})
     monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "off")
@@ -317,13 +318,14 @@ def test_resources_of_another_version_or_unreadable_are_not_used(cache, monkeypa
     assert not disk_cache.resource_path(stem).exists()
 
 
-def test_fill_resources_in_worker_processes(cache):
+def test_precompile_resources_in_worker_processes(cache):
     """Two kernels the cache lacks, compiled by two workers into it; the
     records are those compiling in-process gives."""
     from warpsplitk.compile import compile_for_arch
     other = WarpSplitKTactic(16, 8, 128, 3, 1)
     seen = []
-    failures = disk_cache.fill_resources(
+    from warpsplitk.precompile import precompile_resources
+    failures = precompile_resources(
         [(N, K, TACTIC, False, True), (N, K, other, False, True), (N, K, TACTIC, False, True)],
         "sm_90a", jobs=2, progress=lambda done, total: seen.append((done, total)))
     assert failures == {} and seen == [(1, 2), (2, 2)]
@@ -332,6 +334,6 @@ def test_fill_resources_in_worker_processes(cache):
         assert disk_cache.cached_resources(N, K, tactic)["registers"] == \
             compile_for_arch(N, K, tactic, "sm_90a").registers
     # nothing left to do: no worker started
-    assert disk_cache.fill_resources([(N, K, TACTIC, False, True)], "sm_90a", jobs=2,
-                                     progress=lambda *a: seen.append(a)) == {}
+    assert precompile_resources([(N, K, TACTIC, False, True)], "sm_90a", jobs=2,
+                                progress=lambda *a: seen.append(a)) == {}
     assert len(seen) == 2

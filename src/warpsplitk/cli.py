@@ -418,7 +418,8 @@ def _cmd_plan(args, argv):
     if args.compile:
         from . import disk_cache
         kernels = [(s["n"], s["k"], t, False, True) for s, _, t, _ in rows if t is not None]
-        disk_cache.fill_resources(kernels, args.arch, args.jobs, _progress_line(args.arch))
+        from .precompile import precompile_resources
+        precompile_resources(kernels, args.arch, args.jobs, _progress_line(args.arch))
         for n, k, tactic, _, _ in kernels:
             if (n, k, tactic) not in registers:
                 registers[(n, k, tactic)] = disk_cache.arch_resources(n, k, tactic,

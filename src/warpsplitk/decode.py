@@ -103,18 +103,8 @@ def plan_from_json(data, source="plan") -> DecodePlan:
 def load_plan(path) -> DecodePlan:
     """Read and validate a plan file; every problem (no such file, not
     JSON, not a plan, a bad entry) is a ``ValueError`` naming the file."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such plan file") from None
-    except OSError as error:
-        raise ValueError(f"{path}: cannot read the plan ({error.strerror or error})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
-    return plan_from_json(data, str(path))
+    from .jsonfile import read_json
+    return plan_from_json(read_json(path, "plan file"), str(path))
 
 
 def builtin_plans() -> list[str]:

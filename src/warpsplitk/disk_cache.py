@@ -303,120 +303,6 @@ def describe_resources(path: Path) -> str:
         return f"{Path(path).name}: unreadable"
 
 
-def _resource_worker() -> int:
-    """A worker of ``fill_resources``: one JSON job a line on stdin, one
-    JSON reply a line on stdout (anything else the DSL prints goes to stderr)."""
-    import sys
-
-    from .tactics import WarpSplitKTactic
-    replies = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    for line in sys.stdin:
-        job = json.loads(line)
-        try:
-            arch_resources(job["n"], job["k"], WarpSplitKTactic.parse(job["tactic"]),
-                           job["arch"], job["bias"], job["pdl"])
-            error = None
-        except Exception as exc:  # the caller's own compile raises it again
-            error = f"{type(exc).__name__}: {exc}"
-        replies.write(json.dumps({"error": error}) + "\n")
-        replies.flush()
-    return 0
-
-
-def fill_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
-                   progress=None) -> dict:
-    """Compile, ``jobs`` worker processes at a time (default: one per core),
-    the kernels of ``kernels`` (``(n, k, tactic, has_bias, use_pdl)``) whose
-    resource records the cache lacks, storing their records. ``progress``
-    gets ``(done, total)`` after each. Returns ``{kernel: error}`` of those
-    that failed (left to the caller's own ``arch_resources``, which raises).
-    Nothing is done with the cache off; with one job the kernels are
-    compiled in this process."""
-    import queue
-    import subprocess
-    import sys
-
-    if not enabled():
-        return {}
-    todo, seen = [], set()
-    for n, k, tactic, has_bias, use_pdl in kernels:
-        item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl))
-        if item in seen:
-            continue
-        seen.add(item)
-        if not resource_path(key(arch, *item)).is_file():
-            todo.append(item)
-    if not todo:
-        return {}
-    jobs = max(1, min(os.cpu_count() or 1, 16) if jobs is None else int(jobs))
-    workers = min(jobs, len(todo))
-    failures, done = {}, [0]
-    lock = threading.Lock()
-
-    def report(item, error):
-        with lock:
-            if error:
-                failures[item] = error
-            done[0] += 1
-            count = done[0]
-        if progress:
-            progress(count, len(todo))
-
-    if workers == 1:
-        for item in todo:
-            try:
-                arch_resources(item[0], item[1], item[2], arch, item[3], item[4])
-                report(item, None)
-            except Exception as exc:
-                report(item, f"{type(exc).__name__}: {exc}")
-        return failures
-    pending = queue.Queue()
-    for item in todo:
-        pending.put(item)
-    env = dict(os.environ, CUTE_DSL_ARCH=arch)
-    package_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-c",
-               "import sys; from warpsplitk.disk_cache import _resource_worker; "
-               "sys.exit(_resource_worker())"]
-
-    def feed():
-        with subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True) as worker:
-            while True:
-                try:
-                    item = pending.get_nowait()
-                except queue.Empty:
-                    break
-                n, k, tactic, has_bias, use_pdl = item
-                try:
-                    worker.stdin.write(json.dumps({"n": n, "k": k, "tactic": tactic.short(),
-                                                   "arch": arch, "bias": has_bias,
-                                                   "pdl": use_pdl}) + "\n")
-                    worker.stdin.flush()
-                    reply = worker.stdout.readline()
-                    error = json.loads(reply)["error"] if reply else "the worker died"
-                except (OSError, ValueError, KeyError) as exc:
-                    error = f"the worker failed: {exc}"
-                report(item, error)
-                if error == "the worker died":
-                    break
-            try:
-                worker.stdin.close()
-            except OSError:
-                pass
-
-    threads = [threading.Thread(target=feed, daemon=True) for _ in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    while not pending.empty():
-        failures[pending.get_nowait()] = "no worker left"
-    return failures
-
-
 def _remove_file(path: Path) -> bool:
     try:
         path.unlink()
@@ -455,5 +341,5 @@ def clear() -> int:
 
 
 __all__ = ["cache_dir", "enabled", "key", "load", "store", "entries", "stale", "prune", "clear",
-           "path_for", "arch_resources", "cached_resources", "fill_resources", "load_resources",
+           "path_for", "arch_resources", "cached_resources", "load_resources",
            "store_resources", "resource_entries", "resource_path", "describe_resources"]

@@ -1,5 +1,10 @@
 """Compiling many kernels at once, in worker processes, into the disk cache.
 
+Two jobs share one worker pool: ``precompile`` compiles kernels for this
+process's GPU into the disk cache; ``precompile_resources`` compiles them for
+a target arch on any machine and keeps their register counts
+(``disk_cache.arch_resources``, what ``warpsplitk plan`` shows).
+
 Compiling one kernel is ~1 s of single-threaded CPU work (MLIR passes and
 ptxas) and needs no GPU. Preparing a model (tens of kernels) or tuning a
 table (hundreds of candidates) one kernel after another leaves the other
@@ -82,6 +87,16 @@ def _compile_job(job: dict):
     return None
 
 
+def _resources_job(job: dict):
+    """Compile one kernel (in a worker) for its arch and store its resource record."""
+    disk_cache.arch_resources(job["n"], job["k"], WarpSplitKTactic.parse(job["tactic"]),
+                              job["arch"], job["bias"], job["pdl"])
+    return None
+
+
+_JOBS = {"kernel": lambda job: _compile_job(job), "resources": _resources_job}
+
+
 def _worker_main() -> int:
     # Results go to the pipe the parent reads; anything the DSL prints goes
     # to stderr instead, so it cannot corrupt them.
@@ -90,7 +105,7 @@ def _worker_main() -> int:
     for line in sys.stdin:
         job = json.loads(line)
         try:
-            error = _compile_job(job)
+            error = _JOBS[job.get("kind", "kernel")](job)
         except Exception as exc:  # reported to the parent, which reports the kernel
             error = f"{type(exc).__name__}: {exc}"
         results.write(json.dumps({"error": error}) + "\n")
@@ -130,8 +145,57 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
     if len(todo) < 2:
         return {}
     started = time.perf_counter()
-    timeout = compile_timeout()
     workers = min(jobs, len(todo))
+
+    def report(count, total):
+        if progress and (count == total or count % 20 == 0):
+            progress(f"compiled {count}/{total} kernels in {workers} processes, "
+                     f"{time.perf_counter() - started:.1f} s")
+    return _run_workers(todo, arch, "kernel", workers, report)
+
+
+def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
+                         progress=None) -> dict:
+    """Compile for ``arch``, ``jobs`` worker processes at a time (default: one
+    per core), the kernels of ``kernels`` (``(n, k, tactic, has_bias,
+    use_pdl)``) whose resource records the disk cache lacks, storing their
+    records (``disk_cache.arch_resources``). ``progress(done, total)`` after
+    each. Returns ``{kernel: error}`` of those that failed (left to the
+    caller's own ``arch_resources``, which raises). Nothing is done with the
+    cache off; with one job the kernels are compiled in this process."""
+    if not disk_cache.enabled():
+        return {}
+    todo, seen = [], set()
+    for n, k, tactic, has_bias, use_pdl in kernels:
+        item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl))
+        if item not in seen:
+            seen.add(item)
+            if not disk_cache.resource_path(disk_cache.key(arch, *item)).is_file():
+                todo.append(item)
+    if not todo:
+        return {}
+    jobs = max(1, min(os.cpu_count() or 1, 16) if jobs is None else int(jobs))
+    workers = min(jobs, len(todo))
+    if workers > 1:
+        return _run_workers(todo, arch, "resources", workers,
+                            progress or (lambda count, total: None))
+    failures = {}
+    for count, item in enumerate(todo, 1):
+        try:
+            disk_cache.arch_resources(item[0], item[1], item[2], arch, item[3], item[4])
+        except Exception as exc:  # the caller's own arch_resources raises it again
+            failures[item] = f"{type(exc).__name__}: {exc}"
+        if progress:
+            progress(count, len(todo))
+    return failures
+
+
+def _run_workers(todo, arch, kind, workers, report) -> dict:
+    """Hand the ``(n, k, tactic, has_bias, use_pdl)`` items of ``todo`` to
+    ``workers`` worker processes, one ``kind`` job at a time
+    (``_JOBS``); ``report(done, total)`` after each. Returns ``{item: error}``
+    of those that failed."""
+    timeout = compile_timeout()
     pending = queue.Queue()
     for item in todo:
         pending.put(item)
@@ -151,8 +215,8 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
                 except queue.Empty:
                     break
                 n, k, tactic, has_bias, use_pdl = item
-                job = {"arch": arch, "n": n, "k": k, "tactic": tactic.short(), "bias": has_bias,
-                       "pdl": use_pdl}
+                job = {"kind": kind, "arch": arch, "n": n, "k": k, "tactic": tactic.short(),
+                       "bias": has_bias, "pdl": use_pdl}
                 try:
                     worker.stdin.write(json.dumps(job) + "\n")
                     worker.stdin.flush()
@@ -171,9 +235,7 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
                         failures[item] = error
                     done[0] += 1
                     count = done[0]
-                if progress and (count == len(todo) or count % 20 == 0):
-                    progress(f"compiled {count}/{len(todo)} kernels in {workers} processes, "
-                             f"{time.perf_counter() - started:.1f} s")
+                report(count, len(todo))
                 if error and (error == "the worker died" or error.startswith("timed out")):
                     break
             try:
@@ -192,7 +254,7 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
     return failures
 
 
-__all__ = ["precompile", "missing", "default_jobs"]
+__all__ = ["precompile", "precompile_resources", "missing", "default_jobs"]
 
 
 if __name__ == "__main__":

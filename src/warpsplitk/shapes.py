@@ -20,19 +20,11 @@ def load(path=None) -> dict:
     """The shape table: ``{"shapes": [{"n", "k", "model", "projection"}, ...], "m_values": [...]}``."""
     where = str(path) if path is not None else "built-in shape table"
     if path is None:
-        text = resources.files("warpsplitk").joinpath("data/decode-shapes.json").read_text()
+        table = json.loads(resources.files("warpsplitk").joinpath("data/decode-shapes.json")
+                           .read_text())
     else:
-        try:
-            with open(path) as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise ValueError(f"{where}: no such shape table") from None
-        except OSError as error:
-            raise ValueError(f"{where}: cannot read the shape table ({error.strerror})") from None
-    try:
-        table = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{where}: not valid JSON ({error})") from None
+        from .jsonfile import read_json
+        table = read_json(path, "shape table")
     if not isinstance(table, dict) or not isinstance(table.get("shapes"), list):
         raise ValueError(f"{where}: a shape table needs a 'shapes' list "
                          '(e.g. {"shapes": [{"n": 4224, "k": 7168}]})')
