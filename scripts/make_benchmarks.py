@@ -23,7 +23,6 @@ reproducible, so --check leaves it alone).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -43,12 +42,35 @@ END = "<!-- bench:end -->"
 BIG = 16e6  # bytes: the weights whose bandwidth is reported separately
 
 
-def _tables():
-    """scripts/bench_tables.py: the grid, per-cell and chain tables."""
-    spec = importlib.util.spec_from_file_location("bench_tables", ROOT / "scripts" / "bench_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def grid(rows) -> list[str]:
+    """Per shape and M: warpsplitk µs / cuBLAS µs (speedup)."""
+    ms = sorted({r["m"] for r in rows})
+    shapes = list(dict.fromkeys((r["n"], r["k"]) for r in rows))
+    cell = {(r["n"], r["k"], r["m"]): r for r in rows}
+    out = ["| N | K | MB | " + " | ".join(f"M={m}" for m in ms) + " |",
+           "|---|---|---|" + "---|" * len(ms)]
+    for n, k in shapes:
+        parts = []
+        for m in ms:
+            r = cell.get((n, k, m))
+            parts.append("" if r is None else
+                         f"{r['ours_us']:.2f} / {r['cublas_us']:.2f} "
+                         f"({r['cublas_us'] / r['ours_us']:.2f}×)")
+        out.append(f"| {n} | {k} | {n * k * 2 / 1e6:.1f} | " + " | ".join(parts) + " |")
+    return out
+
+
+def chain_table(rows) -> list[str]:
+    """Per chained pair and M: µs per pair, cuBLAS, speedup, share of the floor."""
+    out = ["| first → second | M | tactics | warpsplitk µs | cuBLAS µs | speedup | % of floor |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        first = "×".join(str(v) for v in r["first"])
+        second = "×".join(str(v) for v in r["second"])
+        out.append(f"| {first} → {second} | {r['m']} | {r['tactics']} | {r['ours_us']:.2f} | "
+                   f"{r['cublas_us']:.2f} | {r['cublas_us'] / r['ours_us']:.2f}× | "
+                   f"{100 * r['floor_us'] / r['ours_us']:.0f}% |")
+    return out
 
 
 def _rel(path: Path) -> str:
@@ -146,7 +168,6 @@ def log_records(path: Path) -> int:
 
 def benchmarks_md(bench: dict, chain: dict | None, records: int,
                   models: dict | None = None) -> str:
-    t = _tables()
     env = bench.get("environment", {})
     s = summary(bench, chain)
     f = s["features"]
@@ -209,7 +230,7 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int,
         "",
         "Cells: warpsplitk µs / cuBLAS µs (speedup).",
         "",
-        *t.grid(bench["rows"]),
+        *grid(bench["rows"]),
         "",
         "The plan's tactic per cell (short form, README.md \"Tactics\"):",
         "",
@@ -227,7 +248,7 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int,
             "",
             *environment_lines(chain.get("environment", {}))[:1],
             "",
-            *t.chain(chain["rows"]),
+            *chain_table(chain["rows"]),
         ]
     if models:
         out += models_md(models)

@@ -50,29 +50,26 @@ def test_chain_floor_counts_both_weights():
     assert chain_floor_us((768, 7168), (7168, 768), 4.4) == pytest.approx(5.005, abs=1e-3)
 
 
-def test_benchmarks_tables_from_a_bench_json(tmp_path):
-    """scripts/bench_tables.py renders BENCHMARKS.md's figures from the JSON."""
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_benchmarks_page_from_bench_records(tmp_path):
+    """scripts/make_benchmarks.py renders BENCHMARKS.md's figures and tables
+    from a bench record and a chain record."""
+    from script_loader import load_script
+    make = load_script("make_benchmarks")
     rows = [_row(m=1, ours=13.7, cublas=21.1), _row(m=32, ours=16.0, cublas=19.0),
             _row(768, 128, 1, 1.4, 2.8)]
     path = tmp_path / "b.json"
-    bench.write_json(path, {"gpu": "NVIDIA H200"}, rows)
-    chain = tmp_path / "c.json"
-    chain.write_text(json.dumps({"mode": "chain", "rows": [
+    bench.write_json(path, {"gpu": "NVIDIA H200", "command": "warpsplitk bench"}, rows)
+    chain = {"environment": {"gpu": "NVIDIA H200"}, "mode": "chain", "rows": [
         {"first": [768, 7168], "second": [7168, 768], "m": 1, "tactics": "a -> b",
-         "ours_us": 7.0, "cublas_us": 14.0, "floor_us": 5.0}]}))
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_tables.py"
-    done = subprocess.run([sys.executable, str(script), str(path), "--chain", str(chain)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
-    assert out.startswith("3 cells; faster than cuBLAS in 3: min 1.19×, median 1.54×, max 2.00×")
-    assert "weights ≥ 16 MB (2 cells): median" in out  # 4224x7168 only
-    assert "| 4224 | 7168 | 60.6 | 13.70 / 21.10 (1.54×) |" in out
-    assert "Chains: 1/1 faster than cuBLAS, 2.00–2.00×." in out
-    assert "| 768×7168 → 7168×768 | 1 | a -> b | 7.00 | 14.00 | 2.00× | 71% |" in out
+         "ours_us": 7.0, "cublas_us": 14.0, "floor_us": 5.0}]}
+    page = make.benchmarks_md(make.load(path), chain, 1234)
+    assert "Faster than cuBLAS in 3 of 3 cells: median 1.54×, min 1.19× (4224×7168 M=32), " \
+        "max 2.00×" in page
+    assert "Weights ≥ 16 MB (2 cells): median" in page  # 4224x7168 only
+    assert "| 4224 | 7168 | 60.6 | 13.70 / 21.10 (1.54×) | 16.00 / 19.00 (1.19×) |" in page
+    assert "Dependent chains: 1 of 1 pair × M cells faster than cuBLAS, 2.00–2.00×." in page
+    assert "| 768×7168 → 7168×768 | 1 | a -> b | 7.00 | 14.00 | 2.00× | 71% |" in page
+    assert "the 1234 records of" in page
 
 
 def test_environment_names_the_versions_and_no_build_variant(monkeypatch):

@@ -1,0 +1,67 @@
+"""scripts/gpu_record.py: GPU test and sanitizer runs as JSON records (no GPU needed)."""
+
+import json
+
+import pytest
+
+from script_loader import load_script
+
+
+@pytest.fixture(scope="module")
+def record():
+    return load_script("gpu_record")
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.test_gpu_k_split" name="test_a" time="1.5"/>
+<testcase classname="tests.test_gpu_k_split" name="test_b" time="0.5"><failure message="x"/></testcase>
+<testcase classname="tests.test_gpu_k_split" name="test_c" time="0.1"><skipped message="no"/></testcase>
+<testcase classname="tests.test_gpu_k_split" name="test_d" time="0.1"><error message="e"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_tests_record_counts_each_module_and_a_killed_one(record, tmp_path):
+    (tmp_path / "test_gpu_k_split.xml").write_text(JUNIT)
+    (tmp_path / "test_gpu_k_split.rc").write_text("1\n")
+    (tmp_path / "test_gpu_kernel.rc").write_text("124\n")  # killed by its limit: no report
+    counts = record.test_counts(str(tmp_path))
+    assert counts["modules"]["test_gpu_k_split"] == {
+        "passed": 1, "failed": 1, "skipped": 1, "errors": 1, "seconds": 2.2, "exit": "1"}
+    assert counts["modules"]["test_gpu_kernel"]["errors"] == 1
+    assert counts["totals"] == {"passed": 1, "failed": 1, "skipped": 1, "errors": 2}
+    assert counts["failed"] == ["tests.test_gpu_k_split::test_b", "tests.test_gpu_k_split::test_d",
+                                "test_gpu_kernel: no report, exit status 124"]
+
+
+def _log(tmp_path, name, text, rc):
+    (tmp_path / f"{name}.log").write_text(text)
+    (tmp_path / f"{name}.rc").write_text(rc)
+
+
+def test_sanitizer_record_is_clean_only_when_every_shard_finished_clean(record, tmp_path):
+    _log(tmp_path, "memcheck-0", "70 cases, 0 wrong\n========= ERROR SUMMARY: 0 errors\n", "0")
+    _log(tmp_path, "racecheck-0",
+         "72 cases, 0 wrong\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 "
+         "warnings)\n", "0")
+    counts = record.sanitizer_counts(str(tmp_path))
+    assert counts["clean"] and counts["tools"]["memcheck"]["cases"] == 70
+    assert counts["tools"]["racecheck"]["reported"] == 0
+    # a shard cut by its limit never prints its case count
+    _log(tmp_path, "synccheck-0", "case 16,8,128,2,1 N=32 K=512 M=[1, 7, 8, 9, 32]\n", "124")
+    assert not record.sanitizer_counts(str(tmp_path))["clean"]
+    _log(tmp_path, "synccheck-0", "70 cases, 0 wrong\n========= ERROR SUMMARY: 3 errors\n", "9")
+    counts = record.sanitizer_counts(str(tmp_path))
+    assert not counts["clean"] and counts["tools"]["synccheck"]["reported"] == 3
+
+
+def test_record_file_carries_command_and_environment(record, tmp_path, monkeypatch):
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "test_gpu_llama.xml").write_text(JUNIT)
+    (tmp_path / "reports" / "test_gpu_llama.rc").write_text("0")
+    monkeypatch.setattr(record, "environment", lambda command: {"command": command, "gpu": "X"})
+    out = tmp_path / "r.json"
+    assert record.main(["tests", str(tmp_path / "reports"), "--command", "bash x",
+                        "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["environment"] == {"command": "bash x", "gpu": "X"} and data["kind"] == "tests"
+    assert data["totals"]["passed"] == 1
