@@ -500,9 +500,9 @@ class WarpSplitKKernel:
                 # copy: a write by the async proxy, which the mbarrier
                 # release/acquire chain alone does not order after this
                 # thread's ldmatrix reads (generic proxy). Without the fence
-                # the refill lands before the reads on the H200 (docs/
-                # design-notes.md). cp.async (generic proxy) rings need no
-                # fence, nor does a stage no copy refills.
+                # the refill lands before the reads on the H200
+                # (docs/design-notes.md). cp.async (generic proxy) rings
+                # need no fence, nor does a stage no copy refills.
                 ptx.fence_proxy_async_shared()
             # Every lane releases the stage with its own arrival once its
             # ldmatrix reads are done (compute-sanitizer's racecheck follows
