@@ -98,6 +98,43 @@ def test_cuda_graph_capture():
     assert rel_err(y, x, lin.weight, lin.bias) < 1e-2
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_plan_with_cublas_entries_mixes_both_paths_in_one_graph(bias):
+    """A plan that runs M = 8 on cuBLAS (decode.CUBLAS) and M = 1, 32 on the
+    kernel: DecodeLinear prepares a PreparedDecode; every M matches fp64,
+    eagerly and replayed from one CUDA graph holding both paths."""
+    from warpsplitk.decode import CUBLAS, DecodePlan
+    from warpsplitk.prepared import PreparedDecode
+    from warpsplitk.tactics import default_tactic
+    plan = DecodePlan()
+    plan.set(N, K, 1, default_tactic(1, N, K))
+    plan.set(N, K, 8, CUBLAS)
+    plan.set(N, K, 32, default_tactic(32, N, K))
+    torch.manual_seed(0)
+    lin = nn.Linear(K, N, bias=bias, device="cuda", dtype=torch.bfloat16)
+    mod = DecodeLinear.from_linear(lin, plan=plan, ms=MS)
+    assert isinstance(mod.prepared, PreparedDecode) and mod.prepared.cublas_ms == (8,)
+    xs = {m: bf16(m, K) for m in MS}
+    with torch.no_grad():
+        for m, x in xs.items():
+            assert rel_err(mod(x), x, lin.weight, lin.bias) < 1e-2
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for x in xs.values():
+                mod(x)  # warm up (cuBLAS's workspace) outside capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ys = {m: mod(x) for m, x in xs.items()}
+    for x in xs.values():
+        x.copy_(bf16(*x.shape))
+    graph.replay()
+    torch.cuda.synchronize()
+    for m, x in xs.items():
+        assert rel_err(ys[m], x, lin.weight, lin.bias) < 1e-2, m
+
+
 def test_compile_fullgraph():
     lin, mod = make()
     compiled = torch.compile(mod, fullgraph=True)

@@ -73,7 +73,16 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     rounds = timing.resolve_rounds(rounds)  # refused before anything is allocated
     import torch
 
-    from .prepared import PreparedWarpSplitK
+    from .decode import CUBLAS
+    from .prepared import PreparedDecode, PreparedWarpSplitK
+
+    def prepared_for(weight, choices):
+        # a plan may run some Ms on cuBLAS (decode.CUBLAS), as decode.prepare does
+        cublas_ms = [m for m, t in choices.items() if t == CUBLAS]
+        if not cublas_ms:
+            return PreparedWarpSplitK(weight, choices)
+        return PreparedDecode(weight, {m: t for m, t in choices.items() if t != CUBLAS},
+                              cublas_ms)
 
     copies = timing.copies_for(n * k * 2)
     weights = timing.random_weights(n, k, copies, "cuda", seed=seed)
@@ -81,7 +90,7 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     tactics = {m: t for m, (t, _) in chosen.items()}
     defaults = {m: default_tactic(m, n, k) for m in ms}
     references = {m: reference_tactic(m, n, k) for m in ms}
-    prepared = [PreparedWarpSplitK(w, tactics) for w in weights]
+    prepared = [prepared_for(w, tactics) for w in weights]
     prepared_default = ([PreparedWarpSplitK(w, defaults) for w in weights]
                         if include_default and defaults != tactics else None)
     own_reference = {m for m in ms if references[m] not in (tactics[m], defaults[m])}
@@ -143,16 +152,18 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     # every kernel of the run compiled up front, in parallel (warpsplitk.precompile)
     from .compile import device_arch
     from .precompile import precompile
+    from .decode import CUBLAS
     precompile([(n, k, t, False, True) for n, k in shapes for m in ms
                 for t in (tactic_for(m, n, k)[0], default_tactic(m, n, k),
-                          reference_tactic(m, n, k))],
+                          reference_tactic(m, n, k)) if t != CUBLAS],
                device_arch(torch.cuda.current_device()), progress=progress)
     rows = []
     for n, k in shapes:
         for m, (tactic, source), ours, default_us, (reference, reference_us), cublas in \
                 bench_shape(n, k, ms, functools.partial(tactic_for, n=n, k=k), rounds=rounds):
             weight_bytes = n * k * 2
-            row = BenchRow(n, k, m, tactic.short(), source, round(ours.median_us, 3),
+            row = BenchRow(n, k, m, _short(tactic), source,
+                           round(ours.median_us, 3),
                            round(ours.spread, 3), None if default_us is None else round(default_us, 3),
                            round(cublas.median_us, 3), round(cublas.spread, 3),
                            round(weight_bytes / (sheet * 1e12) * 1e6, 3),
@@ -166,6 +177,11 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
 
 HEADER = (f"{'N':>6} {'K':>6} {'M':>3} {'tactic':>22} {'ours us':>8} {'default':>8} "
           f"{'ref':>8} {'cuBLAS':>8} {'speedup':>7} {'TB/s':>5} {'%floor':>6}")
+
+
+def _short(choice) -> str:
+    """A tactic's short form, or "cublas" (``decode.CUBLAS``)."""
+    return choice if isinstance(choice, str) else choice.short()
 
 
 def format_row(r: BenchRow) -> str:
@@ -259,7 +275,7 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
 
             ours, cublas = timing.time_rounds([calls, cublas_calls], rounds, check_y)
             row = ChainRow((n1, k1), (n2, k2), m,
-                           f"{p1[0].tactics[m].short()} -> {p2[0].tactics[m].short()}",
+                           f"{_short(p1[0].tactics[m])} -> {_short(p2[0].tactics[m])}",
                            round(2 * ours.median_us, 3), round(2 * cublas.median_us, 3),
                            round(chain_floor_us((n1, k1), (n2, k2), read_tbps), 3))
             rows.append(row)

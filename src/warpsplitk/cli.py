@@ -400,6 +400,7 @@ def _cmd_plan(args, argv):
         sm_balance,
         waves,
     )
+    from .decode import CUBLAS
     from .models import kernel_refusal
     rows = []
     for shape in entries:
@@ -417,7 +418,8 @@ def _cmd_plan(args, argv):
     registers = {}
     if args.compile:
         from . import disk_cache
-        kernels = [(s["n"], s["k"], t, False, True) for s, _, t, _ in rows if t is not None]
+        kernels = [(s["n"], s["k"], t, False, True) for s, _, t, _ in rows
+                   if t is not None and t != CUBLAS]
         from .precompile import precompile_resources
         precompile_resources(kernels, args.arch, args.jobs, _progress_line(args.arch))
         for n, k, tactic, _, _ in kernels:
@@ -438,8 +440,14 @@ def _cmd_plan(args, argv):
         if tactic is None:
             print(f"{name:<34} {origin:>9} {n:>5} {k:>5} {m:>3} {kernel_refusal(n, k)}")
             continue
-        regs = registers[(n, k, tactic)] if args.compile else register_estimate(tactic)
         floor = n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6)
+        if tactic == CUBLAS:  # the plan measured torch.matmul faster for this M
+            measured = plan.entries[(n, k)][m][1]
+            shown = "-" if measured is None else f"{measured:.2f}"
+            print(f"{name:<34} {origin:>9} {n:>5} {k:>5} {m:>3} {'cublas':>30} {'':>58} "
+                  f"{floor:>8.2f} {shown:>7}")
+            continue
+        regs = registers[(n, k, tactic)] if args.compile else register_estimate(tactic)
         # the time the tuner measured for this M, where it measured this M
         measured = plan.entries.get((n, k), {}).get(m, (None, None))[1] if origin == "plan" \
             else None

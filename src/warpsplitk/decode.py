@@ -7,8 +7,10 @@ A plan is a versioned JSON file::
               "method": ..., "created": ...},
      "shapes": [{"n": N, "k": K, "entries": {"M": {"tactic": "o,t,k,s,b", "us": t}}}]}
 
-``load_plan`` validates every entry with ``check_tactic``: a bad or stale
-file is an error naming the entry, never a silent fallback. Lookups for
+An entry's tactic may instead be ``"cublas"`` (``CUBLAS``): for that M the
+prepared weight runs ``torch.matmul`` (cuBLAS), where it measured faster.
+``load_plan`` validates every other entry with ``check_tactic``: a bad or
+stale file is an error naming the entry, never a silent fallback. Lookups for
 shapes the plan lacks fall back to ``default_tactic`` and say so once.
 ``prepare`` compiles everything a weight needs before any graph capture.
 """
@@ -25,6 +27,8 @@ from .tactics import MAX_M, WarpSplitKTactic, check_tactic, default_tactic
 
 PLAN_FORMAT = "warpsplitk-plan"
 PLAN_VERSION = 1
+#: A plan entry that runs ``torch.matmul`` (cuBLAS) for its M instead of the kernel.
+CUBLAS = "cublas"
 
 
 @dataclass
@@ -34,11 +38,14 @@ class DecodePlan:
     entries: dict = field(default_factory=dict)
     _warned: set = field(default_factory=set, repr=False, compare=False)
 
-    def lookup(self, n: int, k: int, m: int) -> WarpSplitKTactic | None:
+    def lookup(self, n: int, k: int, m: int) -> WarpSplitKTactic | str | None:
+        """The plan's choice for (N, K, M): a tactic, ``CUBLAS``, or None."""
         hit = self.entries.get((n, k), {}).get(m)
         return None if hit is None else hit[0]
 
-    def tactic_for(self, n: int, k: int, m: int, sm_count: int | None = None) -> WarpSplitKTactic:
+    def tactic_for(self, n: int, k: int, m: int,
+                   sm_count: int | None = None) -> WarpSplitKTactic | str:
+        """The plan's choice (a tactic or ``CUBLAS``), else ``default_tactic``."""
         tactic = self.lookup(n, k, m)
         if tactic is not None:
             return tactic
@@ -50,14 +57,17 @@ class DecodePlan:
         return default_tactic(m, n, k, sm_count)
 
     def set(self, n, k, m, tactic, us=None):
-        check_tactic(tactic, n, k)
+        """Choose ``tactic`` (or ``CUBLAS``) for (N, K, M)."""
+        if tactic != CUBLAS:
+            check_tactic(tactic, n, k)
         self.entries.setdefault((n, k), {})[m] = (tactic, us)
 
     def to_json(self) -> dict:
         shapes = []
         for (n, k), by_m in sorted(self.entries.items()):
             shapes.append({"n": n, "k": k, "entries": {
-                str(m): {"tactic": t.short(), "us": us} for m, (t, us) in sorted(by_m.items())}})
+                str(m): {"tactic": t if t == CUBLAS else t.short(), "us": us}
+                for m, (t, us) in sorted(by_m.items())}})
         return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "meta": self.meta, "shapes": shapes}
 
     def save(self, path):
@@ -90,8 +100,11 @@ def plan_from_json(data, source="plan") -> DecodePlan:
             if not 1 <= m <= MAX_M:
                 raise ValueError(f"{where}: M must be in 1..{MAX_M}")
             try:
-                tactic = WarpSplitKTactic.parse(entry["tactic"])
-                check_tactic(tactic, n, k)
+                if entry["tactic"] == CUBLAS:
+                    tactic = CUBLAS
+                else:
+                    tactic = WarpSplitKTactic.parse(entry["tactic"])
+                    check_tactic(tactic, n, k)
             except (KeyError, TypeError):
                 raise ValueError(f"{where}: entry needs a 'tactic'") from None
             except ValueError as error:
@@ -126,13 +139,19 @@ def builtin_plan(name: str = "h200") -> DecodePlan:
 
 
 def prepare(weight, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), bias=None):
-    """A ``PreparedWarpSplitK`` for ``weight`` with the plan's tactic for each M
-    in ``ms`` (the default heuristic where the plan has none), all compiled now."""
-    from .prepared import PreparedWarpSplitK
+    """``weight`` prepared with the plan's choice for each M in ``ms`` (the
+    default heuristic where the plan has none), all compiled now: a
+    ``PreparedWarpSplitK``, or, where the plan runs some Ms on cuBLAS, a
+    ``PreparedDecode`` with the same interface."""
+    from .prepared import PreparedDecode, PreparedWarpSplitK
     n, k = weight.shape
     plan = plan if plan is not None else DecodePlan()
-    tactics = {m: plan.tactic_for(n, k, m) for m in ms}
-    return PreparedWarpSplitK(weight, tactics, bias=bias)
+    choices = {m: plan.tactic_for(n, k, m) for m in ms}
+    cublas_ms = [m for m, t in choices.items() if t == CUBLAS]
+    if not cublas_ms:
+        return PreparedWarpSplitK(weight, choices, bias=bias)
+    tactics = {m: t for m, t in choices.items() if t != CUBLAS}
+    return PreparedDecode(weight, tactics, cublas_ms, bias=bias)
 
 
 def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1),
@@ -156,7 +175,8 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
         index = weight.device.index
         try:
             arch = device_arch(torch.cuda.current_device() if index is None else index)
-            kernels = [(n, k, plan.tactic_for(n, k, m), has_bias, True) for m in ms]
+            kernels = [(n, k, t, has_bias, True) for t in (plan.tactic_for(n, k, m) for m in ms)
+                       if t != CUBLAS]
         except ValueError:
             continue
         by_arch.setdefault(arch, []).extend(kernels)

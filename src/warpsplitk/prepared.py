@@ -3,7 +3,8 @@
 Everything slow happens in ``__init__`` (validation, one compile per distinct
 tactic); ``run`` checks its arguments cheaply and launches once, with no
 allocation, no host synchronisation and no compilation, so it is safe inside
-CUDA graph capture.
+CUDA graph capture. ``PreparedDecode`` is the same for a plan that runs some
+Ms on cuBLAS (``decode.CUBLAS``).
 """
 
 from __future__ import annotations
@@ -163,4 +164,78 @@ class PreparedWarpSplitK:
     def __repr__(self):
         plan = ", ".join(f"{m}: ({t.short()})" for m, t in self.tactics.items())
         return (f"PreparedWarpSplitK(N={self.n}, K={self.k}, device={self.device}, "
+                f"bias={self.bias is not None}, tactics={{{plan}}})")
+
+
+class PreparedDecode:
+    """What ``decode.prepare`` returns when a plan runs some Ms on cuBLAS:
+    ``torch.matmul`` (``torch.addmm`` with a bias) into ``out`` for
+    ``cublas_ms``, the warp split-K kernel (a ``PreparedWarpSplitK``) for the
+    Ms of ``tactics``. The same interface and checks as
+    ``PreparedWarpSplitK``; ``run`` allocates nothing, so it is captured in
+    CUDA graphs like the kernel (prepare, or run once, before capturing:
+    cuBLAS sets up its workspace on its first call)."""
+
+    def __init__(self, weight, tactics: Mapping[int, WarpSplitKTactic], cublas_ms, bias=None):
+        torch = _torch()
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise ValueError("weight must be a 2-D torch.Tensor [N, K], got "
+                             f"{_describe(weight) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+        n, k = weight.shape
+        _check_packed("weight", weight, (n, k), weight.device)
+        cublas_ms = tuple(sorted(set(cublas_ms)))
+        for m in cublas_ms:
+            if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= MAX_M:
+                raise ValueError(f"cuBLAS Ms are in 1..{MAX_M}, got {m!r}")
+            if m in tactics:
+                raise ValueError(f"M={m} has both a tactic and cuBLAS")
+        if not cublas_ms:
+            raise ValueError("a PreparedDecode has at least one cuBLAS M "
+                             "(else use PreparedWarpSplitK)")
+        if bias is not None:
+            _check_packed("bias", bias, (n,), weight.device)
+        self.kernel = PreparedWarpSplitK(weight, tactics, bias=bias) if tactics else None
+        self.weight, self.bias = weight, bias
+        self.n, self.k = n, k
+        self.device = weight.device
+        self.cublas_ms = cublas_ms
+        self.tactics = dict(sorted({**dict(tactics), **{m: "cublas" for m in cublas_ms}}.items()))
+        self._weight_t = weight.t()  # a view: no copy, the weight's storage
+
+    @property
+    def ms(self):
+        return tuple(self.tactics)
+
+    def run(self, x, out):
+        """As ``PreparedWarpSplitK.run``: checks, then one call (the kernel,
+        or cuBLAS for ``cublas_ms``) on the current stream; returns ``out``."""
+        torch = _torch()
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise ValueError(f"x must be a 2-D torch.Tensor [M, K], got "
+                             f"{_describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        m = x.shape[0]
+        if m not in self.tactics:
+            raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(self.tactics)}")
+        _check_packed("x", x, (m, self.k), self.device)
+        _check_packed("out", out, (m, self.n), self.device)
+        for name, other in (("x", x), ("the weight", self.weight), ("the bias", self.bias)):
+            if other is not None and _overlap(out, other):
+                raise ValueError(f"out must not overlap {name}")
+        return self._launch(x, out)
+
+    def _launch(self, x, out):
+        """``run`` without its checks (``DecodeLinear``'s eager path). Internal."""
+        if x.shape[0] in self.cublas_ms:
+            torch = _torch()
+            if self.bias is None:
+                return torch.matmul(x, self._weight_t, out=out)
+            return torch.addmm(self.bias, x, self._weight_t, out=out)
+        return self.kernel._launch(x, out)
+
+    __call__ = run
+
+    def __repr__(self):
+        plan = ", ".join(f"{m}: ({t if t == 'cublas' else t.short()})"
+                         for m, t in self.tactics.items())
+        return (f"PreparedDecode(N={self.n}, K={self.k}, device={self.device}, "
                 f"bias={self.bias is not None}, tactics={{{plan}}})")

@@ -1,0 +1,114 @@
+"""Plan entries that run cuBLAS (decode.CUBLAS): plans, prepare, PreparedDecode, the plan view (CPU)."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from warpsplitk import prepared as prepared_module
+from warpsplitk.cli import main
+from warpsplitk.decode import CUBLAS, DecodePlan, load_plan, plan_from_json, prepare
+from warpsplitk.prepared import PreparedDecode
+from warpsplitk.tactics import WarpSplitKTactic
+
+N, K = 256, 512
+TACTIC = WarpSplitKTactic(16, 8, 128, 2, 1)
+
+
+def mixed_plan():
+    plan = DecodePlan(meta={"gpu": "test"})
+    plan.set(N, K, 1, TACTIC, 3.0)
+    plan.set(N, K, 8, CUBLAS, 2.5)
+    return plan
+
+
+def test_cublas_entries_round_trip_through_the_file(tmp_path):
+    path = tmp_path / "plan.json"
+    mixed_plan().save(path)
+    text = json.loads(path.read_text())
+    assert text["shapes"][0]["entries"]["8"] == {"tactic": "cublas", "us": 2.5}
+    plan = load_plan(path)
+    assert plan.lookup(N, K, 8) == CUBLAS and plan.lookup(N, K, 1) == TACTIC
+    assert plan.tactic_for(N, K, 8) == CUBLAS
+    with pytest.raises(ValueError, match=r"N=256 K=512 M=2: .*tactic is five integers"):
+        plan_from_json({"format": "warpsplitk-plan", "version": 1, "shapes": [
+            {"n": N, "k": K, "entries": {"2": {"tactic": "cuBLAS"}}}]})
+
+
+def _weights(bias=False):
+    torch.manual_seed(0)
+    w = torch.randn(N, K, dtype=torch.bfloat16)
+    b = torch.randn(N, dtype=torch.bfloat16) if bias else None
+    return w, b
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_all_cublas_plan_prepares_without_a_kernel(bias):
+    w, b = _weights(bias)
+    plan = DecodePlan()
+    for m in (1, 8):
+        plan.set(N, K, m, CUBLAS)
+    prepared = prepare(w, plan, ms=(1, 8), bias=b)
+    assert isinstance(prepared, PreparedDecode) and prepared.kernel is None
+    assert prepared.ms == (1, 8) and prepared.tactics == {1: "cublas", 8: "cublas"}
+    x = torch.randn(8, K, dtype=torch.bfloat16)
+    out = torch.full((8, N), float("nan"), dtype=torch.bfloat16)
+    assert prepared.run(x, out) is out
+    torch.testing.assert_close(out, F.linear(x, w, b), rtol=2e-2, atol=2e-2)
+    with pytest.raises(KeyError, match="no tactic prepared for M=4"):
+        prepared.run(torch.randn(4, K, dtype=torch.bfloat16),
+                     torch.empty(4, N, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out must not overlap x"):
+        both = torch.empty(8 * (K + N), dtype=torch.bfloat16)
+        prepared.run(both[:8 * K].view(8, K), both[:8 * N].view(8, N))
+
+
+class FakeKernel:
+    """A PreparedWarpSplitK stand-in (no GPU): records which Ms reach the kernel."""
+
+    def __init__(self, weight, tactics, bias=None):
+        self.weight, self.tactics, self.bias, self.seen = weight, dict(tactics), bias, []
+
+    def _launch(self, x, out):
+        self.seen.append(x.shape[0])
+        return out.copy_(F.linear(x, self.weight, self.bias))
+
+
+def test_mixed_plan_sends_each_m_to_its_path(monkeypatch):
+    monkeypatch.setattr(prepared_module, "PreparedWarpSplitK", FakeKernel)
+    w, b = _weights(bias=True)
+    prepared = prepare(w, mixed_plan(), ms=(1, 8), bias=b)
+    assert isinstance(prepared, PreparedDecode)
+    assert prepared.kernel.tactics == {1: TACTIC} and prepared.cublas_ms == (8,)
+    for m in (1, 8, 8, 1):
+        x = torch.randn(m, K, dtype=torch.bfloat16)
+        out = torch.empty(m, N, dtype=torch.bfloat16)
+        torch.testing.assert_close(prepared.run(x, out), F.linear(x, w, b), rtol=2e-2,
+                                   atol=2e-2)
+    assert prepared.kernel.seen == [1, 1]  # M = 8 never reached the kernel
+    assert "8: (cublas)" in repr(prepared) and "1: (16,8,128,2,1)" in repr(prepared)
+
+
+def test_prepared_decode_refuses_what_it_cannot_run():
+    w, _ = _weights()
+    with pytest.raises(ValueError, match="M=1 has both a tactic and cuBLAS"):
+        PreparedDecode(w, {1: TACTIC}, [1])
+    with pytest.raises(ValueError, match="at least one cuBLAS M"):
+        PreparedDecode(w, {1: TACTIC}, [])
+    with pytest.raises(ValueError, match="cuBLAS Ms are in 1..32, got 33"):
+        PreparedDecode(w, {}, [33])
+    with pytest.raises(ValueError, match="weight must be bfloat16"):
+        PreparedDecode(w.float(), {}, [1])
+
+
+def test_plan_view_shows_cublas_entries(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    mixed_plan().save(path)
+    assert main(["plan", "--plan", str(path), "--shapes", f"{N},{K}", "--m", "1,8",
+                 "--no-compile"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if f" {N}   {K} " in line]
+    assert len(rows) == 2
+    assert "16,8,128,2,1" in rows[0] and rows[0].split()[0] == "plan"
+    assert rows[1].split()[:5] == ["plan", str(N), str(K), "8", "cublas"]
+    assert rows[1].split()[-1] == "2.50"
