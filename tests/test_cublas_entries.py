@@ -112,3 +112,43 @@ def test_plan_view_shows_cublas_entries(tmp_path, capsys):
     assert "16,8,128,2,1" in rows[0] and rows[0].split()[0] == "plan"
     assert rows[1].split()[:5] == ["plan", str(N), str(K), "8", "cublas"]
     assert rows[1].split()[-1] == "2.50"
+
+
+# ------------------------------------------------------ the tuner's cuBLAS timings
+
+
+def _log(path, records):
+    with open(path, "w") as f:
+        for n, k, m, tactic, us in records:
+            f.write(json.dumps({"key": f"{n},{k},{m},{tactic}", "n": n, "k": k, "m": m,
+                                "tactic": tactic, "ok": True, "us": us, "rev": 3}) + "\n")
+
+
+def test_plan_from_log_takes_cublas_only_where_it_wins_by_the_margin(tmp_path):
+    from warpsplitk.tune import REPRESENTATIVE_MS, plan_from_log
+    a = "16,8,256,4,1"
+    records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
+    records += [(1024, 4096, 1, "cublas", 5.5),    # slower: the kernel stays
+                (1024, 4096, 8, "cublas", 4.95),   # within 2%: a tie stays with the kernel
+                (1024, 4096, 32, "cublas", 4.0)]   # faster by 25%: cuBLAS
+    _log(tmp_path / "log.jsonl", records)
+    plan, partial = plan_from_log(str(tmp_path / "log.jsonl"), meta={"gpu": "test"})
+    assert partial == {}
+    by_m = plan.entries[(1024, 4096)]
+    assert by_m[1][0].short() == a and by_m[8][0].short() == a
+    assert by_m[32] == (CUBLAS, 4.0) and by_m[25] == (CUBLAS, None)  # the bucket's choice
+    assert by_m[24][0].short() == a
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert load_plan(path).lookup(1024, 4096, 30) == CUBLAS
+
+
+def test_cublas_records_are_current_and_never_stale():
+    from warpsplitk.tune import _current, _log_key, is_stale, prefer_cublas
+    rec = {"tactic": "cublas", "n": 1, "k": 1, "m": 1, "rev": 1}
+    assert _current(rec) and not is_stale(rec)
+    assert _log_key(4096, 4096, 8, CUBLAS) == "4096,4096,8,cublas"
+    best = {(1, 1, 1): (TACTIC, 10.0), (1, 1, 8): (TACTIC, 10.0), (1, 1, 16): (TACTIC, None)}
+    chosen = prefer_cublas(best, {(1, 1, 1): 9.0, (1, 1, 8): 9.9, (1, 1, 16): 1.0})
+    assert chosen == {(1, 1, 1): (CUBLAS, 9.0), (1, 1, 8): (TACTIC, 10.0),
+                      (1, 1, 16): (TACTIC, None)}

@@ -87,6 +87,10 @@ independent calls, and in dependent chains it was up to 16% slower
 (docs/design-notes.md), so a tie goes to the late trigger. So must a mixed
 grid: one 1% faster in the tuner was 6% slower in the benchmark's process
 (7168x384 at M = 32), so a tie goes to the uniform grid.
+With ``cublas`` (the default) each cell also times ``torch.matmul``
+(cuBLAS) on the same weight copies, and the plan says ``"cublas"`` for an
+M where it beats the chosen tactic by more than ``TOLERANCE``
+(``prefer_cublas``; ``decode.prepare`` then runs cuBLAS for it).
 Every measurement is appended to a JSON-lines log; with ``resume`` a rerun
 skips what the log already holds.
 """
@@ -102,7 +106,7 @@ import statistics
 import time
 
 from . import layout, timing
-from .decode import DecodePlan
+from .decode import CUBLAS, DecodePlan
 from .tactics import (
     DEFAULT_MAX_STAGES,
     DEFAULT_SM_COUNT,
@@ -331,7 +335,8 @@ def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
 
 
 def _log_key(n, k, m, tactic):
-    return f"{n},{k},{m},{tactic.short()}"
+    """A measurement's log key; ``tactic`` may be ``CUBLAS`` (torch.matmul)."""
+    return f"{n},{k},{m},{tactic if tactic == CUBLAS else tactic.short()}"
 
 
 #: Log key prefix of a confirmation measurement (a second, later timing of
@@ -409,7 +414,9 @@ KERNEL_REVISION = SPLIT_MBARRIER_REVISION
 
 def is_stale(rec, revision=KERNEL_REVISION) -> bool:
     """Whether a log record times a kernel that changed between its
-    revision and ``revision``."""
+    revision and ``revision`` (never a cuBLAS timing)."""
+    if rec["tactic"] == CUBLAS:
+        return False
     tactic = WarpSplitKTactic.parse(rec["tactic"])
     rev = rec.get("rev", 1)
     return ((tactic.async_activation_ring and rev < ASYNC_RING_REVISION <= revision)
@@ -427,6 +434,8 @@ def _current(rec) -> bool:
     longer parses (a retired field)."""
     if rec.get("variant"):
         return False
+    if rec.get("tactic") == CUBLAS:
+        return True
     try:
         WarpSplitKTactic.parse(rec["tactic"])
     except ValueError:
@@ -477,7 +486,7 @@ def _dominated(valid, stale) -> set:
     # only the release fence is known to slow kernels down: a stale K split
     # (faster since revision 3) is measured again whatever its old time
     return {key for key, rec in stale.items()
-            if rec.get("ok") and not rec.get("confirm")
+            if rec.get("ok") and not rec.get("confirm") and rec["tactic"] != CUBLAS
             and WarpSplitKTactic.parse(rec["tactic"]).k_split == 1
             and rec["us"] >= best.get((rec["n"], rec["k"], rec["m"]), float("inf"))}
 
@@ -495,6 +504,19 @@ def dominated_stale_keys(path) -> set:
 #: median over 7 replays is 1-3%): a tactic already chosen for another M of
 #: the shape is reused, so a shape compiles fewer kernels.
 TOLERANCE = 0.02
+
+
+def prefer_cublas(best, cublas_us, tolerance=TOLERANCE) -> dict:
+    """``best`` (``{(n, k, m): (tactic, us)}``) with ``CUBLAS`` where
+    torch.matmul measured faster than the chosen tactic by more than
+    ``tolerance`` (``cublas_us``: ``{(n, k, m): us}``); a tie stays with the
+    kernel (PDL overlap in a chain, which the independent timing misses)."""
+    chosen = dict(best)
+    for cell, (tactic, us) in best.items():
+        theirs = cublas_us.get(cell)
+        if theirs is not None and us is not None and theirs * (1 + tolerance) < us:
+            chosen[cell] = (CUBLAS, theirs)
+    return chosen
 
 
 def choose_tactics(times_by_m, tolerance=TOLERANCE):
@@ -528,7 +550,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=K_SPLITS,
          early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
-         mixed=True, narrow=True, bounded_prefetch=True) -> DecodePlan:
+         mixed=True, narrow=True, bounded_prefetch=True, cublas=True) -> DecodePlan:
     """Measure and return a plan for ``shapes`` x ``ms`` on the current GPU.
 
     With ``time_budget_s``, shapes not reached in time are left out of the
@@ -626,6 +648,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     cuda_device = torch.device("cuda", device)
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
     measured = {}  # {(n, k): {rep: {tactic: median us}}}
+    cublas_us = {}  # {(n, k, rep): us of torch.matmul}
     best = {}
     try:
         for index, (n, k) in enumerate(shapes):
@@ -709,13 +732,32 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                             log.flush()
                     if rec.get("ok"):
                         cell[tactic].append(rec["us"])
+                if cublas:
+                    # torch.matmul (cuBLAS) on the same copies and x, in as
+                    # many graphs as a confirmed candidate, the median counting
+                    key = _log_key(n, k, r, CUBLAS)
+                    rec = done.get(key)
+                    if rec is None:
+                        t = timing.time_rounds([[
+                            lambda w=w, x=x, out=out: torch.matmul(x, w.t(), out=out)
+                            for w in weights]], CONFIRM_ROUNDS + 1)[0]
+                        rec = _record(key=key, n=n, k=k, m=r, tactic=CUBLAS, ok=True,
+                                      us=round(t.median_us, 3), spread=round(t.spread, 3))
+                        if log:
+                            log.write(json.dumps(rec) + "\n")
+                            log.flush()
+                    if rec.get("ok"):
+                        cublas_us[(n, k, r)] = rec["us"]
                 times = measured.setdefault((n, k), {})[r] = _cell_times(cell)
                 fastest = min(times, key=times.get) if times else None
                 progress(f"N={n:>6} K={k:>6} M={r:>2}: {len(work[(n, k, r)])} candidates, fastest "
                          f"{fastest.short() if fastest else '-'} "
-                         f"{times[fastest] if fastest else float('nan'):.2f} us")
-            for r, pick in choose_tactics(measured.get((n, k), {}), tolerance).items():
-                best[(n, k, r)] = pick
+                         f"{times[fastest] if fastest else float('nan'):.2f} us"
+                         + (f", cuBLAS {cublas_us[(n, k, r)]:.2f} us"
+                            if (n, k, r) in cublas_us else ""))
+            picks = {(n, k, r): pick for r, pick in
+                     choose_tactics(measured.get((n, k), {}), tolerance).items()}
+            best.update(prefer_cublas(picks, cublas_us, tolerance))
             del weights, weight_ptrs
             torch.cuda.empty_cache()
     finally:
@@ -793,8 +835,10 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
     revision = KERNEL_REVISION if revision is None else revision
     logged = _read_log(log_path, records, stale, revision)
+    cublas_us = {(rec["n"], rec["k"], rec["m"]): rec["us"] for rec in logged.values()
+                 if rec["tactic"] == CUBLAS and rec.get("ok")}
     for rec in logged.values():
-        if rec.get("ok") and not rec.get("confirm"):
+        if rec.get("ok") and not rec.get("confirm") and rec["tactic"] != CUBLAS:
             tactic = WarpSplitKTactic.parse(rec["tactic"])
             if not in_default_space(tactic, narrow):
                 continue
@@ -822,6 +866,7 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
             shape_reps[(n, k)] = have
         for r, pick in choose_tactics({r: by_rep[r] for r in have}, tolerance).items():
             best[(n, k, r)] = pick
+    best = prefer_cublas(best, cublas_us, tolerance)
     shapes = sorted({(n, k) for n, k, _ in best})
     meta = dict(meta or {}, source=f"log {os.path.basename(log_path)}", representative_ms=reps,
                 log_records=records if records is not None else _count_lines(log_path),
