@@ -357,7 +357,16 @@ def _cmd_cache(args, argv):
               f"stale resource records from {folder}")
         return 0
     stale = set(disk_cache.stale())
+    from . import plan_cache
+    plans = plan_cache.entries()
     if args.list:
+        for path in plans:
+            try:
+                from .decode import load_plan
+                shapes = len(load_plan(path).entries)
+            except ValueError:
+                shapes = "unreadable"
+            print(f"plan     {path.name}  {shapes} shapes")
         for path in kernels:
             print(f"kernel   {path.name}  {path.stat().st_size / 1e6:.2f} MB"
                   f"{'  stale' if path in stale else ''}")
@@ -369,6 +378,7 @@ def _cmd_cache(args, argv):
     print(f"{folder}: {len(kernels)} compiled kernels, {len(records)} resource records "
           f"(registers for `warpsplitk plan`), {size / 1e6:.1f} MB ({len(stale)} stale: other "
           f"versions or kernel sources, 'warpsplitk cache --prune' removes them); "
+          f"{len(plans)} GPU plans (plan='auto'; --clear and --prune keep them); "
           f"disk cache {state}")
     return 0
 

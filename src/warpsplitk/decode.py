@@ -193,8 +193,17 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
 
     The kernels are first compiled ``jobs`` at a time in worker processes
     (default: one per core but one; see :mod:`warpsplitk.precompile`) into the
-    disk cache, from which each weight's preparation then loads them."""
+    disk cache, from which each weight's preparation then loads them.
+
+    ``plan="auto"``: the plan for this GPU (``warpsplitk.plan_cache``), tuning
+    first the weights' shapes it lacks and keeping them for the next process."""
     start = time.perf_counter()
+    if isinstance(plan, str):
+        if plan != "auto":
+            raise ValueError(f"plan must be a DecodePlan, None or 'auto', got {plan!r}")
+        from .plan_cache import auto_plan
+        plan = auto_plan([tuple(w.shape) for w in weights.values() if w.dim() == 2], ms,
+                         progress=progress, jobs=jobs)
     precompile_for(weights.values(), plan, ms, jobs, progress)
     prepared = {}
     for i, (name, weight) in enumerate(weights.items(), 1):

@@ -309,7 +309,7 @@ def _linear_children(model, kind):
 
 
 def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None,
-                jobs=None) -> PatchReport:
+                jobs=None, progress=print) -> PatchReport:
     """Replace, in place, every eligible ``nn.Linear`` of ``model`` by a
     ``DecodeLinear`` sharing its Parameters, compiling the kernels now (before
     any graph capture). Eligible: a plain ``nn.Linear`` without forward hooks,
@@ -319,7 +319,12 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
 
     The kernels are compiled first, ``jobs`` worker processes at a time
     (:mod:`warpsplitk.precompile`; default one per core but one), into the
-    disk cache the swapped modules then load from."""
+    disk cache the swapped modules then load from.
+
+    ``plan``: a ``DecodePlan``, None (the default heuristic), or ``"auto"``:
+    the plan for this GPU (``warpsplitk.plan_cache``), tuning first, with
+    ``progress``, the shapes of the eligible linears it lacks and keeping
+    them for the next process."""
     report = PatchReport()
     if isinstance(model, nn.Linear):
         report.skipped.append(("", "the root module cannot be replaced in place; "
@@ -337,6 +342,8 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
             report.skipped.append((name, reason))
             continue
         eligible[id(child)] = child
+    plan = _resolve_plan(plan, [tuple(lin.weight.shape) for lin in eligible.values()], ms,
+                         progress, jobs)
     _precompile_linears(eligible.values(), plan, ms, jobs)
     done = {}  # id(linear) -> DecodeLinear: a Linear shared by two parents stays shared
     for name, parent, attr, child in _linear_children(model, nn.Linear):
@@ -351,6 +358,19 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
     for name, reason in report.skipped:
         logger.debug("warpsplitk: skipped %s: %s", name, reason)
     return report
+
+
+def _resolve_plan(plan, shapes, ms, progress, jobs):
+    """A ``DecodePlan`` (or None) for ``plan``; ``"auto"`` tunes what this
+    GPU's plan lacks (``plan_cache.auto_plan``)."""
+    if isinstance(plan, str):
+        if plan != "auto":
+            raise ValueError(f"plan must be a DecodePlan, None or 'auto', got {plan!r}")
+        if not shapes:
+            return None
+        from .plan_cache import auto_plan
+        return auto_plan(shapes, ms, progress=progress, jobs=jobs)
+    return plan
 
 
 def _precompile_linears(linears, plan, ms, jobs):
