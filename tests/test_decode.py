@@ -237,7 +237,7 @@ def test_choose_tactics_takes_a_mixed_grid_only_when_clearly_faster():
     uniform = T(32, 32, 128, 3, 1, early_launch=True, tma_x=True)
     late = dataclasses.replace(uniform, early_launch=False)
     mixed = T(64, 32, 128, 3, 1, tma_x=True, half_tiles=40)
-    # 1.4% faster than the early uniform grid (run 39, 7168x384 M = 32): the
+    # 1.4% faster than the early uniform grid (7168x384 M = 32): the
     # uniform one stays, and as the early trigger beats the late uniform grid
     # clearly, it is the early one
     assert choose_tactics({32: {mixed: 2.694, uniform: 2.733, late: 2.86}})[32] == (uniform, 2.733)
@@ -303,7 +303,7 @@ def test_shipped_plan_is_what_its_log_gives():
     if not log.exists():
         pytest.skip("the tuner log is not in this checkout")
     shipped = builtin_plan("h200")
-    narrow = shipped.meta.get("narrow_tiles", False)  # plans before session 11: none
+    narrow = shipped.meta.get("narrow_tiles", False)  # older plans: none
     plan, _ = plan_from_log(str(log), reps=tuple(shipped.meta["representative_ms"]),
                             records=shipped.meta["log_records"], narrow=narrow,
                             stale=shipped.meta.get("async_ring_revision", 1) == 1,
@@ -389,7 +389,7 @@ def test_confirmation_helpers():
     assert _confirm_candidates(cell, 2, default=b) == [c, b]
     assert _confirm_candidates(cell, 2, default=T(64, 8, 256, 4, 1)) == [c, b]
     assert _confirm_candidates(cell, 0, default=a) == []
-    # two timings: their mean (as logs before session 11 were ranked); three:
+    # two timings: their mean (as older logs were ranked); three:
     # the median, as the benchmark counts its graphs
     assert _cell_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
     assert _cell_times({a: [1.24, 1.48, 1.47], b: []}) == {a: 1.47}
@@ -438,7 +438,7 @@ def test_prefetch_twins_of_the_fastest_small_weights_only():
     # a twin already measured is not measured again; nor twins of twins
     times[twins[0]] = 3.0
     assert prefetch_twins(times, n, k) == [twins[1]]
-    # weights over the limit: the prefetch lost there (runs 25, 27)
+    # weights over the limit: the prefetch lost there
     assert n * 7168 * 2 <= PREFETCH_MAX_BYTES < 3216 * 7168 * 2
     assert prefetch_twins(times, 3216, 7168) == []
 
@@ -446,7 +446,7 @@ def test_prefetch_twins_of_the_fastest_small_weights_only():
 def test_bounded_prefetch_twins_of_the_fastest_any_size():
     """Each cell's two fastest without a prefetch, with the prefetch bounded
     to 1-4 tiles past the ring where that leaves part of the K share out;
-    any weight size (run 46: 2-6% on the 22-61 MB weights)."""
+    any weight size (2-6% on the 22-61 MB weights)."""
     from warpsplitk.tune import BOUNDED_PREFETCH_DEPTHS, BOUNDED_PREFETCH_TOP, bounded_prefetch_twins
     n, k = 4224, 2048  # 8 K tiles of 256
     a, b = WarpSplitKTactic(32, 8, 256, 3, 1, early_launch=True), WarpSplitKTactic(32, 8, 256, 6, 1)
@@ -608,7 +608,7 @@ def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
 
 def test_plan_from_log_skips_tactics_this_version_refuses(tmp_path):
     """A log can hold tactics this version refuses (measured by an older
-    one, as narrow tiles with bulk rows were between runs 45 and 65): a plan
+    one, as narrow tiles with bulk rows once were): a plan
     from that log never picks them, however fast they were."""
     from warpsplitk.tactics import is_legal
     from warpsplitk.tune import plan_from_log

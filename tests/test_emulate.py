@@ -91,7 +91,7 @@ def test_cluster_split_of_k_exact(tactic, m, n, k):
     (WarpSplitKTactic(64, 4, 128, 2, 2), 4, 64, 256),
     (WarpSplitKTactic(32, 2, 256, 2, 1, 2), 2, 64, 1024),              # k_split
     (WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=3), 1, 32 * 2 + 16 * 3, 512),
-    # bulk rows: a narrow stage is token_tile padded rows (run 65 cleared them)
+    # bulk rows: a narrow stage is token_tile padded rows
     (WarpSplitKTactic(16, 1, 256, 3, 1, bulk_x=True), 3, 32, 768),
     (WarpSplitKTactic(64, 1, 128, 4, 1, bulk_x=True), 1, 64, 512),
     (WarpSplitKTactic(32, 4, 128, 3, 1, bulk_x=True, l2_prefetch=True), 6, 64, 512),

@@ -189,7 +189,7 @@ def test_wide_tiles_and_plan_tactics(tactic, n, k):
     ("32,8,256,5,2+early+prefetch", 4608, 1536),
     ("64,16,128,4,2+early+prefetch", 7168, 768),
     ("48,32,128,3,2,2+prefetch", 3216, 7168),
-    # the bounded prefetch (run 46's picks): a few tiles past the ring
+    # the bounded prefetch (the tuner's picks): a few tiles past the ring
     ("16,8,256,16,1+early+prefetch4+bulk", 2112, 7168),
     ("32,8,256,10,1,2+early+prefetch2+tma", 1536, 7168),
     ("32,8,256,11,2+early+prefetch4+half100", 2624, 6144),
@@ -310,7 +310,7 @@ def test_mixed_grids(text, n, k):
     ("32,4,256,12,1+early+half3", 2 * 32 + 3 * 16, 7168),   # a mixed grid
     ("16,4,128,2,2", 512, 256),
     ("32,2,256,1,1", 768, 256),                           # one K tile
-    # bulk rows: run 45's wrong sums (before the fence), cleared by run 65
+    # bulk rows: wrong sums without the release fence
     ("16,1,256,12,1+early+bulk", 2112, 7168),
     ("64,1,128,13,1+early+bulk", 768, 7168),
     ("32,4,128,23,1+early+prefetch+bulk", 768, 7168),
@@ -352,9 +352,9 @@ def test_rings_deeper_than_16_stages(text, n, k):
 
 
 @pytest.mark.parametrize("text,n,k,m", [
-    # run 49's one failure had these three among its picks; the third raced
-    # (its TMA refills landed before the ldmatrix reads, runs 50-52), as did
-    # bulk rows and 16-token boxes on many CTAs, before the release fence
+    # without the release fence the third of these raced (its TMA refills
+    # landed before the ldmatrix reads), as did bulk rows and 16-token boxes
+    # on many CTAs
     ("16,2,128,2,1+early+prefetch", 7168, 384, 7),
     ("64,8,128,2,1+tma", 7168, 384, 9),
     ("16,8,128,2,1+early+tma", 7168, 384, 17),
@@ -362,7 +362,7 @@ def test_rings_deeper_than_16_stages(text, n, k):
     ("16,8,128,2,1+bulk", 7168, 384, 25),
     ("16,16,128,2,1+early+tma", 7168, 384, 32),
     ("16,8,128,2,1+early+tma", 7168, 768, 17),
-    # narrow tiles as run 48's plan picked them
+    # narrow tiles as a tuned plan picked them
     ("32,1,256,13,1+early+prefetch4", 2624, 6144, 1),
     ("32,4,256,12,1,2+early+prefetch1", 1536, 7168, 4),
 ])

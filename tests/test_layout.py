@@ -347,8 +347,8 @@ def test_ring_simulation_catches_a_wrong_parity():
 #            mbarrier) and runs the epilogue; every other CTA sends its
 #            partials into CTA 0 (st.async, completing that mbarrier) and
 #            runs an epilogue that stores nothing; exit.
-# (The hand-over before session 14, a second cluster barrier phase instead
-# of the mbarrier, is retired and no longer modelled.)
+# (A hand-over by a second cluster barrier phase instead of the mbarrier is
+# retired and not modelled: docs/design-notes.md.)
 # One thread stands for each role of each CTA (a role's threads run the same
 # events); a role's program may differ between CTA 0 ("first") and the
 # others ("peer"). Every interleaving is explored.

@@ -26,7 +26,7 @@ def _out(x_seen, w):
 
 
 def test_a_stage_read_after_its_refill_is_named(inputs):
-    """Tile 0's first K quarter read from tile 2 (run 52's race): token 16's
+    """Tile 0's first K quarter read from tile 2 (the unfenced race): token 16's
     outputs, chunk #0 of 32 read as chunk #8."""
     x, before, w = inputs
     seen = x.clone()
