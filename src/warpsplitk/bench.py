@@ -73,16 +73,8 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     rounds = timing.resolve_rounds(rounds)  # refused before anything is allocated
     import torch
 
-    from .decode import CUBLAS
-    from .prepared import PreparedDecode, PreparedWarpSplitK
-
-    def prepared_for(weight, choices):
-        # a plan may run some Ms on cuBLAS (decode.CUBLAS), as decode.prepare does
-        cublas_ms = [m for m, t in choices.items() if t == CUBLAS]
-        if not cublas_ms:
-            return PreparedWarpSplitK(weight, choices)
-        return PreparedDecode(weight, {m: t for m, t in choices.items() if t != CUBLAS},
-                              cublas_ms)
+    from .decode import prepare_choices
+    from .prepared import PreparedWarpSplitK
 
     copies = timing.copies_for(n * k * 2)
     weights = timing.random_weights(n, k, copies, "cuda", seed=seed)
@@ -90,7 +82,7 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     tactics = {m: t for m, (t, _) in chosen.items()}
     defaults = {m: default_tactic(m, n, k) for m in ms}
     references = {m: reference_tactic(m, n, k) for m in ms}
-    prepared = [prepared_for(w, tactics) for w in weights]
+    prepared = [prepare_choices(w, tactics) for w in weights]  # a plan may say cuBLAS
     prepared_default = ([PreparedWarpSplitK(w, defaults) for w in weights]
                         if include_default and defaults != tactics else None)
     own_reference = {m for m in ms if references[m] not in (tactics[m], defaults[m])}

@@ -143,10 +143,15 @@ def prepare(weight, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), bias
     default heuristic where the plan has none), all compiled now: a
     ``PreparedWarpSplitK``, or, where the plan runs some Ms on cuBLAS, a
     ``PreparedDecode`` with the same interface."""
-    from .prepared import PreparedDecode, PreparedWarpSplitK
     n, k = weight.shape
     plan = plan if plan is not None else DecodePlan()
-    choices = {m: plan.tactic_for(n, k, m) for m in ms}
+    return prepare_choices(weight, {m: plan.tactic_for(n, k, m) for m in ms}, bias)
+
+
+def prepare_choices(weight, choices, bias=None):
+    """``weight`` prepared for ``{M: tactic or CUBLAS}``: a ``PreparedWarpSplitK``
+    when every M runs the kernel, else a ``PreparedDecode``."""
+    from .prepared import PreparedDecode, PreparedWarpSplitK
     cublas_ms = [m for m, t in choices.items() if t == CUBLAS]
     if not cublas_ms:
         return PreparedWarpSplitK(weight, choices, bias=bias)

@@ -65,6 +65,24 @@ def _check_packed(name, t, shape, device):
                          f"{t.data_ptr() % ALIGN_BYTES} bytes past a boundary")
 
 
+def _check_run(prepared, x, out):
+    """``run``'s checks of ``x`` and ``out`` against a prepared weight (its
+    ``tactics`` by M, ``n``, ``k``, ``device``, ``weight``, ``bias``):
+    ``ValueError`` for bad arguments, ``KeyError`` for an M not prepared."""
+    torch = _torch()
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D torch.Tensor [M, K], got "
+                         f"{_describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    m = x.shape[0]
+    if m not in prepared.tactics:
+        raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(prepared.tactics)}")
+    _check_packed("x", x, (m, prepared.k), prepared.device)
+    _check_packed("out", out, (m, prepared.n), prepared.device)
+    for name, other in (("x", x), ("the weight", prepared.weight), ("the bias", prepared.bias)):
+        if other is not None and _overlap(out, other):
+            raise ValueError(f"out must not overlap {name}")
+
+
 def _span(t):
     return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
 
@@ -137,18 +155,7 @@ class PreparedWarpSplitK:
         on the weight's device. ``ValueError`` for bad arguments and
         ``KeyError`` for an M with no prepared tactic, before any launch.
         """
-        torch = _torch()
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise ValueError(f"x must be a 2-D torch.Tensor [M, K], got "
-                             f"{_describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
-        m = x.shape[0]
-        if m not in self._launchers:
-            raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(self.tactics)}")
-        _check_packed("x", x, (m, self.k), self.device)
-        _check_packed("out", out, (m, self.n), self.device)
-        for name, other in (("x", x), ("the weight", self.weight), ("the bias", self.bias)):
-            if other is not None and _overlap(out, other):
-                raise ValueError(f"out must not overlap {name}")
+        _check_run(self, x, out)
         return self._launch(x, out)
 
     def _launch(self, x, out):
@@ -209,18 +216,7 @@ class PreparedDecode:
     def run(self, x, out):
         """As ``PreparedWarpSplitK.run``: checks, then one call (the kernel,
         or cuBLAS for ``cublas_ms``) on the current stream; returns ``out``."""
-        torch = _torch()
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise ValueError(f"x must be a 2-D torch.Tensor [M, K], got "
-                             f"{_describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
-        m = x.shape[0]
-        if m not in self.tactics:
-            raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(self.tactics)}")
-        _check_packed("x", x, (m, self.k), self.device)
-        _check_packed("out", out, (m, self.n), self.device)
-        for name, other in (("x", x), ("the weight", self.weight), ("the bias", self.bias)):
-            if other is not None and _overlap(out, other):
-                raise ValueError(f"out must not overlap {name}")
+        _check_run(self, x, out)
         return self._launch(x, out)
 
     def _launch(self, x, out):

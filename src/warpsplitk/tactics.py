@@ -536,6 +536,17 @@ def _device_sm_count():
     return DEFAULT_SM_COUNT
 
 
+def _check_shape(n, k):
+    """The weights some tactic takes: N a multiple of 16, K of 128 up to
+    ``MAX_K_TILES`` tiles of 128, or of 256 up to as many of 256."""
+    if not isinstance(n, int) or n <= 0 or n % 16:
+        raise ValueError(f"warp split-K: N must be a positive multiple of 16, got {n!r}")
+    if (not isinstance(k, int) or k <= 0 or k % 128 or k > MAX_K_TILES * 256
+            or (k > MAX_K_TILES * 128 and k % 256)):
+        raise ValueError(f"warp split-K: K must be a positive multiple of 128 up to "
+                         f"{MAX_K_TILES * 128}, or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
+
+
 def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
     """A tactic from the occupancy model; legal for every M in 1..32, N a
     multiple of 16 and K a multiple of 128 up to 64 * 256.
@@ -565,12 +576,7 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
     _check_m(m)
     if sm_count is None:
         sm_count = _device_sm_count()
-    if not isinstance(n, int) or n <= 0 or n % 16:
-        raise ValueError(f"warp split-K: N must be a positive multiple of 16, got {n!r}")
-    if (not isinstance(k, int) or k <= 0 or k % 128 or k > MAX_K_TILES * 256
-            or (k > MAX_K_TILES * 128 and k % 256)):
-        raise ValueError(f"warp split-K: K must be a positive multiple of 128 up to "
-                         f"{MAX_K_TILES * 128}, or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
+    _check_shape(n, k)
     token_tile = min(t for t in MMA_TOKEN_TILES if t >= m)
     k_tile = 256 if k % 256 == 0 and (k // 256 >= 2 or k // 128 > MAX_K_TILES) else 128
     output_tile = 16
@@ -615,7 +621,7 @@ def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> War
     _check_m(m)
     if sm_count is None:
         sm_count = _device_sm_count()
-    default_tactic(m, n, k, sm_count)  # the same N and K checks
+    _check_shape(n, k)
     token_tile = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = -(-m // token_tile)
 
