@@ -11,9 +11,14 @@ scripts/gpu_check.sh):
 - bench/results/h200-bench-plan.json   the shipped plan, the default heuristic
                                        and cuBLAS per shape and M
 - bench/results/h200-bench-chain.json  dependent chains (`bench --chain`)
-- bench/results/h200-bench-models.json other models' projections, default vs
-                                       reference heuristic vs cuBLAS
-- bench/results/h200-tune-log.jsonl    the tuner's log the shipped plan is built from
+- bench/results/h200-bench-heldout.json the held-out models' shards: the default
+                                       (cost model), the reference heuristic, cuBLAS
+- bench/results/h200-tune-quick.json   the quick tune against the exhaustive one,
+                                       and plan="auto" start times
+- bench/results/h200-bench-models.json, h200-tune-log-models.jsonl and
+  h200-tune-log.jsonl                  measurements the cost model is fitted to
+                                       (the last also the shipped plan's source)
+- src/warpsplitk/data/cost-model-h200.json  the fitted model's cross-validation
 
 Every number in the generated text comes from those files; nothing is
 measured here. The PNG is written only with --plot (PNG bytes are not
@@ -32,8 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 BENCH = RESULTS / "h200-bench-plan.json"
 CHAIN = RESULTS / "h200-bench-chain.json"
-MODELS = RESULTS / "h200-bench-models.json"
 TUNE_LOG = RESULTS / "h200-tune-log.jsonl"
+MODELS_LOG = RESULTS / "h200-tune-log-models.jsonl"
+HELD_OUT = RESULTS / "h200-bench-heldout.json"
+QUICK = RESULTS / "h200-tune-quick.json"
+COST_MODEL = ROOT / "src" / "warpsplitk" / "data" / "cost-model-h200.json"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 README = ROOT / "README.md"
 PLOT = ROOT / "docs" / "bench-h200.png"
@@ -120,6 +128,8 @@ def summary(bench: dict, chain: dict | None) -> dict:
         "vs_default_median": statistics.median(vs_default) if vs_default else None,
         "vs_default_worst": max(vs_default, default=None),
         "from_plan": sum(r.get("source") == "plan" for r in rows),
+        "default_median": statistics.median(r["cublas_us"] / r["default_us"]
+                                            for r in rows if r.get("default_us")),
     }
     worst = min(rows, key=lambda r: r["cublas_us"] / r["ours_us"])
     out["min_cell"] = f"{worst['n']}×{worst['k']} M={worst['m']}"
@@ -166,8 +176,8 @@ def log_records(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def benchmarks_md(bench: dict, chain: dict | None, records: int,
-                  models: dict | None = None) -> str:
+def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | None = None,
+                  quick: dict | None = None, model: dict | None = None) -> str:
     env = bench.get("environment", {})
     s = summary(bench, chain)
     f = s["features"]
@@ -210,7 +220,8 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int,
         out.append(f"- Weights ≥ 16 MB ({s['big_cells']} cells): median {s['big_median']:.2f} TB/s, "
                    f"{s['big_min']:.2f}–{s['big_max']:.2f} TB/s.")
     if s["vs_default_median"] is not None:
-        out.append(f"- Plan vs the default heuristic (`default_tactic`): plan time / default time "
+        out.append(f"- Without the plan, the default (`default_tactic`, the cost model's choice) "
+                   f"is a median {s['default_median']:.2f}× cuBLAS; plan time / default time "
                    f"median {s['vs_default_median']:.3f}, worst {s['vs_default_worst']:.3f}.")
     out.append(f"- Tactic features in the {s['cells']} cells: early PDL trigger {f['early']}, "
                f"bounded or whole L2 prefetch {f['prefetch']}, TMA activation boxes {f['tma']}, "
@@ -250,54 +261,84 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int,
             "",
             *chain_table(chain["rows"]),
         ]
-    if models:
-        out += models_md(models)
+    if held:
+        out += default_md(held, quick, model)
     return "\n".join(out) + "\n"
 
 
-def models_md(models: dict) -> list[str]:
-    """The section on other models' projections: the default heuristic (no
-    plan) against the reference wave heuristic and cuBLAS."""
-    import statistics
-    rows = [r for entry in models["models"] for r in entry["rows"]]
-    env = models.get("environment", {})
+def held_out_summary(held: dict) -> dict:
+    rows = held["rows"]
+    sp = [r["cublas_us"] / r["default_us"] for r in rows]
+    vs_ref = [r["reference_us"] / r["default_us"] for r in rows]
+    return {"cells": len(rows), "shapes": len({(r["n"], r["k"]) for r in rows}),
+            "median": statistics.median(sp), "min": min(sp), "slower": sum(v < 1 for v in sp),
+            "ref_median": statistics.median(r["cublas_us"] / r["reference_us"] for r in rows),
+            "vs_ref_median": statistics.median(vs_ref), "vs_ref_min": min(vs_ref),
+            "behind_ref": sum(v < 0.97 for v in vs_ref), "ahead_ref": sum(v > 1.03 for v in vs_ref)}
 
-    def ratio(values):
-        return f"{statistics.median(values):.2f}× (min {min(values):.2f}×)"
+
+def quick_summary(quick: dict) -> dict:
+    ratios = [r["quick_us"] / r["exhaustive_us"] for r in quick["rows"]]
+    return {"wall_s": quick["quick_tune"]["wall_s"], "shapes": len(quick["quick_tune"]["shapes"]),
+            "cells": len(ratios), "median": statistics.median(ratios), "worst": max(ratios),
+            "within_3": sum(v <= 1.03 for v in ratios), **quick["plan_auto"]}
+
+
+def default_md(held: dict, quick: dict | None, model: dict) -> list[str]:
+    """The default without a plan on held-out models, the cost model behind
+    it, and the quick tune."""
+    h = held_out_summary(held)
+    cv = model["meta"]["cross_validation"]
+    meta = model["meta"]
     out = [
         "",
-        "## Other models: the default heuristic",
+        "## Without a plan: the cost model's default",
         "",
-        f"Data: `{_rel(MODELS)}`. The decode projections one rank of each model runs",
-        "(`warpsplitk bench --plan none --model NAME --tp P`, `warpsplitk.models`), no",
-        "plan: the default heuristic (`default_tactic`) against the reference wave",
-        "heuristic (`reference_tactic`) and cuBLAS, M ∈ {1, 8, 32}, same method.",
+        "`default_tactic` ranks a cell's candidates by the time the cost model",
+        "(`warpsplitk.cost_model`) predicts; `python scripts/fit_cost_model.py` fits it to",
+        f"{meta['timings']} timings of {meta['cells']} cells on {meta['shapes']} shapes: "
+        + ", ".join(f"`{name}`" for name in meta["inputs"]) + ". "
+        f"Shape-grouped five-fold cross-validation: the tactic it ranks first among a cell's "
+        f"measured ones is a median {cv['pick_over_fastest_median']:.3f} of the cell's fastest "
+        f"(p90 {cv['pick_over_fastest_p90']:.3f}, worst {cv['pick_over_fastest_worst']:.3f}, "
+        f"{cv['cells']} cells).",
         "",
-        *environment_lines(env)[:1],
+        f"Held out of the fit: every shard of {', '.join(meta['held_out_models'])}. "
+        f"Data: `{_rel(HELD_OUT)}`, the {h['shapes']} shapes of six of their TP shards × "
+        "M ∈ {1, 4, 8, 16, 32}, no plan, independent calls, the same method:",
         "",
-        "| model (TP) | cells | default's speedup over cuBLAS | reference time / default time "
-        "(median) | cells where cuBLAS is faster |",
-        "|---|---|---|---|---|",
+        *environment_lines(held.get("environment", {}))[1:3],
+        "",
+        f"- the default: a median {h['median']:.2f}× cuBLAS (min {h['min']:.2f}×; slower "
+        f"than cuBLAS in {h['slower']} of {h['cells']} cells);",
+        f"- the reference wave heuristic (`reference_tactic`): a median {h['ref_median']:.2f}× "
+        "cuBLAS;",
+        f"- reference time / default time: median {h['vs_ref_median']:.3f}; the default is more "
+        f"than 3% faster in {h['ahead_ref']} cells and more than 3% slower in {h['behind_ref']} "
+        f"(worst {h['vs_ref_min']:.3f}).",
     ]
-    for entry in models["models"]:
-        r = entry["rows"]
-        out.append(f"| {entry['model']} | {len(r)} | "
-                   f"{ratio([x['cublas_us'] / x['default_us'] for x in r])} | "
-                   f"{statistics.median([x['reference_us'] / x['default_us'] for x in r]):.3f} | "
-                   f"{sum(x['cublas_us'] < x['default_us'] for x in r)} |")
-    vs_ref = [x["reference_us"] / x["default_us"] for x in rows]
-    out += [
-        "",
-        f"Over all {len(rows)} cells the default is a median "
-        f"{ratio([x['cublas_us'] / x['default_us'] for x in rows])} cuBLAS; the reference "
-        f"heuristic is more than 2% faster than it in {sum(v < 0.98 for v in vs_ref)} cells "
-        f"and more than 2% slower in {sum(v > 1.02 for v in vs_ref)}; cuBLAS is faster in "
-        f"{sum(x['cublas_us'] < x['default_us'] for x in rows)}.",
-    ]
+    if quick:
+        q = quick_summary(quick)
+        out += [
+            "",
+            "## Quick tune and `plan=\"auto\"`",
+            "",
+            f"Data: `{_rel(QUICK)}`. `warpsplitk tune` measures the cost model's shortlist "
+            f"per cell: {q['shapes']} table shapes × M 1..32 took {q['wall_s']:.1f} s on the "
+            "GPU machine with an empty kernel cache, compilation included. Its plan against "
+            "the built-in plan (an exhaustive tune of the same shapes), timed side by side "
+            f"over {q['cells']} cells: quick time / exhaustive time median {q['median']:.3f}, "
+            f"worst {q['worst']:.3f}; within 3% in {q['within_3']} cells.",
+            "",
+            f"`prepare_model(weights, plan=\"auto\")` on a {q['model']}: first start "
+            f"{q['first_start_prepare_s']:.1f} s (tuning the five shapes, compiling), second "
+            f"start {q['second_start_prepare_s']:.1f} s (the plan from the cache folder).",
+        ]
     return out
 
 
-def readme_block(bench: dict, chain: dict | None) -> str:
+def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
+                 quick: dict | None = None) -> str:
     env = bench.get("environment", {})
     s = summary(bench, chain)
     rows = bench["rows"]
@@ -314,8 +355,20 @@ def readme_block(bench: dict, chain: dict | None) -> str:
         out.append(f"- weights ≥ 16 MB stream at a median {s['big_median']:.2f} TB/s "
                    f"(read bandwidth measured on the same GPU: {env.get('read_TBps', '?')} TB/s)")
     if s["vs_default_median"] is not None:
-        out.append(f"- the plan's time is a median {s['vs_default_median']:.3f} of the default "
-                   f"heuristic's (worst {s['vs_default_worst']:.3f})")
+        out.append(f"- without a plan the default is a median {s['default_median']:.2f}× cuBLAS; "
+                   f"the plan's time is a median {s['vs_default_median']:.3f} of the default's "
+                   f"(worst {s['vs_default_worst']:.3f})")
+    if held:
+        h = held_out_summary(held)
+        out.append(f"- models held out of the cost model's fit ({h['shapes']} shapes, "
+                   f"{h['cells']} cells, no plan): the default is a median {h['median']:.2f}× "
+                   f"cuBLAS, the reference heuristic {h['ref_median']:.2f}×")
+    if quick:
+        q = quick_summary(quick)
+        out.append(f"- a quick tune of {q['shapes']} shapes × M 1..32 takes {q['wall_s']:.0f} s "
+                   f"and lands a median {q['median']:.3f} of the exhaustive plan's time; "
+                   f"`plan=\"auto\"` starts in {q['first_start_prepare_s']:.0f} s the first "
+                   f"time (Llama-3-8B shapes), {q['second_start_prepare_s']:.1f} s after")
     if "chain" in s:
         c = s["chain"]
         out.append(f"- dependent chains: {c['faster']}/{c['pairs']} faster than cuBLAS, "
@@ -353,10 +406,12 @@ def generate() -> dict[Path, str]:
     """{file: the text it should have}."""
     bench = load(BENCH)
     chain = load(CHAIN) if CHAIN.exists() else None
-    models = load(MODELS) if MODELS.exists() else None
+    held = load(HELD_OUT) if HELD_OUT.exists() else None
+    quick = load(QUICK) if QUICK.exists() else None
+    model = load(COST_MODEL)
     readme = README.read_text()
-    return {BENCHMARKS: benchmarks_md(bench, chain, log_records(TUNE_LOG), models),
-            README: replace_block(readme, readme_block(bench, chain))}
+    return {BENCHMARKS: benchmarks_md(bench, chain, log_records(TUNE_LOG), held, quick, model),
+            README: replace_block(readme, readme_block(bench, chain, held, quick))}
 
 
 def stale() -> list[str]:

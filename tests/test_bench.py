@@ -142,3 +142,59 @@ def test_time_rounds_alternates_and_checks_after_the_first_graph(monkeypatch):
     with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
         timing.time_rounds([[lambda: None]], 0)
     assert timing.resolve_rounds(None) == timing.ROUNDS and timing.resolve_rounds(1) == 1
+
+
+# ------------------------------------------------------------ a model's layer
+
+
+def test_layer_buffers_alternate_and_hold_every_step():
+    steps = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+    size, order = bench.layer_buffers(steps, 8)
+    assert size == 8 * 28672
+    for j, ((src, reads), (dst, writes)) in enumerate(order):
+        n, k = steps[j]
+        assert (src, dst) == (j % 2, 1 - j % 2)  # each step reads what the last one wrote
+        assert reads == 8 * k <= size and writes == 8 * n <= size
+    # step j + 1 reads the buffer step j wrote
+    assert all(order[j][1][0] == order[j + 1][0][0] for j in range(len(steps) - 1))
+
+
+def test_layer_reference_is_the_chain_when_shapes_chain():
+    import torch
+    g = torch.Generator().manual_seed(0)
+    m, steps = 3, [(48, 32), (16, 48), (32, 16)]
+    weights = [torch.randn(n, k, generator=g, dtype=torch.float64) * k ** -0.5 for n, k in steps]
+    size, _ = bench.layer_buffers(steps, m)
+    buffers = [torch.randn(size, generator=g, dtype=torch.float64) for _ in range(2)]
+    state, last = bench.layer_reference(buffers, weights, m)
+    x = buffers[0][:m * 32].view(m, 32)
+    for w in weights:  # N of each = K of the next: plain chaining
+        x = (x @ w.t()).to(torch.bfloat16).double()
+    assert torch.equal(last, x)
+    assert last.shape == (m, 32)
+    # three steps: the last output is in the second buffer; the inputs are untouched
+    assert torch.equal(state[1][:m * 32], last.reshape(-1))
+    assert not torch.equal(state[0], buffers[0]) and buffers[0].shape == (size,)
+
+
+def test_layer_reference_reads_the_previous_output_as_rows_of_its_k():
+    import torch
+    g = torch.Generator().manual_seed(1)
+    m, steps = 2, [(64, 16), (16, 32)]  # 2 x 64 written, read back as 4 rows of 32
+    weights = [torch.randn(n, k, generator=g, dtype=torch.float64) for n, k in steps]
+    size, _ = bench.layer_buffers(steps, m)
+    buffers = [torch.randn(size, generator=g, dtype=torch.float64) for _ in range(2)]
+    _, last = bench.layer_reference(buffers, weights, m)
+    h = (buffers[0][:m * 16].view(m, 16) @ weights[0].t()).to(torch.bfloat16).double()
+    x2 = h.reshape(-1)[:m * 32].view(m, 32)
+    assert torch.allclose(last, (x2 @ weights[1].t()).to(torch.bfloat16).double())
+
+
+def test_layer_chain_cli_checks_its_arguments(capsys):
+    from warpsplitk.cli import main
+    assert main(["bench", "--chain", "--shapes", "768,128"]) == 2
+    assert "--shapes: not with --chain" in capsys.readouterr().err
+    assert main(["bench", "--chain", "--model", "no-such-model"]) == 2
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
+    assert main(["bench", "--chain", "--model", "llama-3.1-8b", "--tp", "3"]) == 2
+    assert "does not split over tp 3" in capsys.readouterr().err

@@ -214,7 +214,8 @@ def test_tune_shows_only_what_a_user_needs(capsys):
     tune_parser = cli.build_parser().commands["tune"]
     flags = {flag for action in tune_parser._actions for flag in action.option_strings}
     assert flags == {"-h", "--help", "--shapes", "--model", "--tp", "--m", "-o", "--output",
-                     "--log", "--time-budget", "--jobs", "--fresh", "--from-log"}
+                     "--log", "--time-budget", "--jobs", "--fresh", "--from-log",
+                     "--exhaustive"}
     for gone in ("--k-split", "--k-split-4", "--x-multicast", "--early-launch", "--bulk-x",
                  "--l2-prefetch", "--bounded-prefetch", "--tma-x", "--mixed-tiles",
                  "--narrow-tiles", "--confirm", "--log-records", "--stale-records",
@@ -238,7 +239,9 @@ def test_tune_calls_the_tuner_with_its_interface_only(tmp_path, monkeypatch):
     assert main(["tune", "--shapes", "256,512", "--m", "1-4", "-o", str(out), "--log", str(log),
                  "--jobs", "3", "--time-budget", "60"]) == 0
     assert set(seen) - {"shapes", "ms"} == {"log_path", "resume", "progress", "time_budget_s",
-                                            "jobs"}
+                                            "jobs", "shortlist"}
+    # the quick tune unless asked for the whole space
+    assert seen["shortlist"] == tune_module.SHORTLIST > 0
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
     assert seen["log_path"] == str(log) and seen["resume"] is True
     assert seen["jobs"] == 3 and seen["time_budget_s"] == 60.0
@@ -248,6 +251,8 @@ def test_tune_calls_the_tuner_with_its_interface_only(tmp_path, monkeypatch):
     assert seen["ms"] == list(range(1, 33)) and seen["resume"] is False
     assert seen["jobs"] is None and seen["time_budget_s"] is None
     assert len(seen["shapes"]) == 16
+    assert main(["tune", "-o", str(out), "--log", str(log), "--exhaustive"]) == 0
+    assert seen["shortlist"] == 0
 
 
 def test_tune_from_log_takes_the_gpu_the_log_names(tmp_path, monkeypatch, capsys):

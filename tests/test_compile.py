@@ -251,7 +251,9 @@ def test_cli_compile(tmp_path, capsys):
     assert "ptx audit     ok" in out
     assert f"ptx written to {path}" in out
     text = path.read_text()
-    assert ".target sm_90a" in text and audit_ptx(text) == []
+    assert ".target sm_90a" in text
+    assert audit_ptx(text, k_tiles=1024 // tactic.k_tile, bulk_x=tactic.bulk_x,
+                     tma_x=tactic.tma_x) == []
 
 
 def test_cli_compile_error_exit_code():

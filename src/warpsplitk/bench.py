@@ -65,7 +65,7 @@ def _environment():
 def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=True,
                 rounds=None):
     """Rows for one ``[n, k]`` weight; ``tactic_for(m)`` -> (tactic, source).
-    Each configuration (ours, the default heuristic, the reference wave
+    Each configuration (ours, the default (cost model), the reference wave
     heuristic, cuBLAS) is timed in ``rounds`` graphs (``timing.ROUNDS``),
     alternating, and counts with the median one; a heuristic whose tactic
     is ours (or the default's) takes that time. Rows: ``(m, (tactic,
@@ -99,7 +99,7 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
             if not err < 1e-2 or torch.isnan(out).any():
                 raise RuntimeError(f"N={n} K={k} M={m}: relative error {err:.3g} (or NaN) after timing")
 
-        # ours, the default heuristic (where it differs), the reference one
+        # ours, default_tactic's (where it differs), the reference heuristic's
         # (where it differs from both), cuBLAS
         configurations = [[lambda p=p: p.run(x, out) for p in prepared]]
         if prepared_default is not None:
@@ -281,3 +281,146 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
 
 def default_shapes():
     return [(s["n"], s["k"]) for s in shape_table.load()["shapes"]]
+
+
+# ------------------------------------------------------------ a model's layer
+
+
+@dataclass
+class LayerRow:
+    model: str
+    tp: int
+    m: int
+    projections: str  # the layer's projections in order, N x K each
+    tactics: str  # ours per projection ("cublas": a shape the kernel refuses, or the plan's)
+    ours_us: float  # per layer: every projection, each reading the previous one's output
+    reference_us: float  # the same chain with reference_tactic's tactics
+    cublas_us: float
+    floor_us: float
+
+    @property
+    def speedup(self):
+        return self.cublas_us / self.ours_us
+
+
+def layer_buffers(steps, m):
+    """Element count of each of the two activation buffers a layer chain
+    alternates between, and per step ``(reads, writes)``: the buffer index
+    and the element count of the ``[m, k]`` input it reads and the ``[m, n]``
+    output it writes. Step ``j`` reads buffer ``j % 2`` and writes the other;
+    its input is the first ``m * k`` elements of what the previous step
+    wrote (its output's first ``m * n`` elements, read as rows of ``k``), so
+    every projection depends on its predecessor whatever the two shapes.
+    ``steps``: ``[(n, k), ...]``."""
+    size = m * max(max(n, k) for n, k in steps)
+    return size, [((j % 2, m * k), (1 - j % 2, m * n)) for j, (n, k) in enumerate(steps)]
+
+
+def layer_reference(buffers, weights, m):
+    """What a layer chain leaves in its buffers, in float64 with each output
+    rounded to BF16 as the kernels store it: ``buffers`` (two 1-D tensors,
+    the initial contents) and ``weights`` (``[n, k]`` each, in order) ->
+    (the two buffers after the chain, the last output ``[m, n]``)."""
+    import torch
+    steps = [tuple(w.shape) for w in weights]
+    _, plan = layer_buffers(steps, m)
+    state = [b.double().clone() for b in buffers]
+    for w, ((src, reads), (dst, writes)) in zip(weights, plan):
+        n, k = w.shape
+        x = state[src][:reads].view(m, k)
+        y = (x @ w.double().t()).to(torch.bfloat16).double()
+        state[dst][:writes] = y.reshape(-1)
+    return state, state[plan[-1][1][0]][:plan[-1][1][1]].view(m, steps[-1][0])
+
+
+def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, rounds=None):
+    """One decode layer's projections (``models.layer_chain``) as a dependent
+    chain, back to back in one CUDA graph over rotating copies of the layer's
+    weights (>= 3x L2): ours (the plan, else the default; cuBLAS for a shape
+    the kernel refuses), the reference heuristic's tactics, and cuBLAS for
+    every projection. Attention and the activation between projections are
+    left out; the dependency is kept through memory (``layer_buffers``)."""
+    import torch
+
+    from . import models
+    from .decode import CUBLAS, DecodePlan, precompile_for, prepare_choices
+    rounds = timing.resolve_rounds(rounds)
+    plan = plan if plan is not None else DecodePlan()
+    layer = models.layer_chain(model_name, tp)
+    steps = [(p["n"], p["k"]) for p in layer]
+    read_tbps = timing.measured_read_bandwidth() / 1e12
+    takes = {s: models.kernel_refusal(*s) is None for s in steps}
+    precompile_for([torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
+                    for n, k in steps if takes[(n, k)]], plan, ms, progress=progress)
+    from .compile import device_arch
+    from .precompile import precompile
+    precompile(sorted({(n, k, reference_tactic(m, n, k), False, True)
+                       for n, k in steps if takes[(n, k)] for m in ms}),
+               device_arch(torch.cuda.current_device()), None, progress)
+    layer_bytes = sum(2 * n * k for n, k in steps)
+    copies = timing.copies_for(layer_bytes)
+    weights = [[w.mul_(w.shape[1] ** -0.5) for w in
+                (timing.random_weights(n, k, 1, "cuda", seed=1000 * c + i)[0]
+                 for i, (n, k) in enumerate(steps))] for c in range(copies)]
+
+    def prepared(choose):
+        out = []
+        for layer_weights in weights:
+            out.append([prepare_choices(w, {m: (choose(m, *w.shape) if takes[tuple(w.shape)]
+                                                else CUBLAS) for m in ms})
+                        for w in layer_weights])
+        return out
+
+    ours = prepared(lambda m, n, k: plan.tactic_for(n, k, m))
+    reference = prepared(lambda m, n, k: reference_tactic(m, n, k))
+    rows = []
+    for m in ms:
+        size, order = layer_buffers(steps, m)
+        buffers = [torch.randn(size, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        initial = [b.clone() for b in buffers]
+
+        def views(j, i):
+            (src, reads), (dst, writes) = order[i]
+            parity = j % 2  # a layer of odd length swaps the buffers on each copy
+            n, k = steps[i]
+            return (buffers[src ^ parity][:reads].view(m, k),
+                    buffers[dst ^ parity][:writes].view(m, n))
+
+        def calls(kind):
+            out = []
+            for c in range(copies):
+                for i in range(len(steps)):
+                    x, y = views(c * len(steps), i)
+                    if kind == "cublas":
+                        out.append(lambda w=weights[c][i], x=x, y=y: torch.matmul(x, w.t(), out=y))
+                    else:
+                        p = (ours if kind == "ours" else reference)[c][i]
+                        out.append(lambda p=p, x=x, y=y: p.run(x, y))
+            return out
+
+        for kind in ("ours", "reference"):
+            # correctness: one layer from known buffers, every output NaN-poisoned first
+            for b, init in zip(buffers, initial):
+                b.copy_(init)
+            for i in range(len(steps)):
+                x, y = views(0, i)
+                y.fill_(float("nan"))
+                calls_of = (ours if kind == "ours" else reference)[0][i]
+                calls_of.run(x, y)
+            torch.cuda.synchronize()
+            _, expected = layer_reference(initial, weights[0], m)
+            got = views(0, len(steps) - 1)[1].double()
+            err = ((got - expected).norm() / expected.norm()).item()
+            if not err < 2e-2 or torch.isnan(got).any():
+                raise RuntimeError(f"{model_name} TP{tp} layer M={m} ({kind}): relative error "
+                                   f"{err:.3g}")
+        timed = timing.time_rounds([calls("ours"), calls("reference"), calls("cublas")], rounds)
+        per_layer = [round(t.median_us * len(steps), 3) for t in timed]
+        tactics = " -> ".join(_short(p.tactics[m]) for p in ours[0])
+        row = LayerRow(model_name, tp, m, " -> ".join(f"{n}x{k}" for n, k in steps), tactics,
+                       *per_layer, round(layer_bytes / (read_tbps * 1e12) * 1e6, 3))
+        rows.append(row)
+        progress(f"{model_name} TP{tp} M={m:>2}: ours {row.ours_us:8.2f}  reference "
+                 f"{row.reference_us:8.2f}  cuBLAS {row.cublas_us:8.2f} us per layer  "
+                 f"{row.speedup:5.2f}x  floor {row.floor_us:7.2f}  [{tactics}]")
+    return rows

@@ -6,7 +6,7 @@ stderr, ``warpsplitk <command>: error: ...``, naming the argument, what was
 given and what is allowed. The same flag means the same in every command:
 
 ``--plan``   ``h200``: the built-in H200 plan (the default); ``none``: the
-             default heuristic; else a plan JSON file.
+             default (cost model); else a plan JSON file.
 ``--m``      Ms in 1..32, e.g. ``8``, ``1,4,8``, ``1-32`` (default: the plan's
              M buckets, 1,4,8,16,24,32); ``compile --m`` is one M.
 ``--shapes`` N,K pairs and .json shape tables (default: the built-in table).
@@ -26,7 +26,7 @@ DEFAULT_M_TEXT = ",".join(map(str, shape_table.DEFAULT_MS))
 M_HELP = (f"Ms in 1..32, e.g. 8, 1,4,8, 1-32 or 1-8,16 (default: the plan's M buckets, "
           f"{DEFAULT_M_TEXT})")
 SHAPES_HELP = "N,K pairs and/or .json shape tables (default: the built-in table)"
-PLAN_HELP = ("'h200': the built-in H200 plan (default); 'none': the default heuristic; "
+PLAN_HELP = ("'h200': the built-in H200 plan (default); 'none': the default (cost model); "
              "else a plan JSON file")
 
 
@@ -142,12 +142,12 @@ def _kernel_shapes(entries) -> list[tuple[int, int]]:
 
 
 def _resolve_plan(text):
-    """``none`` -> the default heuristic, ``h200`` -> the built-in plan, else a file:
+    """``none`` -> the default (cost model), ``h200`` -> the built-in plan, else a file:
     ``(plan, description)``."""
     from .decode import DecodePlan, builtin_plan, load_plan
     try:
         if text == "none":
-            return DecodePlan(), "the default heuristic (--plan none)"
+            return DecodePlan(), "the default (cost model; --plan none)"
         if text == "h200":
             return builtin_plan("h200"), "built-in H200 plan"
         return load_plan(text), text
@@ -265,12 +265,20 @@ def _cmd_bench(args, argv):
     if args.rounds is not None and args.rounds < 1:
         raise UsageError(f"--rounds must be at least 1, got {args.rounds} (graphs timed per "
                          "configuration; default 3)")
-    if args.chain and (args.shapes is not None or args.model is not None):
-        raise UsageError(f"argument {'--model' if args.model else '--shapes'}: not with --chain "
-                         "(it times the built-in chains of table shape pairs)")
+    if args.chain and args.shapes is not None:
+        raise UsageError("argument --shapes: not with --chain (it times the built-in chains of "
+                         "table shape pairs, or with --model one layer of that model)")
     if args.chain and args.plot:
         raise UsageError("argument --plot: not with --chain (it plots the per-shape rows)")
     plan, _ = _resolve_plan(args.plan)
+    if args.chain and args.model is not None:
+        from . import models
+        try:
+            layer = models.layer_chain(args.model, args.tp if args.tp is not None else 1)
+        except ValueError as error:
+            raise UsageError(f"argument --model: {error}") from None
+        if not layer:
+            raise UsageError(f"argument --model: {args.model} has no layer projections to chain")
     shapes = None if args.chain else _kernel_shapes(_shape_entries(args))
     _output_folder("--json", args.json)
     _output_folder("--plot", args.plot)
@@ -281,6 +289,20 @@ def _cmd_bench(args, argv):
     _require_gpu("bench")
     from . import bench
     command = "warpsplitk " + shlex.join(argv)
+    if args.chain and args.model is not None:
+        rows = bench.bench_layer(args.model, args.tp if args.tp is not None else 1, args.m, plan,
+                                 rounds=args.rounds,
+                                 progress=lambda line: print(line, flush=True))
+        if args.json:
+            import json
+            from dataclasses import asdict
+            with open(args.json, "w") as f:
+                environment = {**bench._environment(), "command": command,
+                               "rounds": args.rounds}
+                json.dump({"environment": environment, "mode": "layer",
+                           "rows": [asdict(r) | {"speedup": round(r.speedup, 3)} for r in rows]},
+                          f, indent=1)
+        return 0
     if args.chain:
         print("first -> second, M, tactics, warpsplitk us per pair, cuBLAS us, speedup", flush=True)
         rows = bench.bench_chain(bench.DEFAULT_CHAINS, args.m, plan, rounds=args.rounds,
@@ -331,10 +353,10 @@ def _cmd_tune(args, argv):
         return 0
     shapes = _kernel_shapes(_shape_entries(args))
     _require_gpu("tune")
-    from .tune import tune
+    from .tune import SHORTLIST, tune
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
                 progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget,
-                jobs=args.jobs)
+                jobs=args.jobs, shortlist=0 if args.exhaustive else SHORTLIST)
     plan.save(args.output)
     print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
@@ -438,7 +460,8 @@ def _cmd_plan(args, argv):
                                                                       args.arch)["registers"]
     from_plan = sum(1 for *_, origin in rows if origin == "plan")
     print(f"# tactics from {source} ({from_plan} of {len(rows)} rows; 'heuristic': the plan has "
-          f"none, the default heuristic's; 'cublas': a shape the kernel does not take); {args.arch}, {args.sm_count} SMs; floor at "
+          f"none, default_tactic's; 'cublas': a shape the kernel does not take); "
+          f"{args.arch}, {args.sm_count} SMs; floor at "
           f"{args.tbps} TB/s; registers "
           f"{'compiled for ' + args.arch if args.compile else 'from the model'}")
     print(f"{'projection':<34} {'from':>9} {'N':>5} {'K':>5} {'M':>3} {'tactic':>30} {'CTAs':>5} "
@@ -514,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=_int_at_least(1), required=True, help="weight columns (input features)")
     p.add_argument("--m", type=_one_m, default=1,
                    help="the M (1..32) the default tactic is chosen for (default 1)")
-    p.add_argument("--tactic", type=_tactic, help="o,t,k,s,b[...] (default: the heuristic's)")
+    p.add_argument("--tactic", type=_tactic, help="o,t,k,s,b[...] (default: default_tactic's)")
     p.add_argument("--arch", default="sm_90a", choices=ARCHS, help="target arch (default sm_90a)")
     p.add_argument("--bias", action="store_true", help="compile the bias epilogue")
     p.add_argument("--sm-count", type=_int_at_least(1), default=132,
@@ -534,7 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="graphs per configuration, alternating; the median one counts "
                         "(default: timing.ROUNDS = 3)")
     p.add_argument("--chain", action="store_true",
-                   help="dependent chains (each output feeds the next input) of table shape pairs")
+                   help="dependent chains (each output feeds the next input): table shape pairs, "
+                        "or with --model one layer's projections in order, against the reference "
+                        "heuristic and cuBLAS")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("tune", help="measure tactics on this GPU and write a decode plan")
@@ -555,6 +580,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure everything again, ignoring the log's measurements")
     p.add_argument("--from-log", action="store_true",
                    help="no GPU: rebuild the plan from the measurements in --log")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="measure the whole tactic space of each cell, not only the cost "
+                        "model's shortlist (minutes per shape instead of seconds)")
     p.set_defaults(func=_cmd_tune)
 
     p = sub.add_parser("cache", help="show, list, prune or clear the compiled kernels and "

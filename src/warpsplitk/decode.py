@@ -11,7 +11,8 @@ An entry's tactic may instead be ``"cublas"`` (``CUBLAS``): for that M the
 prepared weight runs ``torch.matmul`` (cuBLAS), where it measured faster.
 ``load_plan`` validates every other entry with ``check_tactic``: a bad or
 stale file is an error naming the entry, never a silent fallback. Lookups for
-shapes the plan lacks fall back to ``default_tactic`` and say so once.
+shapes the plan lacks fall back to the cost model (``default_choice``: its
+tactic, or cuBLAS where it predicts cuBLAS faster) and say so once.
 ``prepare`` compiles everything a weight needs before any graph capture.
 """
 
@@ -31,6 +32,18 @@ PLAN_VERSION = 1
 CUBLAS = "cublas"
 
 
+def default_choice(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic | str:
+    """What runs M tokens on an ``[n, k]`` weight without a plan entry:
+    ``default_tactic``, or ``CUBLAS`` where the cost model predicts
+    ``torch.matmul`` faster than that tactic (M = 32 on some large weights)."""
+    from . import cost_model
+    from .tactics import _device_sm_count
+    tactic = default_tactic(m, n, k, sm_count)
+    if sm_count is None:
+        sm_count = _device_sm_count()
+    return CUBLAS if cost_model.prefers_cublas(m, n, k, sm_count) else tactic
+
+
 @dataclass
 class DecodePlan:
     meta: dict = field(default_factory=dict)
@@ -45,16 +58,16 @@ class DecodePlan:
 
     def tactic_for(self, n: int, k: int, m: int,
                    sm_count: int | None = None) -> WarpSplitKTactic | str:
-        """The plan's choice (a tactic or ``CUBLAS``), else ``default_tactic``."""
+        """The plan's choice (a tactic or ``CUBLAS``), else ``default_choice``."""
         tactic = self.lookup(n, k, m)
         if tactic is not None:
             return tactic
         if (n, k) not in self._warned:
             self._warned.add((n, k))
             have = "no entry" if (n, k) not in self.entries else f"no entry for M={m}"
-            warnings.warn(f"decode plan has {have} for N={n}, K={k}: using default_tactic",
-                          stacklevel=2)
-        return default_tactic(m, n, k, sm_count)
+            warnings.warn(f"decode plan has {have} for N={n}, K={k}: using the cost model's "
+                          "choice (default_choice)", stacklevel=2)
+        return default_choice(m, n, k, sm_count)
 
     def set(self, n, k, m, tactic, us=None):
         """Choose ``tactic`` (or ``CUBLAS``) for (N, K, M)."""
@@ -140,7 +153,7 @@ def builtin_plan(name: str = "h200") -> DecodePlan:
 
 def prepare(weight, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), bias=None):
     """``weight`` prepared with the plan's choice for each M in ``ms`` (the
-    default heuristic where the plan has none), all compiled now: a
+    default (cost model) where the plan has none), all compiled now: a
     ``PreparedWarpSplitK``, or, where the plan runs some Ms on cuBLAS, a
     ``PreparedDecode`` with the same interface."""
     n, k = weight.shape

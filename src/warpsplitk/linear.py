@@ -321,7 +321,7 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
     (:mod:`warpsplitk.precompile`; default one per core but one), into the
     disk cache the swapped modules then load from.
 
-    ``plan``: a ``DecodePlan``, None (the default heuristic), or ``"auto"``:
+    ``plan``: a ``DecodePlan``, None (the default (cost model)), or ``"auto"``:
     the plan for this GPU (``warpsplitk.plan_cache``), tuning first, with
     ``progress``, the shapes of the eligible linears it lacks and keeping
     them for the next process."""

@@ -14,13 +14,13 @@ from . import layout
 OUTPUT_TILES = (16, 32, 48, 64)
 #: output tiles from this size on need k_tile 128 (see check_tactic)
 WIDE_TILE = 48
-#: Token tiles of whole mma blocks (8 columns each): the default heuristic's
-#: and the tuner's search space.
+#: Token tiles of whole mma blocks (8 columns each): the tuner's base
+#: candidates, which the default (cost model) ranks.
 MMA_TOKEN_TILES = (8, 16, 32)
 #: Token tiles narrower than one mma block, for M <= 4: the stage holds only
 #: these rows (``layout.stage_row``), and the shared memory an 8-row stage
 #: would spend on rows past M goes to ring depth. Measured as twins of a
-#: cell's fastest 8-row tactics (``tune.narrow_twins``).
+#: cell's fastest 8-row tactics (``space.narrow_twins``).
 NARROW_TOKEN_TILES = (1, 2, 4)
 TOKEN_TILES = NARROW_TOKEN_TILES + MMA_TOKEN_TILES
 K_TILES = (128, 256)
@@ -28,8 +28,9 @@ K_TILES = (128, 256)
 #: but one (16-row tiles x 256 K: 18 stages); narrow token tiles make
 #: stages small enough for up to 26 (16 rows x 256 K, one token row).
 MAX_STAGES = 32
-#: ...and the default heuristic's at most: the depth its rule was fitted to
-#: (v3); deeper rings are the tuner's to measure.
+#: ...and the tuner's base candidates' at most (``space.base_candidates``),
+#: the space the default ranks: deeper rings come only with narrow token
+#: tiles, whose smaller stages leave room for them.
 DEFAULT_MAX_STAGES = 16
 B_LOADER_WARPS = (1, 2)
 #: CTAs of a cluster that share one output tile's K (each streams 1/k_split
@@ -79,9 +80,6 @@ THREADS_PER_SM = 2048
 REGISTERS_PER_SM = 65536
 BLOCKS_PER_SM = 32
 DEFAULT_SM_COUNT = 132
-#: default_tactic: a 32-row weight tile over the whole K up to this size
-#: counts as short (fixed costs dominate; fewer, longer CTAs win).
-SHORT_K_TILE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, order=True)
@@ -98,12 +96,12 @@ class WarpSplitKTactic:
         (``layout.stage_row``): smaller stages, a deeper ring for the same
         shared memory. Not with tma_x (a TMA box has at least 8 rows).
     k_tile: K elements per pipeline stage, 128 or 256.
-    stages: depth of the shared-memory rings, 1..32 (the default heuristic's
-        at most 16).
+    stages: depth of the shared-memory rings, 1..32 (the tuner's base
+        candidates at most 16).
     b_loader_warps: warps that load activations, 1 or 2.
     k_split: CTAs of a cluster splitting K, 1 or 2 (doubles the grid for
-        shapes whose N leaves SMs idle; measured by the tuner, never the
-        default heuristic's choice).
+        shapes whose N leaves SMs idle; the default never picks it, the
+        tuner measures it).
     early_launch: where the kernel triggers the next PDL kernel's launch.
         False: once its last activation tile is issued (late in the CTA's
         life when the ring is shallower than K). True: before its
@@ -548,58 +546,20 @@ def _check_shape(n, k):
 
 
 def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
-    """A tactic from the occupancy model; legal for every M in 1..32, N a
-    multiple of 16 and K a multiple of 128 up to 64 * 256.
-
-    - token_tile: the smallest tile that holds all M tokens, so the weight is
-      read from HBM once and x once per weight tile;
-    - k_tile: 256 when K allows (half the barrier round trips per byte), else 128;
-    - output_tile: 32 when N allows and either the 32-row grid still gives
-      three SMs in four a CTA, or a 32-row tile of the whole K is at most
-      256 KB (short K: the per-call fixed costs dominate, and fewer, longer
-      CTAs measured faster); else 16, for more CTAs to stream a long K.
-      32 rows also halve the activation re-reads per weight byte;
-    - stages: the grid needs ``r = ceil(CTAs / SMs)`` CTAs resident per SM to
-      run in one wave; take the deepest ring with which exactly ``r`` fit.
-      Deeper rings put more weight bytes in flight per SM, and a ring that
-      leaves no room for an (r+1)-th CTA stops the block scheduler from
-      doubling CTAs up on some SMs while others idle. Rings deep enough to
-      need the reduction buffer laid over them are left to the tuner;
-    - b_loader_warps: 2 when M > 1 (the activation copies follow the
-      dependency wait, on every call's critical path), 1 for one token.
-
-    Fitted to the 80 measured cells of the tuner's log
-    (``bench/results/h200-tune-log.jsonl``): its tactic is within a median
-    1.024 (worst 1.395) of the fastest measured tactic without the early
-    trigger.
+    """The tactic the cost model predicts fastest for M tokens on an
+    ``[n, k]`` weight (:func:`warpsplitk.cost_model.choose_tactic`): the
+    tuner's candidates and the reference heuristic's tactic, ranked by the
+    model fitted to the tuner's measurements, then the twins of the
+    predicted fastest. Legal for every M in 1..32, N a multiple of 16 and K a
+    multiple of 128 up to 64 * 128 (of 256 up to 64 * 256); the same answer
+    on every call.
     """
     _check_m(m)
     if sm_count is None:
         sm_count = _device_sm_count()
     _check_shape(n, k)
-    token_tile = min(t for t in MMA_TOKEN_TILES if t >= m)
-    k_tile = 256 if k % 256 == 0 and (k // 256 >= 2 or k // 128 > MAX_K_TILES) else 128
-    output_tile = 16
-    if n % 32 == 0:
-        ctas_32 = (n // 32) * -(-m // token_tile)
-        if 4 * ctas_32 >= 3 * sm_count or 32 * k * layout.ELEMENT_BYTES <= SHORT_K_TILE_BYTES:
-            output_tile = 32
-    b_warps = 2 if m > 1 else 1
-    k_tiles = k // k_tile
-    if k_tiles == 1:
-        return WarpSplitKTactic(output_tile, token_tile, k_tile, 1, b_warps)
-    candidates = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
-                  for s in range(2, min(k_tiles, DEFAULT_MAX_STAGES) + 1)]
-    # a ring deeper than fits beside its reduction buffer is the tuner's to
-    # measure, not the model's to assume
-    candidates = [t for t in candidates if is_legal(t, n, k) and not t.reduction_aliased]
-    ctas = grid_ctas(candidates[0], m, n)
-    wanted = -(-ctas // sm_count)
-    fitting = [t for t in candidates if ctas_per_sm(t) >= wanted]
-    if fitting:
-        return fitting[-1]  # the deepest ring that still lets the grid run in one wave
-    # more than one wave whatever the ring: the most CTAs per SM, then the deepest ring
-    return max(candidates, key=lambda t: (ctas_per_sm(t), t.stages))
+    from .cost_model import choose_tactic
+    return choose_tactic(m, n, k, sm_count)
 
 
 def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:

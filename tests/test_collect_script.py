@@ -1,0 +1,45 @@
+"""scripts/collect_timings.py without a GPU: what it times per cell."""
+
+import pytest
+
+from script_loader import load_script
+from warpsplitk.tactics import check_tactic, default_tactic, reference_tactic
+
+collect = load_script("collect_timings")
+
+
+def test_base_set_holds_the_tuner_candidates_and_both_heuristics():
+    for m, n, k in ((1, 4096, 4096), (8, 1536, 7168), (32, 7168, 384)):
+        base = collect.base_set(m, n, k, 132)
+        assert default_tactic(m, n, k, 132) in base and reference_tactic(m, n, k, 132) in base
+        assert not any(t.early_launch for t in base)
+        for t in base:
+            check_tactic(t, n, k)
+
+
+def test_twin_set_times_neighbours_of_the_fastest():
+    m, n, k = 8, 4096, 4096
+    base = collect.base_set(m, n, k, 132)
+    # fixture timings: the first two listed are the fastest
+    times = {t: 10.0 + i for i, t in enumerate(base)}
+    twins = collect.twin_set(times, m, n, k, 132)
+    assert twins and not set(twins) & set(times)
+    for t in twins:
+        check_tactic(t, n, k)
+    fastest = base[:2]
+    assert all(t.__class__(**{**t.__dict__, "early_launch": True}) in twins for t in fastest)
+    assert any(t.tma_x for t in twins) and any(t.prefetch_tiles in (2, 4) for t in twins)
+
+
+def test_shapes_come_from_arguments_or_a_model():
+    args = collect.main.__globals__["argparse"].Namespace(model=None, tp=1, shapes=["256,512"])
+    assert collect.shapes_of(args) == [(256, 512)]
+    args.model, args.tp = "llama-3.1-8b", 2
+    shapes = collect.shapes_of(args)
+    assert (256, 512) in shapes and (3072, 4096) in shapes
+    args.model, args.shapes = None, ["256x512"]
+    with pytest.raises(SystemExit, match="a shape is N,K"):
+        collect.shapes_of(args)
+    args.shapes = []
+    with pytest.raises(SystemExit, match="give N,K shapes or --model"):
+        collect.shapes_of(args)

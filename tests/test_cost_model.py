@@ -1,0 +1,162 @@
+"""The cost model (warpsplitk.cost_model): features, the fit, the shipped
+coefficients against the records they are fitted to, and the choices made
+from them. CPU only."""
+
+import json
+import math
+import random
+
+import pytest
+
+from script_loader import load_script
+from warpsplitk import cost_model, models
+from warpsplitk.decode import CUBLAS, default_choice
+from warpsplitk.tactics import WarpSplitKTactic as T
+from warpsplitk.tactics import check_tactic, default_tactic, reference_tactic
+
+fit_script = load_script("fit_cost_model")
+
+
+def _named(tactic, m, n, k):
+    return dict(zip(cost_model.FEATURES, cost_model.features(tactic, m, n, k)))
+
+
+def test_features_are_named_and_physical():
+    assert len(cost_model.features(T(32, 8, 256, 11, 1), 8, 4096, 4096)) == len(cost_model.FEATURES)
+    f = _named(T(32, 8, 256, 11, 1), 8, 4096, 4096)
+    assert f["fixed"] == 1.0
+    # the weight's bytes at the measured read bandwidth
+    assert f["hbm_us"] == pytest.approx(4096 * 4096 * 2 / cost_model.BYTES_PER_US)
+    # 128 CTAs on 132 SMs: one each, the busiest reads one tile of 32 + 8 rows
+    assert f["busiest_sm_us"] == pytest.approx(
+        (32 + 8) * 4096 * 2 / (cost_model.BYTES_PER_US / 132))
+    assert f["bound_us"] == max(f["hbm_us"], f["busiest_sm_us"], f["latency_us"])
+    assert f["idle_sm_hbm_us"] == f["hbm_us"]  # 128 < 132 SMs
+    assert f["waves"] == 1 and f["token_tiles"] == 1
+    assert f["log_stages"] == pytest.approx(math.log(11))
+    assert not any(f[name] for name in ("early", "tma", "bulk", "k_split", "narrow",
+                                        "prefetch_all", "prefetch_bounded", "half_tiles"))
+
+
+def test_feature_flags_follow_the_tactic():
+    f = _named(T(32, 8, 256, 5, 1, 2, early_launch=True, l2_prefetch=True, prefetch_tiles=2,
+                 tma_x=True), 8, 4096, 4096)
+    assert f["early"] == f["tma"] == f["k_split"] == f["prefetch_bounded"] == 1.0
+    assert f["prefetch_all"] == 0.0 and f["prefetch_depth"] == 2.0
+    assert f["activation_copies"] == 0.0  # TMA boxes, no 16-byte copies
+    # a shallower ring holds fewer bytes in flight: more round trips
+    deep = _named(T(16, 8, 256, 16, 1), 1, 4096, 4096)
+    shallow = _named(T(16, 8, 256, 2, 1), 1, 4096, 4096)
+    assert shallow["latency_us"] > deep["latency_us"]
+    # two token tiles re-read the weight through L2
+    assert _named(T(16, 8, 256, 4, 2), 16, 4096, 4096)["l2_reads_us"] > \
+        _named(T(16, 16, 256, 4, 2), 16, 4096, 4096)["l2_reads_us"]
+
+
+def test_least_squares_recovers_exact_coefficients():
+    rng = random.Random(1)
+    truth = [2.0, -0.5, 0.25]
+    rows = [[1.0, rng.uniform(0, 10), rng.uniform(-3, 3)] for _ in range(40)]
+    targets = [sum(a * c for a, c in zip(row, truth)) for row in rows]
+    solved = cost_model.solve_least_squares(rows, targets, [1.0] * len(rows))
+    assert solved == pytest.approx(truth, rel=1e-9)
+    with pytest.raises(ValueError, match="no data"):
+        cost_model.solve_least_squares([[1.0, 0.0]] * 3, [1.0] * 3, [1.0] * 3)
+
+
+def test_fit_recovers_a_model_from_its_own_timings():
+    """Timings made by a known model (fixtures, not a GPU) are fitted back to
+    predictions within the ridge's pull."""
+    truth = cost_model.shipped_model()
+    shapes = [(4096, 4096), (1536, 7168), (14336, 4096), (2048, 2048), (7168, 384),
+              (1024, 256), (5120, 5120), (28672, 5120)]
+    cells, cublas = {}, {}
+    for n, k in shapes:
+        for m in (1, 4, 8, 16, 32):
+            ranked = cost_model.ranked(m, n, k, model=truth)
+            cells[(n, k, m)] = {t: us for t, us in ranked if us > 0}
+            cublas[(n, k, m)] = truth.predict_cublas_us(m, n, k)
+    fitted = cost_model.fit(cells, cublas)
+    errors = [fitted.predict_us(t, m, n, k) / us - 1
+              for (n, k, m), timings in cells.items() for t, us in timings.items()]
+    assert max(abs(e) for e in errors) < 0.05
+    assert fitted.predict_cublas_us(8, 4096, 4096) == pytest.approx(
+        truth.predict_cublas_us(8, 4096, 4096), rel=0.02)
+
+
+def test_shipped_model_is_the_fit_of_the_records():
+    # the coefficients, inputs and cross-validation in the package are what
+    # scripts/fit_cost_model.py computes from bench/results today
+    assert fit_script.main(["--check"]) == 0
+
+
+def test_shipped_model_ranks_measured_tactics_well():
+    meta = cost_model.shipped_model().meta
+    cv = meta["cross_validation"]
+    # shape-grouped cross-validation: the first-ranked measured tactic is a
+    # median within 3% of the cell's fastest, over 150+ cells
+    assert cv["cells"] >= 150
+    assert cv["pick_over_fastest_median"] < 1.03
+    assert cv["pick_over_fastest_p90"] < 1.12
+    assert 0.95 < cv["cublas_predicted_over_measured_median"] < 1.05
+
+
+def test_held_out_models_never_enter_the_fit():
+    held = fit_script.held_out_shapes()
+    cells, cublas = fit_script.load_records()
+    assert held and not ({key[:2] for key in cells} & held)
+    assert not ({key[:2] for key in cublas} & held)
+    everything = set()
+    for name in models.model_names():
+        for tp in (1, 2, 4, 8):
+            try:
+                everything |= {(p["n"], p["k"]) for p in models.projections(name, tp)}
+            except ValueError:
+                continue
+    # about a fifth of the model table's shapes
+    assert 0.15 < len(held & everything) / len(everything) < 0.3
+
+
+def test_model_file_errors_are_clear():
+    good = cost_model.shipped_model().to_json()
+    assert cost_model.CostModel.from_json(json.loads(json.dumps(good))) == \
+        cost_model.shipped_model()
+    with pytest.raises(ValueError, match="not a warpsplitk cost model"):
+        cost_model.CostModel.from_json({"format": "other"})
+    broken = json.loads(json.dumps(good))
+    del broken["features"]["hbm_us"]
+    with pytest.raises(ValueError, match="every feature"):
+        cost_model.CostModel.from_json(broken)
+    with pytest.raises(ValueError, match="no cost model 'a100'"):
+        cost_model.shipped_model("a100")
+
+
+@pytest.mark.parametrize("n,k", [(4096, 4096), (4608, 1536), (1024, 4096), (48, 16384),
+                                 (128256, 4096), (16, 128)])
+def test_choices_are_legal_ranked_and_stable(n, k):
+    model = cost_model.shipped_model()
+    for m in (1, 3, 8, 13, 32):
+        chosen = default_tactic(m, n, k, sm_count=132)
+        check_tactic(chosen, n, k)
+        assert chosen == cost_model.ranked(m, n, k, 132)[0][0]
+        # what the default leaves to measurement
+        assert not (chosen.early_launch or chosen.l2_prefetch or chosen.bulk_x
+                    or chosen.k_split > 1 or chosen.half_tiles)
+        # the reference heuristic's tactic is always ranked, so never predicted faster
+        assert model.predict_us(chosen, m, n, k) <= model.predict_us(
+            reference_tactic(m, n, k, 132), m, n, k)
+        choice = default_choice(m, n, k, sm_count=132)
+        cublas_faster = model.predict_cublas_us(m, n, k) < model.predict_us(chosen, m, n, k)
+        assert choice == (CUBLAS if cublas_faster else chosen)
+
+
+def test_shortlist_holds_the_default_the_reference_and_early_twins():
+    for m, n, k in ((1, 2048, 2048), (8, 4096, 4096), (32, 7168, 384), (4, 3216, 7168)):
+        short = cost_model.shortlist(m, n, k, 132)
+        assert len(short) == len(set(short)) <= 3 * 2 + 2 + 2
+        for t in short:
+            check_tactic(t, n, k)
+        assert default_tactic(m, n, k, 132) in short
+        assert reference_tactic(m, n, k, 132) in short
+        late = [t for t in short[:3] if not t.early_launch]
+        assert all(t.__class__(**{**t.__dict__, "early_launch": True}) in short for t in late)
