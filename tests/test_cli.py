@@ -333,17 +333,17 @@ def test_plan_view_says_per_row_where_the_tactic_came_from(capsys, tmp_path):
     assert main(["plan", "--no-compile", "--shapes", "4224,7168", str(table), "--m", "1,8"]) == 0
     out = capsys.readouterr().out
     rows = _rows(out)
-    assert [r[-15] for r in rows] == ["plan", "plan", "heuristic", "heuristic"]
+    assert [r[-15] for r in rows] == ["plan", "plan", "default", "default"]
     assert [tuple(r[-14:-11]) for r in rows] == [("4224", "7168", "1"), ("4224", "7168", "8"),
                                                  ("256", "1024", "1"), ("256", "1024", "8")]
     plan = builtin_plan("h200")
     assert rows[0][-11] == plan.lookup(4224, 7168, 1).short()
     assert rows[2][-11] == default_tactic(1, 256, 1024, 132).short()
-    assert rows[2][-2:] == ["-", "-"]  # nothing measured for a heuristic row
+    assert rows[2][-2:] == ["-", "-"]  # nothing measured for a default row
     assert "2 of 4 rows" in out.splitlines()[0]
     assert main(["plan", "--plan", "none", "--no-compile", "--shapes", "4224,7168",
                  "--m", "1"]) == 0
-    assert _rows(capsys.readouterr().out)[0][-15] == "heuristic"
+    assert _rows(capsys.readouterr().out)[0][-15] == "default"
 
 
 def test_plan_view_registers_from_the_disk_cache_without_the_dsl(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from warpsplitk.decode import (
 )
 from warpsplitk.tactics import (WarpSplitKTactic, check_tactic, ctas_per_sm, default_tactic, grid_ctas,
                                 is_legal)
+from warpsplitk.space import base_candidates
 from warpsplitk.tune import REPRESENTATIVE_MS, candidates, representative
 
 T = WarpSplitKTactic
@@ -134,10 +135,12 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
     assert late == candidates(m, n, k, 132, early_launches=(False,))
     assert found == candidates(m, n, k, 132, k_splits=(1, 2))  # the split of K: on by default
     assert not [t for t in found if t.k_split == 4]  # in four only on request
-    assert default_tactic(m, n, k, 132) in found
+    default = default_tactic(m, n, k, 132)
+    assert default in found
     assert all(is_legal(t, n, k) for t in found)
     cover = min(t for t in (8, 16, 32) if t >= m)
-    for t in found:
+    # the rules of the pruned space (the default tactic is added as it is)
+    for t in (t for t in found if dataclasses.replace(t, early_launch=False) != default):
         assert t.token_tile in (cover, cover // 2)
         # 8-token tiles: one activation-loader warp, or two when x has
         # real rows past the first (its copies follow the dependency wait)
@@ -148,6 +151,9 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
     bulk = [t for t in found if t.bulk_x]
     assert bool(bulk) == (m == 1) and not any(t.l2_prefetch for t in found)
     assert [t for t in found if not t.bulk_x] == candidates(m, n, k, 132, bulk_xs=(False,))
+    assert set(found) - {default, dataclasses.replace(default, early_launch=True)} <= {
+        dataclasses.replace(t, early_launch=e) for t in base_candidates(m, n, k, 132)
+        for e in (False, True)}
 
 
 # ------------------------------------------------------------ plan view

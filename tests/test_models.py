@@ -106,7 +106,7 @@ def test_plan_view_of_a_model_on_a_cpu(capsys):
                  "--no-compile"]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line.startswith("llama-3.1-70b tp8")]
-    assert len(rows) == 10 and all(" heuristic " in row for row in rows)
+    assert len(rows) == 10 and all(" default " in row for row in rows)
     assert any("gate_up" in row and " 7168  8192 " in row for row in rows)
 
 
@@ -114,7 +114,7 @@ def test_plan_view_leaves_refused_shapes_to_cublas(capsys):
     assert main(["plan", "--model", "gpt-oss-20b", "--m", "1", "--no-compile"]) == 0
     out = capsys.readouterr().out
     assert "cublas" in out and "K=2880 is not a multiple of 128" in out
-    assert " heuristic " in out  # o_proj (2880 x 4096) takes the kernel
+    assert " default " in out  # o_proj (2880 x 4096) takes the kernel
 
 
 @pytest.mark.parametrize("argv,problem", [
@@ -122,7 +122,7 @@ def test_plan_view_leaves_refused_shapes_to_cublas(capsys):
     (["plan", "--model", "nope"], "argument --model: unknown model 'nope'"),
     (["plan", "--model", "qwen2.5-7b", "--tp", "8"], "does not split over tp 8"),
     (["plan", "--model", "llama-3.1-8b", "--tp", "0"], "argument --tp"),
-    (["bench", "--model", "llama-3.1-8b", "--chain"], "argument --model: not with --chain"),
+    (["bench", "--model", "qwen2.5-7b", "--tp", "8", "--chain"], "does not split over tp 8"),
     (["tune", "--model", "llama-3.1-8b", "--from-log", "--log", str(LOG), "-o", "x.json"],
      "not with --from-log"),
 ])

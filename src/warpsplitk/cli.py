@@ -425,14 +425,13 @@ def _cmd_plan(args, argv):
     from . import layout
     from .tactics import (
         ctas_per_sm,
-        default_tactic,
         grid_ctas,
         l2_read_factor,
         register_estimate,
         sm_balance,
         waves,
     )
-    from .decode import CUBLAS
+    from .decode import CUBLAS, default_choice
     from .models import kernel_refusal
     rows = []
     for shape in entries:
@@ -445,7 +444,7 @@ def _cmd_plan(args, argv):
             tactic = plan.lookup(n, k, m)
             origin = "plan"
             if tactic is None:
-                tactic, origin = default_tactic(m, n, k, sm_count=args.sm_count), "heuristic"
+                tactic, origin = default_choice(m, n, k, sm_count=args.sm_count), "default"
             rows.append((shape, m, tactic, origin))
     registers = {}
     if args.compile:
@@ -459,8 +458,8 @@ def _cmd_plan(args, argv):
                 registers[(n, k, tactic)] = disk_cache.arch_resources(n, k, tactic,
                                                                       args.arch)["registers"]
     from_plan = sum(1 for *_, origin in rows if origin == "plan")
-    print(f"# tactics from {source} ({from_plan} of {len(rows)} rows; 'heuristic': the plan has "
-          f"none, default_tactic's; 'cublas': a shape the kernel does not take); "
+    print(f"# tactics from {source} ({from_plan} of {len(rows)} rows; 'default': the plan has "
+          f"none, the cost model's choice; 'cublas': a shape the kernel does not take); "
           f"{args.arch}, {args.sm_count} SMs; floor at "
           f"{args.tbps} TB/s; registers "
           f"{'compiled for ' + args.arch if args.compile else 'from the model'}")
@@ -474,8 +473,8 @@ def _cmd_plan(args, argv):
             print(f"{name:<34} {origin:>9} {n:>5} {k:>5} {m:>3} {kernel_refusal(n, k)}")
             continue
         floor = n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6)
-        if tactic == CUBLAS:  # the plan measured torch.matmul faster for this M
-            measured = plan.entries[(n, k)][m][1]
+        if tactic == CUBLAS:  # measured (plan) or predicted (default) faster for this M
+            measured = plan.entries.get((n, k), {}).get(m, (None, None))[1]
             shown = "-" if measured is None else f"{measured:.2f}"
             print(f"{name:<34} {origin:>9} {n:>5} {k:>5} {m:>3} {'cublas':>30} {'':>58} "
                   f"{floor:>8.2f} {shown:>7}")

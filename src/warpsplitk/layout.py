@@ -25,6 +25,7 @@ quarter-warp of ``cp.async`` stores) stay in distinct groups too.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 #: mma.sync shape (rows of A, columns of B, K), BF16 inputs, FP32 accumulators.
@@ -306,6 +307,7 @@ class SmemPlan:
     partials: int | None = None
 
 
+@functools.lru_cache(maxsize=65536)  # a pure function of a few ints: ranking asks often
 def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, bulk_x=False, tma_x=False):
     """Where the two rings, the reduction buffer and the mbarriers live.
 

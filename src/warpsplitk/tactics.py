@@ -6,6 +6,7 @@ the CuTe DSL.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -471,6 +472,7 @@ def register_estimate(tactic: WarpSplitKTactic) -> int:
     return -(-measured // 8) * 8
 
 
+@functools.lru_cache(maxsize=65536)  # a pure function of the (frozen) tactic
 def ctas_per_sm(tactic: WarpSplitKTactic) -> int:
     """CTAs of this tactic one SM holds at once (shared memory, threads, registers)."""
     by_smem = SMEM_PER_SM // (tactic.smem_bytes + SMEM_RESERVED_PER_BLOCK)
