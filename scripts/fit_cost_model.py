@@ -2,6 +2,7 @@
 
     python scripts/fit_cost_model.py            # write src/warpsplitk/data/cost-model-h200.json
     python scripts/fit_cost_model.py --check    # exit 1 if the shipped model is not this fit
+    python scripts/fit_cost_model.py --held-out-shapes   # the held-out benchmark's N,K list
 
 Inputs (bench/results/): the tuner logs (every tactic timed per cell, and
 cuBLAS), the model benchmark (the default and reference heuristics' tactics
@@ -35,6 +36,21 @@ BENCH_MODELS = "h200-bench-models.json"
 BENCH_PLAN = "h200-bench-plan.json"
 OUTPUT = ROOT / "src" / "warpsplitk" / "data" / cost_model.MODEL_FILES["h200"]
 FOLDS = 5
+#: The held-out models' TP shards the held-out benchmark times (single GPU
+#: and sharded, small and large): bench/results/h200-bench-heldout.json.
+HELD_OUT_BENCH = (("gemma-3-12b", 1), ("gemma-3-12b", 8), ("llama-3.2-3b", 1),
+                  ("llama-3.2-3b", 4), ("qwen3-4b", 2), ("gemma-2-27b", 4))
+
+
+def held_out_bench_shapes() -> list[tuple[int, int]]:
+    """The kernel-legal shapes of ``HELD_OUT_BENCH``, each once, in order."""
+    shapes = []
+    for name, tp in HELD_OUT_BENCH:
+        for p in models.projections(name, tp):
+            shape = (p["n"], p["k"])
+            if models.kernel_refusal(*shape) is None and shape not in shapes:
+                shapes.append(shape)
+    return shapes
 
 
 def held_out_shapes() -> set:
@@ -137,7 +153,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if the shipped model differs from a fit of the records")
+    parser.add_argument("--held-out-shapes", action="store_true",
+                        help="print the held-out benchmark's N,K shapes and exit")
     args = parser.parse_args(argv)
+    if args.held_out_shapes:
+        print(" ".join(f"{n},{k}" for n, k in held_out_bench_shapes()))
+        return 0
     model = build()
     text = json.dumps(model.to_json(), indent=1) + "\n"
     if args.check:

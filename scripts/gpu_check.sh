@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with a CUDA GPU, from the repository root:
-#   bash scripts/gpu_check.sh [tests] [sanitize] [bench]     (default: all three)
+#   bash scripts/gpu_check.sh [tests] [sanitize] [bench] [default]   (default: all four)
 # writes its records into $RESULTS (default bench/results), named for the GPU
 # ($GPU_NAME, default h200):
 #   tests     every GPU test module (pytest -m gpu), side by side, each in its
@@ -13,6 +13,11 @@
 #   bench     the built-in plan over the shape table x M 1,4,8,16,32 and its
 #             dependent chains, against cuBLAS, with the plot
 #             -> $GPU_NAME-bench-plan.json, $GPU_NAME-bench-chain.json
+#   default   the default (no plan) on the shapes held out of the cost
+#             model's fit, their layers as dependent chains, and the quick
+#             tune against the exhaustive one with plan="auto" start times
+#             -> $GPU_NAME-bench-heldout.json, $GPU_NAME-bench-layers.json,
+#                $GPU_NAME-tune-quick.json
 # Then `python3 scripts/make_benchmarks.py` regenerates BENCHMARKS.md and the
 # README's table from the records.
 set -u
@@ -20,7 +25,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 RESULTS=${RESULTS:-bench/results}; GPU_NAME=${GPU_NAME:-h200}
 mkdir -p "$RESULTS"
-stages=${*:-tests sanitize bench}
+stages=${*:-tests sanitize bench default}
 status=0
 for stage in $stages; do
   case $stage in
@@ -52,7 +57,21 @@ for stage in $stages; do
         --json "$RESULTS/$GPU_NAME-bench-plan.json" --plot docs/bench-$GPU_NAME.png || status=1
       python3 -m warpsplitk.cli bench --plan h200 --m 1,4,8,16,32 --chain \
         --json "$RESULTS/$GPU_NAME-bench-chain.json" || status=1 ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (tests, sanitize, bench)" >&2; exit 2 ;;
+    default)
+      python3 -m warpsplitk.cli bench --plan none --m 1,4,8,16,32 \
+        --shapes $(python3 scripts/fit_cost_model.py --held-out-shapes) \
+        --json "$RESULTS/$GPU_NAME-bench-heldout.json" || status=1
+      layers=$(mktemp -d)
+      for shard in "gemma-3-12b 1" "gemma-3-12b 8" "llama-3.2-3b 1" "llama-3.2-3b 4" \
+                   "qwen3-4b 2" "gemma-2-27b 4"; do
+        set -- $shard
+        python3 -m warpsplitk.cli bench --plan none --m 1,8,32 --model "$1" --tp "$2" --chain \
+          --json "$layers/$1-tp$2.json" || status=1
+      done
+      python3 scripts/gpu_record.py layers "$layers" \
+        --command "bash scripts/gpu_check.sh default" --out "$RESULTS/$GPU_NAME-bench-layers.json"
+      python3 scripts/quick_tune_record.py "$RESULTS/$GPU_NAME-tune-quick.json" || status=1 ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (tests, sanitize, bench, default)" >&2; exit 2 ;;
   esac
 done
 exit $status

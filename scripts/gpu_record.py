@@ -2,12 +2,15 @@
 
     python3 scripts/gpu_record.py tests REPORT_DIR --command CMD --out OUT.json
     python3 scripts/gpu_record.py sanitizer LOG_DIR --command CMD --out OUT.json
+    python3 scripts/gpu_record.py layers JSON_DIR --command CMD --out OUT.json
 
 Each record holds the command, the date, the GPU and the versions
 (``warpsplitk.bench``'s), then the counts: per test module
 passed/failed/skipped/errors and the failed test ids; per sanitizer tool the
 cases run, the cases wrong, the errors or hazards the tool reported and each
-shard's exit code. Used by ``scripts/gpu_check.sh``.
+shard's exit code; for layer chains (``warpsplitk bench --model --chain``
+records, one per model and TP degree) their rows, in one list. Used by
+``scripts/gpu_check.sh``.
 """
 
 from __future__ import annotations
@@ -88,14 +91,28 @@ def sanitizer_counts(log_dir):
                          for t in tools.values()) and bool(tools)}
 
 
+def layer_rows(json_dir):
+    """The rows of every ``bench --model --chain`` record in ``json_dir``, in
+    file name order: ``{"rows": [...], "totals": {...}}``."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(json_dir, "*.json"))):
+        with open(path) as f:
+            rows += json.load(f)["rows"]
+    return {"rows": rows, "totals": {"layers": len(rows),
+                                     "faster_than_cublas": sum(r["speedup"] > 1 for r in rows),
+                                     "at_least_reference": sum(r["ours_us"] <= r["reference_us"]
+                                                               for r in rows)}}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=("tests", "sanitizer"))
-    parser.add_argument("inputs", nargs=1, help="the report or log folder")
+    parser.add_argument("kind", choices=("tests", "sanitizer", "layers"))
+    parser.add_argument("inputs", nargs=1, help="the report, log or JSON folder")
     parser.add_argument("--command", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    counts = (test_counts if args.kind == "tests" else sanitizer_counts)(args.inputs[0])
+    counts = {"tests": test_counts, "sanitizer": sanitizer_counts,
+              "layers": layer_rows}[args.kind](args.inputs[0])
     with open(args.out, "w") as f:
         json.dump({"environment": environment(args.command), "kind": args.kind, **counts}, f,
                   indent=1)

@@ -15,6 +15,8 @@ scripts/gpu_check.sh):
                                        (cost model), the reference heuristic, cuBLAS
 - bench/results/h200-tune-quick.json   the quick tune against the exhaustive one,
                                        and plan="auto" start times
+- bench/results/h200-bench-layers.json the held-out models' layers as dependent
+                                       chains (when recorded)
 - bench/results/h200-bench-models.json, h200-tune-log-models.jsonl and
   h200-tune-log.jsonl                  measurements the cost model is fitted to
                                        (the last also the shipped plan's source)
@@ -41,6 +43,7 @@ TUNE_LOG = RESULTS / "h200-tune-log.jsonl"
 MODELS_LOG = RESULTS / "h200-tune-log-models.jsonl"
 HELD_OUT = RESULTS / "h200-bench-heldout.json"
 QUICK = RESULTS / "h200-tune-quick.json"
+LAYERS = RESULTS / "h200-bench-layers.json"
 COST_MODEL = ROOT / "src" / "warpsplitk" / "data" / "cost-model-h200.json"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 README = ROOT / "README.md"
@@ -177,7 +180,8 @@ def log_records(path: Path) -> int:
 
 
 def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | None = None,
-                  quick: dict | None = None, model: dict | None = None) -> str:
+                  quick: dict | None = None, model: dict | None = None,
+                  layers: dict | None = None) -> str:
     env = bench.get("environment", {})
     s = summary(bench, chain)
     f = s["features"]
@@ -263,7 +267,37 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
         ]
     if held:
         out += default_md(held, quick, model)
+    if layers:
+        out += layers_md(layers)
     return "\n".join(out) + "\n"
+
+
+def layers_md(layers: dict) -> list[str]:
+    """A model layer's projections chained (``bench --model --chain``): ours
+    (the default, no plan) against the reference heuristic and cuBLAS."""
+    rows = layers["rows"]
+    out = [
+        "",
+        "## A layer, chained",
+        "",
+        f"Data: `{_rel(LAYERS)}`. One decode layer's projections of each held-out shard",
+        "in order, each reading the previous one's output, back to back in one CUDA",
+        "graph over rotating copies of the layer (≥ 3× L2); µs per layer.",
+        "",
+        *environment_lines(layers.get("environment", {}))[:2],
+        "",
+        "| model | TP | M | projections | default µs | reference µs | cuBLAS µs | speedup |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(f"| {r['model']} | {r['tp']} | {r['m']} | {r['projections']} | "
+                   f"{r['ours_us']:.2f} | {r['reference_us']:.2f} | {r['cublas_us']:.2f} | "
+                   f"{r['cublas_us'] / r['ours_us']:.2f}× |")
+    behind = sum(r["ours_us"] > r["reference_us"] for r in rows)
+    out += ["", f"The default is behind the reference heuristic in {behind} of {len(rows)} "
+                f"layers and faster than cuBLAS in "
+                f"{sum(r['cublas_us'] > r['ours_us'] for r in rows)}."]
+    return out
 
 
 def held_out_summary(held: dict) -> dict:
@@ -409,8 +443,10 @@ def generate() -> dict[Path, str]:
     held = load(HELD_OUT) if HELD_OUT.exists() else None
     quick = load(QUICK) if QUICK.exists() else None
     model = load(COST_MODEL)
+    layers = load(LAYERS) if LAYERS.exists() else None
     readme = README.read_text()
-    return {BENCHMARKS: benchmarks_md(bench, chain, log_records(TUNE_LOG), held, quick, model),
+    return {BENCHMARKS: benchmarks_md(bench, chain, log_records(TUNE_LOG), held, quick, model,
+                                      layers),
             README: replace_block(readme, readme_block(bench, chain, held, quick))}
 
 

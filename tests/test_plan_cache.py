@@ -61,6 +61,8 @@ def test_auto_tunes_once_and_the_next_process_reads_the_file(cache, tuner):
     # a new M of a known shape is tuned
     plan_cache.auto_plan([(4096, 4096)], (1, 8, 32), gpu=OTHER, progress=None)
     assert len(tuner) == 2 and tuner[1][0] == [(4096, 4096)]
+    # quiet: the tuner gets a progress it can call, which prints nothing
+    assert tuner[1][2]["progress"]("line") is None
 
 
 def test_the_builtin_plan_covers_its_own_gpu(cache, tuner):

@@ -65,3 +65,15 @@ def test_record_file_carries_command_and_environment(record, tmp_path, monkeypat
     data = json.loads(out.read_text())
     assert data["environment"] == {"command": "bash x", "gpu": "X"} and data["kind"] == "tests"
     assert data["totals"]["passed"] == 1
+
+
+def test_layers_record_joins_the_chain_records_and_counts(record, tmp_path):
+    def row(model, m, ours, reference, cublas):
+        return {"model": model, "tp": 1, "m": m, "ours_us": ours, "reference_us": reference,
+                "cublas_us": cublas, "speedup": round(cublas / ours, 3)}
+    (tmp_path / "b-tp1.json").write_text(json.dumps({"rows": [row("b", 1, 10.0, 9.0, 12.0)]}))
+    (tmp_path / "a-tp1.json").write_text(json.dumps(
+        {"rows": [row("a", 1, 5.0, 5.5, 8.0), row("a", 8, 6.0, 6.0, 5.0)]}))
+    counts = record.layer_rows(str(tmp_path))
+    assert [(r["model"], r["m"]) for r in counts["rows"]] == [("a", 1), ("a", 8), ("b", 1)]
+    assert counts["totals"] == {"layers": 3, "faster_than_cublas": 2, "at_least_reference": 2}

@@ -143,7 +143,9 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
         log = str(log_path(key)) if disk_cache.enabled() else None
         if log:
             plan_dir().mkdir(parents=True, exist_ok=True)
-        tuned = tune(todo, ms, log_path=log, resume=True, progress=progress, jobs=jobs)
+        # progress=None: a quiet tune (the tuner itself always reports)
+        tuned = tune(todo, ms, log_path=log, resume=True, jobs=jobs,
+                     progress=progress or (lambda line: None))
         store(key, tuned)
         for shape, by_m in tuned.entries.items():
             plan.entries.setdefault(shape, {}).update(by_m)
