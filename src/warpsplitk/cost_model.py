@@ -11,23 +11,25 @@ a weighted sum of terms that each measure one such effect
 * ``busiest_sm_us``: the bytes (weight and activation rows) the busiest SM
   reads, at its fair share of that bandwidth: a grid of 201 CTAs on 132 SMs
   makes 69 SMs read twice what the others do;
-* ``stream_us``: the larger of the two, the time the slower side sets;
-* ``ring_trips``: the busiest SM's bytes over the weight bytes its rings
-  hold in flight (stages x tile x resident CTAs): the memory round trips it
-  waits for in turn, which a shallow ring makes many;
+* ``latency_us``: the busiest SM's bytes over the weight bytes its rings
+  hold in flight (stages x tile x resident CTAs), times one memory round
+  trip (``LATENCY_US``): by Little's law, what a shallow ring caps it at;
+* ``bound_us``: the largest of the three, the time the slowest side sets;
 * ``l2_reads_us``: the bytes the grid reads through L2 (each token tile
   re-reads the weight tile; every CTA reads its activation rows);
-* ``k_tile_steps``: K tiles a CTA computes, per wave (the unrolled loop's
-  barrier round trips); ``k_tile_slots``: the same, per resident slot;
+* ``k_tile_steps``: K tiles a CTA computes, per wave; ``k_tile_slots``: K
+  tiles one SM slot computes in turn (the unrolled loop's barrier round
+  trips);
 * ``waves``: grid CTAs over what the GPU holds at once, rounded up;
 * ``idle_sm_hbm_us``: ``hbm_us`` when the grid leaves SMs idle;
-* one flag per feature (``early``, ``prefetch_all``, ``prefetch_bounded``,
+* one flag per option (``early``, ``prefetch_all``, ``prefetch_bounded``,
   ``tma``, ``bulk``, ``k_split``, ``half_tiles``, ``narrow``,
-  ``two_activation_warps``, ``k_tile_256``), and the flag times ``hbm_us``
-  where its effect grows with the weight (early trigger, prefetch, TMA
-  boxes, K split, narrow tiles);
-* ``bulk_rows`` (bulk copies per stage: M), ``prefetch_depth``,
-  ``activation_copies`` (16-byte copies per activation thread per stage,
+  ``two_activation_warps``, ``k_tile_256``); ``prefetch_depth`` (K tiles
+  of a bounded prefetch) and ``prefetch_latency_us`` (``latency_us`` with
+  the prefetch, which hides some of it); ``tma_steps``, ``bulk_steps``,
+  ``k_split_steps`` and ``narrow_steps`` (``k_tile_slots`` with the
+  option: a cost per stage);
+* ``activation_copies`` (16-byte copies per activation thread per stage,
   times the K tiles: issued after the dependency wait), ``token_tiles``,
   ``log_stages``.
 
@@ -40,8 +42,9 @@ are never in the fit: they are what the model is judged on.
 
 cuBLAS's time is a second linear model of the shape alone
 (``CUBLAS_FEATURES``), fitted to the cuBLAS timings of the same records:
-where no plan entry exists, :func:`choose` runs cuBLAS for an M whose
-predicted cuBLAS time is below the kernel's.
+where no plan entry exists, ``decode.default_choice`` runs cuBLAS for an M
+whose predicted cuBLAS time is below the chosen tactic's
+(:func:`prefers_cublas`).
 
 :func:`choose_tactic` (what ``default_tactic`` returns) ranks by predicted
 time the tuner's candidates of the cell with one CTA per tile along K,
@@ -52,8 +55,8 @@ returns the fastest predicted. K splits, the L2 prefetch, bulk activation
 rows, mixed grids and the early trigger are left to measurement (the
 tuner): the model's terms for them are fitted on the few regimes where the
 tuner found them winning, and ranked freely they were picked far outside
-those regimes and lost up to 21% to the reference heuristic on held-out
-shapes (docs/design-notes.md).
+those regimes and lost to the reference heuristic on held-out shapes
+(docs/design-notes.md).
 
 Pure Python (no numpy): importable and usable where the package is.
 """
