@@ -364,7 +364,8 @@ def default_md(held: dict, quick: dict | None, model: dict) -> list[str]:
             f"over {q['cells']} cells: quick time / exhaustive time median {q['median']:.3f}, "
             f"worst {q['worst']:.3f}; within 3% in {q['within_3']} cells.",
             "",
-            f"`prepare_model(weights, plan=\"auto\")` on a {q['model']}: first start "
+            "`prepare_model(weights, plan=\"auto\")` on a Llama-3-8B-shaped model's eight "
+            f"weights: first start "
             f"{q['first_start_prepare_s']:.1f} s (tuning the five shapes, compiling), second "
             f"start {q['second_start_prepare_s']:.1f} s (the plan from the cache folder).",
         ]

@@ -32,6 +32,7 @@ _LAZY = {
     "PatchReport": ("linear", "PatchReport"),
     "patch_model": ("linear", "patch_model"),
     "unpatch": ("linear", "unpatch"),
+    "merge_linears": ("merge", "merge_linears"),
     "ColumnParallelDecodeLinear": ("parallel", "ColumnParallelDecodeLinear"),
     "RowParallelDecodeLinear": ("parallel", "RowParallelDecodeLinear"),
     "ensure_no_multicast": ("parallel", "ensure_no_multicast"),
@@ -117,6 +118,6 @@ del _name, _module, _attr
 __all__ = ["WarpSplitKTactic", "check_tactic", "default_tactic", "legal_tactics", "all_tactics",
            "ctas_per_sm", "PreparedWarpSplitK", "compile_warp_splitk", "compile_for_arch",
            "emulate", "DecodePlan", "load_plan", "builtin_plan", "prepare", "prepare_model",
-           "DecodeLinear", "PatchReport", "patch_model", "unpatch",
+           "DecodeLinear", "PatchReport", "patch_model", "unpatch", "merge_linears",
            "ColumnParallelDecodeLinear", "RowParallelDecodeLinear", "ensure_no_multicast",
            "MulticastEnabledError", "shard_plan", "column_shard", "row_shard", "__version__"]

@@ -285,9 +285,12 @@ class PatchReport:
 
     swapped: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
+    #: with merge=True: the qualified names of each merged group
+    merged: list = field(default_factory=list)
 
     def __str__(self):
-        lines = [f"warpsplitk: swapped {len(self.swapped)} nn.Linear, skipped {len(self.skipped)}"]
+        lines = [f"warpsplitk: swapped {len(self.swapped)} nn.Linear, skipped {len(self.skipped)}"
+                 + (f", merged {len(self.merged)} groups" if self.merged else "")]
         by_reason = {}  # grouped: a large model repeats the same few reasons
         for name, reason in self.skipped:
             by_reason.setdefault(reason, []).append(name)
@@ -308,8 +311,34 @@ def _linear_children(model, kind):
             yield name, modules[parent_name], attr, module
 
 
+def _merge_groups(model, ms, filter, report):
+    """``[(names, parents and attributes, linears)]``: each module's
+    ``merge.MERGED_GROUPS`` whose linears can merge; refusals go to
+    ``report.skipped`` under the group's names."""
+    from .merge import MERGED_GROUPS, merge_refusal
+    groups, seen = [], set()
+    for name, module in model.named_modules():
+        for attrs in MERGED_GROUPS:
+            linears = [getattr(module, a, None) for a in attrs]
+            if not all(isinstance(lin, nn.Linear) for lin in linears):
+                continue
+            names = [f"{name}.{a}" if name else a for a in attrs]
+            if any(id(lin) in seen for lin in linears):
+                continue  # a layer shared by two parents: merged once
+            if filter is not None and not all(filter(n, lin) for n, lin in zip(names, linears)):
+                report.skipped.append((names[0], "excluded by filter"))
+                continue
+            reason = merge_refusal(linears)
+            if reason is not None:
+                report.skipped.append((" + ".join(names), f"not merged: {reason}"))
+                continue
+            seen |= {id(lin) for lin in linears}
+            groups.append((names, [(module, a) for a in attrs], linears))
+    return groups
+
+
 def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None,
-                jobs=None, progress=print) -> PatchReport:
+                jobs=None, progress=print, merge=False) -> PatchReport:
     """Replace, in place, every eligible ``nn.Linear`` of ``model`` by a
     ``DecodeLinear`` sharing its Parameters, compiling the kernels now (before
     any graph capture). Eligible: a plain ``nn.Linear`` without forward hooks,
@@ -324,15 +353,22 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
     ``plan``: a ``DecodePlan``, None (the default (cost model)), or ``"auto"``:
     the plan for this GPU (``warpsplitk.plan_cache``), tuning first, with
     ``progress``, the shapes of the eligible linears it lacks and keeping
-    them for the next process."""
+    them for the next process.
+
+    ``merge=True``: each module's ``q_proj``, ``k_proj``, ``v_proj`` and
+    ``gate_proj``, ``up_proj`` (transformers' Llama-family names) become
+    parts of one merged weight run in one launch (:mod:`warpsplitk.merge`),
+    keeping their parameter names; ``report.merged`` lists the groups."""
     report = PatchReport()
     if isinstance(model, nn.Linear):
         report.skipped.append(("", "the root module cannot be replaced in place; "
                                    "use DecodeLinear.from_linear"))
     ms = tuple(ms)
+    groups = _merge_groups(model, ms, filter, report) if merge else []
+    in_groups = {id(lin) for _, _, linears in groups for lin in linears}
     eligible = {}  # id(linear) -> linear, in model order
     for name, parent, attr, child in _linear_children(model, nn.Linear):
-        if id(child) in eligible:
+        if id(child) in eligible or id(child) in in_groups:
             continue
         if filter is not None and not filter(name, child):
             report.skipped.append((name, "excluded by filter"))
@@ -342,9 +378,21 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
             report.skipped.append((name, reason))
             continue
         eligible[id(child)] = child
-    plan = _resolve_plan(plan, [tuple(lin.weight.shape) for lin in eligible.values()], ms,
-                         progress, jobs)
-    _precompile_linears(eligible.values(), plan, ms, jobs)
+    from .merge import merge_linears
+    merged = []
+    for names, places, linears in groups:
+        parts = merge_linears(linears, plan=None, ms=ms, prepare=False)
+        for (parent, attr), part in zip(places, parts):
+            setattr(parent, attr, part)
+        merged.append(parts[0].group)
+        report.merged.append(names)
+    plan = _resolve_plan(plan, [tuple(lin.weight.shape) for lin in eligible.values()]
+                         + [tuple(g.weight.shape) for g in merged
+                            if ineligibility(g.weight, g.bias, ms) is None], ms, progress, jobs)
+    _precompile_linears(list(eligible.values()) + merged, plan, ms, jobs)
+    for group in merged:
+        group.plan = plan
+        group.prepare()
     done = {}  # id(linear) -> DecodeLinear: a Linear shared by two parents stays shared
     for name, parent, attr, child in _linear_children(model, nn.Linear):
         if id(child) not in eligible:
@@ -386,7 +434,13 @@ def unpatch(model: nn.Module) -> list:
     """Put back the ``nn.Linear`` behind every ``DecodeLinear`` of ``model``
     (the original objects when they came from ``patch_model``/``from_linear``).
     Returns the qualified names restored."""
+    from .merge import MergedPart
     restored, done = [], {}
+    for name, parent, attr, child in _linear_children(model, MergedPart):
+        if id(child) not in done:
+            done[id(child)] = child.to_linear()
+            restored.append(name)
+        setattr(parent, attr, done[id(child)])
     for name, parent, attr, child in _linear_children(model, DecodeLinear):
         if id(child) not in done:
             done[id(child)] = child.to_linear()

@@ -1,0 +1,209 @@
+"""Merged projections: linears that read the same input, run as one GEMM.
+
+A decode layer reads its input through several weights: q, k and v, then
+gate and up. Run apart they are several launches, each a fixed cost and a
+break in the PDL chain; stacked into one ``[sum N, K]`` weight they are one
+(what vLLM does with its ``qkv_proj`` and ``gate_up_proj``).
+
+:func:`merge_linears` stacks the weights of some ``nn.Linear`` into one
+storage and returns a :class:`MergedPart` per linear, each a drop-in for its
+linear: the same ``weight`` and ``bias`` names, now views into the merged
+storage, so ``state_dict`` keeps its keys and ``load_state_dict`` writes
+through into what the kernel reads. The first part called with an input
+runs the merged weight once (a :class:`~warpsplitk.linear.DecodeLinear`)
+and the others called with the same input tensor take their columns of that
+output: transformers' Llama attention calls ``q_proj``, ``k_proj`` and
+``v_proj`` on one ``hidden_states``. A part called with another input, or a
+group whose merged weight the kernel cannot take (on a CPU, say), computes
+its own ``F.linear`` on its view: the result of the unmerged linear, bit for
+bit.
+
+``patch_model(model, merge=True)`` merges each module's ``q_proj``/
+``k_proj``/``v_proj`` and ``gate_proj``/``up_proj`` (Llama, Mistral, Qwen2
+and Qwen3 name them so); ``unpatch`` gives every part back as an
+``nn.Linear`` holding its current values in its own storage.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: Attribute names of the projections a transformers decoder layer runs on
+#: one input, merged by ``patch_model(merge=True)``, in call order.
+MERGED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def merge_refusal(linears) -> str | None:
+    """Why ``linears`` cannot be merged, or None."""
+    if len(linears) < 2:
+        return "fewer than two linears"
+    if len({id(lin) for lin in linears}) != len(linears):
+        return "the same linear twice"
+    first = linears[0]
+    for lin in linears:
+        if type(lin) is not nn.Linear:
+            return f"{type(lin).__name__} is not a plain nn.Linear"
+        if lin._forward_hooks or lin._forward_pre_hooks or "forward" in lin.__dict__:
+            return "has forward hooks or an overridden forward"
+        if lin.in_features != first.in_features:
+            return f"in_features differ ({first.in_features} and {lin.in_features})"
+        if lin.weight.dtype != first.weight.dtype or lin.weight.device != first.weight.device:
+            return "weights differ in dtype or device"
+        if (lin.bias is None) != (first.bias is None):
+            return "some have a bias and some do not"
+    return None
+
+
+class MergedGroup:
+    """The merged storage of some parts and the module that runs it (not an
+    ``nn.Module``: its tensors belong to the parts' Parameters)."""
+
+    def __init__(self, parts, plan, ms):
+        self.parts = parts
+        self.plan, self.ms = plan, tuple(ms)
+        self.weight = self.bias = self.linear = None
+        self._stash = None  # (input, merged output, parts served)
+
+    def offsets(self):
+        out, start = [], 0
+        for part in self.parts:
+            out.append((start, start + part.out_features))
+            start += part.out_features
+        return out
+
+    def merge(self):
+        """Stack the parts' current weights (and biases) into new storage,
+        make each part's Parameters views of it, and prepare the kernel for
+        the merged weight (``prepare``)."""
+        self.stack()
+        self.prepare()
+
+    def stack(self):
+        """The storage half of ``merge``: no compiling."""
+        self.weight = torch.cat([p.weight.detach() for p in self.parts])
+        has_bias = self.parts[0].bias is not None
+        self.bias = torch.cat([p.bias.detach() for p in self.parts]) if has_bias else None
+        for part, (start, end) in zip(self.parts, self.offsets()):
+            part._parameters["weight"] = nn.Parameter(self.weight[start:end],
+                                                      requires_grad=part.weight.requires_grad)
+            if has_bias:
+                part._parameters["bias"] = nn.Parameter(self.bias[start:end],
+                                                        requires_grad=part.bias.requires_grad)
+        self.linear = None
+        self._stash = None
+
+    def prepare(self):
+        """The ``DecodeLinear`` of the merged weight (it falls back, and the
+        parts with it, where the kernel cannot take the weight)."""
+        from .linear import DecodeLinear
+        self.linear = DecodeLinear(self.weight, self.bias, self.plan, self.ms)
+
+    def merged(self) -> bool:
+        """Whether every part's weight (and bias) is still its view of the
+        merged storage (``.to()`` or ``load_state_dict(assign=True)`` give
+        parts tensors of their own)."""
+        weight, bias = self.weight, self.bias
+        for part, (start, _) in zip(self.parts, self.offsets()):
+            if part.weight.data_ptr() != weight[start:].data_ptr() \
+                    or part.weight.device != weight.device:
+                return False
+            if bias is not None and part.bias.data_ptr() != bias[start:].data_ptr():
+                return False
+        return True
+
+    def output(self, part_index, x):
+        part = self.parts[part_index]
+        if self.linear is None or self.linear.prepared is None or not self.merged():
+            # no kernel for the merged weight (or storage replaced): exactly
+            # the unmerged linear
+            self._stash = None
+            return F.linear(x, part.weight, part.bias)
+        stash = self._stash
+        if stash is None or stash[0] is not x or part_index in stash[2]:
+            stash = self._stash = (x, self.linear(x), set())
+        stash[2].add(part_index)
+        if len(stash[2]) == len(self.parts):
+            self._stash = None  # every part served: hold no tensors past the call
+        start, end = self.offsets()[part_index]
+        return stash[1][..., start:end]
+
+
+class MergedPart(nn.Module):
+    """One linear of a merged group: ``weight`` and ``bias`` are views into
+    the group's storage; ``forward`` is the linear's (see the module
+    docstring)."""
+
+    def __init__(self, linear: nn.Linear, group: MergedGroup, index: int):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.register_parameter("bias", linear.bias)
+        # kept out of the submodules (state_dict, .to(), named_modules)
+        object.__setattr__(self, "group", group)
+        object.__setattr__(self, "index", index)
+        object.__setattr__(self, "_original", linear)
+
+    def forward(self, x):
+        return self.group.output(self.index, x)
+
+    def remerge(self) -> bool:
+        """Stack the group again from the parts' current tensors (after
+        ``.to()`` or ``load_state_dict(assign=True)``); False while the parts
+        are on different devices (a ``.to()`` half done)."""
+        devices = {p.weight.device for p in self.group.parts}
+        dtypes = {p.weight.dtype for p in self.group.parts}
+        if len(devices) != 1 or len(dtypes) != 1:
+            return False
+        self.group.merge()
+        return True
+
+    def _apply(self, fn, recurse=True):
+        result = super()._apply(fn, recurse)
+        if not self.group.merged():
+            self.remerge()
+        return result
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        if not self.group.merged():  # assign=True: new tensors; a copy wrote through
+            self.remerge()
+
+    def to_linear(self) -> nn.Linear:
+        """An ``nn.Linear`` (the original object) holding this part's current
+        values in storage of its own."""
+        linear = self._original
+        linear.weight = nn.Parameter(self.weight.detach().clone(),
+                                     requires_grad=self.weight.requires_grad)
+        if self.bias is not None:
+            linear.bias = nn.Parameter(self.bias.detach().clone(),
+                                       requires_grad=self.bias.requires_grad)
+        return linear
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, part {self.index + 1} of "
+                f"{len(self.group.parts)} merged")
+
+
+def merge_linears(linears, plan=None, ms=None, prepare=True) -> list[MergedPart]:
+    """``linears`` (``nn.Linear`` reading the same input) as merged parts,
+    in order; ``ValueError`` (:func:`merge_refusal`) when they cannot be.
+    With ``prepare=False`` the kernel is left to ``parts[0].group.prepare()``
+    (``patch_model`` compiles every group's kernels in parallel first)."""
+    from .tactics import MAX_M
+    linears = list(linears)
+    reason = merge_refusal(linears)
+    if reason is not None:
+        raise ValueError(f"cannot merge these linears: {reason}")
+    group = MergedGroup([], plan, range(1, MAX_M + 1) if ms is None else ms)
+    parts = [MergedPart(lin, group, i) for i, lin in enumerate(linears)]
+    group.parts = parts
+    group.stack()
+    if prepare:
+        group.prepare()
+    for lin in linears:  # the original modules keep no second copy of the weights
+        lin._parameters["weight"] = None
+        lin._parameters["bias"] = None
+    return parts

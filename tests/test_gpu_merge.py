@@ -1,0 +1,80 @@
+"""Merged projections on a real GPU: one launch per group, exact parts, graphs, a Llama."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from warpsplitk.linear import patch_model, unpatch  # noqa: E402
+from warpsplitk.merge import merge_linears  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+MS = (1, 8)
+
+
+def qkv(bias=False):
+    torch.manual_seed(0)
+    return [nn.Linear(1024, n, bias=bias, device="cuda", dtype=torch.bfloat16)
+            for n in (1024, 256, 256)]
+
+
+def rel(out, x, lin_weight, lin_bias):
+    ref = x.double() @ lin_weight.double().t()
+    if lin_bias is not None:
+        ref += lin_bias.double()
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_launch_serves_every_part(bias):
+    parts = merge_linears(qkv(bias), ms=MS)
+    group = parts[0].group
+    assert group.linear.prepared is not None
+    for m in MS:
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        before = group.linear.kernel_calls
+        outs = [part(x) for part in parts]
+        assert group.linear.kernel_calls == before + 1
+        for part, out in zip(parts, outs):
+            assert out.shape == (m, part.out_features)
+            assert rel(out, x, part.weight, part.bias) < 1e-2
+
+
+def test_merged_parts_in_a_cuda_graph():
+    parts = merge_linears(qkv(), ms=MS)
+    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
+    for part in parts:  # warm: compile and cuBLAS workspaces before capture
+        part(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [part(x) for part in parts]
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    for part, out in zip(parts, outs):
+        assert rel(out, x, part.weight, part.bias) < 1e-2
+
+
+def test_patch_model_merge_on_a_llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      num_hidden_layers=2, vocab_size=512)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(0, 512, (1, 6), device="cuda")
+    with torch.no_grad():
+        plain = model(ids).logits.double()
+    report = patch_model(model, merge=True, ms=range(1, 9), progress=None)
+    assert len(report.merged) == 4  # q/k/v and gate/up of two layers
+    with torch.no_grad():
+        patched = model(ids).logits.double()
+    assert ((patched - plain).norm() / plain.norm()).item() < 1e-2
+    assert torch.equal(patched[0, -1].argmax(), plain[0, -1].argmax())
+    group = model.model.layers[0].self_attn.q_proj.group
+    assert group.linear.kernel_calls > 0
+    unpatch(model)
+    with torch.no_grad():
+        again = model(ids).logits.double()
+    assert torch.equal(again, plain)

@@ -1,0 +1,155 @@
+"""Merged projections (warpsplitk.merge) and patch_model(merge=True), on the CPU."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from warpsplitk.linear import patch_model, unpatch  # noqa: E402
+from warpsplitk.merge import MergedPart, merge_linears, merge_refusal  # noqa: E402
+
+
+def same_storage(a, b):
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def own_storage(t):
+    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def linears(sizes=(64, 16, 16), k=32, bias=False, device="cpu", dtype=torch.float32):
+    torch.manual_seed(0)
+    return [nn.Linear(k, n, bias=bias, device=device, dtype=dtype) for n in sizes]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_parts_are_views_of_one_storage_and_compute_as_before(bias):
+    lins = linears(bias=bias)
+    x = torch.randn(3, 32)
+    expected = [F.linear(x, lin.weight, lin.bias) for lin in lins]
+    values = [lin.weight.detach().clone() for lin in lins]
+    parts = merge_linears(lins)
+    group = parts[0].group
+    assert group.weight.shape == (96, 32) and (group.bias is not None) == bias
+    for part, (start, end), value in zip(parts, group.offsets(), values):
+        assert same_storage(part.weight, group.weight) and torch.equal(part.weight, value)
+        assert part.weight.data_ptr() == group.weight[start:end].data_ptr()
+    # on a CPU the kernel takes nothing: each part is its own F.linear, bit for bit
+    assert [torch.equal(part(x), e) for part, e in zip(parts, expected)] == [True] * 3
+    # the originals keep no second copy
+    assert all(lin.weight is None for lin in lins)
+
+
+def test_load_state_dict_writes_through_and_assign_remerges():
+    parts = merge_linears(linears())
+    group = parts[0].group
+    new = {"weight": torch.full((16, 32), 2.0)}
+    parts[1].load_state_dict(new)
+    assert torch.equal(group.weight[64:80], new["weight"]) and group.merged()
+    parts[2].load_state_dict({"weight": torch.full((16, 32), 3.0)}, assign=True)
+    # new tensors: the group is stacked again, the parts views of it once more
+    assert group.merged() and torch.equal(group.weight[80:], torch.full((16, 32), 3.0))
+    assert torch.equal(group.weight[64:80], new["weight"])
+    assert same_storage(parts[2].weight, group.weight)
+
+
+def test_to_restacks_once_every_part_has_moved():
+    parts = merge_linears(linears())
+    container = nn.ModuleList(parts)
+    container.to(torch.float64)
+    group = parts[0].group
+    assert group.weight.dtype == torch.float64 and group.merged()
+    assert all(same_storage(p.weight, group.weight) for p in parts)
+
+
+def test_the_merged_output_is_computed_once_per_input():
+    parts = merge_linears(linears())
+    group = parts[0].group
+    calls = []
+
+    class Kernel:  # stands in for a prepared DecodeLinear of the merged weight
+        prepared = object()
+
+        def __call__(self, x):
+            calls.append(x)
+            return F.linear(x, group.weight)
+
+    group.linear = Kernel()
+    x = torch.randn(2, 32)
+    outs = [part(x) for part in parts]  # q, k, v in call order: one GEMM
+    assert len(calls) == 1
+    for part, out in zip(parts, outs):
+        assert torch.allclose(out, F.linear(x, part.weight))
+    assert group._stash is None  # every part served: nothing held
+    y = torch.randn(2, 32)
+    parts[0](x), parts[1](y)  # another input: computed again
+    assert len(calls) == 3
+    parts[0](y)  # the same input as the last call: its output serves this part too
+    assert len(calls) == 3
+    parts[0](y)  # a part twice for one input: a new call, computed again
+    assert len(calls) == 4
+
+
+def test_merge_refusals_name_the_problem():
+    a, b = linears((16, 16))
+    assert merge_refusal([a]) == "fewer than two linears"
+    assert merge_refusal([a, a]) == "the same linear twice"
+    c = nn.Linear(48, 16)
+    assert "in_features differ" in merge_refusal([a, c])
+    d = nn.Linear(32, 16, bias=True)
+    assert merge_refusal([a, d]) == "some have a bias and some do not"
+    hooked = nn.Linear(32, 16)
+    hooked.register_forward_hook(lambda *args: None)
+    assert "hooks" in merge_refusal([a, hooked])
+    with pytest.raises(ValueError, match="cannot merge these linears: fewer than two"):
+        merge_linears([a])
+
+
+def test_bookkeeping_on_meta_tensors():
+    parts = merge_linears(linears(device="meta"))
+    assert parts[0].group.weight.device.type == "meta"
+    assert [p.weight.shape for p in parts] == [(64, 32), (16, 32), (16, 32)]
+
+
+def tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      num_hidden_layers=2, vocab_size=97)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_patch_model_merge_on_a_cpu_llama_keeps_outputs_names_and_unpatches():
+    model = tiny_llama()
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        before = model(ids).logits
+    keys = {k: v.clone() for k, v in model.state_dict().items()}
+    report = patch_model(model, merge=True, progress=None)
+    assert report.merged[0] == [f"model.layers.0.self_attn.{p}"
+                                for p in ("q_proj", "k_proj", "v_proj")]
+    assert [n[0] for n in report.merged] == ["model.layers.0.self_attn.q_proj",
+                                             "model.layers.0.mlp.gate_proj",
+                                             "model.layers.1.self_attn.q_proj",
+                                             "model.layers.1.mlp.gate_proj"]
+    attn = model.model.layers[0].self_attn
+    assert isinstance(attn.k_proj, MergedPart)
+    assert same_storage(attn.k_proj.weight, attn.q_proj.group.weight)
+    # the state dict: the same keys and values
+    state = model.state_dict()
+    assert list(state) == list(keys) and all(torch.equal(state[k], keys[k]) for k in keys)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    # load_state_dict writes through into the merged storage
+    model.load_state_dict(keys)
+    assert attn.q_proj.group.merged()
+    assert len(unpatch(model)) == 10  # 4 groups: 3 + 2 parts each, twice
+    for layer in model.model.layers:
+        for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.mlp.up_proj):
+            assert type(lin) is nn.Linear and own_storage(lin.weight)
+    state = model.state_dict()
+    assert list(state) == list(keys) and all(torch.equal(state[k], keys[k]) for k in keys)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
