@@ -14,7 +14,9 @@ downloaded), then for each batch size:
 3. times one decode step (static KV cache, CUDA graph when capture works,
    else eager with CUDA events: the output says which) for both models, and
    the model's linear layers alone at the same M, to show their share of
-   the step.
+   the step;
+4. does 2 and 3 again with ``patch_model(model, merge=True)`` (q/k/v and
+   gate/up each one merged weight, one launch), after ``unpatch``.
 
 ``--device cpu --tiny`` runs the same code on a CPU (everything falls back
 to F.linear) as a smoke test of the script itself.
@@ -117,9 +119,15 @@ def compare(torch, ref_logits, logits, ref_tokens, tokens, free_tokens):
 
 
 def decode_counts(model):
+    """Kernel and F.linear calls of the model's DecodeLinears, merged groups included."""
     from warpsplitk.linear import DecodeLinear
-    mods = [m for m in model.modules() if isinstance(m, DecodeLinear)]
-    return sum(m.kernel_calls for m in mods), sum(m.fallback_calls for m in mods)
+    from warpsplitk.merge import MergedPart
+    mods = {id(m): m for m in model.modules() if isinstance(m, DecodeLinear)}
+    for part in (m for m in model.modules() if isinstance(m, MergedPart)):
+        if part.group.linear is not None:
+            mods[id(part.group.linear)] = part.group.linear
+    return (sum(m.kernel_calls for m in mods.values()),
+            sum(m.fallback_calls for m in mods.values()))
 
 
 # ----------------------------------------------------------------- timing
@@ -239,7 +247,7 @@ def main(argv=None):
         from pathlib import Path
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
         import warpsplitk
-    from warpsplitk.linear import patch_model
+    from warpsplitk.linear import patch_model, unpatch
 
     notes = []
     model, config = build_model(args, torch, device)
@@ -260,68 +268,76 @@ def main(argv=None):
     print("timing the plain model:", flush=True)
     timing = {"torch": time_model(torch, model, config, args, device, "torch", notes)}
 
-    # 2. patch: compiles every kernel now, before any capture
+    # 2. patch (compiles every kernel now, before any capture), check, time;
+    # then again with q/k/v and gate/up merged
     try:
         plan = load_plan(args.plan)
     except (OSError, ValueError) as error:  # FileNotFoundError: no such built-in plan
         notes.append(f"plan {args.plan!r} unusable ({error}); using default_tactic")
         plan = None
     ms = range(1, 33) if args.all_ms else sorted(set(args.batch))
-    t0 = time.perf_counter()
-    report = patch_model(model, plan=plan, ms=ms)
-    prep_s = time.perf_counter() - t0
-    print(f"patched in {prep_s:.1f} s: {report}")
-    if not report.swapped:
-        notes.append("no linear was swapped: the patched model is the plain model")
+    variants = {}
+    for label, merge in (("warpsplitk", False), ("warpsplitk+merge", True)):
+        t0 = time.perf_counter()
+        report = patch_model(model, plan=plan, ms=ms, merge=merge)
+        prep_s = time.perf_counter() - t0
+        print(f"patched{' (merge=True)' if merge else ''} in {prep_s:.1f} s: {report}")
+        if not report.swapped and not report.merged:
+            notes.append(f"{label}: no linear was swapped: the patched model is the plain model")
+        results = []
+        with torch.no_grad():
+            for batch in args.batch:
+                prompt, ref_tokens, ref_logits = refs[batch]
+                before = decode_counts(model)
+                tokens, logits = greedy(torch, model, prompt, args.steps, forced=ref_tokens)
+                kernel, fallback = (a - b for a, b in zip(decode_counts(model), before))
+                free_tokens, _ = greedy(torch, model, prompt, args.steps)
+                row = {"batch": batch, **compare(torch, ref_logits, logits, ref_tokens, tokens,
+                                                 free_tokens),
+                       "kernel_calls": kernel, "fallback_calls": fallback}
+                results.append(row)
+                print(f"  {label} batch {batch:2d}: logits rel err {row['rel_err']:.2e}, max abs "
+                      f"{row['max_abs_diff']:.3g}, top-1 agree {row['top1_agree']:.3f}, "
+                      f"free-run tokens agree {row['free_run_token_match']:.3f}; linear calls: "
+                      f"{kernel} kernel, {fallback} F.linear (prefill and M outside the "
+                      "prepared Ms)", flush=True)
+        print(f"timing the model patched{' with merge=True' if merge else ''}:", flush=True)
+        timing[label] = time_model(torch, model, config, args, device, label, notes)
+        variants[label] = {"prepare_s": prep_s, "report": report, "results": results}
+        unpatch(model)
 
-    # 3. accuracy of the patched model
-    results = []
-    with torch.no_grad():
-        for batch in args.batch:
-            prompt, ref_tokens, ref_logits = refs[batch]
-            before = decode_counts(model)
-            tokens, logits = greedy(torch, model, prompt, args.steps, forced=ref_tokens)
-            kernel, fallback = (a - b for a, b in zip(decode_counts(model), before))
-            free_tokens, _ = greedy(torch, model, prompt, args.steps)
-            row = {"batch": batch, **compare(torch, ref_logits, logits, ref_tokens, tokens,
-                                             free_tokens),
-                   "kernel_calls": kernel, "fallback_calls": fallback}
-            results.append(row)
-            print(f"  batch {batch:2d}: logits rel err {row['rel_err']:.2e}, max abs "
-                  f"{row['max_abs_diff']:.3g}, top-1 agree {row['top1_agree']:.3f}, free-run "
-                  f"tokens agree {row['free_run_token_match']:.3f}; linear calls: {kernel} "
-                  f"kernel, {fallback} F.linear (prefill and M outside the prepared Ms)",
-                  flush=True)
-
-    print("timing the patched model:", flush=True)
-    timing["warpsplitk"] = time_model(torch, model, config, args, device, "warpsplitk", notes)
-
-    # 4. table
-    print(f"\n{'batch':>5} {'rel err':>9} {'torch us':>9} {'wsk us':>9} {'speedup':>7} "
-          f"{'lin torch':>9} {'lin wsk':>9} {'share t':>7} {'share w':>7}")
-    for row in results:
-        t, w = timing["torch"][row["batch"]], timing["warpsplitk"][row["batch"]]
-        row.update(step_us_torch=t["step_us"], step_us_warpsplitk=w["step_us"],
-                   speedup=t["step_us"] / w["step_us"], proj_us_torch=t["proj_us"],
-                   proj_us_warpsplitk=w["proj_us"], proj_share_torch=t["proj_share"],
-                   proj_share_warpsplitk=w["proj_share"],
-                   timing=sorted({t["step_timing"], w["step_timing"]}))
-        print(f"{row['batch']:5d} {row['rel_err']:9.2e} {t['step_us']:9.1f} {w['step_us']:9.1f} "
-              f"{row['speedup']:7.2f} {t['proj_us']:9.1f} {w['proj_us']:9.1f} "
-              f"{100 * t['proj_share']:6.1f}% {100 * w['proj_share']:6.1f}%")
+    # 3. table
+    print(f"\n{'variant':>16} {'batch':>5} {'rel err':>9} {'torch us':>9} {'wsk us':>9} "
+          f"{'speedup':>7} {'lin torch':>9} {'lin wsk':>9} {'share t':>7} {'share w':>7}")
+    for label, variant in variants.items():
+        for row in variant["results"]:
+            t, w = timing["torch"][row["batch"]], timing[label][row["batch"]]
+            row.update(step_us_torch=t["step_us"], step_us_warpsplitk=w["step_us"],
+                       speedup=t["step_us"] / w["step_us"], proj_us_torch=t["proj_us"],
+                       proj_us_warpsplitk=w["proj_us"], proj_share_torch=t["proj_share"],
+                       proj_share_warpsplitk=w["proj_share"],
+                       timing=sorted({t["step_timing"], w["step_timing"]}))
+            print(f"{label:>16} {row['batch']:5d} {row['rel_err']:9.2e} {t['step_us']:9.1f} "
+                  f"{w['step_us']:9.1f} {row['speedup']:7.2f} {t['proj_us']:9.1f} "
+                  f"{w['proj_us']:9.1f} {100 * t['proj_share']:6.1f}% "
+                  f"{100 * w['proj_share']:6.1f}%")
     for note in notes:
         print(f"note: {note}")
-    ok = all(row["rel_err"] <= args.tol for row in results)
+    ok = all(row["rel_err"] <= args.tol for v in variants.values() for row in v["results"])
     print("accuracy: OK" if ok else f"accuracy: FAILED (relative logits error above {args.tol})")
 
     if args.json:
+        plain, merged = variants["warpsplitk"], variants["warpsplitk+merge"]
         data = {"config": {k: getattr(config, k) for k in (
                     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "vocab_size")},
                 "args": vars(args), "device": gpu, "torch": torch.__version__,
                 "transformers": transformers.__version__, "warpsplitk": warpsplitk.__version__,
-                "prepare_s": prep_s, "swapped": report.swapped,
-                "skipped": [list(s) for s in report.skipped], "results": results,
+                "prepare_s": plain["prepare_s"], "swapped": plain["report"].swapped,
+                "skipped": [list(s) for s in plain["report"].skipped],
+                "results": plain["results"],
+                "merge": {"prepare_s": merged["prepare_s"], "merged": merged["report"].merged,
+                          "swapped": merged["report"].swapped, "results": merged["results"]},
                 "notes": notes, "accuracy_ok": ok}
         with open(args.json, "w") as f:
             json.dump(data, f, indent=1)

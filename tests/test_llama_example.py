@@ -47,6 +47,13 @@ def test_example_patches_generates_and_agrees(tmp_path, monkeypatch, capsys):
         assert row["kernel_calls"] > 0, row          # the decode steps took the kernel path
         assert row["rel_err"] == 0.0 and row["top1_agree"] == 1.0  # the stand-in is exact
     assert [r["batch"] for r in data["results"]] == [1, 3]
+    # merge=True after unpatch: q/k/v and gate/up of each layer, one weight each
+    merged = data["merge"]
+    assert len(merged["merged"]) == 2 * layers
+    assert [n.rsplit(".", 1)[1] for n in merged["merged"][0]] == ["q_proj", "k_proj", "v_proj"]
+    for row in merged["results"]:
+        assert row["kernel_calls"] > 0, row
+        assert row["rel_err"] < 1e-2 and row["top1_agree"] == 1.0
 
 
 def test_example_refuses_a_missing_gpu(capsys):
