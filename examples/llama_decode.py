@@ -18,7 +18,8 @@ downloaded), then for each batch size:
 4. does 2 and 3 again with ``patch_model(model, merge=True)`` (q/k/v and
    gate/up each one merged weight, one launch), after ``unpatch``.
 
-``--device cpu --tiny`` runs the same code on a CPU (everything falls back
+``--config llama-3-8b --layers 4`` takes a model's sizes from
+``warpsplitk.models`` instead. ``--device cpu --tiny`` runs the same code on a CPU (everything falls back
 to F.linear) as a smoke test of the script itself.
 """
 
@@ -50,6 +51,10 @@ def parse_args(argv=None):
                    help="max relative logits error before exiting 1 (default 5e-2)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke test")
     p.add_argument("--tiny", action="store_true", help="a tiny model (smoke test)")
+    p.add_argument("--config", metavar="MODEL",
+                   help="the sizes of a grouped-query model of warpsplitk.models, e.g. "
+                        "llama-3-8b (random weights, --layers of them; default: the "
+                        "small Llama above)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = p.parse_args(argv)
@@ -70,6 +75,16 @@ def build_model(args, torch, device):
                   num_key_value_heads=2, vocab_size=1024) if args.tiny else
              dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16,
                   num_key_value_heads=4, vocab_size=32000))
+    if args.config:
+        from warpsplitk import models
+        known = models.config(args.config)  # ValueError naming the known models
+        if known.get("attention") != "gqa":
+            raise ValueError(f"--config {args.config}: a {known.get('attention')} model; this "
+                             "example builds Llama-style grouped-query attention")
+        sizes = dict(hidden_size=known["hidden"], intermediate_size=known["intermediate"],
+                     num_attention_heads=known["heads"], num_key_value_heads=known["kv_heads"],
+                     head_dim=known.get("head_dim", known["hidden"] // known["heads"]),
+                     vocab_size=known["vocab"])
     config = LlamaConfig(num_hidden_layers=args.layers, max_position_embeddings=4096, **sizes)
     torch.manual_seed(args.seed)
     with torch.device(device):  # initialise on the device: fast, no CPU copy
@@ -250,7 +265,11 @@ def main(argv=None):
     from warpsplitk.linear import patch_model, unpatch
 
     notes = []
-    model, config = build_model(args, torch, device)
+    try:
+        model, config = build_model(args, torch, device)
+    except ValueError as error:  # --config: an unknown or non-Llama-style model
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"model: Llama {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
           f"vocab {config.vocab_size}, bf16 on {gpu}; torch {torch.__version__}, "

@@ -61,3 +61,16 @@ def test_example_refuses_a_missing_gpu(capsys):
         pytest.skip("this machine has a GPU")
     assert load_example().main(["--device", "cuda", "--tiny"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_config_takes_a_models_sizes(capsys):
+    example = load_example()
+    args = example.parse_args(["--config", "llama-3-8b", "--layers", "1", "--device", "meta"])
+    model, config = example.build_model(args, torch, torch.device("meta"))
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert (attn.q_proj.out_features, attn.k_proj.out_features) == (4096, 1024)
+    assert mlp.gate_proj.out_features == 14336 and config.vocab_size == 128256
+    assert example.main(["--device", "cpu", "--config", "no-such-model"]) == 2
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
+    assert example.main(["--device", "cpu", "--config", "deepseek-v3"]) == 2
+    assert "grouped-query attention" in capsys.readouterr().err
