@@ -405,8 +405,7 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
             for i in range(len(steps)):
                 x, y = views(0, i)
                 y.fill_(float("nan"))
-                calls_of = (ours if kind == "ours" else reference)[0][i]
-                calls_of.run(x, y)
+                (ours if kind == "ours" else reference)[0][i].run(x, y)
             torch.cuda.synchronize()
             _, expected = layer_reference(initial, weights[0], m)
             got = views(0, len(steps) - 1)[1].double()

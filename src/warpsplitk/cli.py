@@ -287,34 +287,31 @@ def _cmd_bench(args, argv):
         if importlib.util.find_spec("matplotlib") is None:
             raise UsageError("argument --plot: needs matplotlib (pip install 'warpsplitk[plot]')")
     _require_gpu("bench")
+    from dataclasses import asdict
+
     from . import bench
     command = "warpsplitk " + shlex.join(argv)
-    if args.chain and args.model is not None:
-        rows = bench.bench_layer(args.model, args.tp if args.tp is not None else 1, args.m, plan,
-                                 rounds=args.rounds,
-                                 progress=lambda line: print(line, flush=True))
-        if args.json:
-            import json
-            from dataclasses import asdict
-            with open(args.json, "w") as f:
-                environment = {**bench._environment(), "command": command,
-                               "rounds": args.rounds}
-                json.dump({"environment": environment, "mode": "layer",
-                           "rows": [asdict(r) | {"speedup": round(r.speedup, 3)} for r in rows]},
-                          f, indent=1)
-        return 0
     if args.chain:
-        print("first -> second, M, tactics, warpsplitk us per pair, cuBLAS us, speedup", flush=True)
-        rows = bench.bench_chain(bench.DEFAULT_CHAINS, args.m, plan, rounds=args.rounds,
-                                 progress=lambda line: print(line, flush=True))
+        if args.model is not None:
+            mode = "layer"
+            rows = bench.bench_layer(args.model, args.tp if args.tp is not None else 1, args.m,
+                                     plan, rounds=args.rounds,
+                                     progress=lambda line: print(line, flush=True))
+            records = [asdict(r) | {"speedup": round(r.speedup, 3)} for r in rows]
+        else:
+            mode = "chain"
+            print("first -> second, M, tactics, warpsplitk us per pair, cuBLAS us, speedup",
+                  flush=True)
+            rows = bench.bench_chain(bench.DEFAULT_CHAINS, args.m, plan, rounds=args.rounds,
+                                     progress=lambda line: print(line, flush=True))
+            records = [asdict(r) for r in rows]
         if args.json:
             import json
-            from dataclasses import asdict
             with open(args.json, "w") as f:
                 environment = {**bench._environment(), "command": command,
                                "rounds": args.rounds}
-                json.dump({"environment": environment, "mode": "chain",
-                           "rows": [asdict(r) for r in rows]}, f, indent=1)
+                json.dump({"environment": environment, "mode": mode, "rows": records}, f,
+                          indent=1)
         return 0
     print(bench.HEADER, flush=True)
     env, rows = bench.run_bench(shapes, args.m, plan, progress=lambda line: print(line, flush=True),

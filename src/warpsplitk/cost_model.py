@@ -225,16 +225,24 @@ def ranked(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     fastest."""
     from . import space
     from .tactics import reference_tactic
-    model = model or shipped_model()
     base = set(space.base_candidates(m, n, k, sm_count, k_splits=(1,), early_launches=(False,),
                                      bulk_xs=(False,)))
     base.add(reference_tactic(m, n, k, sm_count))
+    return _rank(m, n, k, sm_count, model or shipped_model(), base, (
+        lambda parents: space.tma_twins(parents, n, k),
+        lambda parents: space.narrow_twins(parents, n, k, m, sm_count)))
+
+
+def _rank(m, n, k, sm_count, model, base, twin_rules) -> list[tuple[WarpSplitKTactic, float]]:
+    """``base`` and what each of ``twin_rules`` (``{tactic: us}`` -> twins)
+    makes of its ``TWIN_PARENTS`` predicted fastest, by predicted time; ties
+    broken by the tactic's own order (the same answer in every process)."""
     predicted = {t: model.predict_us(t, m, n, k, sm_count) for t in base}
     parents = dict(sorted(predicted.items(), key=lambda item: (item[1], item[0]))[:TWIN_PARENTS])
-    for twin in space.tma_twins(parents, n, k) + space.narrow_twins(parents, n, k, m, sm_count):
-        if twin not in predicted:
-            predicted[twin] = model.predict_us(twin, m, n, k, sm_count)
-    # ties broken by the tactic's own order: the same answer in every process
+    for rule in twin_rules:
+        for twin in rule(parents):
+            if twin not in predicted:
+                predicted[twin] = model.predict_us(twin, m, n, k, sm_count)
     return sorted(predicted.items(), key=lambda item: (item[1], item[0]))
 
 
@@ -270,23 +278,17 @@ def shortlist(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, size: in
     plan is never slower than either by measurement."""
     from . import space
     from .tactics import reference_tactic
-    model = model or shipped_model()
     base = set(space.base_candidates(m, n, k, sm_count, early_launches=(False,)))
     reference = reference_tactic(m, n, k, sm_count)
     base.add(reference)
-    predicted = {t: model.predict_us(t, m, n, k, sm_count) for t in base}
-    parents = dict(sorted(predicted.items(), key=lambda item: (item[1], item[0]))[:TWIN_PARENTS])
-    twins = (space.tma_twins(parents, n, k) + space.narrow_twins(parents, n, k, m, sm_count)
-             + space.prefetch_twins(parents, n, k)
-             + space.mixed_twins(parents, n, k, m, sm_count))
-    for twin in twins:
-        if twin not in predicted:
-            predicted[twin] = model.predict_us(twin, m, n, k, sm_count)
-    order = [t for t, _ in sorted(predicted.items(), key=lambda item: (item[1], item[0]))]
+    order = [t for t, _ in _rank(m, n, k, sm_count, model or shipped_model(), base, (
+        lambda parents: space.tma_twins(parents, n, k),
+        lambda parents: space.narrow_twins(parents, n, k, m, sm_count),
+        lambda parents: space.prefetch_twins(parents, n, k),
+        lambda parents: space.mixed_twins(parents, n, k, m, sm_count)))]
     chosen = order[:size]
     chosen += [dataclasses.replace(t, early_launch=True) for t in chosen]
-    chosen += space.bounded_prefetch_twins({order[0]: predicted[order[0]]}, n, k,
-                                           top=1, depths=(2, 4))
+    chosen += space.bounded_prefetch_twins({order[0]: 0.0}, n, k, top=1, depths=(2, 4))
     chosen += [choose_tactic(m, n, k, sm_count), reference]
     return list(dict.fromkeys(chosen))
 

@@ -64,9 +64,11 @@ class MergedGroup:
         self.parts = parts
         self.plan, self.ms = plan, tuple(ms)
         self.weight = self.bias = self.linear = None
+        self.columns = []  # each part's (start, end) rows of the merged weight
         self._stash = None  # (input, merged output, parts served)
 
     def offsets(self):
+        """Each part's ``(start, end)`` rows of the merged weight (``stack`` keeps them)."""
         out, start = [], 0
         for part in self.parts:
             out.append((start, start + part.out_features))
@@ -82,10 +84,11 @@ class MergedGroup:
 
     def stack(self):
         """The storage half of ``merge``: no compiling."""
+        self.columns = self.offsets()
         self.weight = torch.cat([p.weight.detach() for p in self.parts])
         has_bias = self.parts[0].bias is not None
         self.bias = torch.cat([p.bias.detach() for p in self.parts]) if has_bias else None
-        for part, (start, end) in zip(self.parts, self.offsets()):
+        for part, (start, end) in zip(self.parts, self.columns):
             part._parameters["weight"] = nn.Parameter(self.weight[start:end],
                                                       requires_grad=part.weight.requires_grad)
             if has_bias:
@@ -105,11 +108,13 @@ class MergedGroup:
         merged storage (``.to()`` or ``load_state_dict(assign=True)`` give
         parts tensors of their own)."""
         weight, bias = self.weight, self.bias
-        for part, (start, _) in zip(self.parts, self.offsets()):
-            if part.weight.data_ptr() != weight[start:].data_ptr() \
-                    or part.weight.device != weight.device:
+        row_bytes = weight.stride(0) * weight.element_size()
+        for part, (start, _) in zip(self.parts, self.columns):
+            if part.weight.device != weight.device \
+                    or part.weight.data_ptr() != weight.data_ptr() + start * row_bytes:
                 return False
-            if bias is not None and part.bias.data_ptr() != bias[start:].data_ptr():
+            if bias is not None and \
+                    part.bias.data_ptr() != bias.data_ptr() + start * bias.element_size():
                 return False
         return True
 
@@ -126,7 +131,7 @@ class MergedGroup:
         stash[2].add(part_index)
         if len(stash[2]) == len(self.parts):
             self._stash = None  # every part served: hold no tensors past the call
-        start, end = self.offsets()[part_index]
+        start, end = self.columns[part_index]
         return stash[1][..., start:end]
 
 
