@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import random
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -27,15 +29,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from warpsplitk import cost_model, models, tune  # noqa: E402
+from warpsplitk import cost_model, models, neighbours, tune  # noqa: E402
 from warpsplitk.tactics import WarpSplitKTactic, is_legal  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-TUNE_LOGS = ("h200-tune-log.jsonl", "h200-tune-log-models.jsonl")
+TUNE_LOGS = ("h200-tune-log.jsonl", "h200-tune-log-models.jsonl", "h200-tune-log-shapes.jsonl")
 BENCH_MODELS = "h200-bench-models.json"
 BENCH_PLAN = "h200-bench-plan.json"
 OUTPUT = ROOT / "src" / "warpsplitk" / "data" / cost_model.MODEL_FILES["h200"]
 FOLDS = 5
+#: the option pairs cross-validated: those whose tactic is this close to its
+#: cell's fastest without options (the tactics the default starts from)
+NEAR_BEST = 1.08
 #: The held-out models' TP shards the held-out benchmark times (single GPU
 #: and sharded, small and large): bench/results/h200-bench-heldout.json.
 HELD_OUT_BENCH = (("gemma-3-12b", 1), ("gemma-3-12b", 8), ("llama-3.2-3b", 1),
@@ -105,24 +110,53 @@ def load_records():
 def cross_validate(cells, cublas):
     """Shape-grouped five-fold cross-validation: per cell with 5+ measured
     tactics (late trigger), the measured time of the model's first-ranked
-    one over the cell's fastest; and cuBLAS's predicted over measured time."""
+    one over the cell's fastest; cuBLAS's predicted over measured time; and
+    per option, over the measured (tactic, twin) pairs whose tactic is
+    within ``NEAR_BEST`` of its cell's fastest tactic without options, the
+    pairs the nearest pairs of the other folds accept and their measured
+    ratio (``neighbours.apply_options``' rule)."""
     shapes = sorted({key[:2] for key in cells})
     random.Random(0).shuffle(shapes)
     regrets, cublas_ratio = [], []
+    options = {name: [] for name in neighbours.TWINS}
     for fold in range(FOLDS):
         out = set(shapes[fold::FOLDS])
         model = cost_model.fit({c: v for c, v in cells.items() if c[:2] not in out},
                                {c: v for c, v in cublas.items() if c[:2] not in out})
+        threshold = math.log(1.0 - neighbours.MARGIN)
         for (n, k, m), timings in cells.items():
+            if (n, k) not in out:
+                continue
             late = {t: us for t, us in timings.items() if not t.early_launch}
-            if (n, k) in out and len(late) >= 5:
+            if len(late) >= 5:
                 pick = min(late, key=lambda t: model.predict_us(t, m, n, k))
                 regrets.append(late[pick] / min(late.values()))
+            plain = [us for t, us in timings.items() if not (
+                t.early_launch or t.l2_prefetch or t.k_split > 1 or t.half_tiles or t.tma_x)]
+            for tactic, us in timings.items():
+                if not plain or us > NEAR_BEST * min(plain):
+                    continue
+                for name, twin_of in neighbours.TWINS.items():
+                    twin = twin_of(tactic, m, n, k)
+                    if twin in timings:
+                        gain = neighbours.estimate(model.option_pairs[name],
+                                                   neighbours.describe(tactic, m, n, k))
+                        options[name].append((gain is not None and gain < threshold,
+                                              timings[twin] / us))
         for (n, k, m), us in cublas.items():
             if (n, k) in out:
                 cublas_ratio.append(model.predict_cublas_us(m, n, k) / us)
     regrets.sort()
     cublas_ratio.sort()
+    option_cv = {}
+    for name, rows in options.items():
+        taken = [ratio for accepted, ratio in rows if accepted]
+        option_cv[name] = {"pairs": len(rows), "accepted": len(taken),
+                           "accepted_ratio_median": round(statistics.median(taken), 4)
+                           if taken else None,
+                           "accepted_over_1_03": sum(r > 1.03 for r in taken),
+                           "all_ratio_median": round(statistics.median(r for _, r in rows), 4)
+                           if rows else None}
     return {"cells": len(regrets),
             "pick_over_fastest_median": round(statistics.median(regrets), 4),
             "pick_over_fastest_mean": round(statistics.mean(regrets), 4),
@@ -132,7 +166,8 @@ def cross_validate(cells, cublas):
             "cublas_predicted_over_measured_median": round(statistics.median(cublas_ratio), 4),
             "cublas_predicted_over_measured_p5_p95": [
                 round(cublas_ratio[int(0.05 * (len(cublas_ratio) - 1))], 4),
-                round(cublas_ratio[int(0.95 * (len(cublas_ratio) - 1))], 4)]}
+                round(cublas_ratio[int(0.95 * (len(cublas_ratio) - 1))], 4)],
+            "options": option_cv}
 
 
 def build() -> cost_model.CostModel:
@@ -149,6 +184,15 @@ def build() -> cost_model.CostModel:
     return cost_model.fit(cells, cublas, meta=meta)
 
 
+def to_text(model: cost_model.CostModel) -> str:
+    """The model's JSON, indented, each list of numbers on one line (the
+    option pairs are thousands of rows)."""
+    text = json.dumps(model.to_json(), indent=1)
+    return re.sub(r"\[\s*([-+0-9.eE,\s]+?)\s*\]",
+                  lambda match: "[" + ", ".join(x.strip() for x in match.group(1).split(",")) + "]",
+                  text) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
@@ -160,7 +204,7 @@ def main(argv=None) -> int:
         print(" ".join(f"{n},{k}" for n, k in held_out_bench_shapes()))
         return 0
     model = build()
-    text = json.dumps(model.to_json(), indent=1) + "\n"
+    text = to_text(model)
     if args.check:
         if OUTPUT.read_text() != text:
             print(f"{OUTPUT.relative_to(ROOT)} is not the fit of bench/results: run "

@@ -54,7 +54,7 @@ BIG = 16e6  # bytes: the weights whose bandwidth is reported separately
 
 
 def grid(rows) -> list[str]:
-    """Per shape and M: warpsplitk µs / cuBLAS µs (speedup)."""
+    """Per shape and M: warpsplitk µs/cuBLAS µs (speedup)."""
     ms = sorted({r["m"] for r in rows})
     shapes = list(dict.fromkeys((r["n"], r["k"]) for r in rows))
     cell = {(r["n"], r["k"], r["m"]): r for r in rows}
@@ -65,20 +65,21 @@ def grid(rows) -> list[str]:
         for m in ms:
             r = cell.get((n, k, m))
             parts.append("" if r is None else
-                         f"{r['ours_us']:.2f} / {r['cublas_us']:.2f} "
+                         f"{r['ours_us']:.2f}/{r['cublas_us']:.2f} "
                          f"({r['cublas_us'] / r['ours_us']:.2f}×)")
         out.append(f"| {n} | {k} | {n * k * 2 / 1e6:.1f} | " + " | ".join(parts) + " |")
     return out
 
 
 def chain_table(rows) -> list[str]:
-    """Per chained pair and M: µs per pair, cuBLAS, speedup, share of the floor."""
-    out = ["| first → second | M | tactics | warpsplitk µs | cuBLAS µs | speedup | % of floor |",
-           "|---|---|---|---|---|---|---|"]
+    """Per chained pair and M: µs per pair, cuBLAS, speedup, share of the floor
+    (the tactics are the plan's, in the tactic table)."""
+    out = ["| first → second | M | warpsplitk µs | cuBLAS µs | speedup | % of floor |",
+           "|---|---|---|---|---|---|"]
     for r in rows:
         first = "×".join(str(v) for v in r["first"])
         second = "×".join(str(v) for v in r["second"])
-        out.append(f"| {first} → {second} | {r['m']} | {r['tactics']} | {r['ours_us']:.2f} | "
+        out.append(f"| {first} → {second} | {r['m']} | {r['ours_us']:.2f} | "
                    f"{r['cublas_us']:.2f} | {r['cublas_us'] / r['ours_us']:.2f}× | "
                    f"{100 * r['floor_us'] / r['ours_us']:.0f}% |")
     return out
@@ -243,7 +244,7 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
         "",
         "## Per shape and M",
         "",
-        "Cells: warpsplitk µs / cuBLAS µs (speedup).",
+        "Cells: warpsplitk µs/cuBLAS µs (speedup).",
         "",
         *grid(bench["rows"]),
         "",
@@ -274,30 +275,47 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
 
 def layers_md(layers: dict) -> list[str]:
     """A model layer's projections chained (``bench --model --chain``): ours
-    (the default, no plan) against the reference heuristic and cuBLAS."""
+    (the default, no plan) against the reference heuristic and cuBLAS, one
+    row per shard, one column per M."""
     rows = layers["rows"]
+    ms = sorted({r["m"] for r in rows})
+    shards = list(dict.fromkeys((r["model"], r["tp"], r["projections"]) for r in rows))
+    cell = {(r["model"], r["tp"], r["m"]): r for r in rows}
     out = [
         "",
         "## A layer, chained",
         "",
         f"Data: `{_rel(LAYERS)}`. One decode layer's projections of each held-out shard",
         "in order, each reading the previous one's output, back to back in one CUDA",
-        "graph over rotating copies of the layer (≥ 3× L2); µs per layer.",
+        "graph over rotating copies of the layer (≥ 3× L2). Cells: default/reference",
+        "heuristic/cuBLAS, µs per layer.",
         "",
         *environment_lines(layers.get("environment", {}))[:2],
         "",
-        "| model | TP | M | projections | default µs | reference µs | cuBLAS µs | speedup |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | TP | projections | " + " | ".join(f"M={m}" for m in ms) + " |",
+        "|---|---|---|" + "---|" * len(ms),
     ]
-    for r in rows:
-        out.append(f"| {r['model']} | {r['tp']} | {r['m']} | {r['projections']} | "
-                   f"{r['ours_us']:.2f} | {r['reference_us']:.2f} | {r['cublas_us']:.2f} | "
-                   f"{r['cublas_us'] / r['ours_us']:.2f}× |")
-    behind = sum(r["ours_us"] > r["reference_us"] for r in rows)
-    out += ["", f"The default is behind the reference heuristic in {behind} of {len(rows)} "
-                f"layers and faster than cuBLAS in "
-                f"{sum(r['cublas_us'] > r['ours_us'] for r in rows)}."]
+    for model, tp, projections in shards:
+        cells = []
+        for m in ms:
+            r = cell.get((model, tp, m))
+            cells.append("–" if r is None else f"{r['ours_us']:.1f}/{r['reference_us']:.1f}/"
+                         f"{r['cublas_us']:.1f}")
+        out.append(f"| {model} | {tp} | {projections.replace(' -> ', ' → ')} | "
+                   + " | ".join(cells) + " |")
+    s = layers_summary(layers)
+    out += ["", f"The default is faster than cuBLAS in {s['faster']} of {s['layers']} layers "
+                f"({s['min']:.2f}–{s['max']:.2f}×) and at least as fast as the reference "
+                f"heuristic in {s['at_least_reference']}."]
     return out
+
+
+def layers_summary(layers: dict) -> dict:
+    rows = layers["rows"]
+    sp = [r["cublas_us"] / r["ours_us"] for r in rows]
+    return {"layers": len(rows), "faster": sum(v > 1 for v in sp), "min": min(sp),
+            "max": max(sp),
+            "at_least_reference": sum(r["ours_us"] <= r["reference_us"] for r in rows)}
 
 
 def held_out_summary(held: dict) -> dict:
@@ -328,8 +346,9 @@ def default_md(held: dict, quick: dict | None, model: dict) -> list[str]:
         "",
         "## Without a plan: the cost model's default",
         "",
-        "`default_tactic` ranks a cell's candidates by the time the cost model",
-        "(`warpsplitk.cost_model`) predicts; `python scripts/fit_cost_model.py` fits it to",
+        "`default_tactic` ranks a cell's tactics by the time the cost model",
+        "(`warpsplitk.cost_model`) predicts, then applies the options its nearest measured",
+        "pairs gain from (`warpsplitk.neighbours`); `python scripts/fit_cost_model.py` fits it to",
         f"{meta['timings']} timings of {meta['cells']} cells on {meta['shapes']} shapes: "
         + ", ".join(f"`{name}`" for name in meta["inputs"]) + ". "
         f"Shape-grouped five-fold cross-validation: the tactic it ranks first among a cell's "
@@ -373,7 +392,7 @@ def default_md(held: dict, quick: dict | None, model: dict) -> list[str]:
 
 
 def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
-                 quick: dict | None = None) -> str:
+                 quick: dict | None = None, layers: dict | None = None) -> str:
     env = bench.get("environment", {})
     s = summary(bench, chain)
     rows = bench["rows"]
@@ -408,6 +427,11 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
         c = s["chain"]
         out.append(f"- dependent chains: {c['faster']}/{c['pairs']} faster than cuBLAS, "
                    f"{c['min']:.2f}–{c['max']:.2f}×")
+    if layers:
+        y = layers_summary(layers)
+        out.append(f"- held-out models' layers chained (default): {y['faster']}/{y['layers']} "
+                   f"faster than cuBLAS, {y['min']:.2f}–{y['max']:.2f}×; at least as fast as the "
+                   f"reference heuristic in {y['at_least_reference']}")
     out += ["", "| M | median speedup | min | max | median TB/s, weights ≥ 16 MB |",
             "|---|---|---|---|---|"]
     for m in s["ms"]:
@@ -448,7 +472,7 @@ def generate() -> dict[Path, str]:
     readme = README.read_text()
     return {BENCHMARKS: benchmarks_md(bench, chain, log_records(TUNE_LOG), held, quick, model,
                                       layers),
-            README: replace_block(readme, readme_block(bench, chain, held, quick))}
+            README: replace_block(readme, readme_block(bench, chain, held, quick, layers))}
 
 
 def stale() -> list[str]:

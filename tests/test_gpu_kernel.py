@@ -18,6 +18,17 @@ EXTRA_SHAPES = [(256, 16384), (16, 1024), (4096, 4096), (112, 640), (8192, 1024)
 SHAPES = [(s["n"], s["k"]) for s in load()["shapes"]] + EXTRA_SHAPES
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _default_tactics_compiled():
+    """Every default tactic the module runs, compiled first in parallel (a
+    process per core) into the disk cache: one by one, compiling is most of
+    the module's time."""
+    from warpsplitk.compile import device_arch
+    from warpsplitk.precompile import precompile
+    kernels = {(n, k, default_tactic(m, n, k), False, True) for n, k in SHAPES for m in MS}
+    precompile(sorted(kernels), device_arch(torch.cuda.current_device()))
+
+
 def rel_err(out, x, w, bias=None):
     ref = x.double() @ w.double().t()
     if bias is not None:

@@ -379,8 +379,9 @@ def test_l2_prefetch_and_bulk_x_text_and_rules():
     assert all(x.b_loader_warps == 1 for x in legal if x.bulk_x)
     assert all(x.stages < 2048 // (x.k_tile * x.k_split) for x in legal if x.l2_prefetch)
     assert not any(x.bulk_x or x.l2_prefetch for x in legal_tactics(1, 2048, 2048))
-    assert not any(default_tactic(m, 4224, 7168).bulk_x or default_tactic(m, 4224, 7168).l2_prefetch
-                   for m in (1, 8, 16, 32))
+    # the default takes the L2 prefetch only bounded (warpsplitk.neighbours), bulk rows never
+    defaults = [default_tactic(m, 4224, 7168) for m in (1, 8, 16, 32)]
+    assert not any(t.bulk_x or (t.l2_prefetch and not t.prefetch_tiles) for t in defaults)
 
 
 def test_tma_x_text_and_rules():

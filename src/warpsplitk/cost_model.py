@@ -11,8 +11,8 @@ a weighted sum of terms that each measure one such effect
 * ``busiest_sm_us``: the bytes (weight and activation rows) the busiest SM
   reads, at its fair share of that bandwidth: a grid of 201 CTAs on 132 SMs
   makes 69 SMs read twice what the others do;
-* ``latency_us``: the busiest SM's bytes over the weight bytes its rings
-  hold in flight (stages x tile x resident CTAs), times one memory round
+* ``latency_us``: the busiest SM's bytes over the bytes (weight and
+  activation rows) its rings hold in flight (stages x tile x resident CTAs), times one memory round
   trip (``LATENCY_US``): by Little's law, what a shallow ring caps it at;
 * ``bound_us``: the largest of the three, the time the slowest side sets;
 * ``l2_reads_us``: the bytes the grid reads through L2 (each token tile
@@ -31,7 +31,12 @@ a weighted sum of terms that each measure one such effect
   option: a cost per stage);
 * ``activation_copies`` (16-byte copies per activation thread per stage,
   times the K tiles: issued after the dependency wait), ``token_tiles``,
-  ``log_stages``.
+  ``log_stages``;
+* ``weight_rereads_us``: ``hbm_us`` for each token tile past the first.
+  Every token tile streams the whole weight; the copies after the first
+  hit L2 only when the CTAs sharing a weight tile run in step, and the
+  weight is loaded evict-first (M = 32 in two 16-token tiles measured
+  1.2-1.9x one 32-token tile on 2-50 MB weights).
 
 The coefficients are package data (``data/cost-model-<gpu>.json``), fitted
 by ``scripts/fit_cost_model.py`` to the tuner logs and benchmark records in
@@ -46,17 +51,17 @@ where no plan entry exists, ``decode.default_choice`` runs cuBLAS for an M
 whose predicted cuBLAS time is below the chosen tactic's
 (:func:`prefers_cublas`).
 
-:func:`choose_tactic` (what ``default_tactic`` returns) ranks by predicted
-time the tuner's candidates of the cell with one CTA per tile along K,
-16-byte activation copies and the late PDL trigger
-(``space.base_candidates``), the reference wave heuristic's tactic, and the
-TMA-box and narrow-token-tile twins of the predicted three fastest, and
-returns the fastest predicted. K splits, the L2 prefetch, bulk activation
-rows, mixed grids and the early trigger are left to measurement (the
-tuner): the model's terms for them are fitted on the few regimes where the
-tuner found them winning, and ranked freely they were picked far outside
-those regimes and lost to the reference heuristic on held-out shapes
-(docs/design-notes.md).
+:func:`choose_tactic` (what ``default_tactic`` returns, :func:`choose`)
+ranks by predicted time the tuner's candidates of the cell with one CTA per
+tile along K, 16-byte activation copies and the late PDL trigger
+(``space.base_candidates``) and the reference wave heuristic's tactic, and
+keeps the reference's unless another is predicted ``REFERENCE_MARGIN``
+faster. The options (K split, narrow token tiles, TMA boxes, bounded L2
+prefetch) are then applied where the nearest measured pairs say they gain
+(:mod:`warpsplitk.neighbours`): the linear terms for options are fitted on
+the few regimes where the tuner found them winning, and ranked freely they
+were picked far outside those regimes (docs/design-notes.md). Bulk
+activation rows, mixed grids and the early trigger are left to the tuner.
 
 Pure Python (no numpy): importable and usable where the package is.
 """
@@ -70,7 +75,7 @@ import math
 from dataclasses import dataclass, field
 from importlib import resources
 
-from . import layout
+from . import layout, neighbours
 from .tactics import (
     DEFAULT_SM_COUNT,
     WarpSplitKTactic,
@@ -87,7 +92,7 @@ FEATURES = (
     "early", "prefetch_all", "prefetch_bounded", "prefetch_depth", "prefetch_latency_us",
     "tma", "tma_steps", "bulk", "bulk_steps", "k_split", "k_split_steps",
     "half_tiles", "narrow", "narrow_steps", "two_activation_warps", "activation_copies",
-    "k_tile_256", "token_tiles", "log_stages",
+    "k_tile_256", "token_tiles", "log_stages", "weight_rereads_us",
 )
 
 CUBLAS_FEATURES = ("fixed", "hbm_us", "m_hbm_us", "activation_us", "flops_us", "small_n")
@@ -123,7 +128,7 @@ def features(tactic: WarpSplitKTactic, m: int, n: int, k: int,
     rows = n / row_ctas
     tokens = min(m, t.token_tile)
     busiest_bytes = busiest * (rows + tokens) * k_cta * layout.ELEMENT_BYTES
-    in_flight = min(busiest, resident) * t.stages * rows * t.k_tile * layout.ELEMENT_BYTES
+    in_flight = min(busiest, resident) * t.stages * (rows + tokens) * t.k_tile * layout.ELEMENT_BYTES
     k_tiles = k_cta / t.k_tile
     hbm = weight_bytes / BYTES_PER_US
     busiest_sm = busiest_bytes / (BYTES_PER_US / sm_count)
@@ -146,6 +151,7 @@ def features(tactic: WarpSplitKTactic, m: int, n: int, k: int,
         float(t.k_split > 1), steps * (t.k_split > 1), float(t.half_tiles > 0), float(narrow),
         steps * narrow, float(t.b_loader_warps == 2), copies * k_tiles,
         float(t.k_tile == 256), float(token_tiles), math.log(t.stages),
+        (token_tiles - 1) * hbm,
     )
 
 
@@ -161,10 +167,12 @@ def cublas_features(m: int, n: int, k: int) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Fitted coefficients of ``FEATURES`` and ``CUBLAS_FEATURES``."""
+    """Fitted coefficients of ``FEATURES`` and ``CUBLAS_FEATURES``, and the
+    measured option pairs (``neighbours.pairs``) the options are read off."""
 
     coefficients: tuple[float, ...]
     cublas_coefficients: tuple[float, ...]
+    option_pairs: dict = field(default_factory=dict, compare=False, hash=False)
     meta: dict = field(default_factory=dict, compare=False, hash=False)
 
     def predict_us(self, tactic: WarpSplitKTactic, m: int, n: int, k: int,
@@ -177,9 +185,10 @@ class CostModel:
         return _dot(self.cublas_coefficients, cublas_features(m, n, k))
 
     def to_json(self) -> dict:
-        return {"format": MODEL_FORMAT, "version": 1, "meta": self.meta,
+        return {"format": MODEL_FORMAT, "version": 2, "meta": self.meta,
                 "features": dict(zip(FEATURES, self.coefficients)),
-                "cublas_features": dict(zip(CUBLAS_FEATURES, self.cublas_coefficients))}
+                "cublas_features": dict(zip(CUBLAS_FEATURES, self.cublas_coefficients)),
+                "option_pairs": self.option_pairs}
 
     @classmethod
     def from_json(cls, data, source="cost model") -> "CostModel":
@@ -189,10 +198,16 @@ class CostModel:
         try:
             coefficients = tuple(float(data["features"][name]) for name in FEATURES)
             cublas = tuple(float(data["cublas_features"][name]) for name in CUBLAS_FEATURES)
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{source}: needs a number for every feature of this version "
-                             f"({error!r})") from None
-        return cls(coefficients, cublas, dict(data.get("meta", {})))
+            width = len(neighbours.describe(WarpSplitKTactic(32, 8, 256, 2, 1), 8, 1024, 1024)) + 1
+            option_pairs = {name: [[float(x) for x in row] for row in rows]
+                            for name, rows in data["option_pairs"].items()}
+            if any(name not in neighbours.TWINS or any(len(row) != width for row in rows)
+                   for name, rows in option_pairs.items()):
+                raise ValueError("option_pairs: unknown option or row length")
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{source}: needs a number for every feature and option pair of "
+                             f"this version ({error!r})") from None
+        return cls(coefficients, cublas, option_pairs, dict(data.get("meta", {})))
 
 
 def _dot(a, b) -> float:
@@ -211,26 +226,23 @@ def shipped_model(name: str = DEFAULT_MODEL) -> CostModel:
 # ------------------------------------------------------------------ choice
 
 
-#: the predicted fastest candidates whose measured-neighbour twins are ranked too
+#: the predicted fastest candidates whose twins (``_rank``'s rules) are ranked too
 TWIN_PARENTS = 3
 
 
 def ranked(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
            model: CostModel | None = None) -> list[tuple[WarpSplitKTactic, float]]:
-    """The cell's space as :func:`choose_tactic` sees it, fastest predicted
-    first: ``[(tactic, predicted us)]``. The tuner's candidates with one CTA
-    per tile along K, 16-byte activation copies and the late trigger
+    """The cell's tactics without options, fastest predicted first:
+    ``[(tactic, predicted us)]``. The tuner's candidates with one CTA per
+    tile along K, 16-byte activation copies and the late trigger
     (``space.base_candidates``), the reference heuristic's tactic, and the
-    TMA-box and narrow-token-tile twins of the ``TWIN_PARENTS`` predicted
-    fastest."""
+    narrow-token-tile twins of the ``TWIN_PARENTS`` predicted fastest."""
     from . import space
     from .tactics import reference_tactic
     base = set(space.base_candidates(m, n, k, sm_count, k_splits=(1,), early_launches=(False,),
                                      bulk_xs=(False,)))
     base.add(reference_tactic(m, n, k, sm_count))
-    return _rank(m, n, k, sm_count, model or shipped_model(), base, (
-        lambda parents: space.tma_twins(parents, n, k),
-        lambda parents: space.narrow_twins(parents, n, k, m, sm_count)))
+    return _rank(m, n, k, sm_count, model or shipped_model(), base, ())
 
 
 def _rank(m, n, k, sm_count, model, base, twin_rules) -> list[tuple[WarpSplitKTactic, float]]:
@@ -246,18 +258,45 @@ def _rank(m, n, k, sm_count, model, base, twin_rules) -> list[tuple[WarpSplitKTa
     return sorted(predicted.items(), key=lambda item: (item[1], item[0]))
 
 
+#: how much faster than the reference heuristic's tactic another must be
+#: predicted to be chosen instead (shape-grouped cross-validation on the
+#: records: a 1% margin cut the picks measured more than 3% slower than the
+#: reference from 15 to 6 of 69, and lowered the picks' mean time)
+REFERENCE_MARGIN = 0.01
+
+
+def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
+           model: CostModel | None = None) -> tuple[WarpSplitKTactic, float]:
+    """The fastest-predicted tactic of :func:`ranked` (the reference
+    heuristic's unless another is predicted ``REFERENCE_MARGIN`` faster),
+    with the options its nearest measured pairs say gain
+    (``neighbours.apply_options``); and its predicted time (the ranked time
+    times the options' measured ratios)."""
+    from .tactics import reference_tactic
+    model = model or shipped_model()
+    tactic, us = ranked(m, n, k, sm_count, model)[0]
+    reference = reference_tactic(m, n, k, sm_count)
+    reference_us = model.predict_us(reference, m, n, k, sm_count)
+    if us > reference_us * (1.0 - REFERENCE_MARGIN):
+        tactic, us = reference, reference_us
+    tactic, factor = neighbours.apply_options(tactic, m, n, k, model.option_pairs, sm_count)
+    return tactic, us * factor
+
+
 @functools.lru_cache(maxsize=8192)
+def _shipped_choice(m, n, k, sm_count) -> tuple[WarpSplitKTactic, float]:
+    return choose(m, n, k, sm_count)
+
+
 def choose_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> WarpSplitKTactic:
-    """The kernel tactic the shipped model predicts fastest (``default_tactic``)."""
-    return ranked(m, n, k, sm_count)[0][0]
+    """The shipped model's choice (:func:`choose`): ``default_tactic``."""
+    return _shipped_choice(m, n, k, sm_count)[0]
 
 
 @functools.lru_cache(maxsize=8192)
 def prefers_cublas(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> bool:
-    """Whether the shipped model predicts cuBLAS faster than its chosen tactic."""
-    model = shipped_model()
-    tactic = choose_tactic(m, n, k, sm_count)
-    return model.predict_cublas_us(m, n, k) < model.predict_us(tactic, m, n, k, sm_count)
+    """Whether the shipped model predicts cuBLAS faster than its choice."""
+    return shipped_model().predict_cublas_us(m, n, k) < _shipped_choice(m, n, k, sm_count)[1]
 
 
 #: Tactics the quick tuner measures per cell, by predicted time (beside the
@@ -359,7 +398,8 @@ def fit(cells, cublas, sm_count: int = DEFAULT_SM_COUNT, meta=None) -> CostModel
         [cublas_features(m, n, k) for (n, k, m), _ in cells_c], [us for _, us in cells_c],
         [1.0 / us for _, us in cells_c], RIDGE)
     return CostModel(tuple(_round(c) for c in coefficients),
-                     tuple(_round(c) for c in cublas_coefficients), dict(meta or {}))
+                     tuple(_round(c) for c in cublas_coefficients),
+                     neighbours.pairs(cells, sm_count), dict(meta or {}))
 
 
 def _round(value: float) -> float:

@@ -261,6 +261,24 @@ def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> lis
 NARROW_TOP = 3
 
 
+def narrow_twin(parent: WarpSplitKTactic, m: int, n: int, k: int, resident: int,
+                bulk: bool = False) -> WarpSplitKTactic | None:
+    """``parent`` (8 token rows) with the narrowest token tile that covers
+    M <= 4, activations by 16-byte copies (or bulk rows), at the deepest
+    legal ring that keeps ``resident`` CTAs per SM; None where there is
+    none."""
+    if m > NARROW_TOKEN_TILES[-1] or parent.token_tile != 8:
+        return None
+    token_tile = min(t for t in NARROW_TOKEN_TILES if t >= m)
+    twin = dataclasses.replace(parent, token_tile=token_tile, tma_x=False, bulk_x=bulk)
+    copies = token_tile * twin.k_tile // layout.CHUNK
+    if not bulk and copies % (twin.b_loader_warps * layout.WARP):
+        twin = dataclasses.replace(twin, b_loader_warps=1)  # too few copies for two warps
+    family = [dataclasses.replace(twin, stages=s) for s in range(1, MAX_STAGES + 1)]
+    fitting = [t for t in family if is_legal(t, n, k) and ctas_per_sm(t) >= resident]
+    return fitting[-1] if fitting else None
+
+
 def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
                  top=NARROW_TOP) -> list[WarpSplitKTactic]:
     """``{tactic: us}`` of one cell with M <= 4 -> its ``top`` fastest
@@ -275,22 +293,15 @@ def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
     None already in ``times``, all legal."""
     if m > NARROW_TOKEN_TILES[-1]:
         return []
-    token_tile = min(t for t in NARROW_TOKEN_TILES if t >= m)
     parents = sorted((t for t in times if t.token_tile == 8), key=times.get)[:top]
     found = []
     for parent in parents:
         resident = ctas_per_sm(parent)
         # a narrow tile takes no TMA boxes: a TMA parent's twin copies by 16 bytes
         for bulk in dict.fromkeys((False, parent.bulk_x)):
-            twin = dataclasses.replace(parent, token_tile=token_tile, tma_x=False, bulk_x=bulk)
-            copies = token_tile * twin.k_tile // layout.CHUNK
-            if not bulk and copies % (twin.b_loader_warps * layout.WARP):
-                twin = dataclasses.replace(twin, b_loader_warps=1)  # too few copies for two warps
-            family = [dataclasses.replace(twin, stages=s) for s in range(1, MAX_STAGES + 1)]
-            family = [t for t in family if is_legal(t, n, k)]
             for r in (resident, resident + 1):
-                fitting = [t for t in family if ctas_per_sm(t) >= r]
-                if fitting:
-                    found.append(fitting[-1])
+                twin = narrow_twin(parent, m, n, k, r, bulk)
+                if twin is not None:
+                    found.append(twin)
     unique = list(dict.fromkeys(found))
     return [t for t in unique if t not in times]

@@ -101,8 +101,8 @@ class WarpSplitKTactic:
         candidates at most 16).
     b_loader_warps: warps that load activations, 1 or 2.
     k_split: CTAs of a cluster splitting K, 1 or 2 (doubles the grid for
-        shapes whose N leaves SMs idle; the default never picks it, the
-        tuner measures it).
+        shapes whose N leaves SMs idle; the default takes it where the
+        nearest measured cells gained from it, ``warpsplitk.neighbours``).
     early_launch: where the kernel triggers the next PDL kernel's launch.
         False: once its last activation tile is issued (late in the CTA's
         life when the ring is shallower than K). True: before its

@@ -1,0 +1,161 @@
+"""Option effects read off the nearest measured cells.
+
+The cost model (:mod:`warpsplitk.cost_model`) ranks the tactics of a cell
+by terms that follow the hardware: bytes per SM, waves, ring depth. The
+kernel's options (K split across two CTAs, narrow token tiles at M <= 4,
+TMA activation boxes, a bounded L2 prefetch) move a call's time by a few
+percent either way, depending on the regime in ways a linear term does not
+capture: ranked by the linear model, the TMA twin of a near-best tactic was
+taken almost always and was no faster in median (docs/design-notes.md).
+
+So an option is applied as the measurements say: for each step of
+``OPTION_STEPS``, the tactic's twin with the option is taken when its
+``NEIGHBOURS`` nearest measured (tactic, twin) pairs, all within ``RADIUS``
+of the tactic's own descriptor (:func:`describe`), have a median time ratio
+below ``1 - MARGIN``. Where fewer pairs lie that close, the option stays
+off: it has not been measured in that regime.
+
+The pairs are every (tactic, twin) measured in one cell of the fit's
+records (:func:`pairs`), shipped in the cost model's file, whose meta holds
+the shape-grouped cross-validation of this rule per option
+(``scripts/fit_cost_model.py``). The early PDL trigger is not among the
+options: its pairs predict it poorly (its gain depends on the next kernel),
+so the tuner measures it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from . import layout, space
+from .tactics import DEFAULT_SM_COUNT, WarpSplitKTactic, ctas_per_sm, is_legal
+
+#: pairs whose median decides (odd, so the median is one measured ratio)
+NEIGHBOURS = 9
+#: the farthest a pair may lie from the tactic (in descriptor units:
+#: 1 is a factor of 2 in one of N, K, M, the tiles, the ring or the grid's
+#: occupancy) for its ratio to count
+RADIUS = 2.5
+#: the least gain an option must show before it is applied
+MARGIN = 0.02
+
+
+def _k_split(t, m, n, k):
+    return dataclasses.replace(t, k_split=2) if t.k_split == 1 and not t.half_tiles else None
+
+
+def _narrow(t, m, n, k):
+    if t.bulk_x or t.k_split > 1 or t.half_tiles:
+        return None
+    return space.narrow_twin(t, m, n, k, ctas_per_sm(t))
+
+
+def _tma(t, m, n, k):
+    if t.tma_x or t.token_tile < layout.MMA_N:
+        return None
+    return dataclasses.replace(t, tma_x=True, bulk_x=False, b_loader_warps=1)
+
+
+def _prefetch(tiles: int):
+    def twin(t, m, n, k):
+        if t.l2_prefetch:
+            return None
+        return dataclasses.replace(t, l2_prefetch=True, prefetch_tiles=tiles)
+    return twin
+
+
+#: name -> ``(tactic, m, n, k)`` -> the tactic's twin with that option
+#: (None where it has it or cannot take it; legality is checked apart)
+TWINS = {
+    "k_split": _k_split,
+    "narrow": _narrow,
+    "tma": _tma,
+    "prefetch2": _prefetch(2),
+    "prefetch3": _prefetch(3),
+    "prefetch4": _prefetch(4),
+}
+
+#: The options in the order they are decided; a step of several names takes
+#: the one whose pairs show the largest gain. K split first: it changes the
+#: grid, which the later options' pairs are described by. Narrow token
+#: tiles and TMA boxes exclude each other (a box has 8 rows or more).
+OPTION_STEPS = (("k_split",), ("narrow", "tma"), ("prefetch2", "prefetch3", "prefetch4"))
+
+
+def describe(t: WarpSplitKTactic, m: int, n: int, k: int,
+             sm_count: int = DEFAULT_SM_COUNT) -> tuple[float, ...]:
+    """Where ``t`` on an ``[n, k]`` weight at M = ``m`` sits, in units of a
+    factor of 2: N, K, M, the token and output tiles, the K tile, the ring,
+    the grid's occupancy of the GPU's CTA slots, the weight's bytes; and the
+    activation path (TMA boxes, loader warps)."""
+    full, half = layout.row_tiles(n, t.output_tile, t.half_tiles)
+    grid = (full + half) * -(-m // t.token_tile) * t.k_split
+    occupancy = grid / (sm_count * max(1, ctas_per_sm(t)))
+    return (math.log2(n), math.log2(k), math.log2(m), math.log2(t.token_tile),
+            math.log2(t.output_tile), t.k_tile / 128, math.log2(t.stages),
+            math.log2(occupancy), math.log2(n * k * layout.ELEMENT_BYTES),
+            float(t.tma_x), float(t.b_loader_warps))
+
+
+def pairs(cells, sm_count: int = DEFAULT_SM_COUNT) -> dict[str, list[list[float]]]:
+    """``{(n, k, m): {tactic: us}}`` -> ``{option: [[*describe(tactic),
+    log(twin us / tactic us)], ...]}`` for every tactic whose twin with the
+    option was measured in the same cell (rounded to 4 decimals: package
+    data)."""
+    found = {name: [] for name in TWINS}
+    for (n, k, m), timings in sorted(cells.items()):
+        for tactic, us in sorted(timings.items()):
+            for name, twin_of in TWINS.items():
+                twin = twin_of(tactic, m, n, k)
+                if twin is not None and twin in timings:
+                    row = [*describe(tactic, m, n, k, sm_count), math.log(timings[twin] / us)]
+                    found[name].append([round(x, 4) for x in row])
+    return found
+
+
+def estimate(rows, descriptor) -> float | None:
+    """The median log time ratio of the ``NEIGHBOURS`` rows (``pairs``'
+    rows of one option) nearest ``descriptor``; None unless that many lie
+    within ``RADIUS``."""
+    limit = RADIUS * RADIUS
+    reach = limit * (1 + 1e-9)  # the running sum's rounding, for the filter only
+    near = []
+    for row in rows:
+        partial = 0.0
+        for a, b in zip(row, descriptor):  # most rows are out of reach early
+            partial += (a - b) * (a - b)
+            if partial > reach:
+                break
+        else:
+            d2 = math.fsum((a - b) ** 2 for a, b in zip(row, descriptor))
+            if d2 <= limit:
+                near.append((d2, row[-1]))
+    if len(near) < NEIGHBOURS:
+        return None
+    near.sort()
+    return statistics.median(ratio for _, ratio in near[:NEIGHBOURS])
+
+
+def apply_options(tactic: WarpSplitKTactic, m: int, n: int, k: int, option_pairs,
+                  sm_count: int = DEFAULT_SM_COUNT) -> tuple[WarpSplitKTactic, float]:
+    """``tactic`` with every option its nearest measured pairs say gains
+    more than ``MARGIN`` (``OPTION_STEPS`` in order, each decided on the
+    tactic the steps before it made), and the product of the accepted time
+    ratios."""
+    factor = 1.0
+    threshold = math.log(1.0 - MARGIN)
+    for step in OPTION_STEPS:
+        best = None
+        for name in step:
+            twin = TWINS[name](tactic, m, n, k)
+            if twin is None or not is_legal(twin, n, k) or not option_pairs.get(name):
+                continue
+            gain = estimate(option_pairs[name], describe(tactic, m, n, k, sm_count))
+            if gain is not None and gain < threshold and (best is None or gain < best[0]):
+                best = (gain, twin)
+        if best is not None:
+            factor *= math.exp(best[0])
+            tactic = best[1]
+    return tactic, factor

@@ -1,0 +1,90 @@
+"""Option effects read off the nearest measured pairs (warpsplitk.neighbours):
+the descriptor, the pairs taken from timings, the estimate and when it
+abstains, and the options applied. CPU only; synthetic pairs as fixtures."""
+
+import dataclasses
+import math
+
+import pytest
+
+from warpsplitk import cost_model, neighbours
+from warpsplitk.tactics import WarpSplitKTactic as T
+from warpsplitk.tactics import check_tactic
+
+BASE = T(32, 8, 256, 6, 1)
+
+
+def test_descriptor_counts_factors_of_two():
+    a = neighbours.describe(BASE, 8, 4096, 4096)
+    b = neighbours.describe(BASE, 8, 8192, 4096)
+    assert b[0] - a[0] == pytest.approx(1.0)  # N doubled
+    assert b[8] - a[8] == pytest.approx(1.0)  # the weight's bytes doubled
+    assert b[7] - a[7] == pytest.approx(1.0)  # twice the CTAs: twice the occupancy
+    c = neighbours.describe(dataclasses.replace(BASE, stages=12), 16, 4096, 4096)
+    assert c[2] - a[2] == pytest.approx(1.0) and c[6] - a[6] == pytest.approx(1.0)
+
+
+def test_pairs_are_the_twins_measured_in_one_cell():
+    tma = neighbours.TWINS["tma"](BASE, 8, 4096, 4096)
+    assert tma.tma_x and tma.b_loader_warps == 1
+    cells = {(4096, 4096, 8): {BASE: 10.0, tma: 9.0, T(16, 8, 256, 6, 1): 11.0}}
+    found = neighbours.pairs(cells)
+    assert len(found["tma"]) == 1 and not found["k_split"]
+    row = found["tma"][0]
+    assert row[:-1] == pytest.approx(neighbours.describe(BASE, 8, 4096, 4096), abs=1e-4)
+    assert row[-1] == pytest.approx(math.log(0.9), abs=1e-4)
+    # a tactic that has the option, or cannot take it, has no twin
+    assert neighbours.TWINS["tma"](tma, 8, 4096, 4096) is None
+    assert neighbours.TWINS["tma"](T(32, 4, 256, 6, 1), 4, 4096, 4096) is None  # no TMA box below 8 rows
+    assert neighbours.TWINS["k_split"](dataclasses.replace(BASE, k_split=2), 8, 4096, 4096) is None
+
+
+def _rows(descriptor, ratio, count, shift=0.0):
+    return [[x + shift * (i % 2) for x in descriptor] + [math.log(ratio)] for i in range(count)]
+
+
+def test_estimate_is_the_median_of_the_nearest_and_abstains_when_few():
+    d = neighbours.describe(BASE, 8, 4096, 4096)
+    near = _rows(d, 0.9, neighbours.NEIGHBOURS)
+    far = _rows([x + 10 for x in d], 1.5, 50)
+    assert neighbours.estimate(near + far, d) == pytest.approx(math.log(0.9))
+    # too few pairs within the radius: no estimate, whatever lies farther
+    assert neighbours.estimate(near[:-1] + far, d) is None
+    # the median, not the mean: one outlier among the nearest does not decide
+    mixed = near[:-1] + [list(d) + [math.log(3.0)]]
+    assert neighbours.estimate(mixed, d) == pytest.approx(math.log(0.9))
+
+
+def test_options_apply_only_where_their_pairs_gain():
+    m, n, k = 8, 4096, 4096
+    d = neighbours.describe(BASE, m, n, k)
+    gains = {"tma": _rows(d, 0.9, neighbours.NEIGHBOURS)}
+    chosen, factor = neighbours.apply_options(BASE, m, n, k, gains)
+    assert chosen == neighbours.TWINS["tma"](BASE, 8, 4096, 4096) and factor == pytest.approx(0.9)
+    check_tactic(chosen, n, k)
+    # a gain inside the margin, a loss, or pairs measured far away: unchanged
+    for rows in (_rows(d, 1 - neighbours.MARGIN / 2, 9), _rows(d, 1.1, 9),
+                 _rows([x + 3 for x in d], 0.8, 9)):
+        assert neighbours.apply_options(BASE, m, n, k, {"tma": rows}) == (BASE, 1.0)
+    # of the prefetch depths, the one whose pairs gain most
+    pf = {"prefetch2": _rows(d, 0.95, 9), "prefetch4": _rows(d, 0.9, 9)}
+    chosen, factor = neighbours.apply_options(BASE, m, n, k, pf)
+    assert (chosen.l2_prefetch, chosen.prefetch_tiles, factor) == (True, 4, pytest.approx(0.9))
+    # an option the shape makes illegal is never applied: a 16-tile K with a
+    # 6-stage ring leaves no room for a 4-tile prefetch after a K split
+    chosen, _ = neighbours.apply_options(BASE, m, n, 4096, {
+        "k_split": _rows(d, 0.8, 9), "prefetch4": _rows(d, 0.5, 50, shift=0.5)})
+    check_tactic(chosen, n, 4096)
+
+
+def test_shipped_options_cross_validate():
+    """Shape-grouped cross-validation of the shipped rule (the fit's meta):
+    the twins the other folds' pairs accept are faster in median, and at
+    most one in ten is more than 3% slower."""
+    options = cost_model.shipped_model().meta["cross_validation"]["options"]
+    assert set(options) == set(neighbours.TWINS)
+    for name in ("tma", "prefetch2", "prefetch3", "prefetch4"):
+        cv = options[name]
+        assert cv["accepted"] >= 20
+        assert cv["accepted_ratio_median"] < 0.99
+        assert cv["accepted_over_1_03"] <= 0.1 * cv["accepted"]
