@@ -167,31 +167,44 @@ CASE_FILTERS = {
 }
 
 
+def swiglu_reference(x, w):
+    """``silu(x @ gate^T) * (x @ up^T)`` of a ``[gate; up]`` weight, in float64."""
+    i = w.shape[0] // 2
+    ref = x.double() @ w.double().t()
+    return torch.nn.functional.silu(ref[:, :i]) * ref[:, i:]
+
+
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), only=(), progress=False, bulk_xs=(False,), l2_prefetch=False, deep_rings=False,
-              tma_xs=(False,), half_tiles=False):
-    """``only``: names of ``CASE_FILTERS`` every case must pass."""
+              tma_xs=(False,), half_tiles=False, swiglu=False):
+    """``only``: names of ``CASE_FILTERS`` every case must pass. ``swiglu``:
+    every case (but mixed grids) with the SwiGLU epilogue, its weight read as
+    ``[gate; up]``."""
     torch.manual_seed(0)
     results = []
     cases = family_cases(subset, offset, k_splits, bulk_xs, l2_prefetch, deep_rings, tma_xs,
                          half_tiles)
     for name in only:
         cases = [case for case in cases if CASE_FILTERS[name][1](case[0])]
+    if swiglu:
+        cases = [case for case in cases if not case[0].half_tiles]
     for tactic, n, k, ms in cases[shard::shards]:
         if progress:  # under a slow tool, which case a timeout stopped in
             print(f"case {tactic.short()} N={n} K={k} M={ms}", flush=True)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        prepared = PreparedWarpSplitK(w, {m: tactic for m in ms})
+        prepared = PreparedWarpSplitK(w, {m: tactic for m in ms}, swiglu=swiglu)
+        columns = n // 2 if swiglu else n
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            out2 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            out = torch.full((m, columns), float("nan"), device="cuda", dtype=torch.bfloat16)
+            out2 = torch.full((m, columns), float("nan"), device="cuda", dtype=torch.bfloat16)
             prepared.run(x, out)
             prepared.run(x, out2)  # back to back: PDL overlap with the first
             torch.cuda.synchronize()
-            ref = x.double() @ w.double().t()
+            ref = swiglu_reference(x, w) if swiglu else x.double() @ w.double().t()
             ok = (not torch.isnan(out).any().item() and rel_err(out, ref) < 1e-2
                   and torch.equal(out, out2))
-            results.append({"tactic": tactic.short(), "n": n, "k": k, "m": m, "ok": ok})
+            results.append({"tactic": tactic.short(), "n": n, "k": k, "m": m, "ok": ok,
+                            **({"swiglu": True} if swiglu else {})})
             if not ok:
                 print(f"FAIL {tactic.short()} N={n} K={k} M={m}", flush=True)
     bad = [r for r in results if not r["ok"]]
@@ -289,6 +302,8 @@ def main():
     for name, (what, _) in CASE_FILTERS.items():
         c.add_argument(f"--{name}-only", action="append_const", const=name, dest="only",
                        default=[], help=f"only {what}")
+    c.add_argument("--swiglu", action="store_true",
+                   help="every case (but mixed grids) with the SwiGLU epilogue")
     c.add_argument("--progress", action="store_true", help="a line per case as it starts")
     c.add_argument("--json")
     s = sub.add_parser("soak")
@@ -303,7 +318,7 @@ def main():
                                 (1, 2) if args.k_split else (1,), args.only, args.progress,
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,
                                 args.deep_rings, (False, True) if args.tma_x else (False,),
-                                args.half_tiles)
+                                args.half_tiles, args.swiglu)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

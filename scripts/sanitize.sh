@@ -27,6 +27,7 @@
 #   PAST_16_ONLY=1   with DEEP_RINGS: only the rings deeper than 16 stages
 #   DEEP_RINGS=1     add each family's deepest ring, whose reduction buffer
 #                    lies over the rings; ALIASED_ONLY=1: only those cases
+#   SWIGLU=1         every case (but mixed grids) with the SwiGLU epilogue
 #   CASE_LIMIT       seconds each tool's shard may run (default 600)
 set -u
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
@@ -47,6 +48,7 @@ split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 [ "${ALIASED_ONLY:-0}" = 1 ] && split_flag="$split_flag --aliased-only"
 [ "${NARROW_ONLY:-0}" = 1 ] && split_flag="$split_flag --narrow-only"
 [ "${PAST_16_ONLY:-0}" = 1 ] && split_flag="$split_flag --past-16-only"
+[ "${SWIGLU:-0}" = 1 ] && split_flag="$split_flag --swiglu"
 offset=0
 for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do

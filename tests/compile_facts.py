@@ -33,15 +33,16 @@ def facts(report):
 
 
 def main():
-    """stdin: JSON list of [arch, n, k, tactic_short, has_bias]; stdout: a line
-    ``FACTS <JSON list of facts>`` (other output of the DSL may surround it)."""
+    """stdin: JSON list of [arch, n, k, tactic_short, has_bias(, swiglu)]; stdout:
+    a line ``FACTS <JSON list of facts>`` (other output of the DSL may surround it)."""
     if "--import-cutlass" in sys.argv:
         import cutlass  # noqa: F401  (as an application that uses the DSL already would)
     from warpsplitk.compile import compile_for_arch
     from warpsplitk.tactics import WarpSplitKTactic
     results = []
-    for arch, n, k, short, has_bias in json.load(sys.stdin):
-        report = compile_for_arch(n, k, WarpSplitKTactic.parse(short), arch, has_bias=has_bias)
+    for arch, n, k, short, has_bias, *swiglu in json.load(sys.stdin):
+        report = compile_for_arch(n, k, WarpSplitKTactic.parse(short), arch, has_bias=has_bias,
+                                  swiglu=bool(swiglu and swiglu[0]))
         results.append(facts(report))
     print("FACTS " + json.dumps(results), flush=True)
 

@@ -161,6 +161,9 @@ SM100_X_COPIES = (768, 7168, WarpSplitKTactic(32, 8, 256, 10, 1, 2, early_launch
                                               l2_prefetch=True, bulk_x=True))
 SM100_TMA = (3216, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, early_launch=True, tma_x=True))
 SM100_MIXED = (3216, 7168, WarpSplitKTactic(32, 32, 256, 7, 1, tma_x=True, half_tiles=63))
+#: the SwiGLU epilogue (gate/up of a TP-8 Llama-3-70B MLP shard), with a bias
+SM100_SWIGLU = (7168, 8192, WarpSplitKTactic(32, 8, 256, 11, 2, l2_prefetch=True,
+                                             prefetch_tiles=2))
 
 
 @pytest.fixture(scope="module")
@@ -169,9 +172,10 @@ def sm100_facts():
             (c for c in CASES if c[0] == "sm_100a")]
     for n, k, t in (SM100_K_SPLIT, SM100_X_COPIES, SM100_TMA, SM100_MIXED):
         jobs.append(["sm_100a", n, k, t.short(), False])
+    n, k, t = SM100_SWIGLU
+    jobs.append(["sm_100a", n, k, t.short(), True, True])
     results = _run_facts(jobs)
-    return {(n, k, WarpSplitKTactic.parse(short)): f
-            for (_, n, k, short, _), f in zip(jobs, results)}
+    return {(job[1], job[2], WarpSplitKTactic.parse(job[3])): f for job, f in zip(jobs, results)}
 
 
 @pytest.mark.parametrize("arch,n,k,tactic", SM100)
@@ -179,11 +183,12 @@ def test_compile_sm100a(sm100_facts, arch, n, k, tactic):
     check_facts(sm100_facts[(n, k, tactic)], arch, n, k, tactic)
 
 
-@pytest.mark.parametrize("case", [SM100_K_SPLIT, SM100_X_COPIES, SM100_TMA, SM100_MIXED],
-                         ids=["k_split", "bulk_x+prefetch", "tma", "mixed"])
+@pytest.mark.parametrize("case", [SM100_K_SPLIT, SM100_X_COPIES, SM100_TMA, SM100_MIXED,
+                                  SM100_SWIGLU],
+                         ids=["k_split", "bulk_x+prefetch", "tma", "mixed", "swiglu+bias"])
 def test_compile_sm100a_features(sm100_facts, case):
-    """The cluster split of K, bulk copies with the L2 prefetch, TMA boxes
-    and a mixed grid, on Blackwell: the audit
+    """The cluster split of K, bulk copies with the L2 prefetch, TMA boxes,
+    a mixed grid and the SwiGLU epilogue, on Blackwell: the audit
     (which requires each feature's instructions) passes, nothing spills."""
     n, k, tactic = case
     f = sm100_facts[(n, k, tactic)]

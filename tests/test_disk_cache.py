@@ -45,7 +45,7 @@ def test_key_names_every_input():
     changes = [("arch", "sm_100a"), ("n", 512), ("k", 1024),
                ("tactic", WarpSplitKTactic(16, 8, 128, 3, 1)),
                ("tactic", WarpSplitKTactic(16, 8, 128, 2, 1, 2)),
-               ("has_bias", True), ("use_pdl", False)]
+               ("has_bias", True), ("use_pdl", False), ("swiglu", True)]
     stems = {disk_cache.key(**{**base, field: value}) for field, value in changes}
     assert len(stems) == len(changes) and stem not in stems
 
@@ -56,7 +56,7 @@ def test_key_takes_the_kernel_inputs_only():
     kernels already on disk are found again)."""
     import inspect
     assert list(inspect.signature(disk_cache.key).parameters) == [
-        "arch", "n", "k", "tactic", "has_bias", "use_pdl"]
+        "arch", "n", "k", "tactic", "has_bias", "use_pdl", "swiglu"]
     with pytest.raises(TypeError):
         disk_cache.key("sm_90a", N, K, TACTIC, False, True, arrivals="lane0")
     import hashlib

@@ -105,3 +105,16 @@ def test_case_filters_name_shipped_features_only(reliability):
     cases = reliability.family_cases("all", k_splits=(1, 2))
     clusters = [c for c in cases if reliability.CASE_FILTERS["clusters"][1](c[0])]
     assert clusters and all(c[0].k_split == 2 for c in clusters)
+
+
+def test_swiglu_cases_reach_the_sanitizer(reliability):
+    """SWIGLU=1: every case but the mixed grids, legal with the epilogue
+    (the weight read as [gate; up]), and the shipped cases too."""
+    from warpsplitk.tactics import is_legal
+    for subset in ("all", "shipped"):
+        cases = [c for c in reliability.family_cases(subset, k_splits=(1, 2), tma_xs=(False, True),
+                                                     l2_prefetch=True)
+                 if not c[0].half_tiles]
+        assert cases and all(is_legal(t, n, k, swiglu=True) for t, n, k, _ in cases)
+    from pathlib import Path
+    assert "--swiglu" in (Path(__file__).resolve().parent.parent / "scripts/sanitize.sh").read_text()

@@ -44,26 +44,26 @@ def _fake_args():
     return (*pointers, cutlass.Int32(1), make_fake_stream())
 
 
-def _build(n, k, tactic, has_bias, use_pdl, arch, options=""):
-    check_tactic(tactic, n, k)
+def _build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False):
+    check_tactic(tactic, n, k, swiglu=swiglu)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
-    kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl)
+    kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl, swiglu=swiglu)
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *_fake_args(), options=f"--gpu-arch {arch} {options}".strip())
 
 
 @functools.cache
-def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl):
+def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu=False):
     import torch
 
     from . import disk_cache
     arch = device_arch(device_index)
-    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl)
+    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, swiglu)
     with torch.cuda.device(device_index):
         compiled = disk_cache.load(stem)
         if compiled is None:
-            compiled = _build(n, k, tactic, has_bias, use_pdl, arch)
+            compiled = _build(n, k, tactic, has_bias, use_pdl, arch, swiglu=swiglu)
             disk_cache.store(stem, compiled)
         return compiled
 
@@ -79,7 +79,7 @@ def device_arch(device_index: int) -> str:
 
 
 def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTactic, *,
-                        has_bias: bool = False, use_pdl: bool = True):
+                        has_bias: bool = False, use_pdl: bool = True, swiglu: bool = False):
     """Compiled code for an ``[n, k]`` weight on CUDA device ``device_index``.
 
     Dynamic M (1..32 rows of x and out); PDL on. Cached per argument tuple and
@@ -88,27 +88,32 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
     compiled callable takes ``(weight, x, bias, out, m, stream)``: four
     :func:`gmem_pointer` addresses of packed row-major BF16 tensors, M as an
     int, and a ``CUstream``; it launches on the stream without any check, so
-    callers validate first (as :class:`PreparedWarpSplitK` does).
+    callers validate first (as :class:`PreparedWarpSplitK` does). With
+    ``swiglu`` the ``[n, k]`` weight is ``[gate; up]`` and ``out`` is
+    ``[M, n / 2]`` (the SwiGLU epilogue, :class:`~warpsplitk.kernel.WarpSplitKKernel`).
     """
-    check_tactic(tactic, n, k)
+    check_tactic(tactic, n, k, swiglu=swiglu)
     with _lock:
-        return _compile_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl))
+        return _compile_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl),
+                               bool(swiglu))
 
 
 @functools.cache
-def _launcher_cached(device_index, n, k, tactic, has_bias, use_pdl):
+def _launcher_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu):
     from .launch import Launcher
-    return Launcher(_compile_cached(device_index, n, k, tactic, has_bias, use_pdl), device_index)
+    return Launcher(_compile_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu),
+                    device_index)
 
 
 def launcher(device_index: int, n: int, k: int, tactic: WarpSplitKTactic, *,
-             has_bias: bool = False, use_pdl: bool = True):
+             has_bias: bool = False, use_pdl: bool = True, swiglu: bool = False):
     """A :class:`~warpsplitk.launch.Launcher` of :func:`compile_warp_splitk`'s
     code on ``device_index``: called with plain addresses, M and a stream
     handle, at a few microseconds of host time. Cached like the code."""
-    check_tactic(tactic, n, k)
+    check_tactic(tactic, n, k, swiglu=swiglu)
     with _lock:
-        return _launcher_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl))
+        return _launcher_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl),
+                                bool(swiglu))
 
 
 # ------------------------------------------------------------ CPU path
@@ -127,12 +132,14 @@ class CompileReport:
     local_bytes: int | None
     ptx: str
     cubin: bytes | None
+    swiglu: bool = False
 
     def audit(self) -> list[str]:
         t = self.tactic
         return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split,
                          l2_prefetch=t.l2_prefetch, bulk_x=t.bulk_x, tma_x=t.tma_x,
-                         prefetch_bytes=self.prefetch_bytes, stages=t.stages)
+                         prefetch_bytes=self.prefetch_bytes, stages=t.stages,
+                         swiglu=self.swiglu)
 
     @property
     def prefetch_bytes(self) -> int | None:
@@ -152,7 +159,8 @@ class CompileReport:
 
 
 def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_90a", *,
-                     has_bias: bool = False, use_pdl: bool = True) -> CompileReport:
+                     has_bias: bool = False, use_pdl: bool = True,
+                     swiglu: bool = False) -> CompileReport:
     """Compile for ``arch`` with no GPU; returns PTX, CUBIN and the resource usage."""
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch!r}")
@@ -160,14 +168,14 @@ def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_9
         # the DSL writes the kept PTX/CUBIN files too: keep them out of the cwd
         with tempfile.TemporaryDirectory(prefix="warpsplitk-") as dump:
             compiled = _build(n, k, tactic, has_bias, use_pdl, arch,
-                              options=f"--keep-ptx --keep-cubin --dump-dir={dump}")
+                              options=f"--keep-ptx --keep-cubin --dump-dir={dump}", swiglu=swiglu)
     ptx_text = compiled.artifacts.PTX
     if isinstance(ptx_text, bytes):
         ptx_text = ptx_text.decode()
     cubin = compiled.artifacts.CUBIN
     registers, spills, local = cubin_resources(cubin) if cubin else (None, None, None)
     return CompileReport(arch, n, k, tactic, tactic.threads, tactic.smem_bytes, registers, spills,
-                         local, ptx_text, cubin)
+                         local, ptx_text, cubin, swiglu)
 
 
 def cubin_resources(cubin: bytes):
@@ -180,6 +188,12 @@ def cubin_resources(cubin: bytes):
     from .elf import read_resources
     return read_resources(cubin)
 
+
+#: The SwiGLU epilogue's math (regex, why): required with it, forbidden without.
+PTX_AUDIT_SWIGLU = (
+    (r"ex2\.approx\.ftz\.f32", "SwiGLU exp(-gate) by ex2"),
+    (r"rcp\.approx\.ftz\.f32", "SwiGLU 1 / (1 + exp(-gate))"),
+)
 
 #: What the PTX of every tactic must contain (regex, why).
 PTX_AUDIT = (
@@ -273,7 +287,8 @@ def prefetch_sizes(ptx_text: str) -> list[int | None]:
 
 def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
               l2_prefetch: bool = False, bulk_x: bool = False, tma_x: bool = False,
-              prefetch_bytes: int | None = None, stages: int | None = None) -> list[str]:
+              prefetch_bytes: int | None = None, stages: int | None = None,
+              swiglu: bool = False) -> list[str]:
     """Problems with a kernel's PTX: required instructions missing, forbidden ones
     present. ``k_tiles`` (per CTA) ``== 1`` waives the L2 hint (a one-tile
     weight has only the unhinted prologue copy); ``k_split > 1`` requires the
@@ -283,7 +298,9 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
     ``prefetch_bytes``, every L2 prefetch must ask for that many bytes per
     row (the bound of ``prefetch_tiles``, or the whole remainder). With
     ``k_tiles`` and ``stages``, the release fences of an async activation
-    ring (``release_fence_problems``) are checked tile by tile."""
+    ring (``release_fence_problems``) are checked tile by tile. ``swiglu``
+    requires the SwiGLU epilogue's exponential and division, forbidden
+    without it."""
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
     if k_split > 1:
         required += list(PTX_AUDIT_CLUSTER) + list(PTX_AUDIT_SPLIT)
@@ -293,6 +310,8 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
         required += list(PTX_AUDIT_PREFETCH)
     if bulk_x:
         required += list(PTX_AUDIT_BULK_X)
+    if swiglu:
+        required += list(PTX_AUDIT_SWIGLU)
     problems = [f"missing {why} ({pattern})" for pattern, why in required
                 if not re.search(pattern, ptx_text)]
     problems += [f"found {why} ({pattern})" for pattern, why in PTX_FORBIDDEN
@@ -321,6 +340,9 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
                      if pattern not in allowed and re.search(pattern, ptx_text)]
     problems += release_fence_problems(ptx_text, async_ring=bulk_x or tma_x,
                                        k_tiles=k_tiles, stages=stages)
+    if not swiglu:
+        problems += [f"found {why} ({pattern}) without swiglu"
+                     for pattern, why in PTX_AUDIT_SWIGLU if re.search(pattern, ptx_text)]
     if not l2_prefetch:
         problems += [f"found {why} ({pattern}) without l2_prefetch"
                      for pattern, why in PTX_AUDIT_PREFETCH if re.search(pattern, ptx_text)]

@@ -93,7 +93,8 @@ def _versions() -> dict:
     return {"warpsplitk": __version__, "cutlass_dsl": dsl}
 
 
-def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool) -> str:
+def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool,
+        swiglu: bool = False) -> str:
     """The file name stem of one compiled kernel (hex, 40 characters)."""
     fields = {
         "format": FORMAT, **_versions(), "sources": _sources_digest(), "arch": arch,
@@ -102,6 +103,8 @@ def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool) -> str
         # the shipped build's values of the build switches these once had
         "arrivals": "", "early_launch": False,
     }
+    if swiglu:  # (a field only when set: the other kernels keep their keys)
+        fields["swiglu"] = True
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
 
 

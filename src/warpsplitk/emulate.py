@@ -132,7 +132,7 @@ def _tma_stage(ring, source_rows, k_tile_index, token_tile, k_tile, writes=None)
                     writes[dst:dst + layout.CHUNK] += 1
 
 
-def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
+def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False):
     """One CTA's K loop over ``x`` and ``weight`` (its share of K): the four
     compute warps' FP32 accumulators ``[warp, m_iter, n_iter, lane, reg]``."""
     t = tactic
@@ -146,7 +146,9 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
     b_ring = np.full(t.stages * b_stage, np.nan, dtype=np.float32)
     a_threads = layout.A_LOADER_WARPS * layout.WARP
     b_threads = t.b_loader_warps * layout.WARP
-    weight_rows = [weight[tile_n * t.output_tile + r] for r in range(t.output_tile)]
+    n = weight.shape[0]
+    weight_rows = [weight[layout.weight_row(tile_n, r, t.output_tile, n, swiglu)]
+                   for r in range(t.output_tile)]
     token_rows = []
     for r in range(t.token_tile):
         token = tile_t * t.token_tile + r
@@ -203,11 +205,31 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage):
     return acc
 
 
-def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=False):
-    """Output vectors ``{(token, first_weight_row): 8 FP32}`` one CTA (with
-    ``k_split`` > 1: one cluster of CTAs sharing K) stores. Every warp's
-    partials land in the first CTA's buffer (slot ``rank * 4 + warp``),
-    each word once."""
+def silu_mul(gate, up):
+    """``silu(gate) * up`` in FP32 as the SwiGLU epilogue computes it:
+    ``exp(-g)`` as ``2 ** (g * -log2(e))`` (``ex2.approx``), the reciprocal
+    of ``1 + exp(-g)`` (``rcp.approx``), times g, times ``up``; each step
+    rounded to FP32 (the GPU's approximations differ in the last bit or
+    two)."""
+    g = np.asarray(gate, dtype=np.float32)
+    with np.errstate(over="ignore", divide="ignore"):
+        e = np.exp2((g * NEG_LOG2E).astype(np.float32)).astype(np.float32)
+        rcp = (np.float32(1.0) / (e + np.float32(1.0)).astype(np.float32)).astype(np.float32)
+    silu = (g * rcp).astype(np.float32)
+    return (silu * np.asarray(up, dtype=np.float32)).astype(np.float32)
+
+
+#: -log2(e) rounded to FP32, the constant the SwiGLU epilogue multiplies by
+NEG_LOG2E = np.float32(-1.4426950408889634)
+
+
+def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
+                check_coverage=False):
+    """Output vectors ``{(token, first output column): 8 FP32}`` one CTA
+    (with ``k_split`` > 1: one cluster of CTAs sharing K) stores. Every
+    warp's partials land in the first CTA's buffer (slot ``rank * 4 +
+    warp``), each word once. With ``swiglu``, each vector is ``silu(gate) *
+    up`` of the tile's gate rows and the up rows half a tile further."""
     t = tactic
     m, k = x.shape
     k_cta = k // t.k_split
@@ -226,7 +248,8 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
 
     for rank in range(t.k_split):
         share = slice(rank * k_cta, (rank + 1) * k_cta)
-        acc = _accumulate(x[:, share], weight[:, share], t, tile_n, tile_t, check_coverage)
+        acc = _accumulate(x[:, share], weight[:, share], t, tile_n, tile_t, check_coverage,
+                          swiglu)
         for warp in range(layout.COMPUTE_WARPS):
             slot = rank * layout.COMPUTE_WARPS + warp
             for mi in range(m_iters):
@@ -237,24 +260,35 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
                             off = layout.reduction_offset(slot, token, row, t.output_tile,
                                                           t.token_tile)
                             put(off, [acc[warp, mi, ni, lane, reg]])
-    vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
+    rows = layout.output_rows(t.output_tile, swiglu)
+    vectors = layout.epilogue_vectors(t.output_tile, t.token_tile, swiglu)
     threads = layout.COMPUTE_WARPS * layout.WARP
-    coords = [layout.epilogue_coords(v % vectors, t.output_tile)
-              for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile))
+    coords = [layout.epilogue_coords(v % vectors, rows)
+              for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile, swiglu))
               for v in range(round_ * threads, (round_ + 1) * threads)]
 
-    stores = {}
-    for vector, (token, row) in enumerate(coords):
+    def reduce(token, row):
         # every warp's partials in slot order (the kernel's fixed order)
         total = np.zeros(layout.CHUNK, dtype=np.float32)
         for slot in range(slots):
             off = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
             total = (total + buf[off:off + layout.CHUNK]).astype(np.float32)
+        return total
+
+    half = weight.shape[0] // 2
+    stores = {}
+    for vector, (token, row) in enumerate(coords):
+        total = reduce(token, row)
+        up = reduce(token, row + rows) if swiglu else None
         global_token = tile_t * t.token_tile + token
         if vector < vectors and global_token < m:
-            n0 = tile_n * t.output_tile + row
+            n0 = tile_n * rows + row
             if bias is not None:
                 total = (total + bias[n0:n0 + layout.CHUNK]).astype(np.float32)
+                if swiglu:
+                    up = (up + bias[half + n0:half + n0 + layout.CHUNK]).astype(np.float32)
+            if swiglu:
+                total = silu_mul(total, up)
             key = (global_token, n0)
             if key in stores:
                 raise AssertionError(f"output vector {key} stored twice")
@@ -262,9 +296,12 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, check_coverage=
     return stores
 
 
-def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, round_output=True,
+def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, round_output=True,
             check_coverage=False) -> np.ndarray:
-    """What the kernel writes for ``out = x @ weight.T (+ bias)``, as float32.
+    """What the kernel writes for ``out = x @ weight.T (+ bias)``, as float32;
+    with ``swiglu`` (``weight`` is ``[gate; up]``, ``N = 2 I``), ``out[:, j] =
+    silu(g_j) * u_j`` where ``g = x @ gate.T (+ bias[:I])`` and ``u = x @
+    up.T (+ bias[I:])``, ``[M, I]``.
 
     ``round_output`` applies the kernel's final BF16 rounding; without it the
     FP32 sums come back (exact for small-integer inputs). Raises if any output
@@ -278,10 +315,11 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, round_output=True
         raise ValueError(f"x has K={k} but weight has K={k_w}")
     if not 1 <= m <= MAX_M:
         raise ValueError(f"M must be in 1..{MAX_M}, got {m}")
-    check_tactic(tactic, n, k)
+    check_tactic(tactic, n, k, swiglu=swiglu)
     bias = None if bias is None else np.asarray(bias, dtype=np.float32)
-    out = np.full((m, n), np.nan, dtype=np.float32)
-    written = np.zeros((m, n), dtype=np.int64)
+    columns = n // 2 if swiglu else n
+    out = np.full((m, columns), np.nan, dtype=np.float32)
+    written = np.zeros((m, columns), dtype=np.int64)
     # a mixed grid (half_tiles): its last CTAs along N run the half tile's code
     full, half = layout.row_tiles(n, tactic.output_tile, tactic.half_tiles)
     half_tactic = dataclasses.replace(tactic, output_tile=tactic.output_tile // 2, half_tiles=0)
@@ -289,7 +327,7 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, round_output=True
         rows, index = layout.cta_rows(tile_n, tactic.output_tile, full)
         cta_tactic = tactic if rows == tactic.output_tile else half_tactic
         for tile_t in range(-(-m // tactic.token_tile)):
-            stores = emulate_cta(x, weight, cta_tactic, index, tile_t, bias,
+            stores = emulate_cta(x, weight, cta_tactic, index, tile_t, bias, swiglu=swiglu,
                                  check_coverage=check_coverage)
             for (token, n0), values in stores.items():
                 out[token, n0:n0 + layout.CHUNK] = values

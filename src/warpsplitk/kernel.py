@@ -74,15 +74,23 @@ _BYTES = layout.ELEMENT_BYTES
 
 
 class WarpSplitKKernel:
-    """One compiled kernel per (N, K, tactic, bias?, PDL?); M is dynamic."""
+    """One compiled kernel per (N, K, tactic, bias?, SwiGLU?, PDL?); M is dynamic.
+
+    With ``swiglu`` the weight is ``[gate; up]`` (N = 2 I rows) and the
+    kernel writes ``silu(x @ gate^T) * (x @ up^T)``, ``[M, I]``: each CTA
+    streams the gate rows of its outputs and the matching up rows
+    (``layout.weight_row``), so both sums of an output meet in its own
+    reduction buffer and the activation costs no extra pass over memory."""
 
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
-                 use_pdl: bool = True):
+                 use_pdl: bool = True, swiglu: bool = False):
         t = tactic
         self.tactic = t
         self.n, self.k = n, k
         self.has_bias = has_bias
         self.use_pdl = use_pdl
+        self.swiglu = swiglu
+        self.out_columns = n // 2 if swiglu else n
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
         # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)
         self.k_split = t.k_split
@@ -262,7 +270,10 @@ class WarpSplitKKernel:
                           rank=None):
         t = self.tactic
         stage, _ = layout.ring_slot(k_tile_index, t.stages)
-        base = weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
+        # the tile's first weight row: tile_n * rows (with the SwiGLU
+        # epilogue, tile_n * rows / 2 of the gate half)
+        tile_rows = layout.output_rows(t.output_tile, self.swiglu)
+        base = weight.toint() + Int64(tile_n) * (tile_rows * self.k * _BYTES)
         if self.split:
             base = base + self._k_base(rank)
         for chunk in range(layout.copies_per_thread(t.output_tile, t.k_tile, self.a_threads)):
@@ -270,6 +281,11 @@ class WarpSplitKKernel:
             dst = (smem + self.smem.a_ring + stage * self.smem.a_stage_bytes
                    + layout.swizzle(row, col, t.k_tile) * _BYTES)
             src = base + Int64((row * self.k + col) * _BYTES) + k_tile_index * t.k_tile * _BYTES
+            if self.swiglu:
+                # up rows: the same outputs' rows in the second half of W
+                first_row, _ = layout.loader_copy(0, chunk, t.k_tile, self.a_threads)
+                src = src + layout.swiglu_row_shift(first_row, t.output_tile, self.n) * (
+                    self.k * _BYTES)
             if hinted:
                 ptx.cp_async_16_hinted(dst, src, policy)
             else:
@@ -286,9 +302,14 @@ class WarpSplitKKernel:
         first, count = layout.l2_prefetch_span(self.k_tiles, t.stages, t.k_tile,
                                                t.prefetch_tiles)
         valid = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
-        src = (weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
-               + Int64(cutlass.select_(valid, thread, Int32(0))) * (self.k * _BYTES)
-               + first * _BYTES)
+        if self.swiglu:
+            row = layout.weight_row(tile_n, cutlass.select_(valid, thread, Int32(0)),
+                                    t.output_tile, self.n, True)
+            src = weight.toint() + Int64(row) * (self.k * _BYTES) + first * _BYTES
+        else:
+            src = (weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
+                   + Int64(cutlass.select_(valid, thread, Int32(0))) * (self.k * _BYTES)
+                   + first * _BYTES)
         if self.split:
             src = src + self._k_base(rank)
         ptx.cp_async_bulk_prefetch_l2_if(src, count * _BYTES,
@@ -558,34 +579,77 @@ class WarpSplitKKernel:
         """Each compute thread sums one 16-byte output vector over every
         warp's partials in warp order (bitwise reproducible), adds the bias
         and stores 8 BF16; rows past M and (K split) the second CTA store
-        nothing."""
+        nothing. With ``swiglu`` it sums the gate rows and the up rows half
+        a tile further, adds their biases, and stores ``silu(gate) * up``
+        (FP32 until the one BF16 rounding) into the ``[M, N / 2]`` output."""
         t = self.tactic
         red = smem + self.smem.reduction
-        vectors = layout.epilogue_vectors(t.output_tile, t.token_tile)
+        rows = layout.output_rows(t.output_tile, self.swiglu)
+        vectors = layout.epilogue_vectors(t.output_tile, t.token_tile, self.swiglu)
         warps = layout.COMPUTE_WARPS * self.k_split
-        for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile)):
-            vector = round_ * self.compute_threads + tidx
-            # threads past the tile's vectors read a valid slot and store nothing
-            token, row = layout.epilogue_coords(vector % vectors, t.output_tile)
+
+        def reduce(token, row):
             total = [Float32(0.0)] * layout.CHUNK
             for w in range(warps):
                 offset = layout.reduction_offset(w, token, row, t.output_tile, t.token_tile)
                 part = (ptx.ld_shared_v4_f32(red + offset * 4)
                         + ptx.ld_shared_v4_f32(red + (offset + 4) * 4))
                 total = part if w == 0 else [total[j] + part[j] for j in range(layout.CHUNK)]
+            return total
+
+        def reduce4(token, row):
+            # four outputs: the SwiGLU path sums gate and up four at a time,
+            # so that both halves' sums are not live at once (with all 16,
+            # ptxas capped some tactics at 64 registers and spilled)
+            total = [Float32(0.0)] * 4
+            for w in range(warps):
+                offset = layout.reduction_offset(w, token, row, t.output_tile, t.token_tile)
+                part = ptx.ld_shared_v4_f32(red + offset * 4)
+                total = part if w == 0 else [total[j] + part[j] for j in range(4)]
+            return total
+
+        for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile, self.swiglu)):
+            vector = round_ * self.compute_threads + tidx
+            # threads past the tile's vectors read a valid slot and store nothing
+            token, row = layout.epilogue_coords(vector % vectors, rows)
+            if cutlass.const_expr(not self.swiglu):
+                total = reduce(token, row)
             global_token = tile_t * t.token_tile + token
-            n_index = tile_n * t.output_tile + row
+            n_index = tile_n * rows + row
             store = (cutlass.select_(vector < vectors, Int32(1), Int32(0))
                      * cutlass.select_(global_token < m, Int32(1), Int32(0)))
             if self.split:
                 # only the first CTA holds the sums; the other reads its own
                 # (unused) buffer and stores nothing
                 store = store * cutlass.select_(rank == 0, Int32(1), Int32(0))
-            if cutlass.const_expr(self.has_bias):
-                b_vals = ptx.ld_global_bf16x8_as_f32(
-                    bias.toint() + Int64(n_index * _BYTES), store)
-                total = [total[j] + b_vals[j] for j in range(layout.CHUNK)]
-            words = [ptx.pack_bf16x2(total[2 * j], total[2 * j + 1]) for j in range(4)]
-            address = (out.toint()
-                       + Int64(global_token) * (self.n * _BYTES) + Int64(n_index * _BYTES))
+            if cutlass.const_expr(self.swiglu):
+                words = self._swiglu_words(reduce4, token, row, rows, n_index, bias, store)
+            else:
+                if cutlass.const_expr(self.has_bias):
+                    b_vals = ptx.ld_global_bf16x8_as_f32(
+                        bias.toint() + Int64(n_index * _BYTES), store)
+                    total = [total[j] + b_vals[j] for j in range(layout.CHUNK)]
+                words = [ptx.pack_bf16x2(total[2 * j], total[2 * j + 1]) for j in range(4)]
+            address = (out.toint() + Int64(global_token) * (self.out_columns * _BYTES)
+                       + Int64(n_index * _BYTES))
             ptx.st_global_v4_b32_if(address, words, store)
+
+    def _swiglu_words(self, reduce4, token, row, rows, n_index, bias, store):
+        """The four BF16x2 words of one SwiGLU output vector: per four
+        outputs, the gate sums (row ``row``) and up sums (``rows`` further)
+        over the warps, each plus its bias, then ``silu(gate) * up`` in FP32
+        and one rounding."""
+        words = []
+        if cutlass.const_expr(self.has_bias):
+            gate_bias = ptx.ld_global_bf16x8_as_f32(bias.toint() + Int64(n_index * _BYTES), store)
+            up_bias = ptx.ld_global_bf16x8_as_f32(
+                bias.toint() + Int64((self.out_columns + n_index) * _BYTES), store)
+        for quarter in range(2):
+            gate = reduce4(token, row + 4 * quarter)
+            up = reduce4(token, row + rows + 4 * quarter)
+            if cutlass.const_expr(self.has_bias):
+                gate = [gate[j] + gate_bias[4 * quarter + j] for j in range(4)]
+                up = [up[j] + up_bias[4 * quarter + j] for j in range(4)]
+            out = [ptx.silu_mul_f32(gate[j], up[j]) for j in range(4)]
+            words += [ptx.pack_bf16x2(out[0], out[1]), ptx.pack_bf16x2(out[2], out[3])]
+        return words

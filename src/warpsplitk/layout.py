@@ -234,23 +234,54 @@ def accumulator_coords(lane, m_iter, n_iter, reg):
     return weight_row, token
 
 
-def epilogue_vectors(output_tile, token_tile):
-    """16-byte output vectors (8 BF16 weight rows of one token) of a CTA's tile."""
-    return token_tile * output_tile // CHUNK
+def output_rows(output_tile, swiglu=False):
+    """Output columns a CTA stores per token: its weight rows, or with the
+    SwiGLU epilogue half of them (each gate row's output times its up row's)."""
+    return output_tile // 2 if swiglu else output_tile
 
 
-def epilogue_rounds(output_tile, token_tile):
+def epilogue_vectors(output_tile, token_tile, swiglu=False):
+    """16-byte output vectors (8 BF16 outputs of one token) of a CTA's tile."""
+    return token_tile * output_rows(output_tile, swiglu) // CHUNK
+
+
+def epilogue_rounds(output_tile, token_tile, swiglu=False):
     """Passes the 128 compute threads make over the tile's output vectors."""
     threads = COMPUTE_WARPS * WARP
-    return -(-epilogue_vectors(output_tile, token_tile) // threads)
+    return -(-epilogue_vectors(output_tile, token_tile, swiglu) // threads)
 
 
-def epilogue_coords(vector, output_tile):
-    """(token, first weight row) of output vector ``vector``: 8 outputs one
-    compute thread sums over the warps' partials and stores as 16 bytes;
-    vector ``round * 128 + thread`` in round ``round``."""
-    chunks_per_token = output_tile // CHUNK
+def epilogue_coords(vector, rows):
+    """(token, first row) of output vector ``vector`` of a tile of ``rows``
+    output rows (``output_rows``): 8 outputs one compute thread sums over
+    the warps' partials and stores as 16 bytes; vector ``round * 128 +
+    thread`` in round ``round``. With the SwiGLU epilogue the row is a gate
+    row of the tile; its up row is ``rows`` further."""
+    chunks_per_token = rows // CHUNK
     return vector // chunks_per_token, (vector % chunks_per_token) * CHUNK
+
+
+def weight_row(tile_n, row, output_tile, n, swiglu=False):
+    """The row of the ``[n, K]`` weight that row ``row`` of CTA ``tile_n``'s
+    tile holds. With the SwiGLU epilogue the weight is ``[gate; up]`` (``n =
+    2 I``): the tile's first half holds gate rows ``tile_n * output_tile / 2
+    + row`` and its second half the up rows of the same outputs, ``I``
+    further, so that one CTA reduces both halves of its outputs."""
+    if not swiglu:
+        return tile_n * output_tile + row
+    half = output_tile // 2
+    return tile_n * half + row + swiglu_row_shift(row, output_tile, n)
+
+
+def swiglu_row_shift(row, output_tile, n):
+    """``weight_row(tile_n, row, swiglu=True) - (tile_n * output_tile / 2 +
+    row)``: 0 for the tile's gate rows, ``n / 2 - output_tile / 2`` for its
+    up rows. The rows of one weight-loader copy (``loader_copy``: whole rows,
+    2 or 4 of them) never straddle the half, so the kernel takes the shift
+    of each copy from thread 0's row at trace time and the copy's addresses
+    stay one base plus constants."""
+    half = output_tile // 2
+    return (row // half) * (n // 2 - half)
 
 
 # ------------------------------------------------------------ row tiles

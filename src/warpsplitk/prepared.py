@@ -77,7 +77,7 @@ def _check_run(prepared, x, out):
     if m not in prepared.tactics:
         raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(prepared.tactics)}")
     _check_packed("x", x, (m, prepared.k), prepared.device)
-    _check_packed("out", out, (m, prepared.n), prepared.device)
+    _check_packed("out", out, (m, getattr(prepared, "out_columns", prepared.n)), prepared.device)
     for name, other in (("x", x), ("the weight", prepared.weight), ("the bias", prepared.bias)):
         if other is not None and _overlap(out, other):
             raise ValueError(f"out must not overlap {name}")
@@ -101,11 +101,16 @@ class PreparedWarpSplitK:
     tactics: ``{M: WarpSplitKTactic}`` for the Ms ``run`` will see (1..32);
         Ms that share a tactic share one compiled kernel.
     bias: optional BF16 ``[N]``, added in FP32 before the final rounding.
+    swiglu: the SwiGLU epilogue: ``weight`` is ``[w_gate; w_up]`` (``N =
+        2 I`` rows, ``bias`` likewise ``[b_gate; b_up]``) and ``run`` writes
+        ``out[M, I] = silu(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up)``,
+        in FP32 until the one BF16 rounding, in the same single launch.
 
     Raises ``ValueError`` for anything the kernel cannot run.
     """
 
-    def __init__(self, weight, tactics: Mapping[int, WarpSplitKTactic], bias=None):
+    def __init__(self, weight, tactics: Mapping[int, WarpSplitKTactic], bias=None, *,
+                 swiglu: bool = False):
         torch = _torch()
         if not isinstance(weight, torch.Tensor):
             raise ValueError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
@@ -121,7 +126,7 @@ class PreparedWarpSplitK:
             if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= MAX_M:
                 raise ValueError(f"tactics are keyed by M in 1..{MAX_M}, got key {m!r}")
             try:
-                check_tactic(tactic, n, k)
+                check_tactic(tactic, n, k, swiglu=bool(swiglu))
             except ValueError as error:
                 raise ValueError(f"tactic for M={m}: {error}") from None
         if bias is not None:
@@ -129,14 +134,17 @@ class PreparedWarpSplitK:
         self.weight = weight
         self.bias = bias
         self.n, self.k = n, k
+        self.swiglu = bool(swiglu)
+        #: columns of ``out``: N, or I = N / 2 with the SwiGLU epilogue
+        self.out_columns = n // 2 if self.swiglu else n
         self.device = weight.device
         self.tactics = dict(sorted(tactics.items()))
         index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
         has_bias = bias is not None
-        by_tactic = {t: compile_warp_splitk(index, n, k, t, has_bias=has_bias)
+        by_tactic = {t: compile_warp_splitk(index, n, k, t, has_bias=has_bias, swiglu=self.swiglu)
                      for t in set(self.tactics.values())}
         self.codes = {m: by_tactic[t] for m, t in self.tactics.items()}
-        self._launchers = {m: launcher(index, n, k, t, has_bias=has_bias)
+        self._launchers = {m: launcher(index, n, k, t, has_bias=has_bias, swiglu=self.swiglu)
                            for m, t in self.tactics.items()}
         self._weight_address = weight.data_ptr()
         # Without a bias the kernel never reads its bias argument; the weight's
@@ -151,7 +159,8 @@ class PreparedWarpSplitK:
         """Launch on the current stream of x's device; returns ``out``.
 
         x: packed row-major BF16 ``[M, K]``; out: packed row-major BF16
-        ``[M, N]``, not overlapping x or the weight; both 32-byte aligned,
+        ``[M, N]`` (``[M, N / 2]`` with ``swiglu``), not overlapping x or
+        the weight; both 32-byte aligned,
         on the weight's device. ``ValueError`` for bad arguments and
         ``KeyError`` for an M with no prepared tactic, before any launch.
         """
@@ -170,8 +179,9 @@ class PreparedWarpSplitK:
 
     def __repr__(self):
         plan = ", ".join(f"{m}: ({t.short()})" for m, t in self.tactics.items())
+        swiglu = ", swiglu=True" if self.swiglu else ""
         return (f"PreparedWarpSplitK(N={self.n}, K={self.k}, device={self.device}, "
-                f"bias={self.bias is not None}, tactics={{{plan}}})")
+                f"bias={self.bias is not None}{swiglu}, tactics={{{plan}}})")
 
 
 class PreparedDecode:

@@ -260,8 +260,10 @@ def _field_error(name, value, allowed):
     return ValueError(f"warp split-K tactic: {name} must be one of {allowed}, got {value!r}")
 
 
-def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
-    """Raise ``ValueError`` naming the first rule ``tactic`` breaks for an ``[n, k]`` weight."""
+def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False) -> None:
+    """Raise ``ValueError`` naming the first rule ``tactic`` breaks for an
+    ``[n, k]`` weight (with ``swiglu``: a ``[gate; up]`` weight run with the
+    SwiGLU epilogue, ``n / 2`` outputs)."""
     if not isinstance(tactic, WarpSplitKTactic):
         raise ValueError(f"expected a WarpSplitKTactic, got {type(tactic).__name__}")
     if tactic.output_tile not in OUTPUT_TILES:
@@ -375,11 +377,15 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int) -> None:
     if smem > SMEM_PER_BLOCK:
         raise ValueError(f"warp split-K: tactic {tactic.short()} needs {smem} B of shared "
                          f"memory, over the {SMEM_PER_BLOCK} B a block may use")
+    if swiglu and tactic.half_tiles:
+        raise ValueError(f"warp split-K: the SwiGLU epilogue pairs the gate and up halves of "
+                         f"every CTA's {tactic.output_tile} rows; a mixed grid (half_tiles "
+                         f"{tactic.half_tiles}) has CTAs of other sizes")
 
 
-def is_legal(tactic: WarpSplitKTactic, n: int, k: int) -> bool:
+def is_legal(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False) -> bool:
     try:
-        check_tactic(tactic, n, k)
+        check_tactic(tactic, n, k, swiglu=swiglu)
     except ValueError:
         return False
     return True
