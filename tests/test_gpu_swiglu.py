@@ -103,3 +103,13 @@ def test_refuses_a_mixed_grid_and_a_full_width_output():
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"out must have shape \(1, 1792\)"):
         prepared.run(x, torch.empty(1, n, device="cuda", dtype=torch.bfloat16))
+
+
+def test_layer_path_benchmark_runs_checked():
+    """bench --layer on a small model: every path checked against float64
+    (it raises otherwise), and each timed."""
+    from warpsplitk.layer_bench import bench_layer_path
+    rows = bench_layer_path("llama-3.2-1b", 1, ms=(1, 8), rounds=1, progress=lambda line: None)
+    assert [r.m for r in rows] == [1, 8]
+    for r in rows:
+        assert min(r.fused_us, r.unmerged_us, r.cublas_us, r.mlp_fused_us) > 0

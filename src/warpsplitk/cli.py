@@ -270,6 +270,16 @@ def _cmd_bench(args, argv):
                          "table shape pairs, or with --model one layer of that model)")
     if args.chain and args.plot:
         raise UsageError("argument --plot: not with --chain (it plots the per-shape rows)")
+    if args.layer:
+        if args.model is None:
+            raise UsageError("argument --layer: needs --model NAME (the layer's sizes)")
+        if args.chain or args.shapes is not None or args.plot:
+            raise UsageError("argument --layer: not with --chain, --shapes or --plot")
+        from .layer_bench import layer_shape
+        try:
+            layer_shape(args.model, args.tp if args.tp is not None else 1)
+        except ValueError as error:
+            raise UsageError(f"argument --model: {error}") from None
     plan, _ = _resolve_plan(args.plan)
     if args.chain and args.model is not None:
         from . import models
@@ -279,7 +289,7 @@ def _cmd_bench(args, argv):
             raise UsageError(f"argument --model: {error}") from None
         if not layer:
             raise UsageError(f"argument --model: {args.model} has no layer projections to chain")
-    shapes = None if args.chain else _kernel_shapes(_shape_entries(args))
+    shapes = None if args.chain or args.layer else _kernel_shapes(_shape_entries(args))
     _output_folder("--json", args.json)
     _output_folder("--plot", args.plot)
     if args.plot:
@@ -291,6 +301,18 @@ def _cmd_bench(args, argv):
 
     from . import bench
     command = "warpsplitk " + shlex.join(argv)
+    if args.layer:
+        from .layer_bench import bench_layer_path
+        rows = bench_layer_path(args.model, args.tp if args.tp is not None else 1, args.m, plan,
+                                rounds=args.rounds, progress=lambda line: print(line, flush=True))
+        if args.json:
+            import json
+            with open(args.json, "w") as f:
+                environment = {**bench._environment(), "command": command,
+                               "rounds": args.rounds}
+                json.dump({"environment": environment, "mode": "layer-path",
+                           "rows": [asdict(r) for r in rows]}, f, indent=1)
+        return 0
     if args.chain:
         if args.model is not None:
             mode = "layer"
@@ -556,6 +578,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dependent chains (each output feeds the next input): table shape pairs, "
                         "or with --model one layer's projections in order, against the reference "
                         "heuristic and cuBLAS")
+    p.add_argument("--layer", action="store_true",
+                   help="with --model: one decode layer's GEMM path (merged q/k/v, an attention "
+                        "stand-in, o, gate/up with the SwiGLU epilogue, down) against the same "
+                        "path unmerged and against cuBLAS with PyTorch's SiLU; and its MLP block")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("tune", help="measure tactics on this GPU and write a decode plan")
