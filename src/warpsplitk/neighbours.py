@@ -53,9 +53,7 @@ def _narrow(t, m, n, k):
 
 
 def _tma(t, m, n, k):
-    if t.tma_x or t.token_tile < layout.MMA_N:
-        return None
-    return dataclasses.replace(t, tma_x=True, bulk_x=False, b_loader_warps=1)
+    return None if t.tma_x or t.token_tile < layout.MMA_N else space.with_tma_boxes(t)
 
 
 def _prefetch(tiles: int):
