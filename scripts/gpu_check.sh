@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with a CUDA GPU, from the repository root:
-#   bash scripts/gpu_check.sh [tests] [sanitize] [bench] [default]   (default: all four)
+#   bash scripts/gpu_check.sh [tests] [sanitize] [bench] [default] [layer]   (default: all)
 # writes its records into $RESULTS (default bench/results), named for the GPU
 # ($GPU_NAME, default h200):
 #   tests     every GPU test module (pytest -m gpu), side by side, each in its
@@ -8,8 +8,9 @@
 #             -> $GPU_NAME-gpu-tests.json
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck
 #             over every tactic of the built-in plan and the default
-#             heuristic (scripts/sanitize.sh, SUBSET=shipped)
-#             -> $GPU_NAME-sanitizer.json
+#             heuristic (scripts/sanitize.sh, SUBSET=shipped), and those
+#             again with the SwiGLU epilogue (SWIGLU=1)
+#             -> $GPU_NAME-sanitizer.json, $GPU_NAME-sanitizer-swiglu.json
 #   bench     the built-in plan over the shape table x M 1,4,8,16,32 and its
 #             dependent chains, against cuBLAS, with the plot
 #             -> $GPU_NAME-bench-plan.json, $GPU_NAME-bench-chain.json
@@ -18,6 +19,10 @@
 #             tune against the exhaustive one with plan="auto" start times
 #             -> $GPU_NAME-bench-heldout.json, $GPU_NAME-bench-layers.json,
 #                $GPU_NAME-tune-quick.json
+#   layer     one decode layer's GEMM path (bench --layer: merged with the
+#             SwiGLU epilogue, unmerged, cuBLAS) of Llama-3-8B and of a
+#             Llama-3-70B TP-8 rank, M 1, 8, 32
+#             -> $GPU_NAME-bench-layer-path.json
 # Then `python3 scripts/make_benchmarks.py` regenerates BENCHMARKS.md and the
 # README's table from the records.
 set -u
@@ -25,7 +30,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 RESULTS=${RESULTS:-bench/results}; GPU_NAME=${GPU_NAME:-h200}
 mkdir -p "$RESULTS"
-stages=${*:-tests sanitize bench default}
+stages=${*:-tests sanitize bench default layer}
 status=0
 for stage in $stages; do
   case $stage in
@@ -51,7 +56,12 @@ for stage in $stages; do
       SUBSET=shipped SHARDS=${SHARDS:-4} LOGS_DIR=$logs/logs OUT=$logs bash scripts/sanitize.sh \
         || status=1
       python3 scripts/gpu_record.py sanitizer "$logs/logs" \
-        --command "bash scripts/gpu_check.sh sanitize" --out "$RESULTS/$GPU_NAME-sanitizer.json" ;;
+        --command "bash scripts/gpu_check.sh sanitize" --out "$RESULTS/$GPU_NAME-sanitizer.json"
+      SWIGLU=1 SUBSET=shipped SHARDS=${SHARDS:-4} LOGS_DIR=$logs/swiglu OUT=$logs/swiglu-out \
+        bash scripts/sanitize.sh || status=1
+      python3 scripts/gpu_record.py sanitizer "$logs/swiglu" \
+        --command "bash scripts/gpu_check.sh sanitize (SWIGLU=1)" \
+        --out "$RESULTS/$GPU_NAME-sanitizer-swiglu.json" ;;
     bench)
       python3 -m warpsplitk.cli bench --plan h200 --m 1,4,8,16,32 \
         --json "$RESULTS/$GPU_NAME-bench-plan.json" --plot docs/bench-$GPU_NAME.png || status=1
@@ -71,7 +81,17 @@ for stage in $stages; do
       python3 scripts/gpu_record.py layers "$layers" \
         --command "bash scripts/gpu_check.sh default" --out "$RESULTS/$GPU_NAME-bench-layers.json"
       python3 scripts/quick_tune_record.py "$RESULTS/$GPU_NAME-tune-quick.json" || status=1 ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (tests, sanitize, bench, default)" >&2; exit 2 ;;
+    layer)
+      paths=$(mktemp -d)
+      for shard in "llama-3-8b 1" "llama-3-70b 8"; do
+        set -- $shard
+        python3 -m warpsplitk.cli bench --model "$1" --tp "$2" --layer --m 1,8,32 \
+          --json "$paths/$1-tp$2.json" || status=1
+      done
+      python3 scripts/gpu_record.py layer-paths "$paths" --command "bash scripts/gpu_check.sh layer" \
+        --out "$RESULTS/$GPU_NAME-bench-layer-path.json" ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (tests, sanitize, bench, default, layer)" >&2
+       exit 2 ;;
   esac
 done
 exit $status

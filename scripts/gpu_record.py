@@ -3,6 +3,7 @@
     python3 scripts/gpu_record.py tests REPORT_DIR --command CMD --out OUT.json
     python3 scripts/gpu_record.py sanitizer LOG_DIR --command CMD --out OUT.json
     python3 scripts/gpu_record.py layers JSON_DIR --command CMD --out OUT.json
+    python3 scripts/gpu_record.py layer-paths JSON_DIR --command CMD --out OUT.json
 
 Each record holds the command, the date, the GPU and the versions
 (``warpsplitk.bench``'s), then the counts: per test module
@@ -104,15 +105,32 @@ def layer_rows(json_dir):
                                                                for r in rows)}}
 
 
+def layer_path_rows(json_dir):
+    """The rows of every ``bench --model --layer`` record in ``json_dir``, in
+    file name order, with the ratios the layer-path targets read:
+    ``{"rows": [...], "totals": {...}}``."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(json_dir, "*.json"))):
+        with open(path) as f:
+            rows += json.load(f)["rows"]
+    small = [r for r in rows if r["m"] <= 8]
+    return {"rows": rows, "totals": {
+        "rows": len(rows),
+        "mlp_fused_over_unmerged_min": min((r["mlp_unmerged_us"] / r["mlp_fused_us"]
+                                            for r in rows), default=None),
+        "mlp_fused_over_cublas_min_m_le_8": min((r["mlp_cublas_us"] / r["mlp_fused_us"]
+                                                 for r in small), default=None)}}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=("tests", "sanitizer", "layers"))
+    parser.add_argument("kind", choices=("tests", "sanitizer", "layers", "layer-paths"))
     parser.add_argument("inputs", nargs=1, help="the report, log or JSON folder")
     parser.add_argument("--command", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    counts = {"tests": test_counts, "sanitizer": sanitizer_counts,
-              "layers": layer_rows}[args.kind](args.inputs[0])
+    counts = {"tests": test_counts, "sanitizer": sanitizer_counts, "layers": layer_rows,
+              "layer-paths": layer_path_rows}[args.kind](args.inputs[0])
     with open(args.out, "w") as f:
         json.dump({"environment": environment(args.command), "kind": args.kind, **counts}, f,
                   indent=1)

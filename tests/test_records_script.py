@@ -77,3 +77,18 @@ def test_layers_record_joins_the_chain_records_and_counts(record, tmp_path):
     counts = record.layer_rows(str(tmp_path))
     assert [(r["model"], r["m"]) for r in counts["rows"]] == [("a", 1), ("a", 8), ("b", 1)]
     assert counts["totals"] == {"layers": 3, "faster_than_cublas": 2, "at_least_reference": 2}
+
+
+def test_layer_path_record_joins_the_layer_records_and_reads_the_targets(record, tmp_path):
+    def row(model, m, fused, unmerged, cublas):
+        return {"model": model, "tp": 1, "m": m, "fused_us": 0.0, "unmerged_us": 0.0,
+                "cublas_us": 0.0, "mlp_fused_us": fused, "mlp_unmerged_us": unmerged,
+                "mlp_cublas_us": cublas}
+    (tmp_path / "b-tp8.json").write_text(json.dumps({"rows": [row("b", 32, 10.0, 11.0, 12.0)]}))
+    (tmp_path / "a-tp1.json").write_text(json.dumps(
+        {"rows": [row("a", 1, 10.0, 12.0, 16.0), row("a", 8, 10.0, 13.0, 15.0)]}))
+    counts = record.layer_path_rows(str(tmp_path))
+    assert [(r["model"], r["m"]) for r in counts["rows"]] == [("a", 1), ("a", 8), ("b", 32)]
+    # the least fused-over-unmerged MLP gain anywhere; over cuBLAS at M <= 8 only
+    assert counts["totals"] == {"rows": 3, "mlp_fused_over_unmerged_min": 1.1,
+                                "mlp_fused_over_cublas_min_m_le_8": 1.5}
