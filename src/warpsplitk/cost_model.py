@@ -12,8 +12,9 @@ a weighted sum of terms that each measure one such effect
   reads, at its fair share of that bandwidth: a grid of 201 CTAs on 132 SMs
   makes 69 SMs read twice what the others do;
 * ``latency_us``: the busiest SM's bytes over the bytes (weight and
-  activation rows) its rings hold in flight (stages x tile x resident CTAs), times one memory round
-  trip (``LATENCY_US``): by Little's law, what a shallow ring caps it at;
+  activation rows) its rings hold in flight (stages x tile x resident
+  CTAs), times one memory round trip (``LATENCY_US``): by Little's law,
+  what a shallow ring caps it at;
 * ``bound_us``: the largest of the three, the time the slowest side sets;
 * ``l2_reads_us``: the bytes the grid reads through L2 (each token tile
   re-reads the weight tile; every CTA reads its activation rows);
@@ -128,7 +129,8 @@ def features(tactic: WarpSplitKTactic, m: int, n: int, k: int,
     rows = n / row_ctas
     tokens = min(m, t.token_tile)
     busiest_bytes = busiest * (rows + tokens) * k_cta * layout.ELEMENT_BYTES
-    in_flight = min(busiest, resident) * t.stages * (rows + tokens) * t.k_tile * layout.ELEMENT_BYTES
+    in_flight = (min(busiest, resident) * t.stages * (rows + tokens) * t.k_tile
+                 * layout.ELEMENT_BYTES)
     k_tiles = k_cta / t.k_tile
     hbm = weight_bytes / BYTES_PER_US
     busiest_sm = busiest_bytes / (BYTES_PER_US / sm_count)
