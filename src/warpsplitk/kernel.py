@@ -597,17 +597,6 @@ class WarpSplitKKernel:
                 total = part if w == 0 else [total[j] + part[j] for j in range(layout.CHUNK)]
             return total
 
-        def reduce4(token, row):
-            # four outputs: the SwiGLU path sums gate and up four at a time,
-            # so that both halves' sums are not live at once (with all 16,
-            # ptxas capped some tactics at 64 registers and spilled)
-            total = [Float32(0.0)] * 4
-            for w in range(warps):
-                offset = layout.reduction_offset(w, token, row, t.output_tile, t.token_tile)
-                part = ptx.ld_shared_v4_f32(red + offset * 4)
-                total = part if w == 0 else [total[j] + part[j] for j in range(4)]
-            return total
-
         for round_ in range(layout.epilogue_rounds(t.output_tile, t.token_tile, self.swiglu)):
             vector = round_ * self.compute_threads + tidx
             # threads past the tile's vectors read a valid slot and store nothing
@@ -623,7 +612,7 @@ class WarpSplitKKernel:
                 # (unused) buffer and stores nothing
                 store = store * cutlass.select_(rank == 0, Int32(1), Int32(0))
             if cutlass.const_expr(self.swiglu):
-                words = self._swiglu_words(reduce4, token, row, rows, n_index, bias, store)
+                words = self._swiglu_words(reduce, token, row, rows, n_index, bias, store)
             else:
                 if cutlass.const_expr(self.has_bias):
                     b_vals = ptx.ld_global_bf16x8_as_f32(
@@ -634,22 +623,17 @@ class WarpSplitKKernel:
                        + Int64(n_index * _BYTES))
             ptx.st_global_v4_b32_if(address, words, store)
 
-    def _swiglu_words(self, reduce4, token, row, rows, n_index, bias, store):
-        """The four BF16x2 words of one SwiGLU output vector: per four
-        outputs, the gate sums (row ``row``) and up sums (``rows`` further)
-        over the warps, each plus its bias, then ``silu(gate) * up`` in FP32
-        and one rounding."""
-        words = []
+    def _swiglu_words(self, reduce, token, row, rows, n_index, bias, store):
+        """The four BF16x2 words of one SwiGLU output vector: the gate sums
+        (row ``row``) and the up sums (``rows`` further) over the warps, each
+        plus its bias, then ``silu(gate) * up`` in FP32 and one rounding."""
+        gate = reduce(token, row)
+        up = reduce(token, row + rows)
         if cutlass.const_expr(self.has_bias):
             gate_bias = ptx.ld_global_bf16x8_as_f32(bias.toint() + Int64(n_index * _BYTES), store)
             up_bias = ptx.ld_global_bf16x8_as_f32(
                 bias.toint() + Int64((self.out_columns + n_index) * _BYTES), store)
-        for quarter in range(2):
-            gate = reduce4(token, row + 4 * quarter)
-            up = reduce4(token, row + rows + 4 * quarter)
-            if cutlass.const_expr(self.has_bias):
-                gate = [gate[j] + gate_bias[4 * quarter + j] for j in range(4)]
-                up = [up[j] + up_bias[4 * quarter + j] for j in range(4)]
-            out = [ptx.silu_mul_f32(gate[j], up[j]) for j in range(4)]
-            words += [ptx.pack_bf16x2(out[0], out[1]), ptx.pack_bf16x2(out[2], out[3])]
-        return words
+            gate = [gate[j] + gate_bias[j] for j in range(layout.CHUNK)]
+            up = [up[j] + up_bias[j] for j in range(layout.CHUNK)]
+        out = [ptx.silu_mul_f32(gate[j], up[j]) for j in range(layout.CHUNK)]
+        return [ptx.pack_bf16x2(out[2 * j], out[2 * j + 1]) for j in range(4)]
