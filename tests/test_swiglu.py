@@ -170,3 +170,20 @@ def test_a_loader_copy_never_straddles_the_gate_and_up_halves(output_tile, k_til
         for r in rows:
             assert layout.weight_row(3, r, output_tile, n, swiglu=True) == \
                 3 * half + r + layout.swiglu_row_shift(first, output_tile, n)
+
+
+def test_prepare_picks_tactics_the_epilogue_takes():
+    from warpsplitk.decode import CUBLAS, DecodePlan, swiglu_tactic
+    n, k = 2 * 14336, 4096
+    for m in (1, 8, 32):
+        check_tactic(swiglu_tactic(None, m, n, k, 132), n, k, swiglu=True)
+    # a plan's mixed grid or cuBLAS entry cannot carry the epilogue: the
+    # default replaces it; a tactic it takes is kept
+    n, k = 32 * 10 + 16 * 2, 1024
+    plan = DecodePlan()
+    plan.set(n, k, 1, T(32, 8, 256, 4, 1, half_tiles=2))
+    plan.set(n, k, 8, CUBLAS)
+    plan.set(n, k, 16, T(16, 16, 256, 4, 2))
+    assert not swiglu_tactic(plan, 1, n, k, 132).half_tiles
+    assert swiglu_tactic(plan, 8, n, k, 132) != CUBLAS
+    assert swiglu_tactic(plan, 16, n, k, 132) == T(16, 16, 256, 4, 2)

@@ -151,14 +151,33 @@ def builtin_plan(name: str = "h200") -> DecodePlan:
     return plan_from_json(json.loads(text), f"built-in plan {name!r}")
 
 
-def prepare(weight, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), bias=None):
+def prepare(weight, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), bias=None, *,
+            swiglu: bool = False):
     """``weight`` prepared with the plan's choice for each M in ``ms`` (the
     default (cost model) where the plan has none), all compiled now: a
     ``PreparedWarpSplitK``, or, where the plan runs some Ms on cuBLAS, a
-    ``PreparedDecode`` with the same interface."""
+    ``PreparedDecode`` with the same interface. With ``swiglu`` (``weight``
+    is ``[gate; up]``): a ``PreparedWarpSplitK`` with the SwiGLU epilogue,
+    every M on the kernel (:func:`swiglu_tactic`)."""
     n, k = weight.shape
     plan = plan if plan is not None else DecodePlan()
+    if swiglu:
+        from .prepared import PreparedWarpSplitK
+        return PreparedWarpSplitK(weight, {m: swiglu_tactic(plan, m, n, k) for m in ms},
+                                  bias=bias, swiglu=True)
     return prepare_choices(weight, {m: plan.tactic_for(n, k, m) for m in ms}, bias)
+
+
+def swiglu_tactic(plan: DecodePlan | None, m: int, n: int, k: int,
+                  sm_count: int | None = None) -> WarpSplitKTactic:
+    """The tactic M tokens run on a ``[gate; up]`` weight with the SwiGLU
+    epilogue: the plan's, where it has one the epilogue takes (not cuBLAS,
+    not a mixed grid), else ``default_tactic``."""
+    from .tactics import is_legal
+    choice = plan.lookup(n, k, m) if plan is not None else None
+    if choice is None or choice == CUBLAS or not is_legal(choice, n, k, swiglu=True):
+        choice = default_tactic(m, n, k, sm_count)
+    return choice
 
 
 def prepare_choices(weight, choices, bias=None):

@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import timing
-from .tactics import is_legal
 
 
 @dataclass(frozen=True)
@@ -82,24 +81,12 @@ class LayerPathRow:
     mlp_cublas_us: float
 
 
-def swiglu_tactic(plan, m, n, k):
-    """The plan's tactic for the merged gate/up weight where the SwiGLU
-    epilogue takes it (not a mixed grid), else the default's."""
-    from .decode import CUBLAS
-    from .tactics import default_tactic
-    tactic = plan.tactic_for(n, k, m) if plan is not None else None
-    if tactic is None or tactic == CUBLAS or not is_legal(tactic, n, k, swiglu=True):
-        tactic = default_tactic(m, n, k)
-    return tactic
-
-
 def bench_layer_path(name, tp=1, ms=(1, 8, 32), plan=None, *, progress=print,
                      rounds=None) -> list[LayerPathRow]:  # pragma: no cover - needs a GPU
     import torch
     import torch.nn.functional as F
 
     from .decode import DecodePlan, prepare
-    from .prepared import PreparedWarpSplitK
     rounds = timing.resolve_rounds(rounds)
     plan = plan if plan is not None else DecodePlan()
     s = layer_shape(name, tp)
@@ -114,9 +101,7 @@ def bench_layer_path(name, tp=1, ms=(1, 8, 32), plan=None, *, progress=print,
 
     def kernels(w_qkv, w_o, w_gu, w_d):
         fused = [prepare(w_qkv, plan, ms), prepare(w_o, plan, ms),
-                 PreparedWarpSplitK(w_gu, {m: swiglu_tactic(plan, m, *w_gu.shape) for m in ms},
-                                    swiglu=True),
-                 prepare(w_d, plan, ms)]
+                 prepare(w_gu, plan, ms, swiglu=True), prepare(w_d, plan, ms)]
         parts = [w_qkv[:q], w_qkv[q:q + kv], w_qkv[q + kv:], w_gu[:inter], w_gu[inter:]]
         unmerged = [prepare(w, plan, ms) for w in parts]
         return fused, unmerged
