@@ -17,6 +17,24 @@ MS = tuple(range(1, 33))
 SHAPES = [(2 * 14336, 4096), (2 * 1792, 4096), (2 * 4864, 2560), (2 * 512, 1024)]
 
 
+FAMILIES = ["32,8,256,6,2", "16,1,256,8,1", "64,16,128,4,2,2", "32,32,256,4,1+tma",
+            "32,8,256,4,1+prefetch2", "32,4,256,4,1+bulk"]
+FAMILY_SHAPE = (2 * 1792, 4096)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels_compiled():
+    """Every kernel the module runs, compiled first in parallel into the
+    disk cache (one by one, compiling is most of the module's time)."""
+    from warpsplitk.compile import device_arch
+    from warpsplitk.precompile import precompile
+    kernels = {(n, k, t, bias, True, True) for n, k in SHAPES for t in tactics_for(n, k).values()
+               for bias in (False, True)}
+    kernels |= {(*FAMILY_SHAPE, WarpSplitKTactic.parse(text), True, True, True)
+                for text in FAMILIES}
+    precompile(sorted(kernels), device_arch(torch.cuda.current_device()))
+
+
 def swiglu_reference(x, w, bias=None):
     x, w = x.double(), w.double()
     i = w.shape[0] // 2
@@ -57,11 +75,9 @@ def test_every_m_against_float64(n, k, with_bias):
         assert torch.equal(out, again), f"M={m}: not repeatable"
 
 
-@pytest.mark.parametrize("text", ["32,8,256,6,2", "16,1,256,8,1", "64,16,128,4,2,2",
-                                  "32,32,256,4,1+tma", "32,8,256,4,1+prefetch2",
-                                  "32,4,256,4,1+bulk"])
+@pytest.mark.parametrize("text", FAMILIES)
 def test_option_families(text):
-    n, k = 2 * 1792, 4096
+    n, k = FAMILY_SHAPE
     tactic = WarpSplitKTactic.parse(text)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)

@@ -143,3 +143,20 @@ def test_compile_timeout_must_be_positive_seconds(monkeypatch, value):
     monkeypatch.setenv("WARPSPLITK_COMPILE_TIMEOUT", value)
     with pytest.raises(ValueError, match="WARPSPLITK_COMPILE_TIMEOUT"):
         precompile.compile_timeout()
+
+
+def test_swiglu_kernels_go_under_their_own_keys(cache):
+    """A sixth field True asks for the SwiGLU epilogue: its own key, what
+    this process would compile; the same kernel without it is another one."""
+    from warpsplitk.compile import compile_for_arch
+    n, k, tactic = 256, 512, WarpSplitKTactic(16, 8, 128, 2, 1)
+    kernels = [(n, k, tactic, True, True, True), (n, k, tactic, True, True)]
+    assert len(precompile.missing(kernels + kernels[:1], "sm_90a")) == 2
+    assert precompile.precompile(kernels, "sm_90a", jobs=2) == {}
+    stem = disk_cache.key("sm_90a", n, k, tactic, True, True, True)
+    cubin = compile_for_arch(n, k, tactic, "sm_90a", has_bias=True, swiglu=True).cubin
+    assert cubin in disk_cache.path_for(stem).read_bytes()
+    assert precompile.missing(kernels, "sm_90a") == []
+    with pytest.raises(ValueError, match="SwiGLU epilogue pairs"):
+        precompile.precompile([(352, 1024, WarpSplitKTactic(32, 8, 256, 4, 1, half_tiles=2),
+                                False, True, True)] + KERNELS, "sm_90a", jobs=2)

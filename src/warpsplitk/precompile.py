@@ -78,10 +78,13 @@ def _compile_job(job: dict):
     """Compile one job (in a worker) into the disk cache; None or an error text."""
     from .compile import _build
     tactic = WarpSplitKTactic.parse(job["tactic"])
-    stem = disk_cache.key(job["arch"], job["n"], job["k"], tactic, job["bias"], job["pdl"])
+    swiglu = bool(job.get("swiglu", False))
+    stem = disk_cache.key(job["arch"], job["n"], job["k"], tactic, job["bias"], job["pdl"],
+                          swiglu)
     if disk_cache.path_for(stem).is_file():
         return None
-    compiled = _build(job["n"], job["k"], tactic, job["bias"], job["pdl"], job["arch"])
+    compiled = _build(job["n"], job["k"], tactic, job["bias"], job["pdl"], job["arch"],
+                      swiglu=swiglu)
     if disk_cache.store(stem, compiled) is None:
         return "could not write the disk cache"
     return None
@@ -114,14 +117,17 @@ def _worker_main() -> int:
 
 
 def missing(kernels, arch: str) -> list:
-    """The distinct kernels of ``kernels`` the disk cache does not hold."""
+    """The distinct kernels of ``kernels`` the disk cache does not hold
+    (``(n, k, tactic, has_bias, use_pdl)``, and a sixth field True for the
+    SwiGLU epilogue)."""
     seen, todo = set(), []
-    for n, k, tactic, has_bias, use_pdl in kernels:
-        item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl))
+    for n, k, tactic, has_bias, use_pdl, *swiglu in kernels:
+        swiglu = bool(swiglu and swiglu[0])
+        item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl)) + ((True,) if swiglu else ())
         if item in seen:
             continue
         seen.add(item)
-        stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl)
+        stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, swiglu)
         if not disk_cache.path_for(stem).is_file():
             todo.append(item)
     return todo
@@ -130,7 +136,8 @@ def missing(kernels, arch: str) -> list:
 def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> dict:
     """Compile the kernels the disk cache lacks, ``jobs`` at a time.
 
-    ``kernels``: iterable of ``(n, k, tactic, has_bias, use_pdl)``. Returns
+    ``kernels``: iterable of ``(n, k, tactic, has_bias, use_pdl)`` (a sixth
+    field True: with the SwiGLU epilogue). Returns
     ``{kernel: error text}`` for those that failed (the caller's own compile
     will raise the real error); empty when all are stored, or when there is
     nothing to gain (cache off, one job, fewer than two kernels missing).
@@ -140,7 +147,8 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
         return {}
     todo = []
     for item in missing(kernels, arch):
-        check_tactic(item[2], item[0], item[1])  # an illegal tactic is the caller's error
+        # an illegal tactic is the caller's error
+        check_tactic(item[2], item[0], item[1], swiglu=len(item) > 5)
         todo.append(item)
     if len(todo) < 2:
         return {}
@@ -214,9 +222,9 @@ def _run_workers(todo, arch, kind, workers, report) -> dict:
                     item = pending.get_nowait()
                 except queue.Empty:
                     break
-                n, k, tactic, has_bias, use_pdl = item
+                n, k, tactic, has_bias, use_pdl, *swiglu = item
                 job = {"kind": kind, "arch": arch, "n": n, "k": k, "tactic": tactic.short(),
-                       "bias": has_bias, "pdl": use_pdl}
+                       "bias": has_bias, "pdl": use_pdl, **({"swiglu": True} if swiglu else {})}
                 try:
                     worker.stdin.write(json.dumps(job) + "\n")
                     worker.stdin.flush()
