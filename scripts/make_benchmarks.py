@@ -17,6 +17,9 @@ scripts/gpu_check.sh):
                                        and plan="auto" start times
 - bench/results/h200-bench-layers.json the held-out models' layers as dependent
                                        chains (when recorded)
+- bench/results/h200-bench-layer-path.json  a decode layer's GEMM path merged
+                                       with the SwiGLU epilogue, unmerged, and on
+                                       cuBLAS (`bench --layer`, when recorded)
 - bench/results/h200-bench-models.json, h200-tune-log-models.jsonl and
   h200-tune-log.jsonl                  measurements the cost model is fitted to
                                        (the last also the shipped plan's source)
@@ -44,6 +47,7 @@ MODELS_LOG = RESULTS / "h200-tune-log-models.jsonl"
 HELD_OUT = RESULTS / "h200-bench-heldout.json"
 QUICK = RESULTS / "h200-tune-quick.json"
 LAYERS = RESULTS / "h200-bench-layers.json"
+LAYER_PATH = RESULTS / "h200-bench-layer-path.json"
 COST_MODEL = ROOT / "src" / "warpsplitk" / "data" / "cost-model-h200.json"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 README = ROOT / "README.md"
@@ -182,7 +186,7 @@ def log_records(path: Path) -> int:
 
 def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | None = None,
                   quick: dict | None = None, model: dict | None = None,
-                  layers: dict | None = None) -> str:
+                  layers: dict | None = None, layer_path: dict | None = None) -> str:
     env = bench.get("environment", {})
     s = summary(bench, chain)
     f = s["features"]
@@ -270,7 +274,46 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
         out += default_md(held, quick, model)
     if layers:
         out += layers_md(layers)
+    if layer_path:
+        out += layer_path_md(layer_path)
     return "\n".join(out) + "\n"
+
+
+def layer_path_summary(record: dict) -> dict:
+    rows = record["rows"]
+    small = [r for r in rows if r["m"] <= 8]
+    vs_unmerged = [r["mlp_unmerged_us"] / r["mlp_fused_us"] for r in rows]
+    vs_cublas = [r["mlp_cublas_us"] / r["mlp_fused_us"] for r in small]
+    return {"rows": len(rows), "unmerged_min": min(vs_unmerged), "unmerged_max": max(vs_unmerged),
+            "cublas_min": min(vs_cublas, default=None), "cublas_max": max(vs_cublas, default=None)}
+
+
+def layer_path_md(record: dict) -> list[str]:
+    """``bench --layer``: a decode layer's GEMM path and its MLP block, merged
+    with the SwiGLU epilogue, unmerged, and on cuBLAS."""
+    out = [
+        "",
+        "## A decode layer's GEMM path",
+        "",
+        f"Data: `{_rel(LAYER_PATH)}` (`warpsplitk bench --layer`): merged q/k/v, an attention",
+        "stand-in (a copy), o, gate/up with the SwiGLU epilogue, down, each reading the one",
+        "before, layer after layer over rotating copies (≥ 3× L2); against the same path",
+        "unmerged with PyTorch's SiLU and product, and cuBLAS on the merged weights with",
+        "PyTorch's SiLU. Cells: merged/unmerged/cuBLAS, µs per layer; the MLP block alone",
+        "(gate/up and activation, down) likewise.",
+        "",
+        *environment_lines(record.get("environment", {}))[:2],
+        "",
+        "| model | TP | M | layer | MLP block | MLP: unmerged / merged | MLP: cuBLAS / merged |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in record["rows"]:
+        out.append(f"| {r['model']} | {r['tp']} | {r['m']} | "
+                   f"{r['fused_us']:.1f}/{r['unmerged_us']:.1f}/{r['cublas_us']:.1f} | "
+                   f"{r['mlp_fused_us']:.1f}/{r['mlp_unmerged_us']:.1f}/{r['mlp_cublas_us']:.1f} | "
+                   f"{r['mlp_unmerged_us'] / r['mlp_fused_us']:.2f}× | "
+                   f"{r['mlp_cublas_us'] / r['mlp_fused_us']:.2f}× |")
+    return out
 
 
 def layers_md(layers: dict) -> list[str]:
@@ -392,7 +435,8 @@ def default_md(held: dict, quick: dict | None, model: dict) -> list[str]:
 
 
 def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
-                 quick: dict | None = None, layers: dict | None = None) -> str:
+                 quick: dict | None = None, layers: dict | None = None,
+                 layer_path: dict | None = None) -> str:
     env = bench.get("environment", {})
     s = summary(bench, chain)
     rows = bench["rows"]
@@ -432,6 +476,14 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
         out.append(f"- held-out models' layers chained (default): {y['faster']}/{y['layers']} "
                    f"faster than cuBLAS, {y['min']:.2f}–{y['max']:.2f}×; at least as fast as the "
                    f"reference heuristic in {y['at_least_reference']}")
+    if layer_path:
+        p = layer_path_summary(layer_path)
+        line = (f"- a decode layer's MLP block with the SwiGLU epilogue (`bench --layer`): "
+                f"{p['unmerged_min']:.2f}–{p['unmerged_max']:.2f}× the unmerged path")
+        if p["cublas_min"] is not None:
+            line += (f", {p['cublas_min']:.2f}–{p['cublas_max']:.2f}× cuBLAS with PyTorch's "
+                     "SiLU at M ≤ 8")
+        out.append(line)
     out += ["", "| M | median speedup | min | max | median TB/s, weights ≥ 16 MB |",
             "|---|---|---|---|---|"]
     for m in s["ms"]:
@@ -469,10 +521,12 @@ def generate() -> dict[Path, str]:
     quick = load(QUICK) if QUICK.exists() else None
     model = load(COST_MODEL)
     layers = load(LAYERS) if LAYERS.exists() else None
+    layer_path = load(LAYER_PATH) if LAYER_PATH.exists() else None
     readme = README.read_text()
     return {BENCHMARKS: benchmarks_md(bench, chain, log_records(TUNE_LOG), held, quick, model,
-                                      layers),
-            README: replace_block(readme, readme_block(bench, chain, held, quick, layers))}
+                                      layers, layer_path),
+            README: replace_block(readme, readme_block(bench, chain, held, quick, layers,
+                                                       layer_path))}
 
 
 def stale() -> list[str]:

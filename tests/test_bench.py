@@ -205,3 +205,28 @@ def test_layer_chain_cli_checks_its_arguments(capsys):
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
     assert main(["bench", "--chain", "--model", "llama-3.1-8b", "--tp", "3"]) == 2
     assert "does not split over tp 3" in capsys.readouterr().err
+
+
+def test_layer_path_section_and_readme_line_from_a_record(tmp_path):
+    """bench --layer's record (scripts/gpu_check.sh layer) rendered: a row
+    per model, TP and M, and the README's line with the MLP block's gains."""
+    from script_loader import load_script
+    make = load_script("make_benchmarks")
+    rows = [_row(m=1, ours=13.7, cublas=21.1)]
+    path = tmp_path / "b.json"
+    bench.write_json(path, {"gpu": "NVIDIA H200", "command": "warpsplitk bench"}, rows)
+
+    def layer(m, mlp_fused, mlp_unmerged, mlp_cublas):
+        return {"model": "llama-3-8b", "tp": 1, "m": m, "fused_us": 300.0,
+                "unmerged_us": 330.0, "cublas_us": 420.0, "mlp_fused_us": mlp_fused,
+                "mlp_unmerged_us": mlp_unmerged, "mlp_cublas_us": mlp_cublas}
+    record = {"environment": {"gpu": "NVIDIA H200", "command": "bash scripts/gpu_check.sh layer"},
+              "rows": [layer(1, 100.0, 120.0, 160.0), layer(32, 110.0, 121.0, 121.0)]}
+    page = make.benchmarks_md(make.load(path), None, 1, layer_path=record)
+    assert "## A decode layer's GEMM path" in page
+    assert "| llama-3-8b | 1 | 1 | 300.0/330.0/420.0 | 100.0/120.0/160.0 | 1.20× | 1.60× |" \
+        in page
+    block = make.readme_block(make.load(path), None, layer_path=record)
+    # over the unmerged path at every M; over cuBLAS at M <= 8 only
+    assert "1.10–1.20× the unmerged path, 1.60–1.60× cuBLAS with PyTorch's SiLU at M ≤ 8" \
+        in block
