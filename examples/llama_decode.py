@@ -16,7 +16,8 @@ downloaded), then for each batch size:
    the model's linear layers alone at the same M, to show their share of
    the step;
 4. does 2 and 3 again with ``patch_model(model, merge=True)`` (q/k/v and
-   gate/up each one merged weight, one launch), after ``unpatch``.
+   gate/up each one merged weight, one launch; the MLP's gate/up with the
+   SwiGLU epilogue), after ``unpatch``.
 
 ``--config llama-3-8b --layers 4`` takes a model's sizes from
 ``warpsplitk.models`` instead. ``--device cpu --tiny`` runs the same code on a CPU (everything falls back
@@ -356,6 +357,7 @@ def main(argv=None):
                 "skipped": [list(s) for s in plain["report"].skipped],
                 "results": plain["results"],
                 "merge": {"prepare_s": merged["prepare_s"], "merged": merged["report"].merged,
+                          "swiglu": merged["report"].swiglu,
                           "swapped": merged["report"].swapped, "results": merged["results"]},
                 "notes": notes, "accuracy_ok": ok}
         with open(args.json, "w") as f:

@@ -78,3 +78,40 @@ def test_patch_model_merge_on_a_llama():
     with torch.no_grad():
         again = model(ids).logits.double()
     assert torch.equal(again, plain)
+
+
+def test_llama_mlp_runs_the_swiglu_epilogue_in_a_graph():
+    """patch_model(merge=True): a Llama MLP's gate/up run as one launch with
+    the SwiGLU epilogue (down reads its output), against float64, eagerly
+    and captured in a CUDA graph."""
+    transformers = pytest.importorskip("transformers")
+    from warpsplitk.merge import SwiGLUMLP
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      num_hidden_layers=1, vocab_size=512)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    mlp = model.model.layers[0].mlp
+    w_gate, w_up, w_down = (mlp.gate_proj.weight.double(), mlp.up_proj.weight.double(),
+                            mlp.down_proj.weight.double())
+    patch_model(model, merge=True, ms=range(1, 9), progress=None)
+    fused = model.model.layers[0].mlp
+    assert isinstance(fused, SwiGLUMLP) and fused.group.swiglu_prepared is not None
+    x = torch.randn(1, 8, 256, device="cuda", dtype=torch.bfloat16)
+
+    def reference(x):
+        h = x.double()
+        return (torch.nn.functional.silu(h @ w_gate.t()) * (h @ w_up.t())) @ w_down.t()
+    with torch.no_grad():
+        out = fused(x)
+        assert ((out.double() - reference(x)).norm() / reference(x).norm()).item() < 1e-2
+        static_x = x.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = fused(static_x)
+        static_x.copy_(torch.randn_like(static_x))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference(static_x)
+        assert ((static_out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    assert fused.group.linear.kernel_calls == 0  # gate and up never ran apart

@@ -32,8 +32,8 @@ def load_example():
 def test_example_patches_generates_and_agrees(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
     monkeypatch.setattr(decode, "prepare",
-                        lambda weight, plan=None, ms=range(1, 33), bias=None:
-                        FakePrepared(weight, plan, ms, bias))
+                        lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
+                        FakePrepared(weight, plan, ms, bias, swiglu))
     out = tmp_path / "llama.json"
     code = load_example().main(["--device", "cpu", "--tiny", "--batch", "1", "3", "--steps", "4",
                                 "--iters", "2", "--reps", "1", "--json", str(out)])
@@ -51,6 +51,7 @@ def test_example_patches_generates_and_agrees(tmp_path, monkeypatch, capsys):
     merged = data["merge"]
     assert len(merged["merged"]) == 2 * layers
     assert [n.rsplit(".", 1)[1] for n in merged["merged"][0]] == ["q_proj", "k_proj", "v_proj"]
+    assert len(merged["swiglu"]) == layers  # every MLP: gate/up with the SwiGLU epilogue
     for row in merged["results"]:
         assert row["kernel_calls"] > 0, row
         assert row["rel_err"] < 1e-2 and row["top1_agree"] == 1.0

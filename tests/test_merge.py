@@ -153,3 +153,41 @@ def test_patch_model_merge_on_a_cpu_llama_keeps_outputs_names_and_unpatches():
     assert list(state) == list(keys) and all(torch.equal(state[k], keys[k]) for k in keys)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, before)
+
+
+def test_llama_mlps_run_with_the_swiglu_epilogue_or_as_before():
+    """patch_model(merge=True) wraps each Llama MLP in a SwiGLUMLP (gate/up
+    one merged weight with the SwiGLU epilogue): the same submodules and
+    state-dict keys; on a CPU (no kernel) the MLP's own computation, so the
+    logits are identical; unpatch puts the original MLP objects back."""
+    from warpsplitk.merge import SwiGLUMLP, swiglu_refusal
+    model = tiny_llama()
+    originals = [layer.mlp for layer in model.model.layers]
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        before = model(ids).logits
+    keys = list(model.state_dict())
+    report = patch_model(model, merge=True, progress=None)
+    assert report.swiglu == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert "2 MLPs with the SwiGLU epilogue" in str(report)
+    mlp = model.model.layers[0].mlp
+    assert isinstance(mlp, SwiGLUMLP) and mlp.group.swiglu
+    assert mlp.group.swiglu_prepared is None  # a CPU weight: no kernel
+    x = torch.randn(3, 64)
+    assert mlp.group.swiglu_output(x) is None
+    assert list(model.state_dict()) == keys
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    unpatch(model)
+    assert [layer.mlp for layer in model.model.layers] == originals
+    assert all(type(layer.mlp.gate_proj) is nn.Linear for layer in model.model.layers)
+    assert list(model.state_dict()) == keys
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    # what cannot take the epilogue is said
+    assert "not one merged group" in swiglu_refusal(originals[0])
+    gelu = tiny_llama()
+    gelu.model.layers[0].mlp.act_fn = nn.GELU()
+    assert swiglu_refusal(gelu.model.layers[0].mlp) == "its activation is not SiLU"
+    report = patch_model(gelu, merge=True, progress=None)
+    assert report.swiglu == ["model.layers.1.mlp"]

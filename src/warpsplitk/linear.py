@@ -287,10 +287,13 @@ class PatchReport:
     skipped: list = field(default_factory=list)
     #: with merge=True: the qualified names of each merged group
     merged: list = field(default_factory=list)
+    #: with merge=True: the MLPs whose gate/up run with the SwiGLU epilogue
+    swiglu: list = field(default_factory=list)
 
     def __str__(self):
         lines = [f"warpsplitk: swapped {len(self.swapped)} nn.Linear, skipped {len(self.skipped)}"
-                 + (f", merged {len(self.merged)} groups" if self.merged else "")]
+                 + (f", merged {len(self.merged)} groups" if self.merged else "")
+                 + (f", {len(self.swiglu)} MLPs with the SwiGLU epilogue" if self.swiglu else "")]
         by_reason = {}  # grouped: a large model repeats the same few reasons
         for name, reason in self.skipped:
             by_reason.setdefault(reason, []).append(name)
@@ -378,21 +381,33 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
             report.skipped.append((name, reason))
             continue
         eligible[id(child)] = child
-    from .merge import merge_linears
-    merged = []
+    from .merge import SwiGLUMLP, merge_linears, swiglu_refusal
+    merged, mlps = [], []
     for names, places, linears in groups:
         parts = merge_linears(linears, plan=None, ms=ms, prepare=False)
         for (parent, attr), part in zip(places, parts):
             setattr(parent, attr, part)
         merged.append(parts[0].group)
         report.merged.append(names)
+        owner = places[0][0]
+        if [a for _, a in places] == ["gate_proj", "up_proj"] and swiglu_refusal(owner) is None:
+            parts[0].group.swiglu = True
+            mlps.append(owner)
     plan = _resolve_plan(plan, [tuple(lin.weight.shape) for lin in eligible.values()]
                          + [tuple(g.weight.shape) for g in merged
                             if ineligibility(g.weight, g.bias, ms) is None], ms, progress, jobs)
     _precompile_linears(list(eligible.values()) + merged, plan, ms, jobs)
+    _precompile_swiglu([g for g in merged if g.swiglu], plan, ms, jobs)
     for group in merged:
         group.plan = plan
         group.prepare()
+    wrapped = {}  # id(mlp) -> its SwiGLUMLP: an MLP shared by two parents stays shared
+    for name, parent, attr, child in list(_linear_children(model, nn.Module)):
+        if any(child is mlp for mlp in mlps):
+            if id(child) not in wrapped:
+                wrapped[id(child)] = SwiGLUMLP(child)
+                report.swiglu.append(name)
+            setattr(parent, attr, wrapped[id(child)])
     done = {}  # id(linear) -> DecodeLinear: a Linear shared by two parents stays shared
     for name, parent, attr, child in _linear_children(model, nn.Linear):
         if id(child) not in eligible:
@@ -421,6 +436,26 @@ def _resolve_plan(plan, shapes, ms, progress, jobs):
     return plan
 
 
+def _precompile_swiglu(groups, plan, ms, jobs):
+    """The SwiGLU-epilogue kernels of ``groups`` (merged gate/up weights),
+    compiled in parallel workers first."""
+    groups = [g for g in groups if g.weight.device.type == "cuda"
+              and ineligibility(g.weight, g.bias, ms) is None]
+    if not groups:
+        return
+    from .compile import device_arch
+    from .decode import swiglu_tactic
+    from .precompile import precompile
+    kernels = set()
+    for g in groups:
+        n, k = g.weight.shape
+        kernels |= {(n, k, swiglu_tactic(plan, m, n, k), g.bias is not None, True, True)
+                    for m in ms}
+    index = groups[0].weight.device.index
+    precompile(sorted(kernels), device_arch(index if index is not None else
+                                            torch.cuda.current_device()), jobs)
+
+
 def _precompile_linears(linears, plan, ms, jobs):
     from .decode import precompile_for
     with_bias = [lin.weight for lin in linears if lin.bias is not None]
@@ -434,7 +469,9 @@ def unpatch(model: nn.Module) -> list:
     """Put back the ``nn.Linear`` behind every ``DecodeLinear`` of ``model``
     (the original objects when they came from ``patch_model``/``from_linear``).
     Returns the qualified names restored."""
-    from .merge import MergedPart
+    from .merge import MergedPart, SwiGLUMLP
+    for _, parent, attr, child in list(_linear_children(model, SwiGLUMLP)):
+        setattr(parent, attr, child.to_original())
     restored, done = [], {}
     for name, parent, attr, child in _linear_children(model, MergedPart):
         if id(child) not in done:

@@ -64,6 +64,9 @@ class MergedGroup:
         self.parts = parts
         self.plan, self.ms = plan, tuple(ms)
         self.weight = self.bias = self.linear = None
+        #: a [gate; up] group run with the SwiGLU epilogue by a SwiGLUMLP
+        self.swiglu = False
+        self.swiglu_prepared = None
         self.columns = []  # each part's (start, end) rows of the merged weight
         self._stash = None  # (input, merged output, parts served)
 
@@ -95,13 +98,42 @@ class MergedGroup:
                 part._parameters["bias"] = nn.Parameter(self.bias[start:end],
                                                         requires_grad=part.bias.requires_grad)
         self.linear = None
+        self.swiglu_prepared = None
         self._stash = None
 
     def prepare(self):
         """The ``DecodeLinear`` of the merged weight (it falls back, and the
-        parts with it, where the kernel cannot take the weight)."""
-        from .linear import DecodeLinear
+        parts with it, where the kernel cannot take the weight); for a
+        ``swiglu`` group also the kernel with the SwiGLU epilogue."""
+        from .linear import DecodeLinear, ineligibility
         self.linear = DecodeLinear(self.weight, self.bias, self.plan, self.ms)
+        self.swiglu_prepared = None
+        if self.swiglu and ineligibility(self.weight, self.bias, self.ms) is None:
+            from .decode import prepare
+            self.swiglu_prepared = prepare(self.weight, self.plan, self.ms, self.bias,
+                                           swiglu=True)
+
+    def swiglu_output(self, x):
+        """``silu(gate(x)) * up(x)`` in one launch of the SwiGLU epilogue, or
+        None where it cannot run (no kernel, the storage replaced, x not a
+        packed 32-byte aligned BF16 tensor on the weight's device with M
+        prepared, autograd needing a graph, or torch.compile tracing: the
+        caller then runs the parts and the activation as the model would)."""
+        prepared = self.swiglu_prepared
+        if prepared is None or torch.compiler.is_compiling() or not self.merged():
+            return None
+        if torch.is_grad_enabled() and (x.requires_grad or self.parts[0].weight.requires_grad):
+            return None
+        k = self.weight.shape[1]
+        if x.device != self.weight.device or x.dtype != torch.bfloat16 or x.shape[-1] != k:
+            return None
+        x2d = x.reshape(-1, k)
+        if x2d.shape[0] not in prepared.tactics or not x2d.is_contiguous() \
+                or x2d.data_ptr() % 32:
+            return None
+        out = x2d.new_empty((x2d.shape[0], prepared.out_columns))
+        prepared._launch(x2d, out)
+        return out.view(*x.shape[:-1], prepared.out_columns)
 
     def merged(self) -> bool:
         """Whether every part's weight (and bias) is still its view of the
@@ -212,3 +244,57 @@ def merge_linears(linears, plan=None, ms=None, prepare=True) -> list[MergedPart]
         lin._parameters["weight"] = None
         lin._parameters["bias"] = None
     return parts
+
+
+#: transformers MLP classes whose forward is ``down_proj(act_fn(gate_proj(x)) *
+#: up_proj(x))``, and the activations that are SiLU
+SWIGLU_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
+SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
+
+
+def swiglu_refusal(mlp) -> str | None:
+    """Why ``mlp`` cannot run as a :class:`SwiGLUMLP`, or None."""
+    if type(mlp).__name__ not in SWIGLU_MLPS:
+        return f"{type(mlp).__name__} is not one of {', '.join(SWIGLU_MLPS)}"
+    if type(getattr(mlp, "act_fn", None)).__name__ not in SILU_ACTIVATIONS:
+        return "its activation is not SiLU"
+    if mlp._forward_hooks or mlp._forward_pre_hooks or "forward" in mlp.__dict__:
+        return "has forward hooks or an overridden forward"
+    parts = (getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None))
+    if not all(isinstance(p, MergedPart) for p in parts) or parts[0].group is not parts[1].group \
+            or parts[0].index != 0 or parts[1].index != 1:
+        return "gate_proj and up_proj are not one merged group in that order"
+    return None
+
+
+class SwiGLUMLP(nn.Module):
+    """A Llama-family MLP whose gate and up run as one merged weight with
+    the SwiGLU epilogue: one launch writes ``silu(gate(x)) * up(x)``, which
+    ``down_proj`` reads. The same submodules under the same names
+    (``state_dict`` keys unchanged); where the epilogue cannot run
+    (:meth:`MergedGroup.swiglu_output`) the MLP's own computation runs, the
+    same operations as the original module. ``unpatch`` puts the original
+    module back."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.gate_proj, self.up_proj = mlp.gate_proj, mlp.up_proj
+        self.down_proj, self.act_fn = mlp.down_proj, mlp.act_fn
+        object.__setattr__(self, "_original", mlp)
+
+    @property
+    def group(self):
+        return self.gate_proj.group
+
+    def forward(self, x):
+        fused = self.group.swiglu_output(x)
+        if fused is None:
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(fused)
+
+    def to_original(self) -> nn.Module:
+        """The original MLP module, holding this one's current submodules."""
+        mlp = self._original
+        for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
+            setattr(mlp, name, getattr(self, name))
+        return mlp
