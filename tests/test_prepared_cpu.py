@@ -50,7 +50,7 @@ def prepared():
     p = PreparedWarpSplitK.__new__(PreparedWarpSplitK)
     p.weight = torch.zeros(N, K, dtype=torch.bfloat16)
     p.bias = None
-    p.n, p.k = N, K
+    p.n, p.k, p.out_columns = N, K, N
     p.device = torch.device("cpu")
     p.tactics = {1: TACTICS[1], 8: TACTICS[1]}
     p._launchers = {1: _launch, 8: _launch}

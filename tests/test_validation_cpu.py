@@ -273,7 +273,7 @@ def prepared(monkeypatch):
     p = PreparedWarpSplitK.__new__(PreparedWarpSplitK)
     p.weight = aligned(N, K)
     p.bias = None
-    p.n, p.k = N, K
+    p.n, p.k, p.out_columns = N, K, N
     p.device = CPU
     p.tactics = {1: TACTIC, 8: TACTIC}
     p.launches = []

@@ -276,9 +276,10 @@ def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     times the options' measured ratios)."""
     from .tactics import reference_tactic
     model = model or shipped_model()
-    tactic, us = ranked(m, n, k, sm_count, model)[0]
+    order = ranked(m, n, k, sm_count, model)
+    tactic, us = order[0]
     reference = reference_tactic(m, n, k, sm_count)
-    reference_us = model.predict_us(reference, m, n, k, sm_count)
+    reference_us = dict(order)[reference]  # ranked holds the reference's prediction
     if us > reference_us * (1.0 - REFERENCE_MARGIN):
         tactic, us = reference, reference_us
     tactic, factor = neighbours.apply_options(tactic, m, n, k, model.option_pairs, sm_count)

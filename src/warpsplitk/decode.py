@@ -192,11 +192,12 @@ def prepare_choices(weight, choices, bias=None):
 
 
 def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1),
-                   jobs=None, progress=print, has_bias=False):
+                   jobs=None, progress=print, has_bias=False, swiglu=False):
     """Compile, in parallel worker processes, every kernel that preparing
-    ``weights`` (an iterable of CUDA tensors) with ``plan`` will need, into the
-    disk cache; preparing then loads them. Returns the failures (the later
-    in-process compile reports their errors)."""
+    ``weights`` (an iterable of CUDA tensors) with ``plan`` (and ``swiglu``,
+    as :func:`prepare`) will need, into the disk cache; preparing then loads
+    them. Returns the failures (the later in-process compile reports their
+    errors)."""
     import torch
 
     from .compile import device_arch
@@ -212,8 +213,12 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
         index = weight.device.index
         try:
             arch = device_arch(torch.cuda.current_device() if index is None else index)
-            kernels = [(n, k, t, has_bias, True) for t in (plan.tactic_for(n, k, m) for m in ms)
-                       if t != CUBLAS]
+            if swiglu:
+                kernels = [(n, k, swiglu_tactic(plan, m, n, k), has_bias, True, True)
+                           for m in ms]
+            else:
+                kernels = [(n, k, t, has_bias, True)
+                           for t in (plan.tactic_for(n, k, m) for m in ms) if t != CUBLAS]
         except ValueError:
             continue
         by_arch.setdefault(arch, []).extend(kernels)

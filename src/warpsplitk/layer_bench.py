@@ -86,7 +86,7 @@ def bench_layer_path(name, tp=1, ms=(1, 8, 32), plan=None, *, progress=print,
     import torch
     import torch.nn.functional as F
 
-    from .decode import DecodePlan, prepare
+    from .decode import DecodePlan, precompile_for, prepare
     rounds = timing.resolve_rounds(rounds)
     plan = plan if plan is not None else DecodePlan()
     s = layer_shape(name, tp)
@@ -99,14 +99,10 @@ def bench_layer_path(name, tp=1, ms=(1, 8, 32), plan=None, *, progress=print,
                  for i, (n, k) in enumerate(shapes))] for c in range(copies)]
     ms = tuple(ms)
     # every kernel compiled first, in parallel worker processes
-    from .compile import device_arch
-    from .decode import precompile_for, swiglu_tactic
-    from .precompile import precompile
     layer = weights[0]
     parts = [layer[0][:q], layer[0][q:q + kv], layer[2][:inter]]
     precompile_for([layer[0], layer[1], layer[3], *parts], plan, ms, progress=progress)
-    precompile(sorted({(2 * inter, h, swiglu_tactic(plan, m, 2 * inter, h), False, True, True)
-                       for m in ms}), device_arch(torch.cuda.current_device()))
+    precompile_for([layer[2]], plan, ms, progress=progress, swiglu=True)
 
     def kernels(w_qkv, w_o, w_gu, w_d):
         fused = [prepare(w_qkv, plan, ms), prepare(w_o, plan, ms),

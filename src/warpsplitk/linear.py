@@ -397,7 +397,7 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
                          + [tuple(g.weight.shape) for g in merged
                             if ineligibility(g.weight, g.bias, ms) is None], ms, progress, jobs)
     _precompile_linears(list(eligible.values()) + merged, plan, ms, jobs)
-    _precompile_swiglu([g for g in merged if g.swiglu], plan, ms, jobs)
+    _precompile_linears([g for g in merged if g.swiglu], plan, ms, jobs, swiglu=True)
     for group in merged:
         group.plan = plan
         group.prepare()
@@ -436,33 +436,17 @@ def _resolve_plan(plan, shapes, ms, progress, jobs):
     return plan
 
 
-def _precompile_swiglu(groups, plan, ms, jobs):
-    """The SwiGLU-epilogue kernels of ``groups`` (merged gate/up weights),
-    compiled in parallel workers first."""
-    groups = [g for g in groups if g.weight.device.type == "cuda"
-              and ineligibility(g.weight, g.bias, ms) is None]
-    if not groups:
-        return
-    from .compile import device_arch
-    from .decode import swiglu_tactic
-    from .precompile import precompile
-    kernels = set()
-    for g in groups:
-        n, k = g.weight.shape
-        kernels |= {(n, k, swiglu_tactic(plan, m, n, k), g.bias is not None, True, True)
-                    for m in ms}
-    index = groups[0].weight.device.index
-    precompile(sorted(kernels), device_arch(index if index is not None else
-                                            torch.cuda.current_device()), jobs)
-
-
-def _precompile_linears(linears, plan, ms, jobs):
+def _precompile_linears(linears, plan, ms, jobs, swiglu=False):
+    """The kernels of ``linears`` (anything with ``weight`` and ``bias``: linears,
+    merged groups; with ``swiglu``, gate/up groups' SwiGLU kernels), compiled
+    in parallel workers first."""
     from .decode import precompile_for
     with_bias = [lin.weight for lin in linears if lin.bias is not None]
     without = [lin.weight for lin in linears if lin.bias is None]
     for weights, has_bias in ((with_bias, True), (without, False)):
         if weights:
-            precompile_for(weights, plan, ms, jobs, progress=None, has_bias=has_bias)
+            precompile_for(weights, plan, ms, jobs, progress=None, has_bias=has_bias,
+                           swiglu=swiglu)
 
 
 def unpatch(model: nn.Module) -> list:

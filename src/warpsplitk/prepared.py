@@ -67,7 +67,7 @@ def _check_packed(name, t, shape, device):
 
 def _check_run(prepared, x, out):
     """``run``'s checks of ``x`` and ``out`` against a prepared weight (its
-    ``tactics`` by M, ``n``, ``k``, ``device``, ``weight``, ``bias``):
+    ``tactics`` by M, ``k``, ``out_columns``, ``device``, ``weight``, ``bias``):
     ``ValueError`` for bad arguments, ``KeyError`` for an M not prepared."""
     torch = _torch()
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
@@ -77,7 +77,7 @@ def _check_run(prepared, x, out):
     if m not in prepared.tactics:
         raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(prepared.tactics)}")
     _check_packed("x", x, (m, prepared.k), prepared.device)
-    _check_packed("out", out, (m, getattr(prepared, "out_columns", prepared.n)), prepared.device)
+    _check_packed("out", out, (m, prepared.out_columns), prepared.device)
     for name, other in (("x", x), ("the weight", prepared.weight), ("the bias", prepared.bias)):
         if other is not None and _overlap(out, other):
             raise ValueError(f"out must not overlap {name}")
@@ -214,6 +214,7 @@ class PreparedDecode:
         self.kernel = PreparedWarpSplitK(weight, tactics, bias=bias) if tactics else None
         self.weight, self.bias = weight, bias
         self.n, self.k = n, k
+        self.out_columns = n
         self.device = weight.device
         self.cublas_ms = cublas_ms
         self.tactics = dict(sorted({**dict(tactics), **{m: "cublas" for m in cublas_ms}}.items()))
