@@ -4,7 +4,8 @@
 # writes its records into $RESULTS (default bench/results), named for the GPU
 # ($GPU_NAME, default h200):
 #   tests     every GPU test module (pytest -m gpu), side by side, each in its
-#             own process with its own time limit ($TEST_LIMIT s, default 300)
+#             own process with its own time limit ($TEST_LIMIT s, default 300);
+#             $TESTS names a subset of the modules (default: all)
 #             -> $GPU_NAME-gpu-tests.json
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck
 #             over every tactic of the built-in plan and the default
@@ -38,7 +39,7 @@ for stage in $stages; do
       reports=$(mktemp -d)
       # the modules side by side (correctness does not mind a shared GPU;
       # compiling is CPU-bound), each in its own process and time limit
-      for module in tests/test_gpu_*.py; do
+      for module in ${TESTS:-tests/test_gpu_*.py}; do
         name=$(basename "$module" .py)
         ( timeout -k 5 "${TEST_LIMIT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
             --junitxml "$reports/$name.xml" "$module" > "$reports/$name.log" 2>&1
@@ -47,7 +48,7 @@ for stage in $stages; do
       wait
       for log in "$reports"/*.log; do
         echo "$(basename "$log" .log): $(tail -1 "$log")"
-        [ "$(cat "${log%.log}.rc")" = 0 ] || status=1
+        if [ "$(cat "${log%.log}.rc")" != 0 ]; then status=1; tail -40 "$log"; fi
       done
       python3 scripts/gpu_record.py tests "$reports" \
         --command "bash scripts/gpu_check.sh tests" --out "$RESULTS/$GPU_NAME-gpu-tests.json" ;;
