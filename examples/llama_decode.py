@@ -351,6 +351,9 @@ def main(argv=None):
         data = {"config": {k: getattr(config, k) for k in (
                     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "vocab_size")},
+                "command": "python examples/llama_decode.py " + " ".join(
+                    sys.argv[1:] if argv is None else argv),
+                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                 "args": vars(args), "device": gpu, "torch": torch.__version__,
                 "transformers": transformers.__version__, "warpsplitk": warpsplitk.__version__,
                 "prepare_s": plain["prepare_s"], "swapped": plain["report"].swapped,
