@@ -6,7 +6,9 @@ Builds a small Llama (hidden 2048, intermediate 5632, 4 layers, 16 heads,
 4 KV heads, vocab 32000) with random BF16 weights on the GPU (nothing is
 downloaded), then for each batch size:
 
-1. greedy-decodes ``--steps`` tokens with the plain model (reference);
+1. greedy-decodes ``--steps`` tokens with the plain model (reference), and
+   feeds the same tokens to a float64 copy of the model: every path's logits
+   error and top-1 agreement are also measured against it;
 2. swaps the linears for ``DecodeLinear`` (``warpsplitk.patch_model``),
    replays the reference tokens through the patched model (teacher forcing,
    so every step sees the same inputs) and compares the logits; it also
@@ -27,6 +29,7 @@ to F.linear) as a smoke test of the script itself.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -49,7 +52,8 @@ def parse_args(argv=None):
                    help="prepare M = 1..32 (default: only the --batch sizes, fewer compiles)")
     p.add_argument("--no-graph", action="store_true", help="time eagerly, without CUDA graphs")
     p.add_argument("--tol", type=float, default=5e-2,
-                   help="max relative logits error before exiting 1 (default 5e-2)")
+                   help="max relative logits error against the float64 model before "
+                        "exiting 1 (default 5e-2)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke test")
     p.add_argument("--tiny", action="store_true", help="a tiny model (smoke test)")
     p.add_argument("--config", metavar="MODEL",
@@ -134,6 +138,14 @@ def compare(torch, ref_logits, logits, ref_tokens, tokens, free_tokens):
     }
 
 
+def fp64_error(torch, exact_logits, logits):
+    """Relative logits error against the float64 model, and how often the
+    top-1 token is the float64 model's (teacher-forced, the same inputs)."""
+    exact = exact_logits.double()
+    return {"rel_err_fp64": ((logits.double() - exact).norm() / exact.norm()).item(),
+            "top1_agree_fp64": (logits.argmax(-1) == exact.argmax(-1)).float().mean().item()}
+
+
 def decode_counts(model):
     """Kernel and F.linear calls of the model's DecodeLinears, merged groups included."""
     from warpsplitk.linear import DecodeLinear
@@ -209,16 +221,29 @@ def make_decode_step(torch, model, config, batch, args, device):
 
 
 def make_linear_pass(torch, model, batch, device):
-    """Every linear layer of the model (patched or not) once, at M = batch, back to
-    back: what the projections cost without the rest of the step."""
+    """Every projection launch of the model (patched or not) once, at M = batch,
+    back to back: what the projections cost without the rest of the step. A
+    merged group is one launch (its SwiGLU epilogue included, for an MLP)."""
     from torch import nn
     from warpsplitk.linear import DecodeLinear
-    mods = [m for m in model.modules() if isinstance(m, (nn.Linear, DecodeLinear))]
-    inputs = [torch.randn(batch, m.in_features, device=device, dtype=m.weight.dtype) for m in mods]
+    from warpsplitk.merge import MergedPart, SwiGLUMLP
+    calls, groups = [], set()
+    for m in model.modules():
+        if isinstance(m, SwiGLUMLP) and m.group.swiglu_prepared is not None:
+            groups.add(id(m.group))
+            calls.append((m.group.swiglu_output, m.group.weight))
+    for m in model.modules():
+        if isinstance(m, MergedPart) and m.group.linear is not None:
+            if id(m.group) not in groups:
+                groups.add(id(m.group))
+                calls.append((m.group.linear, m.group.weight))
+        elif isinstance(m, (nn.Linear, DecodeLinear, MergedPart)):
+            calls.append((m, m.weight))
+    inputs = [torch.randn(batch, w.shape[1], device=device, dtype=w.dtype) for _, w in calls]
 
     def run():
-        for m, x in zip(mods, inputs):
-            m(x)
+        for (fn, _), x in zip(calls, inputs):
+            fn(x)
     return run
 
 
@@ -284,6 +309,20 @@ def main(argv=None):
             prompt = torch.randint(config.vocab_size, (batch, args.prompt_len), generator=gen)
             prompt = prompt.to(device)
             refs[batch] = (prompt, *greedy(torch, model, prompt, args.steps))
+    # the same model in float64, fed the same tokens: what every path's error
+    # is measured against (the plain BF16 model's own included)
+    exact = {}
+    with torch.no_grad():
+        model64 = copy.deepcopy(model).to(torch.float64)
+        for batch in args.batch:
+            prompt, ref_tokens, _ = refs[batch]
+            exact[batch] = greedy(torch, model64, prompt, args.steps, forced=ref_tokens)[1]
+        del model64
+    plain_errors = {batch: fp64_error(torch, exact[batch], refs[batch][2])
+                    for batch in args.batch}
+    for batch, err in plain_errors.items():
+        print(f"  torch batch {batch:2d} against float64: logits rel err {err['rel_err_fp64']:.2e}, "
+              f"top-1 agree {err['top1_agree_fp64']:.3f}", flush=True)
 
     print("timing the plain model:", flush=True)
     timing = {"torch": time_model(torch, model, config, args, device, "torch", notes)}
@@ -314,9 +353,13 @@ def main(argv=None):
                 free_tokens, _ = greedy(torch, model, prompt, args.steps)
                 row = {"batch": batch, **compare(torch, ref_logits, logits, ref_tokens, tokens,
                                                  free_tokens),
+                       **fp64_error(torch, exact[batch], logits),
+                       "torch": plain_errors[batch],
                        "kernel_calls": kernel, "fallback_calls": fallback}
                 results.append(row)
-                print(f"  {label} batch {batch:2d}: logits rel err {row['rel_err']:.2e}, max abs "
+                print(f"  {label} batch {batch:2d}: against float64 rel err "
+                      f"{row['rel_err_fp64']:.2e}, top-1 agree {row['top1_agree_fp64']:.3f}; "
+                      f"against plain: logits rel err {row['rel_err']:.2e}, max abs "
                       f"{row['max_abs_diff']:.3g}, top-1 agree {row['top1_agree']:.3f}, "
                       f"free-run tokens agree {row['free_run_token_match']:.3f}; linear calls: "
                       f"{kernel} kernel, {fallback} F.linear (prefill and M outside the "
@@ -327,7 +370,8 @@ def main(argv=None):
         unpatch(model)
 
     # 3. table
-    print(f"\n{'variant':>16} {'batch':>5} {'rel err':>9} {'torch us':>9} {'wsk us':>9} "
+    print(f"\n{'variant':>16} {'batch':>5} {'err64 t':>9} {'err64 w':>9} {'torch us':>9} "
+          f"{'wsk us':>9} "
           f"{'speedup':>7} {'lin torch':>9} {'lin wsk':>9} {'share t':>7} {'share w':>7}")
     for label, variant in variants.items():
         for row in variant["results"]:
@@ -337,14 +381,16 @@ def main(argv=None):
                        proj_us_warpsplitk=w["proj_us"], proj_share_torch=t["proj_share"],
                        proj_share_warpsplitk=w["proj_share"],
                        timing=sorted({t["step_timing"], w["step_timing"]}))
-            print(f"{label:>16} {row['batch']:5d} {row['rel_err']:9.2e} {t['step_us']:9.1f} "
+            print(f"{label:>16} {row['batch']:5d} {row['torch']['rel_err_fp64']:9.2e} "
+                  f"{row['rel_err_fp64']:9.2e} {t['step_us']:9.1f} "
                   f"{w['step_us']:9.1f} {row['speedup']:7.2f} {t['proj_us']:9.1f} "
                   f"{w['proj_us']:9.1f} {100 * t['proj_share']:6.1f}% "
                   f"{100 * w['proj_share']:6.1f}%")
     for note in notes:
         print(f"note: {note}")
-    ok = all(row["rel_err"] <= args.tol for v in variants.values() for row in v["results"])
-    print("accuracy: OK" if ok else f"accuracy: FAILED (relative logits error above {args.tol})")
+    ok = all(row["rel_err_fp64"] <= args.tol for v in variants.values() for row in v["results"])
+    print("accuracy: OK" if ok else
+          f"accuracy: FAILED (relative logits error against float64 above {args.tol})")
 
     if args.json:
         plain, merged = variants["warpsplitk"], variants["warpsplitk+merge"]

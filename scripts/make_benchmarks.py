@@ -279,6 +279,15 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
     return "\n".join(out) + "\n"
 
 
+def mlp_floor_us(model: str, tp: int) -> float:
+    """The MLP block's HBM floor: its gate/up and down weights' bytes at
+    the measured read bandwidth (``cost_model.BYTES_PER_US``)."""
+    from warpsplitk import cost_model, models
+    weights = sum(p["n"] * p["k"] for p in models.projections(model, tp)
+                  if p["projection"] in ("gate_up", "down"))
+    return weights * 2 / cost_model.BYTES_PER_US
+
+
 def layer_path_summary(record: dict) -> dict:
     rows = record["rows"]
     small = [r for r in rows if r["m"] <= 8]
@@ -300,17 +309,20 @@ def layer_path_md(record: dict) -> list[str]:
         "before, layer after layer over rotating copies (≥ 3× L2); against the same path",
         "unmerged with PyTorch's SiLU and product, and cuBLAS on the merged weights with",
         "PyTorch's SiLU. Cells: merged/unmerged/cuBLAS, µs per layer; the MLP block alone",
-        "(gate/up and activation, down) likewise.",
+        "(gate/up and activation, down) likewise, and its HBM floor (weight bytes at",
+        "4.4 TB/s): no MLP path can beat cuBLAS by more than cuBLAS / floor.",
         "",
         *environment_lines(record.get("environment", {}))[:2],
         "",
-        "| model | TP | M | layer | MLP block | MLP: unmerged / merged | MLP: cuBLAS / merged |",
-        "|---|---|---|---|---|---|---|",
+        "| model | TP | M | layer | MLP block | MLP floor | MLP: unmerged / merged "
+        "| MLP: cuBLAS / merged |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in record["rows"]:
         out.append(f"| {r['model']} | {r['tp']} | {r['m']} | "
                    f"{r['fused_us']:.1f}/{r['unmerged_us']:.1f}/{r['cublas_us']:.1f} | "
                    f"{r['mlp_fused_us']:.1f}/{r['mlp_unmerged_us']:.1f}/{r['mlp_cublas_us']:.1f} | "
+                   f"{mlp_floor_us(r['model'], r['tp']):.1f} | "
                    f"{r['mlp_unmerged_us'] / r['mlp_fused_us']:.2f}× | "
                    f"{r['mlp_cublas_us'] / r['mlp_fused_us']:.2f}× |")
     return out
