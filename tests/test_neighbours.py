@@ -39,6 +39,19 @@ def test_pairs_are_the_twins_measured_in_one_cell():
     assert neighbours.TWINS["k_split"](dataclasses.replace(BASE, k_split=2), 8, 4096, 4096) is None
 
 
+def test_k_split_twin_only_while_the_doubled_grid_fits_one_wave():
+    # 4096 rows / 32 = 128 CTAs, 2 resident per SM: 256 split CTAs fit 264 slots
+    small = T(32, 8, 256, 4, 1)
+    assert neighbours.TWINS["k_split"](small, 8, 4096, 7168).k_split == 2
+    # 3216 rows / 16 = 201 CTAs, 2 per SM: 402 split CTAs would need a second wave
+    wide = T(16, 8, 256, 9, 2)
+    assert neighbours.TWINS["k_split"](wide, 1, 3216, 7168) is None
+    # ... which on a GPU of twice the SMs they fit
+    assert neighbours.TWINS["k_split"](wide, 1, 3216, 7168, 264).k_split == 2
+    # a second token tile doubles the grid too
+    assert neighbours.TWINS["k_split"](small, 16, 4096, 7168) is None
+
+
 def _rows(descriptor, ratio, count, shift=0.0):
     return [[x + shift * (i % 2) for x in descriptor] + [math.log(ratio)] for i in range(count)]
 

@@ -42,29 +42,39 @@ RADIUS = 2.5
 MARGIN = 0.02
 
 
-def _k_split(t, m, n, k):
-    return dataclasses.replace(t, k_split=2) if t.k_split == 1 and not t.half_tiles else None
+def _k_split(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
+    # Two CTAs per tile along K pay only while the doubled grid still fits in
+    # one wave of resident CTAs: they fill SM slots the grid leaves idle.
+    # Past that they add a partial wave (measured pairs: a median ratio of
+    # 0.82 where the doubled grid fits, 1.07 where it does not).
+    if t.k_split != 1 or t.half_tiles:
+        return None
+    full, half = layout.row_tiles(n, t.output_tile, t.half_tiles)
+    grid = (full + half) * -(-m // t.token_tile) * 2
+    if grid > sm_count * max(1, ctas_per_sm(t)):
+        return None
+    return dataclasses.replace(t, k_split=2)
 
 
-def _narrow(t, m, n, k):
+def _narrow(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
     if t.bulk_x or t.k_split > 1 or t.half_tiles:
         return None
     return space.narrow_twin(t, m, n, k, ctas_per_sm(t))
 
 
-def _tma(t, m, n, k):
+def _tma(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
     return None if t.tma_x or t.token_tile < layout.MMA_N else space.with_tma_boxes(t)
 
 
 def _prefetch(tiles: int):
-    def twin(t, m, n, k):
+    def twin(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
         if t.l2_prefetch:
             return None
         return dataclasses.replace(t, l2_prefetch=True, prefetch_tiles=tiles)
     return twin
 
 
-#: name -> ``(tactic, m, n, k)`` -> the tactic's twin with that option
+#: name -> ``(tactic, m, n, k[, sm_count])`` -> the tactic's twin with that option
 #: (None where it has it or cannot take it; legality is checked apart)
 TWINS = {
     "k_split": _k_split,
@@ -106,7 +116,7 @@ def pairs(cells, sm_count: int = DEFAULT_SM_COUNT) -> dict[str, list[list[float]
     for (n, k, m), timings in sorted(cells.items()):
         for tactic, us in sorted(timings.items()):
             for name, twin_of in TWINS.items():
-                twin = twin_of(tactic, m, n, k)
+                twin = twin_of(tactic, m, n, k, sm_count)
                 if twin is not None and twin in timings:
                     row = [*describe(tactic, m, n, k, sm_count), math.log(timings[twin] / us)]
                     found[name].append([round(x, 4) for x in row])
@@ -147,7 +157,7 @@ def apply_options(tactic: WarpSplitKTactic, m: int, n: int, k: int, option_pairs
     for step in OPTION_STEPS:
         best = None
         for name in step:
-            twin = TWINS[name](tactic, m, n, k)
+            twin = TWINS[name](tactic, m, n, k, sm_count)
             if twin is None or not is_legal(twin, n, k) or not option_pairs.get(name):
                 continue
             gain = estimate(option_pairs[name], describe(tactic, m, n, k, sm_count))
