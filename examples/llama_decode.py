@@ -138,6 +138,14 @@ def compare(torch, ref_logits, logits, ref_tokens, tokens, free_tokens):
     }
 
 
+def package_version(name):
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def fp64_error(torch, exact_logits, logits):
     """Relative logits error against the float64 model, and how often the
     top-1 token is the float64 model's (teacher-forced, the same inputs)."""
@@ -400,7 +408,8 @@ def main(argv=None):
                 "command": "python examples/llama_decode.py " + " ".join(
                     sys.argv[1:] if argv is None else argv),
                 "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                "args": vars(args), "device": gpu, "torch": torch.__version__,
+                "args": vars(args), "device": gpu, "gpu": gpu,
+                "cutlass_dsl": package_version("nvidia-cutlass-dsl"), "torch": torch.__version__,
                 "transformers": transformers.__version__, "warpsplitk": warpsplitk.__version__,
                 "prepare_s": plain["prepare_s"], "swapped": plain["report"].swapped,
                 "skipped": [list(s) for s in plain["report"].skipped],

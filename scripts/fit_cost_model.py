@@ -5,9 +5,11 @@
     python scripts/fit_cost_model.py --held-out-shapes   # the held-out benchmark's N,K list
 
 Inputs (bench/results/): the tuner logs (every tactic timed per cell, and
-cuBLAS), the model benchmark (the default and reference heuristics' tactics
-and cuBLAS on nine models' shards) and the plan benchmark (the plan's tactic
-and cuBLAS on the shape table). Shapes of the held-out models
+cuBLAS; ``h200-tune-log-table.jsonl``: the built-in plan's tactic and cuBLAS
+per cell of the shape table) and the model benchmark (the default and
+reference heuristics' tactics and cuBLAS on nine models' shards): calibration
+records only, never the benchmark records that measure the default (a
+re-run benchmark leaves the fit, and so the default, as it is). Shapes of the held-out models
 (``cost_model.HELD_OUT_MODELS``, at every TP degree) are dropped from the
 fit. The model's meta records what went in, and the shape-grouped
 five-fold cross-validation: how far the tactic the model ranks first among
@@ -33,9 +35,9 @@ from warpsplitk import cost_model, models, neighbours, tune  # noqa: E402
 from warpsplitk.tactics import WarpSplitKTactic, is_legal  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-TUNE_LOGS = ("h200-tune-log.jsonl", "h200-tune-log-models.jsonl", "h200-tune-log-shapes.jsonl")
+TUNE_LOGS = ("h200-tune-log.jsonl", "h200-tune-log-models.jsonl", "h200-tune-log-shapes.jsonl",
+             "h200-tune-log-table.jsonl")
 BENCH_MODELS = "h200-bench-models.json"
-BENCH_PLAN = "h200-bench-plan.json"
 OUTPUT = ROOT / "src" / "warpsplitk" / "data" / cost_model.MODEL_FILES["h200"]
 FOLDS = 5
 #: the option pairs cross-validated: those whose tactic is this close to its
@@ -95,12 +97,6 @@ def load_records():
                 add(n, k, m, WarpSplitKTactic.parse(row["reference_tactic"]), row.get("reference_us"))
             if row.get("cublas_us"):
                 cublas.setdefault((n, k, m), row["cublas_us"])
-    for row in json.loads((RESULTS / BENCH_PLAN).read_text())["rows"]:
-        key = (row["n"], row["k"], row["m"])
-        if row.get("source") == "plan" and row.get("tactic") not in (None, tune.CUBLAS):
-            add(*key, WarpSplitKTactic.parse(row["tactic"]), row.get("ours_us"))
-        if row.get("cublas_us"):
-            cublas.setdefault(key, row["cublas_us"])
     held = held_out_shapes()
     cells = {key: v for key, v in cells.items() if key[:2] not in held}
     cublas = {key: v for key, v in cublas.items() if key[:2] not in held}
@@ -173,7 +169,7 @@ def cross_validate(cells, cublas):
 def build() -> cost_model.CostModel:
     cells, cublas = load_records()
     inputs = {name: hashlib.sha256((RESULTS / name).read_bytes()).hexdigest()[:16]
-              for name in (*TUNE_LOGS, BENCH_MODELS, BENCH_PLAN)}
+              for name in (*TUNE_LOGS, BENCH_MODELS)}
     meta = {"gpu": "NVIDIA H200", "sm_count": cost_model.DEFAULT_SM_COUNT,
             "command": "python scripts/fit_cost_model.py",
             "inputs": {f"bench/results/{name}": digest for name, digest in inputs.items()},

@@ -20,6 +20,9 @@ scripts/gpu_check.sh):
 - bench/results/h200-bench-layer-path.json  a decode layer's GEMM path merged
                                        with the SwiGLU epilogue, unmerged, and on
                                        cuBLAS (`bench --layer`, when recorded)
+- bench/results/h200-llama-decode.json  a Llama-3-8B-shaped model's decode step
+                                       plain, patched and patched with merge=True
+                                       (examples/llama_decode.py, when recorded)
 - bench/results/h200-bench-models.json, h200-tune-log-models.jsonl and
   h200-tune-log.jsonl                  measurements the cost model is fitted to
                                        (the last also the shipped plan's source)
@@ -48,6 +51,7 @@ HELD_OUT = RESULTS / "h200-bench-heldout.json"
 QUICK = RESULTS / "h200-tune-quick.json"
 LAYERS = RESULTS / "h200-bench-layers.json"
 LAYER_PATH = RESULTS / "h200-bench-layer-path.json"
+DECODE = RESULTS / "h200-llama-decode.json"
 COST_MODEL = ROOT / "src" / "warpsplitk" / "data" / "cost-model-h200.json"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 README = ROOT / "README.md"
@@ -186,7 +190,8 @@ def log_records(path: Path) -> int:
 
 def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | None = None,
                   quick: dict | None = None, model: dict | None = None,
-                  layers: dict | None = None, layer_path: dict | None = None) -> str:
+                  layers: dict | None = None, layer_path: dict | None = None,
+                  decode: dict | None = None) -> str:
     env = bench.get("environment", {})
     s = summary(bench, chain)
     f = s["features"]
@@ -276,6 +281,8 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
         out += layers_md(layers)
     if layer_path:
         out += layer_path_md(layer_path)
+    if decode:
+        out += decode_md(decode)
     return "\n".join(out) + "\n"
 
 
@@ -325,6 +332,52 @@ def layer_path_md(record: dict) -> list[str]:
                    f"{mlp_floor_us(r['model'], r['tp']):.1f} | "
                    f"{r['mlp_unmerged_us'] / r['mlp_fused_us']:.2f}× | "
                    f"{r['mlp_cublas_us'] / r['mlp_fused_us']:.2f}× |")
+    return out
+
+
+def decode_summary(record: dict) -> dict:
+    merged = {r["batch"]: r for r in record["merge"]["results"]}
+    return {"batch_1": merged[min(merged)]["speedup"],
+            "min": min(r["speedup"] for r in merged.values()),
+            "max": max(r["speedup"] for r in merged.values()),
+            "err": max(r["rel_err_fp64"] for r in merged.values()),
+            "torch_err": max(r["torch"]["rel_err_fp64"] for r in merged.values())}
+
+
+def decode_md(record: dict) -> list[str]:
+    """``examples/llama_decode.py``: a whole decode step, plain, patched and
+    patched with ``merge=True``."""
+    c = record["config"]
+    out = [
+        "",
+        "## A model's decode step",
+        "",
+        f"Data: `{_rel(DECODE)}` (`{record['command']}`): a Llama-style model of "
+        f"{c['num_hidden_layers']} layers, hidden {c['hidden_size']}, intermediate "
+        f"{c['intermediate_size']}, {c['num_attention_heads']}/{c['num_key_value_heads']} heads, "
+        f"vocab {c['vocab_size']}, random BF16 weights, transformers {record['transformers']}, "
+        "static KV cache, one CUDA graph per step. Cells: plain (PyTorch) / patched / "
+        "patched with `merge=True`. The projections: every projection launch of the step "
+        "once, back to back (a merged group is one launch). Error: relative logits error "
+        "against a float64 copy of the model fed the same tokens, and how often the top-1 "
+        f"token is float64's ({record['args']['steps']} steps, teacher-forced).",
+        "",
+        f"{record['date']}, {record['device']}, torch {record['torch']}.",
+        "",
+        "| batch | step, µs | merged over plain | projections, µs | error vs float64 "
+        "| top-1 as float64 |",
+        "|---|---|---|---|---|---|",
+    ]
+    patched = {r["batch"]: r for r in record["results"]}
+    for m in record["merge"]["results"]:
+        p = patched[m["batch"]]
+        out.append(
+            f"| {m['batch']} | {m['step_us_torch']:.0f}/{p['step_us_warpsplitk']:.0f}/"
+            f"{m['step_us_warpsplitk']:.0f} | {m['speedup']:.2f}× | {m['proj_us_torch']:.0f}/"
+            f"{p['proj_us_warpsplitk']:.0f}/{m['proj_us_warpsplitk']:.0f} | "
+            f"{m['torch']['rel_err_fp64']:.1e}/{p['rel_err_fp64']:.1e}/{m['rel_err_fp64']:.1e} | "
+            f"{m['torch']['top1_agree_fp64']:.2f}/{p['top1_agree_fp64']:.2f}/"
+            f"{m['top1_agree_fp64']:.2f} |")
     return out
 
 
@@ -448,7 +501,7 @@ def default_md(held: dict, quick: dict | None, model: dict) -> list[str]:
 
 def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
                  quick: dict | None = None, layers: dict | None = None,
-                 layer_path: dict | None = None) -> str:
+                 layer_path: dict | None = None, decode: dict | None = None) -> str:
     env = bench.get("environment", {})
     s = summary(bench, chain)
     rows = bench["rows"]
@@ -496,6 +549,12 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
             line += (f", {p['cublas_min']:.2f}–{p['cublas_max']:.2f}× cuBLAS with PyTorch's "
                      "SiLU at M ≤ 8")
         out.append(line)
+    if decode:
+        d = decode_summary(decode)
+        out.append(f"- a Llama-3-8B-shaped model's whole decode step, patched with `merge=True`: "
+                   f"{d['batch_1']:.2f}× the plain step at batch 1, {d['min']:.2f}–{d['max']:.2f}× "
+                   f"over batches; logits within {d['err']:.1e} of float64 (plain BF16: "
+                   f"{d['torch_err']:.1e})")
     out += ["", "| M | median speedup | min | max | median TB/s, weights ≥ 16 MB |",
             "|---|---|---|---|---|"]
     for m in s["ms"]:
@@ -534,11 +593,12 @@ def generate() -> dict[Path, str]:
     model = load(COST_MODEL)
     layers = load(LAYERS) if LAYERS.exists() else None
     layer_path = load(LAYER_PATH) if LAYER_PATH.exists() else None
+    decode = load(DECODE) if DECODE.exists() else None
     readme = README.read_text()
     return {BENCHMARKS: benchmarks_md(bench, chain, log_records(TUNE_LOG), held, quick, model,
-                                      layers, layer_path),
+                                      layers, layer_path, decode),
             README: replace_block(readme, readme_block(bench, chain, held, quick, layers,
-                                                       layer_path))}
+                                                       layer_path, decode))}
 
 
 def stale() -> list[str]:

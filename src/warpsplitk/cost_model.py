@@ -40,8 +40,8 @@ a weighted sum of terms that each measure one such effect
   1.2-1.9x one 32-token tile on 2-50 MB weights).
 
 The coefficients are package data (``data/cost-model-<gpu>.json``), fitted
-by ``scripts/fit_cost_model.py`` to the tuner logs and benchmark records in
-``bench/results`` by least squares on the relative error (each cell's
+by ``scripts/fit_cost_model.py`` to the calibration records in
+``bench/results`` (never the benchmarks of the default) by least squares on the relative error (each cell's
 measurements weighted alike), with a small ridge. The shapes of the
 held-out models (``HELD_OUT_MODELS``, a fifth of the model table's shapes)
 are never in the fit: they are what the model is judged on.
