@@ -317,7 +317,7 @@ def layer_path_md(record: dict) -> list[str]:
         "unmerged with PyTorch's SiLU and product, and cuBLAS on the merged weights with",
         "PyTorch's SiLU. Cells: merged/unmerged/cuBLAS, µs per layer; the MLP block alone",
         "(gate/up and activation, down) likewise, and its HBM floor (weight bytes at",
-        "4.4 TB/s): no MLP path can beat cuBLAS by more than cuBLAS / floor.",
+        "4.4 TB/s).",
         "",
         *environment_lines(record.get("environment", {}))[:2],
         "",
@@ -356,11 +356,10 @@ def decode_md(record: dict) -> list[str]:
         f"{c['num_hidden_layers']} layers, hidden {c['hidden_size']}, intermediate "
         f"{c['intermediate_size']}, {c['num_attention_heads']}/{c['num_key_value_heads']} heads, "
         f"vocab {c['vocab_size']}, random BF16 weights, transformers {record['transformers']}, "
-        "static KV cache, one CUDA graph per step. Cells: plain (PyTorch) / patched / "
-        "patched with `merge=True`. The projections: every projection launch of the step "
-        "once, back to back (a merged group is one launch). Error: relative logits error "
-        "against a float64 copy of the model fed the same tokens, and how often the top-1 "
-        f"token is float64's ({record['args']['steps']} steps, teacher-forced).",
+        "static KV cache, one CUDA graph per step. Cells: plain / patched / patched with "
+        "`merge=True`. Projections: each projection launch of the step once. Error: "
+        "relative logits error against a float64 copy of the model, and how often the "
+        f"top-1 token is float64's ({record['args']['steps']} teacher-forced steps).",
         "",
         f"{record['date']}, {record['device']}, torch {record['torch']}.",
         "",
