@@ -4,7 +4,7 @@
 # writes its records into $RESULTS (default bench/results), named for the GPU
 # ($GPU_NAME, default h200):
 #   tests     every GPU test module (pytest -m gpu), side by side, each in its
-#             own process with its own time limit ($TEST_LIMIT s, default 300);
+#             own process with its own time limit ($TEST_LIMIT s, default 600: test_gpu_kernel alone takes 5-6 min on an H200);
 #             $TESTS names a subset of the modules (default: all)
 #             -> $GPU_NAME-gpu-tests.json
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck
@@ -41,7 +41,7 @@ for stage in $stages; do
       # compiling is CPU-bound), each in its own process and time limit
       for module in ${TESTS:-tests/test_gpu_*.py}; do
         name=$(basename "$module" .py)
-        ( timeout -k 5 "${TEST_LIMIT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+        ( timeout -k 5 "${TEST_LIMIT:-600}" python3 -m pytest -q -m gpu -p no:cacheprovider \
             --junitxml "$reports/$name.xml" "$module" > "$reports/$name.log" 2>&1
           echo $? > "$reports/$name.rc" ) &
       done
