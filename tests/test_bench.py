@@ -224,9 +224,43 @@ def test_layer_path_section_and_readme_line_from_a_record(tmp_path):
               "rows": [layer(1, 100.0, 120.0, 160.0), layer(32, 110.0, 121.0, 121.0)]}
     page = make.benchmarks_md(make.load(path), None, 1, layer_path=record)
     assert "## A decode layer's GEMM path" in page
-    assert "| llama-3-8b | 1 | 1 | 300.0/330.0/420.0 | 100.0/120.0/160.0 | 1.20× | 1.60× |" \
-        in page
+    # the MLP block's HBM floor: gate/up 28672x4096 and down 4096x14336 BF16 at 4.4 TB/s
+    floor = (28672 * 4096 + 4096 * 14336) * 2 / 4.4e6
+    assert f"{floor:.1f}" == "80.1"
+    assert ("| llama-3-8b | 1 | 1 | 300.0/330.0/420.0 | 100.0/120.0/160.0 | 80.1 | 1.20× | "
+            "1.60× |") in page
     block = make.readme_block(make.load(path), None, layer_path=record)
     # over the unmerged path at every M; over cuBLAS at M <= 8 only
     assert "1.10–1.20× the unmerged path, 1.60–1.60× cuBLAS with PyTorch's SiLU at M ≤ 8" \
         in block
+
+
+def test_decode_step_section_and_readme_line_from_a_record(tmp_path):
+    """examples/llama_decode.py's record rendered: a row per batch with the
+    three paths' step times and errors against float64, and the README line."""
+    from script_loader import load_script
+    make = load_script("make_benchmarks")
+    path = tmp_path / "b.json"
+    bench.write_json(path, {"gpu": "NVIDIA H200", "command": "warpsplitk bench"},
+                     [_row(m=1, ours=13.7, cublas=21.1)])
+
+    def row(batch, torch_us, ours_us, err):
+        return {"batch": batch, "step_us_torch": torch_us, "step_us_warpsplitk": ours_us,
+                "speedup": torch_us / ours_us, "proj_us_torch": 800.0, "proj_us_warpsplitk": 700.0,
+                "rel_err_fp64": err, "top1_agree_fp64": 1.0,
+                "torch": {"rel_err_fp64": 0.021, "top1_agree_fp64": 0.95}}
+    record = {"command": "python examples/llama_decode.py --config llama-3-8b",
+              "date": "2026-12-04", "device": "NVIDIA H200", "torch": "2.11", "transformers": "5.17",
+              "args": {"steps": 32},
+              "config": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 4,
+                         "num_attention_heads": 32, "num_key_value_heads": 8,
+                         "vocab_size": 128256},
+              "results": [row(1, 1200.0, 1100.0, 0.021), row(8, 1300.0, 1250.0, 0.021)],
+              "merge": {"results": [row(1, 1200.0, 1000.0, 0.019), row(8, 1300.0, 1200.0, 0.02)]}}
+    page = make.benchmarks_md(make.load(path), None, 1, decode=record)
+    assert "## A model's decode step" in page
+    assert "| 1 | 1200/1100/1000 | 1.20× | 800/700/700 | 2.1e-02/2.1e-02/1.9e-02 | 0.95/1.00/1.00 |" \
+        in page
+    block = make.readme_block(make.load(path), None, decode=record)
+    assert ("1.20× the plain step at batch 1, 1.08–1.20× over batches; logits within 2.0e-02 "
+            "of float64 (plain BF16: 2.1e-02)") in block

@@ -46,6 +46,10 @@ def test_example_patches_generates_and_agrees(tmp_path, monkeypatch, capsys):
     for row in data["results"]:
         assert row["kernel_calls"] > 0, row          # the decode steps took the kernel path
         assert row["rel_err"] == 0.0 and row["top1_agree"] == 1.0  # the stand-in is exact
+        # ... so against the float64 model it errs exactly as the plain BF16 model does
+        assert row["rel_err_fp64"] == row["torch"]["rel_err_fp64"]
+        assert 0.0 < row["rel_err_fp64"] < 5e-2
+    assert data["gpu"] == "cpu" and data["command"].startswith("python examples/llama_decode.py")
     assert [r["batch"] for r in data["results"]] == [1, 3]
     # merge=True after unpatch: q/k/v and gate/up of each layer, one weight each
     merged = data["merge"]
