@@ -191,3 +191,35 @@ def test_llama_mlps_run_with_the_swiglu_epilogue_or_as_before():
     assert swiglu_refusal(gelu.model.layers[0].mlp) == "its activation is not SiLU"
     report = patch_model(gelu, merge=True, progress=None)
     assert report.swiglu == ["model.layers.1.mlp"]
+
+
+def test_swiglu_output_runs_where_the_merged_linear_would_and_nowhere_else(monkeypatch):
+    """The fused MLP takes x exactly where the merged weight's DecodeLinear
+    would take the kernel (a stand-in for it on the CPU) and returns
+    silu(gate(x)) * up(x); elsewhere None, and the MLP runs as before."""
+    from fakes import FakePrepared
+    from warpsplitk import decode, linear
+    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(decode, "prepare",
+                        lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
+                        FakePrepared(weight, plan, ms, bias, swiglu))
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=128,  # K the kernel takes
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      num_hidden_layers=1, vocab_size=96)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval().to(torch.bfloat16)
+    assert patch_model(model, merge=True, ms=[1, 4], progress=None).swiglu
+    mlp = model.model.layers[0].mlp
+    gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+    x = torch.randn(4, gate.shape[1], dtype=torch.bfloat16)
+    with torch.no_grad():
+        fused = mlp.group.swiglu_output(x)
+        assert fused is not None and fused.shape == (4, gate.shape[0])
+        expected = F.silu(F.linear(x, gate)) * F.linear(x, up)
+        assert torch.allclose(fused.float(), expected.float(), rtol=1e-2, atol=1e-2)
+        assert mlp.group.swiglu_output(x[:3]) is None           # M 3 not prepared
+        assert mlp.group.swiglu_output(x.float()) is None       # not BF16
+        assert mlp.group.swiglu_output(x.t().contiguous().t()) is None  # not packed
+    x.requires_grad_(True)
+    assert mlp.group.swiglu_output(x) is None                   # autograd needs a graph

@@ -124,13 +124,11 @@ class MergedGroup:
             return None
         if torch.is_grad_enabled() and (x.requires_grad or self.parts[0].weight.requires_grad):
             return None
-        k = self.weight.shape[1]
-        if x.device != self.weight.device or x.dtype != torch.bfloat16 or x.shape[-1] != k:
+        # the merged weight's DecodeLinear (prepared for the same Ms) says
+        # whether the kernel takes x: device, dtype, K, M, packed, aligned
+        if self.linear._fallback_reason(x) is not None:
             return None
-        x2d = x.reshape(-1, k)
-        if x2d.shape[0] not in prepared.tactics or not x2d.is_contiguous() \
-                or x2d.data_ptr() % 32:
-            return None
+        x2d = x.reshape(-1, self.weight.shape[1])
         out = x2d.new_empty((x2d.shape[0], prepared.out_columns))
         prepared._launch(x2d, out)
         return out.view(*x.shape[:-1], prepared.out_columns)
