@@ -23,9 +23,10 @@ scripts/gpu_check.sh):
 - bench/results/h200-llama-decode.json  a Llama-3-8B-shaped model's decode step
                                        plain, patched and patched with merge=True
                                        (examples/llama_decode.py, when recorded)
-- bench/results/h200-bench-models.json, h200-tune-log-models.jsonl and
-  h200-tune-log.jsonl                  measurements the cost model is fitted to
-                                       (the last also the shipped plan's source)
+- bench/results/h200-tune-log.jsonl     the exhaustive tune the shipped plan comes
+                                       from; with the other tuner logs and
+                                       h200-bench-models.json, what the cost
+                                       model is fitted to (its meta names them)
 - src/warpsplitk/data/cost-model-h200.json  the fitted model's cross-validation
 
 Every number in the generated text comes from those files; nothing is
