@@ -402,8 +402,9 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
         group.plan = plan
         group.prepare()
     wrapped = {}  # id(mlp) -> its SwiGLUMLP: an MLP shared by two parents stays shared
+    swiglu_ids = {id(mlp) for mlp in mlps}
     for name, parent, attr, child in list(_linear_children(model, nn.Module)):
-        if any(child is mlp for mlp in mlps):
+        if id(child) in swiglu_ids:
             if id(child) not in wrapped:
                 wrapped[id(child)] = SwiGLUMLP(child)
                 report.swiglu.append(name)
