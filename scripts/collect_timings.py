@@ -42,7 +42,10 @@ MS = (1, 4, 8, 16, 32)
 def base_set(m, n, k, sm_count):
     """What a cell times first."""
     found = set(space.base_candidates(m, n, k, sm_count, early_launches=(False,)))
-    found |= {default_tactic(m, n, k, sm_count), reference_tactic(m, n, k, sm_count)}
+    default = default_tactic(m, n, k, sm_count)
+    # the default, and with the late trigger where it takes the early one (a pair)
+    found |= {default, dataclasses.replace(default, early_launch=False),
+              reference_tactic(m, n, k, sm_count)}
     return sorted(found)
 
 

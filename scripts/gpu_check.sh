@@ -16,10 +16,11 @@
 #             dependent chains, against cuBLAS, with the plot
 #             -> $GPU_NAME-bench-plan.json, $GPU_NAME-bench-chain.json
 #   default   the default (no plan) on the shapes held out of the cost
-#             model's fit, their layers as dependent chains, and the quick
+#             model's fit, their layers as dependent chains, the default
+#             against a quick tune of eight of those shapes, and the quick
 #             tune against the exhaustive one with plan="auto" start times
 #             -> $GPU_NAME-bench-heldout.json, $GPU_NAME-bench-layers.json,
-#                $GPU_NAME-tune-quick.json
+#                $GPU_NAME-bench-heldout-tuned.json, $GPU_NAME-tune-quick.json
 #   layer     one decode layer's GEMM path (bench --layer: merged with the
 #             SwiGLU epilogue, unmerged, cuBLAS) of Llama-3-8B and of a
 #             Llama-3-70B TP-8 rank, M 1, 8, 32
@@ -81,6 +82,13 @@ for stage in $stages; do
       done
       python3 scripts/gpu_record.py layers "$layers" \
         --command "bash scripts/gpu_check.sh default" --out "$RESULTS/$GPU_NAME-bench-layers.json"
+      # eight held-out shapes of 9-170 MB: attention and MLP of each model
+      tuned=$(mktemp -d)
+      held="8192,3840 3840,15360 5120,3072 3072,8192 2560,2048 9728,2560 4608,1024 18432,4608"
+      WARPSPLITK_CACHE_DIR=$tuned/cache python3 -m warpsplitk.cli tune --shapes $held \
+        --m 1,4,8,16,32 -o "$tuned/plan.json" --log "$tuned/log.jsonl" || status=1
+      python3 -m warpsplitk.cli bench --plan "$tuned/plan.json" --shapes $held --m 1,4,8,16,32 \
+        --json "$RESULTS/$GPU_NAME-bench-heldout-tuned.json" || status=1
       python3 scripts/quick_tune_record.py "$RESULTS/$GPU_NAME-tune-quick.json" || status=1 ;;
     layer)
       paths=$(mktemp -d)

@@ -13,6 +13,8 @@ scripts/gpu_check.sh):
 - bench/results/h200-bench-chain.json  dependent chains (`bench --chain`)
 - bench/results/h200-bench-heldout.json the held-out models' shards: the default
                                        (cost model), the reference heuristic, cuBLAS
+- bench/results/h200-bench-heldout-tuned.json  a quick tune of eight held-out
+                                       shapes against the default
 - bench/results/h200-tune-quick.json   the quick tune against the exhaustive one,
                                        and plan="auto" start times
 - bench/results/h200-bench-layers.json the held-out models' layers as dependent
@@ -50,6 +52,7 @@ TUNE_LOG = RESULTS / "h200-tune-log.jsonl"
 MODELS_LOG = RESULTS / "h200-tune-log-models.jsonl"
 HELD_OUT = RESULTS / "h200-bench-heldout.json"
 QUICK = RESULTS / "h200-tune-quick.json"
+TUNED = RESULTS / "h200-bench-heldout-tuned.json"
 LAYERS = RESULTS / "h200-bench-layers.json"
 LAYER_PATH = RESULTS / "h200-bench-layer-path.json"
 DECODE = RESULTS / "h200-llama-decode.json"
@@ -192,7 +195,7 @@ def log_records(path: Path) -> int:
 def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | None = None,
                   quick: dict | None = None, model: dict | None = None,
                   layers: dict | None = None, layer_path: dict | None = None,
-                  decode: dict | None = None) -> str:
+                  decode: dict | None = None, tuned: dict | None = None) -> str:
     env = bench.get("environment", {})
     s = summary(bench, chain)
     f = s["features"]
@@ -277,7 +280,7 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
             *chain_table(chain["rows"]),
         ]
     if held:
-        out += default_md(held, quick, model)
+        out += default_md(held, quick, model, tuned)
     if layers:
         out += layers_md(layers)
     if layer_path:
@@ -437,6 +440,14 @@ def held_out_summary(held: dict) -> dict:
             "behind_ref": sum(v < 0.97 for v in vs_ref), "ahead_ref": sum(v > 1.03 for v in vs_ref)}
 
 
+def tuned_summary(tuned: dict) -> dict:
+    """The default against a quick-tuned plan, timed in the same run."""
+    ratios = [r["default_us"] / r["ours_us"] for r in tuned["rows"]]
+    return {"shapes": len({(r["n"], r["k"]) for r in tuned["rows"]}), "cells": len(ratios),
+            "median": statistics.median(ratios), "worst": max(ratios),
+            "within_7": sum(v <= 1.07 for v in ratios)}
+
+
 def quick_summary(quick: dict) -> dict:
     ratios = [r["quick_us"] / r["exhaustive_us"] for r in quick["rows"]]
     return {"wall_s": quick["quick_tune"]["wall_s"], "shapes": len(quick["quick_tune"]["shapes"]),
@@ -444,7 +455,8 @@ def quick_summary(quick: dict) -> dict:
             "within_3": sum(v <= 1.03 for v in ratios), **quick["plan_auto"]}
 
 
-def default_md(held: dict, quick: dict | None, model: dict) -> list[str]:
+def default_md(held: dict, quick: dict | None, model: dict,
+               tuned: dict | None = None) -> list[str]:
     """The default without a plan on held-out models, the cost model behind
     it, and the quick tune."""
     h = held_out_summary(held)
@@ -456,7 +468,8 @@ def default_md(held: dict, quick: dict | None, model: dict) -> list[str]:
         "",
         "`default_tactic` ranks a cell's tactics by the time the cost model",
         "(`warpsplitk.cost_model`) predicts, then applies the options its nearest measured",
-        "pairs gain from (`warpsplitk.neighbours`); `python scripts/fit_cost_model.py` fits it to",
+        "pairs gain from (`warpsplitk.neighbours`) and `+early` where the grid holds one CTA",
+        "per SM on more than half the SMs; `python scripts/fit_cost_model.py` fits it to",
         f"{meta['timings']} timings of {meta['cells']} cells on {meta['shapes']} shapes: "
         + ", ".join(f"`{name}`" for name in meta["inputs"]) + ". "
         f"Shape-grouped five-fold cross-validation: the tactic it ranks first among a cell's "
@@ -478,6 +491,12 @@ def default_md(held: dict, quick: dict | None, model: dict) -> list[str]:
         f"than 3% faster in {h['ahead_ref']} cells and more than 3% slower in {h['behind_ref']} "
         f"(worst {h['vs_ref_min']:.3f}).",
     ]
+    if tuned:
+        t = tuned_summary(tuned)
+        out.append(f"- against a quick tune (`warpsplitk tune`) of {t['shapes']} of these shapes, "
+                   f"timed in one run (`{_rel(TUNED)}`): the default's time is a median "
+                   f"{t['median']:.3f} of the tuned plan's (worst {t['worst']:.3f}; within 7% in "
+                   f"{t['within_7']} of {t['cells']} cells).")
     if quick:
         q = quick_summary(quick)
         out += [
@@ -501,7 +520,8 @@ def default_md(held: dict, quick: dict | None, model: dict) -> list[str]:
 
 def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
                  quick: dict | None = None, layers: dict | None = None,
-                 layer_path: dict | None = None, decode: dict | None = None) -> str:
+                 layer_path: dict | None = None, decode: dict | None = None,
+                 tuned: dict | None = None) -> str:
     env = bench.get("environment", {})
     s = summary(bench, chain)
     rows = bench["rows"]
@@ -523,9 +543,13 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
                    f"(worst {s['vs_default_worst']:.3f})")
     if held:
         h = held_out_summary(held)
-        out.append(f"- models held out of the cost model's fit ({h['shapes']} shapes, "
-                   f"{h['cells']} cells, no plan): the default is a median {h['median']:.2f}× "
-                   f"cuBLAS, the reference heuristic {h['ref_median']:.2f}×")
+        line = (f"- models held out of the cost model's fit ({h['shapes']} shapes, "
+                f"{h['cells']} cells, no plan): the default is a median {h['median']:.2f}× "
+                f"cuBLAS, the reference heuristic {h['ref_median']:.2f}×")
+        if tuned:
+            line += (f"; the default's time is a median {tuned_summary(tuned)['median']:.3f} "
+                     "of a quick tune's")
+        out.append(line)
     if quick:
         q = quick_summary(quick)
         out.append(f"- a quick tune of {q['shapes']} shapes × M 1..32 takes {q['wall_s']:.0f} s "
@@ -595,11 +619,12 @@ def generate() -> dict[Path, str]:
     layers = load(LAYERS) if LAYERS.exists() else None
     layer_path = load(LAYER_PATH) if LAYER_PATH.exists() else None
     decode = load(DECODE) if DECODE.exists() else None
+    tuned = load(TUNED) if TUNED.exists() else None
     readme = README.read_text()
     return {BENCHMARKS: benchmarks_md(bench, chain, log_records(TUNE_LOG), held, quick, model,
-                                      layers, layer_path, decode),
+                                      layers, layer_path, decode, tuned),
             README: replace_block(readme, readme_block(bench, chain, held, quick, layers,
-                                                       layer_path, decode))}
+                                                       layer_path, decode, tuned))}
 
 
 def stale() -> list[str]:

@@ -264,3 +264,36 @@ def test_decode_step_section_and_readme_line_from_a_record(tmp_path):
     block = make.readme_block(make.load(path), None, decode=record)
     assert ("1.20× the plain step at batch 1, 1.08–1.20× over batches; logits within 2.0e-02 "
             "of float64 (plain BF16: 2.1e-02)") in block
+
+
+def test_held_out_section_and_readme_line_with_a_quick_tune(tmp_path):
+    """The held-out shapes' default against a quick-tuned plan of some of
+    them (bench of that plan: ``ours`` the plan, ``default`` the cost
+    model's choice), rendered in BENCHMARKS.md and the README's line."""
+    import json as json_
+    from script_loader import load_script
+    make = load_script("make_benchmarks")
+    path = tmp_path / "b.json"
+    bench.write_json(path, {"gpu": "NVIDIA H200", "command": "warpsplitk bench"},
+                     [_row(m=1, ours=13.7, cublas=21.1)])
+
+    def cell(n, m, default, reference, cublas, ours=None):
+        return {"n": n, "k": 4096, "m": m, "default_us": default, "reference_us": reference,
+                "cublas_us": cublas, "ours_us": ours if ours is not None else default}
+    held = {"environment": {"gpu": "NVIDIA H200"},
+            "rows": [cell(4096, 1, 10.0, 10.0, 15.0), cell(4096, 8, 10.0, 11.0, 14.0),
+                     cell(8192, 1, 20.0, 20.0, 19.0)]}
+    tuned = {"environment": {"gpu": "NVIDIA H200"},
+             "rows": [cell(4096, 1, 10.0, 10.0, 15.0, ours=9.0),
+                      cell(4096, 8, 10.0, 11.0, 14.0, ours=10.0),
+                      cell(8192, 1, 21.0, 20.0, 19.0, ours=20.0)]}
+    model = json_.loads((make.COST_MODEL).read_text())
+    page = "\n".join(make.default_md(held, None, model, tuned))
+    # 10/9 = 1.111, 10/10 = 1.000, 21/20 = 1.050
+    assert ("against a quick tune (`warpsplitk tune`) of 2 of these shapes, timed in one run "
+            "(`bench/results/h200-bench-heldout-tuned.json`): the default's time is a median "
+            "1.050 of the tuned plan's (worst 1.111; within 7% in 2 of 3 cells).") in page
+    assert "slower than cuBLAS in 1 of 3 cells" in page
+    block = make.readme_block(make.load(path), None, held=held, tuned=tuned)
+    assert "the reference heuristic 1.27×; the default's time is a median 1.050 of a quick " \
+        "tune's" in block

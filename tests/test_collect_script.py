@@ -12,7 +12,10 @@ def test_base_set_holds_the_tuner_candidates_and_both_heuristics():
     for m, n, k in ((1, 4096, 4096), (8, 1536, 7168), (32, 7168, 384)):
         base = collect.base_set(m, n, k, 132)
         assert default_tactic(m, n, k, 132) in base and reference_tactic(m, n, k, 132) in base
-        assert not any(t.early_launch for t in base)
+        # the late trigger only, but for the default's own (and its late twin)
+        default = default_tactic(m, n, k, 132)
+        assert {t for t in base if t.early_launch} <= {default}
+        assert default.__class__(**{**default.__dict__, "early_launch": False}) in base
         for t in base:
             check_tactic(t, n, k)
 

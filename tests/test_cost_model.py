@@ -2,6 +2,7 @@
 coefficients against the records they are fitted to, and the choices made
 from them. CPU only."""
 
+import dataclasses
 import json
 import math
 import random
@@ -148,11 +149,14 @@ def test_choices_are_legal_ranked_and_stable(n, k):
         reference_us = model.predict_us(reference, m, n, k)
         start = first if first_us <= reference_us * (1 - cost_model.REFERENCE_MARGIN) \
             else reference
-        assert (tactic, pytest.approx(us)) == (*neighbours.apply_options(
-            start, m, n, k, model.option_pairs, 132)[:1], model.predict_us(start, m, n, k)
-            * neighbours.apply_options(start, m, n, k, model.option_pairs, 132)[1])
+        optioned, factor = neighbours.apply_options(start, m, n, k, model.option_pairs, 132)
+        # and the early trigger where the grid pipelines with the next call's
+        assert chosen.early_launch == cost_model.early_trigger_pays(optioned, m, n, 132)
+        assert (tactic, pytest.approx(us)) == (
+            dataclasses.replace(optioned, early_launch=chosen.early_launch),
+            model.predict_us(start, m, n, k) * factor)
         # what the default leaves to measurement
-        assert not (chosen.early_launch or chosen.bulk_x or chosen.half_tiles)
+        assert not (chosen.bulk_x or chosen.half_tiles)
         # never predicted slower than the reference heuristic's tactic
         assert us <= reference_us
         choice = default_choice(m, n, k, sm_count=132)
@@ -162,10 +166,28 @@ def test_choices_are_legal_ranked_and_stable(n, k):
 def test_shortlist_holds_the_default_the_reference_and_early_twins():
     for m, n, k in ((1, 2048, 2048), (8, 4096, 4096), (32, 7168, 384), (4, 3216, 7168)):
         short = cost_model.shortlist(m, n, k, 132)
-        assert len(short) == len(set(short)) <= 3 * 2 + 2 + 2
+        assert len(short) == len(set(short)) <= cost_model.SHORTLIST * 2 + 2 + 2
         for t in short:
             check_tactic(t, n, k)
         assert default_tactic(m, n, k, 132) in short
         assert reference_tactic(m, n, k, 132) in short
-        late = [t for t in short[:3] if not t.early_launch]
+        late = [t for t in short[:cost_model.SHORTLIST] if not t.early_launch]
         assert all(t.__class__(**{**t.__dict__, "early_launch": True}) in short for t in late)
+
+
+def test_early_trigger_where_the_grid_holds_one_cta_per_sm_on_most_sms():
+    deep = T(32, 8, 256, 11, 1)  # one resident CTA per SM
+    assert cost_model.ctas_per_sm(deep) == 1
+    # 4224 / 32 = 132 CTAs: one per SM, every SM
+    assert cost_model.early_trigger_pays(deep, 8, 4224, 132)
+    # 2112 / 32 = 66 CTAs: half the SMs idle, the next grid streams beside it
+    assert not cost_model.early_trigger_pays(deep, 8, 2112, 132)
+    # 67 CTAs: more than half
+    assert cost_model.early_trigger_pays(deep, 8, 2144, 132)
+    # 133 CTAs: one SM holds two
+    assert not cost_model.early_trigger_pays(deep, 8, 4256, 132)
+    # two token tiles double the grid
+    assert not cost_model.early_trigger_pays(T(32, 16, 256, 9, 2), 32, 4224, 132)
+    shallow = T(32, 8, 256, 2, 1)  # several resident CTAs: room for the next grid
+    assert cost_model.ctas_per_sm(shallow) > 1
+    assert not cost_model.early_trigger_pays(shallow, 8, 4224, 132)

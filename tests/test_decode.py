@@ -140,7 +140,8 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
     assert all(is_legal(t, n, k) for t in found)
     cover = min(t for t in (8, 16, 32) if t >= m)
     # the rules of the pruned space (the default tactic is added as it is)
-    for t in (t for t in found if dataclasses.replace(t, early_launch=False) != default):
+    late_default = dataclasses.replace(default, early_launch=False)
+    for t in (t for t in found if dataclasses.replace(t, early_launch=False) != late_default):
         assert t.token_tile in (cover, cover // 2)
         # 8-token tiles: one activation-loader warp, or two when x has
         # real rows past the first (its copies follow the dependency wait)
@@ -151,9 +152,9 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
     bulk = [t for t in found if t.bulk_x]
     assert bool(bulk) == (m == 1)
     assert not any(t.l2_prefetch for t in found
-                   if dataclasses.replace(t, early_launch=False) != default)
+                   if dataclasses.replace(t, early_launch=False) != late_default)
     assert [t for t in found if not t.bulk_x] == candidates(m, n, k, 132, bulk_xs=(False,))
-    assert set(found) - {default, dataclasses.replace(default, early_launch=True)} <= {
+    assert set(found) - {late_default, dataclasses.replace(default, early_launch=True)} <= {
         dataclasses.replace(t, early_launch=e) for t in base_candidates(m, n, k, 132)
         for e in (False, True)}
 

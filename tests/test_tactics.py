@@ -342,7 +342,11 @@ def test_early_launch_text_and_rules():
     legal = legal_tactics(8, 4224, 7168, early_launches=(False, True))
     assert sum(x.early_launch for x in legal) * 2 == len(legal)
     assert not any(x.early_launch for x in legal_tactics(8, 4224, 7168))
-    assert not any(default_tactic(m, 4224, 7168).early_launch for m in (1, 8, 16, 32))
+    # the default takes the early trigger by its grid's rule only
+    from warpsplitk.cost_model import early_trigger_pays
+    for m in (1, 8, 16, 32):
+        chosen = default_tactic(m, 4224, 7168)
+        assert chosen.early_launch == early_trigger_pays(chosen, m, 4224)
 
 
 def test_l2_prefetch_and_bulk_x_text_and_rules():
