@@ -52,6 +52,36 @@ def test_k_split_twin_only_while_the_doubled_grid_fits_one_wave():
     assert neighbours.TWINS["k_split"](small, 16, 4096, 7168) is None
 
 
+def test_k_split_twin_shortens_a_ring_deeper_than_its_half_of_k():
+    # 768x7168: 28 K tiles; an 18-stage ring is deeper than a CTA's 14 after
+    # the split, so the twin keeps 14 (an 18-stage twin would be illegal and
+    # the option silently lost)
+    deep = T(16, 8, 256, 18, 2)
+    twin = neighbours.TWINS["k_split"](deep, 8, 768, 7168)
+    assert (twin.k_split, twin.stages) == (2, 14)
+    check_tactic(twin, 768, 7168)
+    # a ring that fits keeps its depth
+    assert neighbours.TWINS["k_split"](T(16, 8, 256, 6, 2), 8, 768, 7168).stages == 6
+    # no split where a CTA would stream fewer than K_SPLIT_MIN_TILES K tiles
+    assert 7168 // 2 // 256 >= neighbours.K_SPLIT_MIN_TILES > 2048 // 2 // 256
+    assert neighbours.TWINS["k_split"](T(16, 8, 256, 4, 2), 8, 768, 2048) is None
+
+
+def test_k_split_and_narrow_tiles_compete_in_one_step():
+    # at M <= 4 both apply to an 8-token tactic, and each excludes the other:
+    # the one whose pairs gain more is taken
+    m, n, k = 1, 768, 7168
+    parent = T(16, 8, 256, 12, 1)
+    d = neighbours.describe(parent, m, n, k)
+    for split, narrow in ((0.8, 0.9), (0.9, 0.8)):
+        chosen, factor = neighbours.apply_options(parent, m, n, k, {
+            "k_split": _rows(d, split, 9), "narrow": _rows(d, narrow, 9)})
+        assert factor == pytest.approx(0.8)
+        assert (chosen.k_split == 2) == (split < narrow)
+        assert (chosen.token_tile < 8) == (narrow < split)
+        check_tactic(chosen, n, k)
+
+
 def _rows(descriptor, ratio, count, shift=0.0):
     return [[x + shift * (i % 2) for x in descriptor] + [math.log(ratio)] for i in range(count)]
 

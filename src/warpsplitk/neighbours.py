@@ -42,18 +42,27 @@ RADIUS = 2.5
 MARGIN = 0.02
 
 
+#: the fewest K tiles each CTA of a K split streams: on shorter streams the
+#: cluster hand-over outweighs the halved stream (the fit's cross-validated
+#: pairs: from 8 tiles on, 1 of 14 accepted splits more than 3% slower; with
+#: fewer too, 17 of 64)
+K_SPLIT_MIN_TILES = 8
+
+
 def _k_split(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
     # Two CTAs per tile along K pay only while the doubled grid still fits in
     # one wave of resident CTAs: they fill SM slots the grid leaves idle.
     # Past that they add a partial wave (measured pairs: a median ratio of
     # 0.82 where the doubled grid fits, 1.07 where it does not).
-    if t.k_split != 1 or t.half_tiles:
+    if t.k_split != 1 or t.half_tiles or k // 2 // t.k_tile < K_SPLIT_MIN_TILES:
         return None
     full, half = layout.row_tiles(n, t.output_tile, t.half_tiles)
     grid = (full + half) * -(-m // t.token_tile) * 2
     if grid > sm_count * max(1, ctas_per_sm(t)):
         return None
-    return dataclasses.replace(t, k_split=2)
+    # each CTA holds half of K: a ring deeper than its K tiles shrinks to them
+    # (768x7168 at M = 8: 18 stages against 14 tiles per CTA)
+    return dataclasses.replace(t, k_split=2, stages=min(t.stages, k // 2 // t.k_tile))
 
 
 def _narrow(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
@@ -87,9 +96,11 @@ TWINS = {
 
 #: The options in the order they are decided; a step of several names takes
 #: the one whose pairs show the largest gain. K split first: it changes the
-#: grid, which the later options' pairs are described by. Narrow token
-#: tiles and TMA boxes exclude each other (a box has 8 rows or more).
-OPTION_STEPS = (("k_split",), ("narrow", "tma"), ("prefetch2", "prefetch3", "prefetch4"))
+#: grid, which the later options' pairs are described by; it competes with
+#: narrow token tiles, which it excludes (at M = 1 a narrow tile gains where
+#: a split of a short K loses). A TMA box has 8 rows or more: no box on a
+#: narrow tile.
+OPTION_STEPS = (("k_split", "narrow"), ("tma",), ("prefetch2", "prefetch3", "prefetch4"))
 
 
 def describe(t: WarpSplitKTactic, m: int, n: int, k: int,
