@@ -468,8 +468,8 @@ def default_md(held: dict, quick: dict | None, model: dict,
         "",
         "`default_tactic` ranks a cell's tactics by the time the cost model",
         "(`warpsplitk.cost_model`) predicts, then applies the options its nearest measured",
-        "pairs gain from (`warpsplitk.neighbours`) and `+early` where the grid holds one CTA",
-        "per SM on more than half the SMs; `python scripts/fit_cost_model.py` fits it to",
+        "pairs gain from (`warpsplitk.neighbours`) and `+early` where one CTA fills each of",
+        "more than half the SMs; `python scripts/fit_cost_model.py` fits it to",
         f"{meta['timings']} timings of {meta['cells']} cells on {meta['shapes']} shapes: "
         + ", ".join(f"`{name}`" for name in meta["inputs"]) + ". "
         f"Shape-grouped five-fold cross-validation: the tactic it ranks first among a cell's "

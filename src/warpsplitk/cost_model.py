@@ -328,7 +328,7 @@ def prefers_cublas(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> 
 #: fastest, and the default and reference tactics). Replayed on the
 #: exhaustive tune's log of the shape table, the quick plan's median cell is
 #: 1.041 of the exhaustive one's time at 3 (8 tactics a cell), 1.024 at 6
-#: (13 a cell).
+#: (13 a cell); timed side by side on the GPU: BENCHMARKS.md.
 SHORTLIST = 6
 
 
