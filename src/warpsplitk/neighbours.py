@@ -30,7 +30,7 @@ import math
 import statistics
 
 from . import layout, space
-from .tactics import DEFAULT_SM_COUNT, WarpSplitKTactic, ctas_per_sm, is_legal
+from .tactics import DEFAULT_SM_COUNT, WarpSplitKTactic, ctas_per_sm, grid_ctas, is_legal
 
 #: pairs whose median decides (odd, so the median is one measured ratio)
 NEIGHBOURS = 9
@@ -56,9 +56,7 @@ def _k_split(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
     # 0.82 where the doubled grid fits, 1.07 where it does not).
     if t.k_split != 1 or t.half_tiles or k // 2 // t.k_tile < K_SPLIT_MIN_TILES:
         return None
-    full, half = layout.row_tiles(n, t.output_tile, t.half_tiles)
-    grid = (full + half) * -(-m // t.token_tile) * 2
-    if grid > sm_count * max(1, ctas_per_sm(t)):
+    if 2 * grid_ctas(t, m, n) > sm_count * max(1, ctas_per_sm(t)):
         return None
     # each CTA holds half of K: a ring deeper than its K tiles shrinks to them
     # (768x7168 at M = 8: 18 stages against 14 tiles per CTA)
@@ -109,9 +107,7 @@ def describe(t: WarpSplitKTactic, m: int, n: int, k: int,
     factor of 2: N, K, M, the token and output tiles, the K tile, the ring,
     the grid's occupancy of the GPU's CTA slots, the weight's bytes; and the
     activation path (TMA boxes, loader warps)."""
-    full, half = layout.row_tiles(n, t.output_tile, t.half_tiles)
-    grid = (full + half) * -(-m // t.token_tile) * t.k_split
-    occupancy = grid / (sm_count * max(1, ctas_per_sm(t)))
+    occupancy = grid_ctas(t, m, n) / (sm_count * max(1, ctas_per_sm(t)))
     return (math.log2(n), math.log2(k), math.log2(m), math.log2(t.token_tile),
             math.log2(t.output_tile), t.k_tile / 128, math.log2(t.stages),
             math.log2(occupancy), math.log2(n * k * layout.ELEMENT_BYTES),
