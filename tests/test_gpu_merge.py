@@ -56,13 +56,17 @@ def test_merged_parts_in_a_cuda_graph():
         assert rel(out, x, part.weight, part.bias) < 1e-2
 
 
-def test_patch_model_merge_on_a_llama():
+def cuda_llama(layers):
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
                                       num_attention_heads=4, num_key_value_heads=2,
-                                      num_hidden_layers=2, vocab_size=512)
+                                      num_hidden_layers=layers, vocab_size=512)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    return transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+
+
+def test_patch_model_merge_on_a_llama():
+    model = cuda_llama(layers=2)
     ids = torch.randint(0, 512, (1, 6), device="cuda")
     with torch.no_grad():
         plain = model(ids).logits.double()
@@ -84,13 +88,8 @@ def test_llama_mlp_runs_the_swiglu_epilogue_in_a_graph():
     """patch_model(merge=True): a Llama MLP's gate/up run as one launch with
     the SwiGLU epilogue (down reads its output), against float64, eagerly
     and captured in a CUDA graph."""
-    transformers = pytest.importorskip("transformers")
     from warpsplitk.merge import SwiGLUMLP
-    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      num_hidden_layers=1, vocab_size=512)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    model = cuda_llama(layers=1)
     mlp = model.model.layers[0].mlp
     w_gate, w_up, w_down = (mlp.gate_proj.weight.double(), mlp.up_proj.weight.double(),
                             mlp.down_proj.weight.double())
@@ -115,3 +114,24 @@ def test_llama_mlp_runs_the_swiglu_epilogue_in_a_graph():
         ref = reference(static_x)
         assert ((static_out.double() - ref).norm() / ref.norm()).item() < 1e-2
     assert fused.group.linear.kernel_calls == 0  # gate and up never ran apart
+
+
+def test_compiled_merged_llama_runs_the_swiglu_op():
+    """torch.compile (Inductor) over a merge=True model: the graphs call
+    decode_swiglu once per layer, and the logits match the eager patched model."""
+    model = cuda_llama(layers=2)
+    patch_model(model, merge=True, ms=range(1, 9), progress=None)
+    ids = torch.randint(0, 512, (8, 1), device="cuda")  # 8 decode rows
+    graphs = []
+    inductor = torch._dynamo.lookup_backend("inductor")
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return inductor(gm, example_inputs)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = model(ids, use_cache=False).logits.double()
+        compiled = torch.compile(model, backend=backend)(ids, use_cache=False).logits.double()
+    torch._dynamo.reset()
+    assert sum(g.count("warpsplitk.decode_swiglu") for g in graphs) == 2
+    assert ((compiled - eager).norm() / eager.norm()).item() < 1e-2

@@ -176,7 +176,7 @@ def test_backward_matches_f_linear():
     ctx = types.SimpleNamespace(needs_input_grad=(True, True, True, False))
     ctx.save_for_backward = lambda *saved: setattr(ctx, "saved_tensors", saved)
     ops._setup_context(ctx, (x.detach(), w.detach(), b, 0), None)
-    gx, gw, gb, gh = ops._backward(ctx, grad)
+    gx, gw, gb, gh = ops._linear_backward(ctx, grad)
     assert torch.allclose(gx, x.grad) and torch.allclose(gw, w.grad) and torch.allclose(gb, b.grad)
     assert gh is None
 

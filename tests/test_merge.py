@@ -223,3 +223,130 @@ def test_swiglu_output_runs_where_the_merged_linear_would_and_nowhere_else(monke
         assert mlp.group.swiglu_output(x.t().contiguous().t()) is None  # not packed
     x.requires_grad_(True)
     assert mlp.group.swiglu_output(x) is None                   # autograd needs a graph
+
+
+# ------------------------------------------------------------ torch.compile
+
+
+@pytest.fixture
+def cpu_ops(monkeypatch):
+    """The kernel "runs" on the CPU: prepare() gives stand-ins, and the custom
+    ops get CPU implementations that are their CUDA ones (handle lookup,
+    weight checks, then the stand-in's run)."""
+    from fakes import FakePrepared
+    from warpsplitk import decode, linear, ops
+    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(decode, "prepare",
+                        lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
+                        FakePrepared(weight, plan, ms, bias, swiglu))
+    lib = torch.library.Library("warpsplitk", "IMPL")
+    lib.impl("decode_linear", ops._decode_linear_cuda, "CPU")
+    lib.impl("decode_swiglu", ops._decode_swiglu_cuda, "CPU")
+    torch._dynamo.reset()
+    yield
+    lib._destroy()
+    torch._dynamo.reset()
+
+
+def bf16_llama(layers=2):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=128,  # K the kernel takes
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      num_hidden_layers=layers, vocab_size=96)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval().to(torch.bfloat16)
+
+
+def recording_backend(graphs):
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return aot_eager(gm, example_inputs)
+    return backend
+
+
+def test_compiled_merged_model_runs_one_gemm_per_group_and_the_fused_mlp(cpu_ops):
+    """Under torch.compile a merged model traces into one graph: per layer one
+    decode_linear for q/k/v, one decode_swiglu for gate/up, and the logits
+    of the unpatched model."""
+    import copy
+    model = bf16_llama()
+    plain = copy.deepcopy(model)
+    patch_model(model, merge=True, ms=[1, 4], progress=None)
+    graphs = []
+    ids = torch.tensor([[3], [5], [7], [11]])  # M = 4 decode rows
+    with torch.no_grad():
+        logits = torch.compile(model, backend=recording_backend(graphs))(ids, use_cache=False).logits
+        assert torch.equal(logits, plain(ids, use_cache=False).logits)
+    assert len(graphs) == 1
+    # per layer: q/k/v merged, o, down; and lm_head
+    assert graphs[0].count("warpsplitk.decode_swiglu") == 2
+    assert graphs[0].count("warpsplitk.decode_linear") == 2 * 3 + 1
+
+
+def test_compiled_merged_group_recompiles_when_a_part_is_replaced(cpu_ops):
+    """A Parameter replaced by hand leaves the merged storage: the compiled
+    code is guarded on the parts' Parameters and runs that group's parts
+    apart, as eager does."""
+    model = bf16_llama(layers=1)
+    patch_model(model, merge=True, ms=[1, 4], progress=None)
+    attn = model.model.layers[0].self_attn
+    graphs = []
+    compiled = torch.compile(lambda x: (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)),
+                             fullgraph=True, backend=recording_backend(graphs))
+    x = torch.randn(4, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        compiled(x)
+        assert graphs[-1].count("warpsplitk.decode_linear") == 1
+        new = torch.randn_like(attn.k_proj.weight)
+        attn.k_proj.weight = nn.Parameter(new)
+        q, k, v = compiled(x)
+    assert len(graphs) == 2 and "warpsplitk" not in graphs[-1]
+    assert torch.equal(k, F.linear(x, new))
+
+
+def test_swiglu_op_checks_its_handle_and_weight(cpu_ops):
+    from fakes import FakePrepared
+    from warpsplitk import ops
+    weight = torch.randn(64, 128, dtype=torch.bfloat16)
+    fused, plain = FakePrepared(weight, swiglu=True), FakePrepared(weight)
+    x = torch.randn(4, 128, dtype=torch.bfloat16)
+    handles = [ops.register(fused), ops.register(plain)]
+    try:
+        out = torch.ops.warpsplitk.decode_swiglu(x, weight, None, handles[0])
+        assert torch.equal(out, F.silu(F.linear(x, weight[:32])) * F.linear(x, weight[32:]))
+        with pytest.raises(ValueError, match="without the SwiGLU epilogue"):
+            torch.ops.warpsplitk.decode_swiglu(x, weight, None, handles[1])
+        with pytest.raises(ValueError, match="with the SwiGLU epilogue"):
+            torch.ops.warpsplitk.decode_linear(x, weight, None, handles[0])
+        with pytest.raises(ValueError, match="not the tensors handle"):
+            torch.ops.warpsplitk.decode_swiglu(x, weight.clone(), None, handles[0])
+    finally:
+        for handle in handles:
+            ops.unregister(handle)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_swiglu_op_backward_matches_autograd(cpu_ops, with_bias):
+    """The op's backward (the kernel is forward-only) against autograd through
+    silu(x W_gate^T + b_gate) * (x W_up^T + b_up), in float64."""
+    from fakes import FakePrepared
+    from warpsplitk import ops
+    torch.manual_seed(0)
+    x = torch.randn(3, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(8, dtype=torch.float64, requires_grad=True) if with_bias else None
+    handle = ops.register(prepared := FakePrepared(weight, bias=bias, swiglu=True))
+    try:
+        # BF16 values: the op's output (so its incoming gradient) is BF16
+        grad = torch.randn(3, 4).bfloat16().double()
+        inputs = [x, weight] + ([bias] if with_bias else [])
+        ours = torch.autograd.grad(ops.decode_swiglu(x, weight, bias, handle), inputs, grad)
+    finally:
+        ops.unregister(handle)
+    pre = F.linear(x, weight, bias)
+    want = torch.autograd.grad(F.silu(pre[:, :4]) * pre[:, 4:], inputs, grad)
+    assert prepared.runs == 1
+    for a, b in zip(ours, want):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import ops
+
 #: Attribute names of the projections a transformers decoder layer runs on
 #: one input, merged by ``patch_model(merge=True)``, in call order.
 MERGED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -67,7 +69,9 @@ class MergedGroup:
         #: a [gate; up] group run with the SwiGLU epilogue by a SwiGLUMLP
         self.swiglu = False
         self.swiglu_prepared = None
+        self._swiglu_handle = None  # swiglu_prepared's in the custom ops' registry
         self.columns = []  # each part's (start, end) rows of the merged weight
+        self._views = []  # each part's (weight, bias) Parameters as stack() made them
         self._stash = None  # (input, merged output, parts served)
 
     def offsets(self):
@@ -97,8 +101,10 @@ class MergedGroup:
             if has_bias:
                 part._parameters["bias"] = nn.Parameter(self.bias[start:end],
                                                         requires_grad=part.bias.requires_grad)
+        self._views = [(part._parameters["weight"], part._parameters["bias"])
+                       for part in self.parts]
         self.linear = None
-        self.swiglu_prepared = None
+        self._release_swiglu()
         self._stash = None
 
     def prepare(self):
@@ -107,20 +113,28 @@ class MergedGroup:
         ``swiglu`` group also the kernel with the SwiGLU epilogue."""
         from .linear import DecodeLinear, ineligibility
         self.linear = DecodeLinear(self.weight, self.bias, self.plan, self.ms)
-        self.swiglu_prepared = None
+        self._release_swiglu()
         if self.swiglu and ineligibility(self.weight, self.bias, self.ms) is None:
             from .decode import prepare
             self.swiglu_prepared = prepare(self.weight, self.plan, self.ms, self.bias,
                                            swiglu=True)
+            self._swiglu_handle = ops.register(self.swiglu_prepared)
+
+    def _release_swiglu(self):
+        if self._swiglu_handle is not None:
+            ops.unregister(self._swiglu_handle)
+        self.swiglu_prepared = None
+        self._swiglu_handle = None
 
     def swiglu_output(self, x):
         """``silu(gate(x)) * up(x)`` in one launch of the SwiGLU epilogue, or
         None where it cannot run (no kernel, the storage replaced, x not a
         packed 32-byte aligned BF16 tensor on the weight's device with M
-        prepared, autograd needing a graph, or torch.compile tracing: the
-        caller then runs the parts and the activation as the model would)."""
+        prepared, or autograd needing a graph: the caller then runs the parts
+        and the activation as the model would). Under torch.compile, the
+        ``warpsplitk::decode_swiglu`` op."""
         prepared = self.swiglu_prepared
-        if prepared is None or torch.compiler.is_compiling() or not self.merged():
+        if prepared is None or not self.merged():
             return None
         if torch.is_grad_enabled() and (x.requires_grad or self.parts[0].weight.requires_grad):
             return None
@@ -129,14 +143,24 @@ class MergedGroup:
         if self.linear._fallback_reason(x) is not None:
             return None
         x2d = x.reshape(-1, self.weight.shape[1])
-        out = x2d.new_empty((x2d.shape[0], prepared.out_columns))
-        prepared._launch(x2d, out)
+        if torch.compiler.is_compiling():
+            # the DecodeLinear's Parameters: static addresses for CUDA graph trees
+            out = torch.ops.warpsplitk.decode_swiglu(x2d, self.linear.weight, self.linear.bias,
+                                                     self._swiglu_handle)
+        else:
+            out = x2d.new_empty((x2d.shape[0], prepared.out_columns))
+            prepared._launch(x2d, out)
         return out.view(*x.shape[:-1], prepared.out_columns)
 
     def merged(self) -> bool:
         """Whether every part's weight (and bias) is still its view of the
         merged storage (``.to()`` or ``load_state_dict(assign=True)`` give
         parts tensors of their own)."""
+        if torch.compiler.is_compiling():
+            # fake tensors have no addresses: the Parameters stack() made
+            # (Dynamo guards the identities, so a replaced one recompiles)
+            return all(part._parameters["weight"] is weight and part._parameters["bias"] is bias
+                       for part, (weight, bias) in zip(self.parts, self._views))
         weight, bias = self.weight, self.bias
         row_bytes = weight.stride(0) * weight.element_size()
         for part, (start, _) in zip(self.parts, self.columns):

@@ -1,8 +1,12 @@
-"""``torch.ops.warpsplitk.decode_linear``: the kernel as a PyTorch custom op.
+"""The kernel as PyTorch custom ops.
 
     decode_linear(Tensor x, Tensor weight, Tensor? bias, int handle) -> Tensor
+    decode_swiglu(Tensor x, Tensor weight, Tensor? bias, int handle) -> Tensor
 
-``out[M, N] = x[M, K] @ weight[N, K]^T (+ bias)`` on CUDA. A custom op cannot
+``decode_linear``: ``out[M, N] = x[M, K] @ weight[N, K]^T (+ bias)`` on CUDA.
+``decode_swiglu``: ``weight`` is ``[w_gate; w_up]`` and the kernel has the
+SwiGLU epilogue, ``out[M, N / 2] = silu(gate) * up`` (what a merged MLP runs
+under torch.compile). A custom op cannot
 take a ``PreparedWarpSplitK`` (compiled code, CuTe views) as an argument, so
 the prepared object lives in a registry here and the op gets its integer
 ``handle``. ``weight`` and ``bias`` are passed as well, although the kernel
@@ -62,48 +66,82 @@ def _same(a, b):
     return (a is None) == (b is None) and (a is None or a.data_ptr() == b.data_ptr())
 
 
-def _decode_linear_cuda(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                        handle: int) -> torch.Tensor:
+def _run(name, x, weight, bias, handle):
     prepared = lookup(handle)
     # The kernel reads the prepared weight; refuse to silently use a stale one.
     if not (_same(weight, prepared.weight) and _same(bias, prepared.bias)):
-        raise ValueError("warpsplitk.decode_linear: weight/bias are not the tensors handle "
+        raise ValueError(f"warpsplitk.{name}: weight/bias are not the tensors handle "
                          f"{handle} was prepared for; re-prepare after replacing them")
-    # DecodeLinear only sends packed, aligned x in eager mode; under torch.compile
-    # it cannot see addresses, so re-pack here instead of failing (an [M, K]
+    if prepared.swiglu != (name == "decode_swiglu"):
+        raise ValueError(f"warpsplitk.{name}: handle {handle} is a kernel "
+                         f"{'with' if prepared.swiglu else 'without'} the SwiGLU epilogue")
+    # The modules only send packed, aligned x in eager mode; under torch.compile
+    # they cannot see addresses, so re-pack here instead of failing (an [M, K]
     # copy, small next to the weight read).
     if not x.is_contiguous() or x.data_ptr() % ALIGN_BYTES:
         x = x.clone(memory_format=torch.contiguous_format)
-    out = torch.empty((x.shape[0], prepared.n), dtype=torch.bfloat16, device=x.device)
+    out = torch.empty((x.shape[0], prepared.out_columns), dtype=torch.bfloat16, device=x.device)
     return prepared.run(x, out)
 
 
-decode_linear = torch.library.custom_op("warpsplitk::decode_linear", _decode_linear_cuda,
-                                        mutates_args=(), device_types="cuda")
+def _decode_linear_cuda(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                        handle: int) -> torch.Tensor:
+    return _run("decode_linear", x, weight, bias, handle)
 
 
-@decode_linear.register_fake
-def _decode_linear_fake(x, weight, bias, handle):
-    # Shapes only: no registry lookup, handle may be symbolic while tracing.
-    torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
-    torch._check(x.shape[1] == weight.shape[1], lambda: "x and weight disagree on K")
-    return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.bfloat16)
+def _decode_swiglu_cuda(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                        handle: int) -> torch.Tensor:
+    return _run("decode_swiglu", x, weight, bias, handle)
+
+
+def _linear_backward(ctx, grad):
+    # Plain matmuls: the kernel is forward-only, but a model run without
+    # torch.no_grad() should still get correct gradients.
+    x, weight, bias = ctx.saved_tensors
+    grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+    grad_w = grad.t() @ x if ctx.needs_input_grad[1] else None
+    grad_b = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+    return grad_x, grad_w, grad_b, None
+
+
+def _swiglu_backward(ctx, grad):
+    # Recomputes gate and up (the epilogue keeps neither) in the inputs' precision.
+    x, weight, bias = ctx.saved_tensors
+    half = weight.shape[0] // 2
+    pre = x @ weight.t()
+    if bias is not None:
+        pre = pre + bias
+    acc = torch.promote_types(pre.dtype, torch.float32)  # the epilogue computes in FP32
+    gate, up, grad = pre[:, :half].to(acc), pre[:, half:].to(acc), grad.to(acc)
+    sig = torch.sigmoid(gate)
+    grad_gate = grad * up * sig * (1 + gate * (1 - sig))  # d silu(g) / dg
+    grad_pre = torch.cat([grad_gate, grad * gate * sig], dim=1).to(x.dtype)
+    return _linear_backward(ctx, grad_pre)
 
 
 def _setup_context(ctx, inputs, output):
     x, weight, bias, _ = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, weight, bias)
 
 
-def _backward(ctx, grad):
-    # Plain matmuls: the kernel is forward-only, but a model run without
-    # torch.no_grad() should still get correct gradients.
-    x, weight = ctx.saved_tensors
-    grad_x = grad @ weight if ctx.needs_input_grad[0] else None
-    grad_w = grad.t() @ x if ctx.needs_input_grad[1] else None
-    grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-    return grad_x, grad_w, grad_b, None
+def _define(name, implementation, out_columns, backward):
+    """The custom op ``warpsplitk::<name>``; its fake implementation's output
+    has ``out_columns(weight)`` columns."""
+    op = torch.library.custom_op(f"warpsplitk::{name}", implementation, mutates_args=(),
+                                 device_types="cuda")
+
+    def fake(x, weight, bias, handle):
+        # Shapes only: no registry lookup, handle may be symbolic while tracing.
+        torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
+        torch._check(x.shape[1] == weight.shape[1], lambda: "x and weight disagree on K")
+        return x.new_empty((x.shape[0], out_columns(weight)), dtype=torch.bfloat16)
+
+    op.register_fake(fake)
+    op.register_autograd(backward, setup_context=_setup_context)
+    return op
 
 
-decode_linear.register_autograd(_backward, setup_context=_setup_context)
+decode_linear = _define("decode_linear", _decode_linear_cuda, lambda w: w.shape[0],
+                        _linear_backward)
+decode_swiglu = _define("decode_swiglu", _decode_swiglu_cuda, lambda w: w.shape[0] // 2,
+                        _swiglu_backward)

@@ -215,6 +215,7 @@ class PreparedDecode:
         self.weight, self.bias = weight, bias
         self.n, self.k = n, k
         self.out_columns = n
+        self.swiglu = False  # the SwiGLU epilogue runs on the kernel alone
         self.device = weight.device
         self.cublas_ms = cublas_ms
         self.tactics = dict(sorted({**dict(tactics), **{m: "cublas" for m in cublas_ms}}.items()))
