@@ -2,6 +2,7 @@
 
     python scripts/collect_timings.py LOG.jsonl [--budget SECONDS] N,K [N,K ...]
     python scripts/collect_timings.py LOG.jsonl --model llama-3.1-8b --tp 2
+    python scripts/collect_timings.py LOG.jsonl --cells CELLS.json
 
 On a CUDA GPU. For each shape (in the order given, until the budget is
 spent) and each M of ``MS``: the tuner's candidates with the late trigger
@@ -19,6 +20,11 @@ first line names the command, date, GPU and versions.
 This is the tuner's space minus its confirmations and the early twins of
 all but the two fastest, so that a shape costs seconds of measurement
 (compiling dominates: ~0.2 s per kernel on 16 cores).
+
+With ``--cells``, exactly the listed tactics of each listed cell, then
+cuBLAS: a side-by-side measurement of candidate choices (say, two versions
+of the default) that is calibration data too. The file is JSON,
+``{"cells": [{"n": N, "k": K, "m": M, "tactics": ["16,8,256,14,2,2", ...]}]}``.
 """
 
 from __future__ import annotations
@@ -65,6 +71,31 @@ def twin_set(times, m, n, k, sm_count):
     return [t for t in dict.fromkeys(found) if t not in times and is_legal(t, n, k)]
 
 
+def read_cells(path) -> dict:
+    """``--cells`` file -> ``{(n, k): {m: [tactic, ...]}}`` (shapes in file
+    order); ``SystemExit`` naming the file and the problem."""
+    from warpsplitk.tactics import MAX_M, WarpSplitKTactic, check_tactic
+    try:
+        with open(path) as f:
+            entries = json.load(f)["cells"]
+        found = {}
+        for entry in entries:
+            n, k, m = (entry[key] for key in ("n", "k", "m"))
+            if not all(isinstance(v, int) and v > 0 for v in (n, k, m)) or m > MAX_M:
+                raise ValueError(f"a cell is positive integers n, k and m <= {MAX_M}, got {entry}")
+            tactics = [WarpSplitKTactic.parse(text) for text in entry["tactics"]]
+            for tactic in tactics:
+                check_tactic(tactic, n, k)
+            found.setdefault((n, k), {}).setdefault(m, [])
+            found[(n, k)][m] += [t for t in tactics if t not in found[(n, k)][m]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"collect_timings: --cells {path}: {type(error).__name__}: {error}") \
+            from None
+    if not found:
+        raise SystemExit(f"collect_timings: --cells {path}: no cells")
+    return found
+
+
 def shapes_of(args) -> list[tuple[int, int]]:
     shapes = []
     if args.model:
@@ -93,7 +124,7 @@ def provenance(command: str) -> dict:
                      "warpsplitk": warpsplitk.__version__}}
 
 
-def collect(log_path, shapes, budget_s, jobs):  # pragma: no cover - needs a GPU
+def collect(log_path, shapes, budget_s, jobs, listed=None):  # pragma: no cover - needs a GPU
     import torch
 
     from warpsplitk.compile import device_arch, launcher
@@ -139,22 +170,23 @@ def collect(log_path, shapes, budget_s, jobs):  # pragma: no cover - needs a GPU
             if time.perf_counter() - started > budget_s:
                 print(f"budget spent: {len(shapes) - index} shapes left", flush=True)
                 break
-            first = {m: base_set(m, n, k, sm_count) for m in MS}
+            ms = sorted(listed[(n, k)]) if listed else MS
+            first = listed[(n, k)] if listed else {m: base_set(m, n, k, sm_count) for m in ms}
             precompile(sorted({(n, k, t, False, True) for ts in first.values() for t in ts}),
                        arch, jobs, None)
             weights = timing.random_weights(n, k, timing.copies_for(n * k * 2), "cuda",
                                             seed=n * 7 + k)
             cells, inputs = {}, {}
-            for m in MS:
+            for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 inputs[m] = (x, out, x.double() @ weights[-1].double().t())
                 cells[m] = {}
                 time_set(n, k, m, first[m], weights, *inputs[m], cells[m])
-            second = {m: twin_set(cells[m], m, n, k, sm_count) for m in MS}
+            second = {m: [] if listed else twin_set(cells[m], m, n, k, sm_count) for m in ms}
             precompile(sorted({(n, k, t, False, True) for ts in second.values() for t in ts}),
                        arch, jobs, None)
-            for m in MS:
+            for m in ms:
                 x, out, ref = inputs[m]
                 time_set(n, k, m, second[m], weights, x, out, ref, cells[m])
                 t = timing.time_rounds([[lambda w=w: torch.matmul(x, w.t(), out=out)
@@ -178,9 +210,16 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=600.0,
                         help="start no new shape after this many seconds (default 600)")
     parser.add_argument("--jobs", type=int, default=None, help="compile processes")
+    parser.add_argument("--cells", help="JSON file of cells and the tactics to time in each "
+                        "(instead of shapes or --model)")
     args = parser.parse_args(argv)
-    shapes = shapes_of(args)
-    collect(args.log, shapes, args.budget, args.jobs)
+    if args.cells:
+        if args.shapes or args.model:
+            raise SystemExit("collect_timings: --cells: not with shapes or --model")
+        listed = read_cells(args.cells)
+        collect(args.log, list(listed), args.budget, args.jobs, listed)
+    else:
+        collect(args.log, shapes_of(args), args.budget, args.jobs)
     return 0
 
 

@@ -46,3 +46,40 @@ def test_shapes_come_from_arguments_or_a_model():
     args.shapes = []
     with pytest.raises(SystemExit, match="give N,K shapes or --model"):
         collect.shapes_of(args)
+
+
+def test_cells_file_lists_the_tactics_per_cell(tmp_path):
+    import json
+    path = tmp_path / "cells.json"
+    path.write_text(json.dumps({"cells": [
+        {"n": 768, "k": 7168, "m": 16, "tactics": ["16,8,256,18,2+early", "16,16,256,13,2,2+early"]},
+        {"n": 768, "k": 7168, "m": 4, "tactics": ["16,8,256,14,2,2+early"]},
+        {"n": 768, "k": 7168, "m": 16, "tactics": ["16,8,256,18,2+early"]},  # listed again: once
+        {"n": 4096, "k": 4096, "m": 1, "tactics": ["32,1,256,8,1"]}]}))
+    cells = collect.read_cells(path)
+    assert list(cells) == [(768, 7168), (4096, 4096)]
+    assert [t.short() for t in cells[(768, 7168)][16]] == ["16,8,256,18,2+early",
+                                                          "16,16,256,13,2,2+early"]
+    assert [t.short() for t in cells[(768, 7168)][4]] == ["16,8,256,14,2,2+early"]
+
+
+@pytest.mark.parametrize("text, words", [
+    (None, "FileNotFoundError"),
+    ("{", "JSONDecodeError"),
+    ('{"cells": []}', "no cells"),
+    ('{"cells": [{"n": 768, "k": 7168, "m": 40, "tactics": []}]}', "m <= 32"),
+    ('{"cells": [{"n": 768, "k": 7168, "tactics": []}]}', "KeyError"),
+    ('{"cells": [{"n": 768, "k": 7168, "m": 1, "tactics": ["16,16,256,14,2,2"]}]}', "shared memory"),
+])
+def test_a_bad_cells_file_is_named_with_its_problem(tmp_path, text, words):
+    path = tmp_path / "cells.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit, match=words) as error:
+        collect.read_cells(path)
+    assert str(path) in str(error.value)
+
+
+def test_cells_do_not_mix_with_shapes(tmp_path):
+    with pytest.raises(SystemExit, match="--cells: not with shapes or --model"):
+        collect.main([str(tmp_path / "log.jsonl"), "256,512", "--cells", "cells.json"])

@@ -135,3 +135,19 @@ def test_compiled_merged_llama_runs_the_swiglu_op():
     torch._dynamo.reset()
     assert sum(g.count("warpsplitk.decode_swiglu") for g in graphs) == 2
     assert ((compiled - eager).norm() / eager.norm()).item() < 1e-2
+
+
+def test_merged_llama_under_reduce_overhead():
+    """mode="reduce-overhead" (CUDA graph trees) over a merge=True model: the
+    merged weights are module Parameters, so the replays read them in place."""
+    model = cuda_llama(layers=2)
+    patch_model(model, merge=True, ms=range(1, 9), progress=None)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(4):  # warm-up, record, replays
+            ids = torch.randint(0, 512, (8, 1), device="cuda")
+            out = compiled(ids, use_cache=False).logits.double()  # copied: replays overwrite
+            eager = model(ids, use_cache=False).logits.double()
+            assert ((out - eager).norm() / eager.norm()).item() < 1e-2
+    torch._dynamo.reset()
