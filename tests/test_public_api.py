@@ -125,3 +125,40 @@ def test_emulate_attribute_survives_monkeypatch(monkeypatch):
     assert warpsplitk.emulate() == "fake"
     monkeypatch.undo()
     assert warpsplitk.emulate is real
+
+
+def _warpsplitk_imports(path, package):
+    """``(line, module, name)`` of every import of warpsplitk code in ``path``,
+    at any depth (imports inside functions included)."""
+    import ast
+    import importlib.util
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            module = (importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                      if node.level else node.module)
+            if module.split(".")[0] == "warpsplitk":
+                yield from ((node.lineno, module, alias.name) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name, None) for alias in node.names
+                        if alias.name.split(".")[0] == "warpsplitk")
+
+
+def test_every_import_of_the_package_resolves():
+    """Imports inside functions run only on their path (many only on a GPU):
+    each import of warpsplitk code in the package, the scripts and the
+    examples names a module and an attribute or submodule that exist."""
+    import importlib
+    root = SRC.parent
+    files = [(p, ".".join(p.relative_to(SRC).parent.parts)) for p in sorted(SRC.rglob("*.py"))]
+    files += [(p, None) for d in ("scripts", "examples") for p in sorted((root / d).glob("*.py"))]
+    missing, count = [], 0
+    for path, package in files:
+        for line, module, name in _warpsplitk_imports(path, package):
+            count += 1
+            found = importlib.import_module(module)
+            if name is not None and name != "*" and not hasattr(found, name):
+                try:
+                    importlib.import_module(f"{module}.{name}")
+                except ImportError:
+                    missing.append(f"{path.relative_to(root)}:{line}: {module}.{name}")
+    assert count > 200 and missing == []
