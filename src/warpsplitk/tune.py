@@ -46,23 +46,13 @@ import time
 from . import layout, timing
 from .cost_model import SHORTLIST
 from .decode import CUBLAS, DecodePlan
-from .space import (  # noqa: F401  (the space's rules, importable from here too)
-    BOUNDED_PREFETCH_DEPTHS,
-    BOUNDED_PREFETCH_TOP,
-    MIXED_MIN_BYTES,
-    MIXED_TOP,
-    NARROW_TOP,
-    PREFETCH_MAX_BYTES,
-    PREFETCH_TOP,
-    TMA_TOP,
-    balanced_half_tiles,
+from .space import (
     base_candidates,
     bounded_prefetch_twins,
     mixed_twins,
     narrow_twins,
     prefetch_twins,
     tma_twins,
-    with_tma_boxes,
 )
 from .tactics import (
     DEFAULT_MAX_STAGES,
