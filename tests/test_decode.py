@@ -435,7 +435,7 @@ def test_candidates_for_shapes_outside_the_table(n, k):
 
 
 def test_prefetch_twins_of_the_fastest_small_weights_only():
-    from warpsplitk.tune import PREFETCH_MAX_BYTES, PREFETCH_TOP, prefetch_twins
+    from warpsplitk.space import PREFETCH_MAX_BYTES, PREFETCH_TOP, prefetch_twins
     n, k = 768, 7168  # 11 MB, 28 K tiles of 256
     times = {WarpSplitKTactic(32, 8, 256, s, 1): 4.0 + s / 100 for s in (4, 6, 8, 10, 12)}
     times[WarpSplitKTactic(32, 8, 256, 28, 1)] = 1.0  # fastest, but its ring holds all of K
@@ -456,7 +456,7 @@ def test_bounded_prefetch_twins_of_the_fastest_any_size():
     """Each cell's two fastest without a prefetch, with the prefetch bounded
     to 1-4 tiles past the ring where that leaves part of the K share out;
     any weight size (2-6% on the 22-61 MB weights)."""
-    from warpsplitk.tune import BOUNDED_PREFETCH_DEPTHS, BOUNDED_PREFETCH_TOP, bounded_prefetch_twins
+    from warpsplitk.space import BOUNDED_PREFETCH_DEPTHS, BOUNDED_PREFETCH_TOP, bounded_prefetch_twins
     n, k = 4224, 2048  # 8 K tiles of 256
     a, b = WarpSplitKTactic(32, 8, 256, 3, 1, early_launch=True), WarpSplitKTactic(32, 8, 256, 6, 1)
     times = {a: 13.0, b: 13.1, WarpSplitKTactic(32, 8, 256, 2, 1): 14.0,
@@ -471,7 +471,7 @@ def test_bounded_prefetch_twins_of_the_fastest_any_size():
 
 
 def test_tma_twins_of_the_fastest():
-    from warpsplitk.tune import TMA_TOP, tma_twins
+    from warpsplitk.space import TMA_TOP, tma_twins
     n, k = 4224, 7168
     times = {WarpSplitKTactic(16, 32, 256, s, 2): 15.0 + s / 10 for s in (2, 3, 4, 5)}
     times[WarpSplitKTactic(32, 32, 256, 4, 1, tma_x=True)] = 1.0  # boxes already: never a source
@@ -491,7 +491,7 @@ def test_tma_twins_of_the_fastest():
 
 
 def test_mixed_twins_balance_uneven_grids_only():
-    from warpsplitk.tune import balanced_half_tiles, mixed_twins
+    from warpsplitk.space import balanced_half_tiles, mixed_twins
     assert balanced_half_tiles(3216, 32, 132) == 63      # 69 x 32 + 63 x 16
     assert balanced_half_tiles(3216, 64, 132) is None    # 100.5 64-row tiles
     assert balanced_half_tiles(2048, 32, 132) is None    # 128 tiles: no half tile fits
@@ -528,7 +528,7 @@ def test_mixed_twins_balance_uneven_grids_only():
 
 
 def test_narrow_twins_give_rows_past_m_to_ring_depth():
-    from warpsplitk.tune import NARROW_TOP, narrow_twins
+    from warpsplitk.space import NARROW_TOP, narrow_twins
     n, k = 2112, 7168  # 132 CTAs of 16 rows: one per SM
     parent = WarpSplitKTactic(16, 8, 256, 16, 1)
     times = {parent: 7.4, WarpSplitKTactic(32, 8, 256, 10, 2, 2, tma_x=False): 7.5,

@@ -145,12 +145,13 @@ def _warpsplitk_imports(path, package):
 
 def test_every_import_of_the_package_resolves():
     """Imports inside functions run only on their path (many only on a GPU):
-    each import of warpsplitk code in the package, the scripts and the
-    examples names a module and an attribute or submodule that exist."""
+    each import of warpsplitk code in the package, the scripts, the examples
+    and the tests names a module and an attribute or submodule that exist."""
     import importlib
     root = SRC.parent
     files = [(p, ".".join(p.relative_to(SRC).parent.parts)) for p in sorted(SRC.rglob("*.py"))]
-    files += [(p, None) for d in ("scripts", "examples") for p in sorted((root / d).glob("*.py"))]
+    files += [(p, None) for d in ("scripts", "examples", "tests")
+              for p in sorted((root / d).glob("*.py"))]
     missing, count = [], 0
     for path, package in files:
         for line, module, name in _warpsplitk_imports(path, package):
