@@ -6,10 +6,9 @@
 ``decode_linear``: ``out[M, N] = x[M, K] @ weight[N, K]^T (+ bias)`` on CUDA.
 ``decode_swiglu``: ``weight`` is ``[w_gate; w_up]`` and the kernel has the
 SwiGLU epilogue, ``out[M, N / 2] = silu(gate) * up`` (what a merged MLP runs
-under torch.compile). A custom op cannot
-take a ``PreparedWarpSplitK`` (compiled code, CuTe views) as an argument, so
-the prepared object lives in a registry here and the op gets its integer
-``handle``. ``weight`` and ``bias`` are passed as well, although the kernel
+under torch.compile). A custom op cannot take a ``PreparedWarpSplitK``
+(compiled code, CuTe views) as an argument, so the prepared object lives in
+a registry here and the op gets its integer ``handle``. ``weight`` and ``bias`` are passed as well, although the kernel
 reads them through the prepared object: that way torch.compile sees the op's
 real data dependencies, and the fake implementation knows N without a lookup.
 
@@ -19,7 +18,8 @@ once on the current stream and never synchronises. Compile with
 ``prepare`` before capturing; nothing here compiles.
 
 The registry holds prepared objects weakly: whoever registers one (a
-``DecodeLinear``) keeps it alive, and its handle stops resolving when it dies.
+``DecodeLinear``, a merged MLP's group) keeps it alive, and its handle stops
+resolving when it dies.
 """
 
 from __future__ import annotations
