@@ -85,7 +85,8 @@ def test_lookup_and_fallback_warns_once_per_shape():
 
 
 def test_set_refuses_illegal_tactic():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="N must be a positive multiple of output_tile 16, "
+                                         "got N=100"):
         DecodePlan().set(100, 128, 1, T(16, 8, 128, 1, 1))
 
 
@@ -713,7 +714,7 @@ def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
     fresh = _record(key="a")
     assert fresh["rev"] == KERNEL_REVISION and "variant" not in fresh
     split, multicast = "32,8,256,4,1,2", "16,16,256,4,1,1,2"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"a tactic is five integers .*, got '{multicast}'$"):
         WarpSplitKTactic.parse(multicast)
     log = tmp_path / "log.jsonl"
     _log(log, [(1024, 4096, r, split, 5.0) for r in REPRESENTATIVE_MS])

@@ -38,17 +38,18 @@ def sval(attr, *words):
 
 
 def test_read_resources_synthetic():
-    info = (sval(elf.EIATTR_REGCOUNT, 7, 96)
+    info = (sval(elf.EIATTR_REGCOUNT, 7, 40)
             + struct.pack("<BBH", 0x03, 0x1B, 0xFF)  # an unsized entry: skipped
             + sval(elf.EIATTR_FRAME_SIZE, 7, 16)
             + sval(elf.EIATTR_MAX_STACK_SIZE, 7, 24)
-            + sval(elf.EIATTR_REGCOUNT, 9, 40)  # a second kernel: the maximum wins
+            + sval(elf.EIATTR_REGCOUNT, 9, 96)  # more kernels: the maximum wins,
+            + sval(elf.EIATTR_REGCOUNT, 11, 64)  # neither the first nor the last
             + sval(0x37, 7))  # short payload of another attribute: ignored
     blob = make_elf([(".text.kernel", b"\0" * 16), (".nv.info", info)])
     assert elf.read_resources(blob) == (96, 16, 24)
     attrs = [a for a, _ in elf.nv_info_attributes(blob)]
     assert attrs == [elf.EIATTR_REGCOUNT, elf.EIATTR_FRAME_SIZE, elf.EIATTR_MAX_STACK_SIZE,
-                     elf.EIATTR_REGCOUNT, 0x37]
+                     elf.EIATTR_REGCOUNT, elf.EIATTR_REGCOUNT, 0x37]
 
 
 def test_only_the_global_nv_info_is_read():

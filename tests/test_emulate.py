@@ -1,7 +1,6 @@
 """The NumPy emulator of the kernel's data movement: exact on integers, conflict-free,
 and able to notice a broken layout."""
 
-import dataclasses
 import itertools
 
 import numpy as np
@@ -319,16 +318,6 @@ def test_bulk_x_without_the_pad_has_bank_conflicts(monkeypatch):
     monkeypatch.setattr(layout, "B_ROW_PAD", 0)
     problems = bank_conflicts(WarpSplitKTactic(16, 16, 256, 2, 1, bulk_x=True))
     assert problems and all("B ldmatrix" in p for p in problems)
-
-
-def test_l2_prefetch_changes_no_result():
-    """The L2 prefetch is a hint: the emulated result is bit for bit the
-    tactic's without it."""
-    x, w, _ = integer_problem(7, 64, 1024, seed=11)
-    plain = WarpSplitKTactic(32, 8, 256, 2, 1)
-    np.testing.assert_array_equal(
-        emulate(x, w, dataclasses.replace(plain, l2_prefetch=True), round_output=False),
-        emulate(x, w, plain, round_output=False))
 
 
 @pytest.mark.parametrize("tactic,n,k,m", [

@@ -489,7 +489,7 @@ def test_l2_prefetch_covers_each_row_past_the_ring_once(output_tile, k_tiles, st
 
 
 def test_l2_prefetch_threads_refuse_a_tile_wider_than_the_loaders():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^80 rows, 64 weight-loader threads$"):
         layout.l2_prefetch_threads(layout.A_LOADER_WARPS * layout.WARP + 16)
 
 

@@ -141,9 +141,9 @@ def test_guard_on_os_environ(monkeypatch):
 
 def test_backend_check():
     check_backend_multicast("gloo", {"NCCL_NVLS_ENABLE": "1"})  # not NCCL: nothing to check
-    with pytest.raises(MulticastEnabledError):
+    with pytest.raises(MulticastEnabledError, match="NCCL_NVLS_ENABLE='1' \\(needs '0'\\)"):
         check_backend_multicast("nccl", {"NCCL_NVLS_ENABLE": "1"})
-    with pytest.raises(MulticastEnabledError):
+    with pytest.raises(MulticastEnabledError, match="NVSHMEM_DISABLE_NVLS='0' \\(needs '1'\\)"):
         check_backend_multicast("cpu:gloo,cuda:nccl", dict(MULTICAST_OFF, NVSHMEM_DISABLE_NVLS="0"))
     env = {}
     with pytest.warns(RuntimeWarning, match="before init_process_group"):

@@ -44,7 +44,7 @@ def test_gpu_key_names_the_model_and_its_sms():
     assert plan_cache.gpu_key("NVIDIA H100 80GB HBM3", 114) == "nvidia-h100-80gb-hbm3-114sm"
 
 
-def test_auto_tunes_once_and_the_next_process_reads_the_file(cache, tuner):
+def test_auto_tunes_once_and_the_next_process_reads_the_file(cache, tuner, capsys):
     lines = []
     plan = plan_cache.auto_plan([(4096, 4096), (4096, 4096), (2880, 2880)], (1, 8),
                                 gpu=OTHER, progress=lines.append)
@@ -62,7 +62,9 @@ def test_auto_tunes_once_and_the_next_process_reads_the_file(cache, tuner):
     plan_cache.auto_plan([(4096, 4096)], (1, 8, 32), gpu=OTHER, progress=None)
     assert len(tuner) == 2 and tuner[1][0] == [(4096, 4096)]
     # quiet: the tuner gets a progress it can call, which prints nothing
+    capsys.readouterr()
     assert tuner[1][2]["progress"]("line") is None
+    assert capsys.readouterr() == ("", "")
 
 
 def test_the_builtin_plan_covers_its_own_gpu(cache, tuner):

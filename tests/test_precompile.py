@@ -64,7 +64,7 @@ def test_nothing_to_gain_does_nothing(cache, monkeypatch, setting):
 
 def test_illegal_tactic_is_the_callers_error(cache):
     bad = (256, 512, WarpSplitKTactic(16, 8, 256, 16, 1), False, True)  # 16 stages > 2 K tiles
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="stages=16 exceeds the 2 K tiles of K=512"):
         precompile.precompile([bad, KERNELS[0]], "sm_90a", jobs=2)
 
 

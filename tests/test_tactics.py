@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import re
 
 import pytest
 
@@ -119,8 +120,9 @@ def test_rejects_non_integer_shapes():
 
 
 def test_limits_are_inclusive():
-    """The edges of each range are legal: 16 stages, 64 K tiles, one stage for one tile."""
-    check_tactic(T(16, 8, 128, 16, 1), 256, 16 * 128)
+    """The edges of each range are legal: MAX_STAGES (32) stages, 64 K tiles, one stage for
+    one tile."""
+    check_tactic(T(16, 8, 128, MAX_STAGES, 1), 256, MAX_STAGES * 128)
     check_tactic(T(16, 8, 128, 2, 1), 256, MAX_K_TILES * 128)
     check_tactic(T(16, 8, 256, 2, 1), 256, MAX_K_TILES * 256)
     check_tactic(T(16, 8, 256, 1, 1), 16, 256)
@@ -180,15 +182,22 @@ def test_default_tactic_single_k_tile_uses_one_stage():
     assert (t.k_tile, t.stages) == (128, 1)
 
 
-@pytest.mark.parametrize("m,n,k", [(0, 256, 1024), (33, 256, 1024), (1, 40, 1024),
-                                   (1, 256, 1000), (1, 256, 65 * 256), (1, 0, 1024)])
-def test_default_tactic_rejects_bad_shapes(m, n, k):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("m,n,k,message", [
+    (0, 256, 1024, r"M must be in 1\.\.32, got 0$"),
+    (33, 256, 1024, r"M must be in 1\.\.32, got 33$"),
+    (1, 40, 1024, r"N must be a positive multiple of 16, got 40$"),
+    (1, 256, 1000, r"K must be a positive multiple of 128 up to 8192, or of 256 up to 16384; "
+                   r"got 1000$"),
+    (1, 256, 65 * 256, r"K must be .*; got 16640$"),
+    (1, 0, 1024, r"N must be a positive multiple of 16, got 0$")])
+def test_default_tactic_rejects_bad_shapes(m, n, k, message):
+    with pytest.raises(ValueError, match=message):
         default_tactic(m, n, k, sm_count=132)
 
 
 def test_default_tactic_unsupported_k_is_a_value_error():
-    with pytest.raises(ValueError):
+    # 65 tiles of 128: a multiple of 128 past 8192 that is not one of 256
+    with pytest.raises(ValueError, match=r"K must be .*; got 8320$"):
         default_tactic(1, 256, 65 * 128, sm_count=132)
 
 
@@ -394,7 +403,8 @@ def test_tma_x_text_and_rules():
     check_tactic(t, 4224, 7168)
     assert T.parse("32,8,256,10,1,2+tma") == T(32, 8, 256, 10, 1, 2, tma_x=True)
     for bad in ("32,8,256,11,1+tma+early", "32,8,256,11,1+tma+bulk", "32,8,256,11,1+bulk+tma+x"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError,
+                           match=f"a tactic is five integers .*, got '{re.escape(bad)}'$"):
             T.parse(bad)
     with pytest.raises(ValueError, match="tma_x must be one of"):
         check_tactic(T(32, 8, 256, 4, 1, tma_x=1), 2048, 2048)
@@ -464,7 +474,8 @@ def test_bounded_l2_prefetch_text_and_rules():
     assert T.parse("32,8,256,11,1+prefetch4").prefetch_tiles == 4
     assert T.parse("32,8,256,11,1+prefetch").prefetch_tiles == 0
     for bad in ("32,8,256,11,1+prefetch04", "32,8,256,11,1+prefetchx", "32,8,256,11,1+4prefetch"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError,
+                           match=f"a tactic is five integers .*, got '{re.escape(bad)}'$"):
             T.parse(bad)
     check_tactic(t, 1536, 7168)  # 14 tiles per CTA: 10 in the ring, 2 past it
     with pytest.raises(ValueError, match="reaches the end of the 14 K tiles per CTA"):
