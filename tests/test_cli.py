@@ -172,7 +172,8 @@ def test_tune_log_missing_or_malformed(capsys, tmp_path, no_gpu_needed):
     log = tmp_path / "log.jsonl"
     assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 2
     _one_error(capsys, "tune", "argument --log", str(log), "no such tuning log")
-    log.write_text('{"key": "1", "n": 1}\nnot json\n')
+    log.write_text('{"key": "256,1024,1,cublas", "n": 256, "k": 1024, "m": 1, "tactic": "cublas", '
+                   '"ok": true, "us": 2.5}\nnot json\n')
     assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 2
     _one_error(capsys, "tune", "argument --log", str(log), "line 2", "not JSON")
     # a tuning run (resuming from the log, the default) checks it before the GPU too
@@ -271,13 +272,16 @@ def test_tune_from_log_takes_the_gpu_the_log_names(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(tune_module, "plan_from_log", plan_from_log)
     monkeypatch.setattr(tune_module, "plan_meta", plan_meta)
     log, out = tmp_path / "log.jsonl", tmp_path / "plan.json"
-    log.write_text(json.dumps({"key": "a", "gpu": "NVIDIA H200", "sm_count": 132}) + "\n")
+    record = {"key": "256,1024,8,cublas", "n": 256, "k": 1024, "m": 8, "tactic": "cublas",
+              "ok": True, "us": 2.5}
+    log.write_text(json.dumps({"meta": {"gpu": "NVIDIA H200", "sm_count": 132}}) + "\n"
+                   + json.dumps(record) + "\n")
     assert main(["tune", "--from-log", "--log", str(log), "-o", str(out), "--m", "8"]) == 0
     (args, kwargs), = calls
     assert kwargs == {} and args[0] == str(log) and args[1] == [5, 6, 7, 8]
     assert args[2]["gpu"] == "NVIDIA H200" and args[2]["sm_count"] == 132
     assert "plan for 0 shapes" in capsys.readouterr().out
-    log.write_text(json.dumps({"key": "a"}) + "\n")
+    log.write_text(json.dumps(record) + "\n")
     assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 0
     assert calls[-1][0][2]["gpu"] == "unknown" and calls[-1][0][2]["sm_count"] == 132
 
@@ -408,3 +412,77 @@ def test_cache_lists_resource_records(capsys, tmp_path, monkeypatch):
     assert main(["cache", "--clear"]) == 0
     assert "removed 0 compiled kernels and 1 resource records" in capsys.readouterr().out
     assert disk_cache.resource_entries() == []
+
+
+def test_no_shape_the_kernel_takes_is_one_line(capsys, tmp_path, no_gpu_needed):
+    for command, more in (("bench", []), ("tune", ["-o", str(tmp_path / "plan.json")])):
+        assert main([command, "--shapes", "24,100", "1000,4096"] + more) == 2
+        _one_error(capsys, command, "no shape the kernel takes",
+                   "24x100 left to cuBLAS: N=24 is not a multiple of 16",
+                   "1000x4096 left to cuBLAS")
+
+
+@pytest.mark.parametrize("tbps", ["inf", "nan", "0", "-1", "x"])
+def test_tbps_is_a_finite_positive_number(tbps, capsys):
+    assert main(["plan", "--no-compile", "--tbps", tbps]) == 2
+    _one_error(capsys, "plan", "argument --tbps", f"a positive number, got {tbps!r}")
+
+
+def _valid_record(**changes):
+    record = {"key": "256,1024,8,16,8,128,2,1", "n": 256, "k": 1024, "m": 8,
+              "tactic": "16,8,128,2,1", "ok": True, "us": 2.5, "rev": 3}
+    record.update(changes)
+    return {k: v for k, v in record.items() if v is not ...}
+
+
+@pytest.mark.parametrize("changes,words", [
+    ({"us": 0}, ["'us' must be a positive number of microseconds, got 0"]),
+    ({"us": -3}, ["got -3"]),
+    ({"us": None}, ["got None"]),
+    ({"us": "fast"}, ["got 'fast'"]),
+    ({"us": ...}, ["got None"]),
+    ({"n": ...}, ["'n' must be a positive integer, got None"]),
+    ({"m": 33}, ["'m' must be in 1..32, got 33"]),
+    ({"k": 1024.0}, ["'k' must be a positive integer, got 1024.0"]),
+    ({"rev": "x"}, ["'rev' must be a positive integer, got 'x'"]),
+    ({"key": [1]}, ["'key' must be a string, got [1]"]),
+    ({"tactic": ...}, ["'tactic' must be a string, got None"]),
+])
+def test_tune_log_records_are_checked(changes, words, capsys, tmp_path, no_gpu_needed):
+    log, out = tmp_path / "log.jsonl", tmp_path / "plan.json"
+    log.write_text(json.dumps({"meta": {"gpu": "test"}}) + "\n" + json.dumps(_valid_record())
+                   + "\n" + json.dumps(_valid_record(**changes)) + "\n")
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 2
+    _one_error(capsys, "tune", "argument --log", f"{log} line 3: ", *words)
+    assert not out.exists()
+    # the library's own reading of the log says the same
+    from warpsplitk.tune import plan_from_log
+    with pytest.raises(ValueError, match=f"^{log} line 3: "):
+        plan_from_log(str(log))
+    # a record that failed carries no time
+    if changes in ({"us": None}, {"us": ...}):
+        log.write_text(json.dumps(_valid_record(ok=False, **changes)) + "\n")
+        assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 0
+
+
+def test_plan_file_times_are_checked_before_the_view_divides(capsys, tmp_path):
+    plan = DecodePlan()
+    plan.set(4096, 4096, 1, default_tactic(1, 4096, 4096, 132), 5.0)
+    data = plan.to_json()
+    data["shapes"][0]["entries"]["1"]["us"] = 0
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    assert main(["plan", "--no-compile", "--plan", str(path), "--shapes", "4096,4096",
+                 "--m", "1"]) == 2
+    _one_error(capsys, "plan", "argument --plan", "'us' must be a positive number")
+
+
+def test_shape_and_m_helpers_refuse_non_text():
+    from warpsplitk import shapes
+    for bad in ([None], [(16, 128)]):
+        with pytest.raises(ValueError, match="a shape is an 'N,K' string or a .json table's path, "
+                                             "got "):
+            shapes.shape_entries(bad)
+    with pytest.raises(ValueError, match=r"Ms are given as text \(Ms in 1\.\.32 as e\.g\..*\), "
+                                         r"got 5$"):
+        shapes.parse_ms(5)

@@ -59,6 +59,27 @@ def _write(tmp_path, data):
     # stale: a tactic that no longer passes check_tactic (more stages than K tiles)
     (lambda d: d["shapes"][0]["entries"].update({"3": {"tactic": "16,8,128,2,1"}}),
      "N=768 K=128 M=3: .*exceeds"),
+    # a time the plan view divides by, or prints: a positive number or null
+    (lambda d: d["shapes"][0]["entries"]["32"].update(us=0), r"M=32: 'us' must be a positive "
+                                                            r"number of microseconds or null, got 0$"),
+    (lambda d: d["shapes"][0]["entries"]["32"].update(us=-5), "'us' must be .*got -5$"),
+    (lambda d: d["shapes"][0]["entries"]["32"].update(us=[1]), r"'us' must be .*got \[1\]$"),
+    (lambda d: d["shapes"][0]["entries"]["32"].update(us="fast"), "'us' must be .*got 'fast'$"),
+    (lambda d: d["shapes"][0]["entries"]["32"].update(us=True), "'us' must be .*got True$"),
+    # a cuBLAS entry has no tactic to check its shape against: N and K are checked alone
+    (lambda d: d["shapes"].append({"n": [4096], "k": 4096, "entries": {"1": {"tactic": "cublas"}}}),
+     r"N must be a positive integer, got \[4096\]$"),
+    (lambda d: d["shapes"].append({"n": 4096, "k": "x", "entries": {"1": {"tactic": "cublas"}}}),
+     "K must be a positive integer, got 'x'$"),
+    (lambda d: d["shapes"].append({"n": -1, "k": 4096, "entries": {"1": {"tactic": "cublas"}}}),
+     "N must be a positive integer, got -1$"),
+    # one spelling per M, and one entry per (N, K, M) across the file
+    (lambda d: d["shapes"][0]["entries"].update({" 3": {"tactic": "16,8,128,4,1"}}),
+     r"M must be an integer in 1\.\.32, got ' 3'$"),
+    (lambda d: d["shapes"][0]["entries"].update({"03": {"tactic": "16,8,128,4,1"}}), "got '03'$"),
+    (lambda d: d["shapes"].append(dict(d["shapes"][0])), "M=32: a second entry"),
+    (lambda d: d["shapes"][0]["entries"].update({"3": "16,8,128,4,1"}), "needs a 'tactic'"),
+    (lambda d: d.update(version=True), "version True"),
 ])
 def test_bad_files_name_the_entry(tmp_path, mutate, match):
     data = small_plan().to_json()
@@ -72,6 +93,56 @@ def test_not_json(tmp_path):
         load_plan(_write(tmp_path, "{nope"))
 
 
+def test_a_plan_file_is_a_path_of_utf8_text(tmp_path):
+    binary = tmp_path / "plan.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match=rf"^{binary}: not a plan file: not UTF-8 text"):
+        load_plan(binary)
+    # open() would take a file descriptor (True is 1: stdout) and close it
+    for descriptor in (True, 1, 3):
+        with pytest.raises(ValueError, match=f"the plan file must be a path, got {descriptor!r}$"):
+            load_plan(descriptor)
+
+
+@pytest.mark.parametrize("args,match", [
+    ((4224, 7168, 0, T(32, 8, 256, 11, 1)), "M must be a positive integer, got 0$"),
+    ((4224, 7168, 33, "cublas"), r"M must be in 1\.\.32, got 33$"),
+    ((4224, 7168, "1", "cublas"), "M must be a positive integer, got '1'$"),
+    ((0, 7168, 1, "cublas"), "N must be a positive integer, got 0$"),
+    ((4224, 7168.0, 1, "cublas"), "K must be a positive integer, got 7168.0$"),
+    ((4224, 7168, 1, "cublas", 0.0), "'us' must be .* got 0.0$"),
+    ((4224, 7168, 1, "cublas", float("nan")), "'us' must be .* got nan$"),
+])
+def test_set_refuses_what_the_file_could_not_hold(args, match):
+    plan = DecodePlan()
+    with pytest.raises(ValueError, match=match):
+        plan.set(*args)
+    assert plan.entries == {}
+
+
+def test_every_plan_argument_is_a_plan_none_or_auto():
+    from warpsplitk.decode import check_plan, prepare, resolve_plan
+    plan = small_plan()
+    assert check_plan(plan) is plan and check_plan(None) is None and check_plan("auto") == "auto"
+    assert resolve_plan(plan, [(4224, 7168)]) is plan
+    assert resolve_plan("auto", []) is None  # nothing the kernel takes: nothing to tune
+    for bad in ("h200", "bogus", {}, 123, plan.to_json()):
+        with pytest.raises(ValueError, match=r"plan must be a DecodePlan, None or 'auto', got "):
+            check_plan(bad)
+    import torch
+    weight = torch.zeros(256, 1024, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto', got 'h200'$"):
+        prepare(weight, "h200")
+    for bad, given in ((None, "NoneType"), (torch.zeros(1024), r"shape \(1024,\)"),
+                       (torch.zeros(2, 16, 128), r"shape \(2, 16, 128\)")):
+        with pytest.raises(ValueError, match=rf"^weight must be a 2-D torch\.Tensor \[N, K\], "
+                                             rf"got {given}$"):
+            prepare(bad)
+    # a CPU weight with plan="auto": refused for its device, with nothing tuned
+    with pytest.raises(ValueError, match="weight must be on a CUDA device, got cpu"):
+        prepare(weight, "auto")
+
+
 def test_lookup_and_fallback_warns_once_per_shape():
     plan = small_plan()
     assert plan.lookup(4224, 7168, 1) == T(32, 8, 256, 11, 1)
@@ -82,6 +153,11 @@ def test_lookup_and_fallback_warns_once_per_shape():
         plan.tactic_for(4224, 7168, 1)  # a hit: no warning
     assert got == [default_tactic(m, 2048, 2048, 132) for m in (1, 2, 3)]
     assert len(caught) == 1 and "N=2048, K=2048" in str(caught[0].message)
+    # an empty plan is no plan: the default is what was asked for, nothing to say
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert DecodePlan().tactic_for(2048, 2048, 1, sm_count=132) == got[0]
+    assert caught == []
 
 
 def test_set_refuses_illegal_tactic():
@@ -735,3 +811,11 @@ def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
     assert partial == {}
     assert {(t.short(), us) for t, us in
             (plan.entries[(1024, 4096)][r] for r in REPRESENTATIVE_MS)} == {(split, 5.0)}
+
+
+def test_tuning_order_is_largest_weight_first():
+    from warpsplitk.tune import tuning_order
+    assert tuning_order([(1024, 4096), (4096, 14336), (4096, 1024), (14336, 4096),
+                         (1024, 4096)]) == [(4096, 14336), (14336, 4096), (1024, 4096),
+                                            (4096, 1024)]
+    assert tuning_order([]) == []

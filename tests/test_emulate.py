@@ -358,3 +358,14 @@ def test_mixed_grids_emulate_exactly(tactic, n, k, m):
     x, w, _ = integer_problem(m, n, k, seed=9)
     out = emulate(x, w, tactic, round_output=False, check_coverage=True)
     assert np.array_equal(out, reference(x, w))
+
+
+def test_refuses_what_is_not_an_x_weight_bias_triple():
+    x, w, _ = integer_problem(4, 32, 256, seed=1)
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    with pytest.raises(ValueError, match=r"x \[M, K\] and weight \[N, K\] must be 2-D, got shapes "
+                                         r"\(256,\) and \(32, 256\)"):
+        emulate(x[0], w, tactic)
+    for bias, shape in ((np.zeros(64), r"\(64,\)"), (np.float32(1.0), r"\(\)")):
+        with pytest.raises(ValueError, match=rf"bias must have shape \(32,\), got {shape}$"):
+            emulate(x, w, tactic, bias)

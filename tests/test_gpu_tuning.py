@@ -19,6 +19,9 @@ def test_quick_tune_measures_the_shortlist_and_plans_every_m(tmp_path):
     log = tmp_path / "log.jsonl"
     plan = tune([(n, k)], [1, 2, 8], log_path=str(log), progress=lambda line: None)
     records = [json.loads(line) for line in log.read_text().splitlines()]
+    # the run's provenance line names the GPU (`tune --from-log` reads it)
+    assert records[0]["meta"]["gpu"] == torch.cuda.get_device_name()
+    assert records[0]["meta"]["sm_count"] == torch.cuda.get_device_properties(0).multi_processor_count
     timed = {(r["m"], r["tactic"]) for r in records if r.get("ok") and not r.get("confirm")}
     # every kernel timing is of the shortlist of its measured M (4 serves 2..4)
     for m in (1, 4, 8):

@@ -302,6 +302,30 @@ def test_deepcopy_reprepares(meta_kernel):
 # ------------------------------------------------------------ patch_model
 
 
+def test_constructor_refusals():
+    weight = torch.zeros(64, 256, dtype=torch.bfloat16)
+    for bad, given in ((None, "NoneType"), (torch.zeros(64), r"shape \(64,\)"),
+                       (torch.zeros(2, 64, 256), r"shape \(2, 64, 256\)")):
+        with pytest.raises(ValueError, match=r"^weight must be a 2-D torch\.Tensor "
+                                             rf"\[out_features, in_features\], got {given}$"):
+            DecodeLinear(bad)
+    # Ms the kernel never sees would leave a module that silently always falls back
+    for ms, given in (([0, 50], "0"), ([1.0], "1.0"), ("ab", "'a'")):
+        with pytest.raises(ValueError, match=rf"M must be in 1\.\.32, got {given}$"):
+            DecodeLinear(weight, ms=ms)
+    with pytest.raises(ValueError, match="ms must be an iterable"):
+        DecodeLinear(weight, ms=None)
+    for plan in ("h200", 123, {}):
+        with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto', got "):
+            DecodeLinear(weight, plan=plan)
+    from warpsplitk.merge import merge_linears
+    with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto', got 'bogus'"):
+        merge_linears([nn.Linear(256, 64), nn.Linear(256, 64)], plan="bogus")
+    with pytest.raises(ValueError, match=r"M must be in 1\.\.32, got 33$"):
+        patch_model(nn.Sequential(nn.Linear(256, 64)), ms=[1, 33])
+    assert DecodeLinear(weight, ms=()).ms == ()  # nothing prepared: always F.linear
+
+
 def test_patch_model_cpu_skips_everything():
     model = nn.Sequential(nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 16))
     before = list(model)

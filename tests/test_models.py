@@ -178,3 +178,14 @@ def test_reference_tactic_refuses_what_the_kernel_refuses():
         reference_tactic(1, 2880, 2880)
     with pytest.raises(ValueError, match="M must be in 1..32"):
         reference_tactic(33, 4096, 4096)
+
+
+@pytest.mark.parametrize("n,k,reason", [
+    (0, 0, "N must be a positive integer, got 0"),
+    (-16, -128, "N must be a positive integer, got -16"),
+    (16.0, 128.0, "N must be a positive integer, got 16.0"),
+    ("16", 128, "N must be a positive integer, got '16'"),
+    (16, 0, "K must be a positive integer, got 0"),
+    (True, 128, "N must be a positive integer, got True")])
+def test_kernel_refusal_of_what_is_no_size(n, k, reason):
+    assert models.kernel_refusal(n, k) == reason

@@ -184,13 +184,27 @@ def test_module_refusals():
     with pytest.raises(ValueError, match="multiple of 16"):  # a shard the kernel cannot take
         ColumnParallelDecodeLinear(w)
     ColumnParallelDecodeLinear(w, use_kernel=False)  # F.linear on purpose: no kernel rules
-    with pytest.raises(ValueError, match=r"bias must have shape \(64,\)"):
+    with pytest.raises(ValueError, match=r"bias must be a tensor of shape \(64,\), got \(32,\)"):
         ColumnParallelDecodeLinear(full()[0], torch.zeros(32))
     with pytest.raises(ValueError, match="full"):
         RowParallelDecodeLinear(full()[0], torch.zeros(32))
     row = RowParallelDecodeLinear(full()[0])
     with pytest.raises(ValueError, match=r"expected \[\.\.\., 256\]"):
         row(torch.randn(2, 128))
+    # what is not a tensor of the right kind is refused by name, not by a stray error
+    column = ColumnParallelDecodeLinear(full()[0])
+    for module, mode in ((row, "row"), (column, "column")):
+        with pytest.raises(ValueError, match=rf"^{mode}-parallel rank 0: x must be a tensor "
+                                             r"\[\.\.\., K\], got torch\.Size\(\[\]\)$"):
+            module(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"bias must be a tensor of shape \(64,\), got list$"):
+        ColumnParallelDecodeLinear(full()[0], [0.0] * 64)
+    with pytest.raises(ValueError, match="the full weight must be a 2-D tensor"):
+        ColumnParallelDecodeLinear.from_full_weight(torch.zeros(64), rank=0, world=1)
+    with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto', got 'h200'"):
+        ColumnParallelDecodeLinear(full()[0], plan="h200")
+    with pytest.raises(ValueError, match=r"M must be in 1\.\.32, got 0$"):
+        RowParallelDecodeLinear(full()[0], ms=[0, 8])
 
 
 # ------------------------------------------------- two processes over gloo

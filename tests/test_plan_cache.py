@@ -133,6 +133,17 @@ def test_prepare_model_and_patch_model_take_auto_or_refuse_other_strings(cache, 
     assert tuner == [] and report.swapped == []
 
 
+def test_auto_needs_a_gpu_to_name(cache, tuner, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="^plan='auto' is the plan measured on this machine's "
+                                         "CUDA GPU, and torch sees no CUDA GPU$"):
+        plan_cache.auto_plan([(4096, 4096)], (1,), progress=None)
+    with pytest.raises(ValueError, match="torch sees no CUDA GPU"):
+        prepare_model({"w": torch.empty(4096, 4096, dtype=torch.bfloat16)}, plan="auto",
+                      progress=None)
+    assert tuner == []
+
+
 def test_cache_command_lists_plans(cache, capsys):
     plan = DecodePlan()
     plan.set(256, 512, 1, WarpSplitKTactic(16, 8, 128, 2, 1), 2.0)

@@ -155,3 +155,28 @@ def test_stream_handle_prefers_the_raw_current_stream(monkeypatch):
         cuda_stream = 0xDEF
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: Stream())
     assert module._stream_handle(torch.device("cuda", 0)) == 0xDEF
+
+
+# ------------------------------------------- the tactics mapping, no GPU needed
+
+T128 = WarpSplitKTactic(16, 8, 128, 2, 1)
+
+
+@pytest.mark.parametrize("tactics,match", [
+    ({}, r"tactics must be a non-empty mapping \{M: WarpSplitKTactic\}, got \{\}$"),
+    (None, "tactics must be a non-empty mapping .*, got None$"),
+    ([(1, T128)], "tactics must be a non-empty mapping"),
+    ({0: T128}, r"tactics are keyed by M in 1\.\.32, got key 0$"),
+    ({1: T128, 33: T128}, "got key 33$"),
+    ({"1": T128}, "got key '1'$"),
+    ({True: T128}, "got key True$"),
+    ({1.0: T128}, "got key 1.0$"),
+    ({8: "16,8,128,2,1"}, "tactic for M=8: expected a WarpSplitKTactic, got str$"),
+    ({8: WarpSplitKTactic(16, 8, 128, 4, 1)}, "tactic for M=8: .*stages=4 exceeds the 2 K tiles"),
+    ({8: WarpSplitKTactic(16.0, 8, 128, 2, 1)}, "tactic for M=8: .*output_tile must be one of"),
+])
+def test_the_tactics_mapping_is_checked_whole(tactics, match):
+    from warpsplitk.prepared import _check_tactics
+    with pytest.raises(ValueError, match=match):
+        _check_tactics(tactics, 256, 256)
+    _check_tactics({1: T128, 32: WarpSplitKTactic(16, 32, 128, 2, 2)}, 256, 256)

@@ -510,3 +510,45 @@ def test_narrow_token_tiles_take_bulk_rows():
     # the bulk path's own rule still holds: one activation warp
     with pytest.raises(ValueError, match="bulk_x takes b_loader_warps 1"):
         check_tactic(T(16, 1, 256, 12, 2, bulk_x=True), 2112, 7168)
+
+
+# an integer field given as a float or a bool compares equal to a legal value
+# (16.0 == 16, True == 1): refused by type, before it reaches the compiler
+@pytest.mark.parametrize("field,value", [
+    ("output_tile", 16.0), ("token_tile", 8.0), ("k_tile", 128.0), ("stages", 4.0),
+    ("stages", True), ("b_loader_warps", 1.0), ("b_loader_warps", True), ("k_split", 2.0),
+    ("k_split", True), ("half_tiles", 0.0), ("early_launch", 0), ("tma_x", 0.0)])
+def test_fields_are_refused_by_type_not_only_by_value(field, value):
+    tactic = dataclasses.replace(T(16, 8, 128, 4, 1), **{field: value})
+    with pytest.raises(ValueError, match=rf"warp split-K tactic: {field} must be .*got "
+                                         rf"{re.escape(repr(value))}$"):
+        check_tactic(tactic, 4096, 4096)
+
+
+def test_parse_takes_ascii_digits_only():
+    # "²".isdigit() is true, int("²") is not: the text is refused as a whole
+    for bad in ("16,8,128,4,1+prefetch²", "32,8,256,11,1+half²"):
+        with pytest.raises(ValueError,
+                           match=f"a tactic is five integers .*, got '{re.escape(bad)}'$"):
+            T.parse(bad)
+
+
+@pytest.mark.parametrize("sm_count", [0, -1, "132", 132.0, True])
+def test_sm_count_is_a_positive_integer(sm_count):
+    from warpsplitk.decode import default_choice
+    from warpsplitk.tactics import reference_tactic
+    for choose in (default_tactic, reference_tactic, default_choice):
+        with pytest.raises(ValueError, match=rf"sm_count must be a positive integer \(the GPU's "
+                                             rf"SMs\), got {re.escape(repr(sm_count))}$"):
+            choose(1, 4096, 4096, sm_count)
+
+
+def test_check_ms():
+    from warpsplitk.tactics import check_ms
+    assert check_ms([8, 1, 8, 32]) == (1, 8, 32) and check_ms(()) == ()
+    assert check_ms(range(1, 33)) == tuple(range(1, 33))
+    for bad, given in (([0, 50], "0"), ([1.0], "1.0"), ("ab", "'a'"), ([True], "True")):
+        with pytest.raises(ValueError, match=rf"M must be in 1\.\.32, got {re.escape(given)}$"):
+            check_ms(bad)
+    with pytest.raises(ValueError, match=r"ms must be an iterable of Ms in 1\.\.32, got None$"):
+        check_ms(None)

@@ -84,7 +84,7 @@ def _positive_float(text):
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a positive number, got {text!r}") from None
-    if not value > 0:
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"a positive number, got {text!r}")
     return value
 
@@ -127,17 +127,20 @@ def _kernel_shapes(entries) -> list[tuple[int, int]]:
     """The distinct (N, K) of ``entries`` the kernel takes; a line for each
     it refuses (those run on cuBLAS)."""
     from .models import kernel_refusal
-    shapes = []
+    shapes, refused = [], []
     for shape in entries:
         n, k = shape["n"], shape["k"]
         why = kernel_refusal(n, k)
         if why is not None:
             name = f"{shape.get('model', '')} {shape.get('projection', '')}".strip()
-            print(f"# {name + ': ' if name else ''}{n}x{k} left to cuBLAS: {why}", flush=True)
+            refused.append(f"{name + ': ' if name else ''}{n}x{k} left to cuBLAS: {why}")
         elif (n, k) not in shapes:
             shapes.append((n, k))
-    if not shapes:
-        raise UsageError("no shape the kernel takes (N a multiple of 16, K of 128)")
+    if not shapes:  # a usage error: one line, the reasons in it
+        raise UsageError("no shape the kernel takes (N a multiple of 16, K of 128): "
+                         + "; ".join(refused))
+    for line in refused:
+        print(f"# {line}", flush=True)
     return shapes
 
 
@@ -180,6 +183,7 @@ def _read_log(path, required):
         return []
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"argument --log: {path}: cannot read the tuning log ({error})") from None
+    from .tune import check_log_record
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -189,9 +193,10 @@ def _read_log(path, required):
         except json.JSONDecodeError as error:
             raise UsageError(f"argument --log: {path} line {number}: not JSON ({error.msg}); "
                              "a tuning log holds one JSON record a line") from None
-        if not isinstance(record, dict) or "key" not in record:
-            raise UsageError(f"argument --log: {path} line {number}: not a tuning record "
-                             "(a JSON object with a 'key')")
+        try:
+            check_log_record(record, f"{path} line {number}")
+        except ValueError as error:
+            raise UsageError(f"argument --log: {error}") from None
         records.append(record)
     if required and not records:
         raise UsageError(f"argument --log: {path}: the tuning log has no records")
@@ -362,8 +367,10 @@ def _cmd_tune(args, argv):
         if args.shapes is not None or args.model is not None:
             raise UsageError(f"argument {'--model' if args.model else '--shapes'}: not with "
                              "--from-log (the plan has every shape the log measured)")
-        gpu = next((r["gpu"] for r in reversed(records) if r.get("gpu")), "unknown")
-        sm_count = next((r["sm_count"] for r in reversed(records) if r.get("sm_count")), 132)
+        # what the log's provenance lines ({"meta": ...}) say of the GPU
+        named = [r["meta"] for r in reversed(records) if "meta" in r]
+        gpu = next((p["gpu"] for p in named if p.get("gpu")), "unknown")
+        sm_count = next((p["sm_count"] for p in named if p.get("sm_count")), 132)
         plan, partial = plan_from_log(args.log, ms, plan_meta(gpu, sm_count, None))
         for (n, k), missing in partial.items():
             print(f"N={n} K={k}: left out, no measurement for M={missing}")

@@ -19,6 +19,7 @@ tactic, or cuBLAS where it predicts cuBLAS faster) and say so once.
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -32,15 +33,47 @@ PLAN_VERSION = 1
 CUBLAS = "cublas"
 
 
+def _check_entry(n, k, m, us, where):
+    """A plan entry's (N, K, M) and measured time: positive integers, M in
+    1..32, ``us`` None or a positive finite number of microseconds."""
+    for name, value in (("N", n), ("K", k), ("M", m)):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{where}: {name} must be a positive integer, got {value!r}")
+    if m > MAX_M:
+        raise ValueError(f"{where}: M must be in 1..{MAX_M}, got {m}")
+    if us is not None and (type(us) not in (int, float) or not math.isfinite(us) or us <= 0):
+        raise ValueError(f"{where}: 'us' must be a positive number of microseconds or null, "
+                         f"got {us!r}")
+
+
+def check_plan(plan):
+    """``plan``, unless it is not what every function taking a plan accepts:
+    a ``DecodePlan``, None (the default (cost model)) or ``"auto"``."""
+    if plan is None or isinstance(plan, DecodePlan) or (isinstance(plan, str) and plan == "auto"):
+        return plan
+    raise ValueError(f"plan must be a DecodePlan, None or 'auto', got {plan!r}")
+
+
+def resolve_plan(plan, shapes, ms=range(1, MAX_M + 1), *, progress=print, jobs=None):
+    """The ``DecodePlan`` (or None) ``plan`` stands for: ``"auto"`` is this
+    GPU's plan (``plan_cache.auto_plan``), tuned first for the ``shapes``
+    (``[(n, k)]``) it lacks; no shapes, nothing to tune: None."""
+    if check_plan(plan) != "auto":
+        return plan
+    if not shapes:
+        return None
+    from .plan_cache import auto_plan
+    return auto_plan(shapes, ms, progress=progress, jobs=jobs)
+
+
 def default_choice(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic | str:
     """What runs M tokens on an ``[n, k]`` weight without a plan entry:
     ``default_tactic``, or ``CUBLAS`` where the cost model predicts
     ``torch.matmul`` faster than that tactic (M = 32 on some large weights)."""
     from . import cost_model
-    from .tactics import _device_sm_count
+    from .tactics import _sm_count
+    sm_count = _sm_count(sm_count)
     tactic = default_tactic(m, n, k, sm_count)
-    if sm_count is None:
-        sm_count = _device_sm_count()
     return CUBLAS if cost_model.prefers_cublas(m, n, k, sm_count) else tactic
 
 
@@ -58,11 +91,12 @@ class DecodePlan:
 
     def tactic_for(self, n: int, k: int, m: int,
                    sm_count: int | None = None) -> WarpSplitKTactic | str:
-        """The plan's choice (a tactic or ``CUBLAS``), else ``default_choice``."""
+        """The plan's choice (a tactic or ``CUBLAS``), else ``default_choice``
+        (said once per shape, unless the plan is empty: no plan at all)."""
         tactic = self.lookup(n, k, m)
         if tactic is not None:
             return tactic
-        if (n, k) not in self._warned:
+        if self.entries and (n, k) not in self._warned:
             self._warned.add((n, k))
             have = "no entry" if (n, k) not in self.entries else f"no entry for M={m}"
             warnings.warn(f"decode plan has {have} for N={n}, K={k}: using the cost model's "
@@ -70,7 +104,9 @@ class DecodePlan:
         return default_choice(m, n, k, sm_count)
 
     def set(self, n, k, m, tactic, us=None):
-        """Choose ``tactic`` (or ``CUBLAS``) for (N, K, M)."""
+        """Choose ``tactic`` (or ``CUBLAS``) for (N, K, M), measured at ``us``
+        microseconds (or None)."""
+        _check_entry(n, k, m, us, "decode plan entry")
         if tactic != CUBLAS:
             check_tactic(tactic, n, k)
         self.entries.setdefault((n, k), {})[m] = (tactic, us)
@@ -91,7 +127,7 @@ class DecodePlan:
 def plan_from_json(data, source="plan") -> DecodePlan:
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise ValueError(f"{source}: not a warpsplitk plan (format must be {PLAN_FORMAT!r})")
-    if data.get("version") != PLAN_VERSION:
+    if type(data.get("version")) is not int or data["version"] != PLAN_VERSION:
         raise ValueError(f"{source}: plan version {data.get('version')!r}, this warpsplitk reads "
                          f"version {PLAN_VERSION}")
     if not isinstance(data.get("meta", {}), dict) or not isinstance(data.get("shapes", []), list):
@@ -106,12 +142,15 @@ def plan_from_json(data, source="plan") -> DecodePlan:
             raise ValueError(f"{source}: shapes[{i}] 'entries' must map each M to its tactic")
         for key, entry in entries.items():
             where = f"{source}: N={n} K={k} M={key}"
-            try:
-                m = int(key)
-            except ValueError:
-                raise ValueError(f"{where}: M must be an integer") from None
-            if not 1 <= m <= MAX_M:
-                raise ValueError(f"{where}: M must be in 1..{MAX_M}")
+            # one spelling per M: " 1" and "1" would both be M = 1
+            if not (key.isascii() and key.isdigit()) or str(int(key)) != key:
+                raise ValueError(f"{where}: M must be an integer in 1..{MAX_M}, got {key!r}")
+            m = int(key)
+            if not isinstance(entry, dict):
+                raise ValueError(f"{where}: entry needs a 'tactic'")
+            _check_entry(n, k, m, entry.get("us"), where)
+            if m in plan.entries.get((n, k), {}):
+                raise ValueError(f"{where}: a second entry for this N, K and M")
             try:
                 if entry["tactic"] == CUBLAS:
                     tactic = CUBLAS
@@ -151,15 +190,23 @@ def builtin_plan(name: str = "h200") -> DecodePlan:
     return plan_from_json(json.loads(text), f"built-in plan {name!r}")
 
 
-def prepare(weight, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), bias=None, *,
+def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1), bias=None, *,
             swiglu: bool = False):
     """``weight`` prepared with the plan's choice for each M in ``ms`` (the
-    default (cost model) where the plan has none), all compiled now: a
-    ``PreparedWarpSplitK``, or, where the plan runs some Ms on cuBLAS, a
-    ``PreparedDecode`` with the same interface. With ``swiglu`` (``weight``
-    is ``[gate; up]``): a ``PreparedWarpSplitK`` with the SwiGLU epilogue,
-    every M on the kernel (:func:`swiglu_tactic`)."""
+    default (cost model) where the plan has none; ``plan="auto"``: this GPU's
+    plan, tuned first where it lacks the shape), all compiled now: a
+    ``PreparedWarpSplitK``, or, where the plan or the cost model runs some Ms
+    on cuBLAS, a ``PreparedDecode`` with the same interface. With ``swiglu``
+    (``weight`` is ``[gate; up]``): a ``PreparedWarpSplitK`` with the SwiGLU
+    epilogue, every M on the kernel (:func:`swiglu_tactic`)."""
+    import torch
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        given = (f"shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor)
+                 else type(weight).__name__)
+        raise ValueError(f"weight must be a 2-D torch.Tensor [N, K], got {given}")
     n, k = weight.shape
+    # a weight off the GPU is refused by PreparedWarpSplitK, before any tuning
+    plan = resolve_plan(plan, [(n, k)] if weight.is_cuda else [], ms)
     plan = plan if plan is not None else DecodePlan()
     if swiglu:
         from .prepared import PreparedWarpSplitK
@@ -202,6 +249,10 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
 
     from .compile import device_arch
     from .precompile import precompile
+    weights = list(weights)
+    plan = resolve_plan(plan, [tuple(w.shape) for w in weights if isinstance(w, torch.Tensor)
+                               and w.is_cuda and w.dim() == 2], ms, progress=progress,
+                        jobs=jobs)
     plan = plan if plan is not None else DecodePlan()
     by_arch = {}
     for weight in weights:
@@ -231,7 +282,8 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
 def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), progress=print,
                   jobs=None):
     """Prepare every weight of ``{name: weight}`` before graph capture; reports
-    progress and the total compile time. Returns ``{name: PreparedWarpSplitK}``.
+    progress and the total compile time. Returns ``{name: prepared}`` (each a
+    ``PreparedWarpSplitK`` or ``PreparedDecode``, as :func:`prepare`).
 
     The kernels are first compiled ``jobs`` at a time in worker processes
     (default: one per core but one; see :mod:`warpsplitk.precompile`) into the
@@ -240,12 +292,8 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     ``plan="auto"``: the plan for this GPU (``warpsplitk.plan_cache``), tuning
     first the weights' shapes it lacks and keeping them for the next process."""
     start = time.perf_counter()
-    if isinstance(plan, str):
-        if plan != "auto":
-            raise ValueError(f"plan must be a DecodePlan, None or 'auto', got {plan!r}")
-        from .plan_cache import auto_plan
-        plan = auto_plan([tuple(w.shape) for w in weights.values() if w.dim() == 2], ms,
-                         progress=progress, jobs=jobs)
+    plan = resolve_plan(plan, [tuple(w.shape) for w in weights.values() if w.dim() == 2], ms,
+                        progress=progress, jobs=jobs)
     precompile_for(weights.values(), plan, ms, jobs, progress)
     prepared = {}
     for i, (name, weight) in enumerate(weights.items(), 1):

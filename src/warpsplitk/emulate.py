@@ -309,6 +309,9 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, rou
     """
     x = np.asarray(x, dtype=np.float32)
     weight = np.asarray(weight, dtype=np.float32)
+    if x.ndim != 2 or weight.ndim != 2:
+        raise ValueError(f"x [M, K] and weight [N, K] must be 2-D, got shapes {x.shape} and "
+                         f"{weight.shape}")
     m, k = x.shape
     n, k_w = weight.shape
     if k != k_w:
@@ -317,6 +320,8 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, rou
         raise ValueError(f"M must be in 1..{MAX_M}, got {m}")
     check_tactic(tactic, n, k, swiglu=swiglu)
     bias = None if bias is None else np.asarray(bias, dtype=np.float32)
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias must have shape ({n},), got {bias.shape}")
     columns = n // 2 if swiglu else n
     out = np.full((m, columns), np.nan, dtype=np.float32)
     written = np.zeros((m, columns), dtype=np.int64)

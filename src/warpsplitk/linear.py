@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops
-from .tactics import DEFAULT_SM_COUNT, MAX_M, default_tactic
+from .decode import check_plan, resolve_plan
+from .tactics import DEFAULT_SM_COUNT, MAX_M, check_ms, default_tactic
 
 logger = logging.getLogger("warpsplitk")
 
@@ -96,6 +97,11 @@ class DecodeLinear(nn.Module):
 
     def __init__(self, weight, bias=None, plan=None, ms=range(1, MAX_M + 1)):
         super().__init__()
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            given = (f"shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor)
+                     else type(weight).__name__)
+            raise ValueError(f"weight must be a 2-D torch.Tensor [out_features, in_features], "
+                             f"got {given}")
         # A plain tensor becomes a frozen Parameter (an inference module);
         # pass Parameters to share them, gradients included.
         if not isinstance(weight, nn.Parameter):
@@ -105,8 +111,8 @@ class DecodeLinear(nn.Module):
         self.weight = weight
         self.register_parameter("bias", bias)
         self.out_features, self.in_features = weight.shape
-        self.plan = plan
-        self.ms = tuple(sorted(set(ms)))
+        self.plan = check_plan(plan)
+        self.ms = check_ms(ms)
         # a range check alone when ms is contiguous: simpler guards under torch.compile
         self._ms_contiguous = self.ms == tuple(range(self.ms[0], self.ms[-1] + 1)) if self.ms else False
         self.kernel_calls = 0
@@ -362,11 +368,12 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
     ``gate_proj``, ``up_proj`` (transformers' Llama-family names) become
     parts of one merged weight run in one launch (:mod:`warpsplitk.merge`),
     keeping their parameter names; ``report.merged`` lists the groups."""
+    check_plan(plan)
+    ms = check_ms(ms)
     report = PatchReport()
     if isinstance(model, nn.Linear):
         report.skipped.append(("", "the root module cannot be replaced in place; "
                                    "use DecodeLinear.from_linear"))
-    ms = tuple(ms)
     groups = _merge_groups(model, ms, filter, report) if merge else []
     in_groups = {id(lin) for _, _, linears in groups for lin in linears}
     eligible = {}  # id(linear) -> linear, in model order
@@ -393,9 +400,10 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
         if [a for _, a in places] == ["gate_proj", "up_proj"] and swiglu_refusal(owner) is None:
             parts[0].group.swiglu = True
             mlps.append(owner)
-    plan = _resolve_plan(plan, [tuple(lin.weight.shape) for lin in eligible.values()]
-                         + [tuple(g.weight.shape) for g in merged
-                            if ineligibility(g.weight, g.bias, ms) is None], ms, progress, jobs)
+    plan = resolve_plan(plan, [tuple(lin.weight.shape) for lin in eligible.values()]
+                        + [tuple(g.weight.shape) for g in merged
+                           if ineligibility(g.weight, g.bias, ms) is None], ms,
+                        progress=progress, jobs=jobs)
     _precompile_linears(list(eligible.values()) + merged, plan, ms, jobs)
     _precompile_linears([g for g in merged if g.swiglu], plan, ms, jobs, swiglu=True)
     for group in merged:
@@ -422,19 +430,6 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
     for name, reason in report.skipped:
         logger.debug("warpsplitk: skipped %s: %s", name, reason)
     return report
-
-
-def _resolve_plan(plan, shapes, ms, progress, jobs):
-    """A ``DecodePlan`` (or None) for ``plan``; ``"auto"`` tunes what this
-    GPU's plan lacks (``plan_cache.auto_plan``)."""
-    if isinstance(plan, str):
-        if plan != "auto":
-            raise ValueError(f"plan must be a DecodePlan, None or 'auto', got {plan!r}")
-        if not shapes:
-            return None
-        from .plan_cache import auto_plan
-        return auto_plan(shapes, ms, progress=progress, jobs=jobs)
-    return plan
 
 
 def _precompile_linears(linears, plan, ms, jobs, swiglu=False):

@@ -251,12 +251,15 @@ def merge_linears(linears, plan=None, ms=None, prepare=True) -> list[MergedPart]
     in order; ``ValueError`` (:func:`merge_refusal`) when they cannot be.
     With ``prepare=False`` the kernel is left to ``parts[0].group.prepare()``
     (``patch_model`` compiles every group's kernels in parallel first)."""
-    from .tactics import MAX_M
+    from .decode import check_plan
+    from .tactics import MAX_M, check_ms
+    check_plan(plan)
+    ms = check_ms(range(1, MAX_M + 1) if ms is None else ms)
     linears = list(linears)
     reason = merge_refusal(linears)
     if reason is not None:
         raise ValueError(f"cannot merge these linears: {reason}")
-    group = MergedGroup([], plan, range(1, MAX_M + 1) if ms is None else ms)
+    group = MergedGroup([], plan, ms)
     parts = [MergedPart(lin, group, i) for i, lin in enumerate(linears)]
     group.parts = parts
     group.stack()

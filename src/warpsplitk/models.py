@@ -128,6 +128,9 @@ def kernel_refusal(n: int, k: int) -> str | None:
     """Why the warp split-K kernel cannot take an ``[n, k]`` weight (None
     when some tactic can): N a multiple of 16; K a multiple of 128 up to
     ``MAX_K_TILES * 128``, or of 256 up to ``MAX_K_TILES * 256``."""
+    for name, size in (("N", n), ("K", k)):
+        if type(size) is not int or size < 1:
+            return f"{name} must be a positive integer, got {size!r}"
     if n % 16:
         return f"N={n} is not a multiple of 16"
     if k % 128:

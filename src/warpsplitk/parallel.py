@@ -43,8 +43,9 @@ import warnings
 import torch
 from torch import nn
 
+from .decode import check_plan
 from .linear import DecodeLinear, _shape_reason
-from .tactics import MAX_M
+from .tactics import MAX_M, check_ms
 
 # ------------------------------------------------------ NVLink multicast off
 
@@ -253,6 +254,19 @@ def _resolve_device(device, weight, backend):
     return device
 
 
+def _full_shape(weight):
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError("the full weight must be a 2-D tensor [N, K], got "
+                         f"{getattr(weight, 'shape', type(weight).__name__)}")
+    return weight.shape
+
+
+def _check_input(x, mode, rank):
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        raise ValueError(f"{mode}-parallel rank {rank}: x must be a tensor [..., K], got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+
+
 def _place(t, device, copy):
     """``t`` on ``device``, packed and 32-byte aligned; a fresh copy when
     ``copy`` (so a shard never keeps the full weight alive) or when needed."""
@@ -291,11 +305,13 @@ class _ParallelDecodeLinear(nn.Module):
         self.rank, self.world, self.backend = _resolve_group(group, rank, world)
         check_backend_multicast(self.backend)
         self.group = group
-        self.ms = tuple(sorted(set(ms)))
+        check_plan(plan)
+        self.ms = check_ms(ms)
         shard_n, shard_k = weight_shard.shape
-        if bias is not None and tuple(bias.shape) != (shard_n,):
-            raise ValueError(f"{self.mode}-parallel bias must have shape ({shard_n},), "
-                             f"got {tuple(bias.shape)}")
+        if bias is not None and (not isinstance(bias, torch.Tensor)
+                                 or tuple(bias.shape) != (shard_n,)):
+            raise ValueError(f"{self.mode}-parallel bias must be a tensor of shape ({shard_n},), "
+                             f"got {tuple(getattr(bias, 'shape', ())) or type(bias).__name__}")
         if use_kernel is not False:
             # the kernel's rules hold whatever the device: a CPU test refuses
             # what the GPU run would
@@ -375,7 +391,7 @@ class ColumnParallelDecodeLinear(_ParallelDecodeLinear):
         """This rank's shard of a full ``[N, K]`` weight (and ``[N]`` bias), copied
         to the rank's device; rank and world default to the group's."""
         rank, world, _ = _resolve_group(group, rank, world)
-        n, k = weight.shape
+        n, k = _full_shape(weight)
         rows = column_shard(n, k, rank, world, ms, check_kernel=kwargs.get("use_kernel") is not False)
         return cls(weight[rows], None if bias is None else bias[rows], group=group, rank=rank,
                    world=world, plan=plan, ms=ms, _copy=True, **kwargs)
@@ -383,6 +399,7 @@ class ColumnParallelDecodeLinear(_ParallelDecodeLinear):
     @torch.no_grad()
     def forward(self, x, gather_output=None):
         """``gather_output`` overrides the module's setting for this call."""
+        _check_input(x, self.mode, self.rank)
         lead = x.shape[:-1]
         y = self.local(x.reshape(-1, x.shape[-1]))
         if self.gather_output if gather_output is None else gather_output:
@@ -469,7 +486,7 @@ class RowParallelDecodeLinear(_ParallelDecodeLinear):
         """This rank's shard of a full ``[N, K]`` weight, copied packed to the
         rank's device; ``bias`` is the full ``[N]`` (rank 0 adds it)."""
         rank, world, _ = _resolve_group(group, rank, world)
-        n, k = weight.shape
+        n, k = _full_shape(weight)
         cols = row_shard(n, k, rank, world, ms, check_kernel=kwargs.get("use_kernel") is not False)
         return cls(weight[:, cols], bias, group=group, rank=rank, world=world, plan=plan, ms=ms,
                    _copy=True, **kwargs)
@@ -488,6 +505,7 @@ class RowParallelDecodeLinear(_ParallelDecodeLinear):
     @torch.no_grad()
     def forward(self, x, input_is_parallel=None):
         """``input_is_parallel`` overrides the module's setting for this call."""
+        _check_input(x, self.mode, self.rank)
         lead = x.shape[:-1]
         parallel = self.input_is_parallel if input_is_parallel is None else input_is_parallel
         want = self.shard_features if parallel else self.in_features

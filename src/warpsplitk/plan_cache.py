@@ -123,6 +123,9 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
         raise ValueError("plan='auto' tunes the shapes its plan lacks before preparing; "
                          "prepare before capturing a CUDA graph, not during it")
     if gpu is None:
+        if not torch.cuda.is_available():
+            raise ValueError("plan='auto' is the plan measured on this machine's CUDA GPU, "
+                             "and torch sees no CUDA GPU")
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu = (properties.name, properties.multi_processor_count)
     key = gpu_key(*gpu)

@@ -74,6 +74,8 @@ def _check_run(prepared, x, out):
         raise ValueError(f"x must be a 2-D torch.Tensor [M, K], got "
                          f"{_describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
     m = x.shape[0]
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"x must have 1..{MAX_M} rows (M tokens), got {_describe(x)}")
     if m not in prepared.tactics:
         raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(prepared.tactics)}")
     _check_packed("x", x, (m, prepared.k), prepared.device)
@@ -81,6 +83,21 @@ def _check_run(prepared, x, out):
     for name, other in (("x", x), ("the weight", prepared.weight), ("the bias", prepared.bias)):
         if other is not None and _overlap(out, other):
             raise ValueError(f"out must not overlap {name}")
+
+
+def _check_tactics(tactics, n, k, swiglu=False):
+    """``ValueError`` unless ``tactics`` maps Ms in 1..32 to tactics legal for
+    an ``[n, k]`` weight (``swiglu``: with the SwiGLU epilogue); no GPU needed."""
+    if not isinstance(tactics, Mapping) or not tactics:
+        raise ValueError("tactics must be a non-empty mapping {M: WarpSplitKTactic}, got "
+                         f"{tactics!r}")
+    for m, tactic in tactics.items():
+        if type(m) is not int or not 1 <= m <= MAX_M:
+            raise ValueError(f"tactics are keyed by M in 1..{MAX_M}, got key {m!r}")
+        try:
+            check_tactic(tactic, n, k, swiglu=swiglu)
+        except ValueError as error:
+            raise ValueError(f"tactic for M={m}: {error}") from None
 
 
 def _span(t):
@@ -120,15 +137,7 @@ class PreparedWarpSplitK:
             raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
         n, k = weight.shape
         _check_packed("weight", weight, (n, k), weight.device)
-        if not isinstance(tactics, Mapping) or not tactics:
-            raise ValueError("tactics must be a non-empty mapping {M: WarpSplitKTactic}")
-        for m, tactic in tactics.items():
-            if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= MAX_M:
-                raise ValueError(f"tactics are keyed by M in 1..{MAX_M}, got key {m!r}")
-            try:
-                check_tactic(tactic, n, k, swiglu=bool(swiglu))
-            except ValueError as error:
-                raise ValueError(f"tactic for M={m}: {error}") from None
+        _check_tactics(tactics, n, k, bool(swiglu))
         if bias is not None:
             _check_packed("bias", bias, (n,), weight.device)
         self.weight = weight

@@ -49,6 +49,8 @@ def shape_entries(items) -> list[dict]:
     model and projection names)."""
     entries = []
     for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"a shape is an 'N,K' string or a .json table's path, got {item!r}")
         if item.endswith(".json"):
             entries += load(item)["shapes"]
             continue
@@ -82,6 +84,8 @@ def _parse_m(text: str, whole: str) -> int:
 def parse_ms(text: str) -> list[int]:
     """``"1-32"``, ``"1,4,8"`` or ``"1-8,16"`` -> sorted Ms, each checked to be
     in 1..32 (the whole text is checked before anything is returned)."""
+    if not isinstance(text, str):
+        raise ValueError(f"Ms are given as text ({M_SYNTAX}), got {text!r}")
     if not text or not text.strip():
         raise ValueError(f"no M given: give {M_SYNTAX}")
     ms = set()

@@ -224,7 +224,7 @@ class WarpSplitKTactic:
         body = text.strip() if isinstance(text, str) else ""
         half = 0
         head, marker, count = body.rpartition(HALF_SUFFIX)
-        if marker and count.isdigit():
+        if marker and count.isascii() and count.isdigit():
             body, half = head, int(count)
         flags = {EARLY_SUFFIX: False, PREFETCH_SUFFIX: False, BULK_SUFFIX: False,
                  TMA_SUFFIX: False}
@@ -233,7 +233,7 @@ class WarpSplitKTactic:
         for suffix in (TMA_SUFFIX, BULK_SUFFIX, PREFETCH_SUFFIX, EARLY_SUFFIX):
             if suffix == PREFETCH_SUFFIX:
                 head, marker, count = body.rpartition(PREFETCH_SUFFIX)
-                if marker and count.isdigit() and count[0] != "0":
+                if marker and count.isascii() and count.isdigit() and count[0] != "0":
                     body, prefetch_tiles = head + PREFETCH_SUFFIX, int(count)
             if body.endswith(suffix):
                 flags[suffix] = True
@@ -256,6 +256,12 @@ class WarpSplitKTactic:
                    prefetch_tiles=prefetch_tiles)
 
 
+def _member(value, allowed) -> bool:
+    """``value`` is one of ``allowed`` and of its type: ``16.0`` or ``True``
+    would pass ``in`` (``16.0 == 16``, ``True == 1``) and reach the compiler."""
+    return type(value) is type(allowed[0]) and value in allowed
+
+
 def _field_error(name, value, allowed):
     return ValueError(f"warp split-K tactic: {name} must be one of {allowed}, got {value!r}")
 
@@ -266,32 +272,31 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = Fal
     SwiGLU epilogue, ``n / 2`` outputs)."""
     if not isinstance(tactic, WarpSplitKTactic):
         raise ValueError(f"expected a WarpSplitKTactic, got {type(tactic).__name__}")
-    if tactic.output_tile not in OUTPUT_TILES:
+    if not _member(tactic.output_tile, OUTPUT_TILES):
         raise _field_error("output_tile", tactic.output_tile, OUTPUT_TILES)
-    if tactic.token_tile not in TOKEN_TILES:
+    if not _member(tactic.token_tile, TOKEN_TILES):
         raise _field_error("token_tile", tactic.token_tile, TOKEN_TILES)
-    if tactic.k_tile not in K_TILES:
+    if not _member(tactic.k_tile, K_TILES):
         raise _field_error("k_tile", tactic.k_tile, K_TILES)
-    if not isinstance(tactic.stages, int) or not 1 <= tactic.stages <= MAX_STAGES:
+    if type(tactic.stages) is not int or not 1 <= tactic.stages <= MAX_STAGES:
         raise ValueError(f"warp split-K tactic: stages must be in 1..{MAX_STAGES}, "
                          f"got {tactic.stages!r}")
-    if tactic.b_loader_warps not in B_LOADER_WARPS:
+    if not _member(tactic.b_loader_warps, B_LOADER_WARPS):
         raise _field_error("b_loader_warps", tactic.b_loader_warps, B_LOADER_WARPS)
-    if tactic.k_split not in K_SPLITS:
+    if not _member(tactic.k_split, K_SPLITS):
         raise _field_error("k_split", tactic.k_split, K_SPLITS)
-    if tactic.early_launch not in EARLY_LAUNCHES or not isinstance(tactic.early_launch, bool):
+    if not _member(tactic.early_launch, EARLY_LAUNCHES):
         raise _field_error("early_launch", tactic.early_launch, EARLY_LAUNCHES)
-    if tactic.l2_prefetch not in L2_PREFETCHES or not isinstance(tactic.l2_prefetch, bool):
+    if not _member(tactic.l2_prefetch, L2_PREFETCHES):
         raise _field_error("l2_prefetch", tactic.l2_prefetch, L2_PREFETCHES)
-    if not isinstance(tactic.prefetch_tiles, int) or isinstance(tactic.prefetch_tiles, bool) \
-            or tactic.prefetch_tiles not in (0,) + PREFETCH_TILES:
+    if not _member(tactic.prefetch_tiles, (0,) + PREFETCH_TILES):
         raise _field_error("prefetch_tiles", tactic.prefetch_tiles, (0,) + PREFETCH_TILES)
     if tactic.prefetch_tiles and not tactic.l2_prefetch:
         raise ValueError(f"warp split-K tactic: prefetch_tiles {tactic.prefetch_tiles} bounds "
                          "the L2 prefetch; it needs l2_prefetch True")
-    if tactic.bulk_x not in BULK_XS or not isinstance(tactic.bulk_x, bool):
+    if not _member(tactic.bulk_x, BULK_XS):
         raise _field_error("bulk_x", tactic.bulk_x, BULK_XS)
-    if tactic.tma_x not in TMA_XS or not isinstance(tactic.tma_x, bool):
+    if not _member(tactic.tma_x, TMA_XS):
         raise _field_error("tma_x", tactic.tma_x, TMA_XS)
     if tactic.tma_x and tactic.bulk_x:
         raise ValueError("warp split-K tactic: tma_x and bulk_x are two ways to copy the "
@@ -325,8 +330,7 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = Fal
         raise ValueError(f"warp split-K tactic: output_tile {tactic.output_tile} needs k_tile "
                          f"128 (got k_tile {tactic.k_tile}: the compiled kernel spills or "
                          "holds 150+ registers)")
-    if not isinstance(tactic.half_tiles, int) or isinstance(tactic.half_tiles, bool) \
-            or tactic.half_tiles < 0:
+    if type(tactic.half_tiles) is not int or tactic.half_tiles < 0:
         raise ValueError(f"warp split-K tactic: half_tiles must be a count >= 0, got "
                          f"{tactic.half_tiles!r}")
     if tactic.half_tiles:
@@ -426,8 +430,20 @@ def legal_tactics(m: int, n: int, k: int, k_splits=(1,), early_launches=(False,)
 
 
 def _check_m(m):
-    if not isinstance(m, int) or not 1 <= m <= MAX_M:
+    if type(m) is not int or not 1 <= m <= MAX_M:
         raise ValueError(f"warp split-K: M must be in 1..{MAX_M}, got {m!r}")
+
+
+def check_ms(ms) -> tuple[int, ...]:
+    """``ms``, an iterable of token counts, as a sorted tuple without
+    repeats; ``ValueError`` unless each is an integer in 1..32."""
+    try:
+        items = list(ms)
+    except TypeError:
+        raise ValueError(f"ms must be an iterable of Ms in 1..{MAX_M}, got {ms!r}") from None
+    for m in items:
+        _check_m(m)
+    return tuple(sorted(set(items)))
 
 
 # ------------------------------------------------------- occupancy model
@@ -542,6 +558,15 @@ def _device_sm_count():
     return DEFAULT_SM_COUNT
 
 
+def _sm_count(sm_count):
+    """``sm_count``, checked; None: the current GPU's (``DEFAULT_SM_COUNT`` without one)."""
+    if sm_count is None:
+        return _device_sm_count()
+    if type(sm_count) is not int or sm_count < 1:
+        raise ValueError(f"sm_count must be a positive integer (the GPU's SMs), got {sm_count!r}")
+    return sm_count
+
+
 def _check_shape(n, k):
     """The weights some tactic takes: N a multiple of 16, K of 128 up to
     ``MAX_K_TILES`` tiles of 128, or of 256 up to as many of 256."""
@@ -563,8 +588,7 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
     on every call.
     """
     _check_m(m)
-    if sm_count is None:
-        sm_count = _device_sm_count()
+    sm_count = _sm_count(sm_count)
     _check_shape(n, k)
     from .cost_model import choose_tactic
     return choose_tactic(m, n, k, sm_count)
@@ -587,8 +611,7 @@ def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> War
       exceeds the SMs, else the deepest legal one.
     """
     _check_m(m)
-    if sm_count is None:
-        sm_count = _device_sm_count()
+    sm_count = _sm_count(sm_count)
     _check_shape(n, k)
     token_tile = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = -(-m // token_tile)

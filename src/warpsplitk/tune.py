@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
@@ -58,6 +59,7 @@ from .tactics import (
     DEFAULT_MAX_STAGES,
     DEFAULT_SM_COUNT,
     K_SPLITS,
+    MAX_M,
     WarpSplitKTactic,
     default_tactic,
     is_legal,
@@ -193,6 +195,33 @@ def _current(rec) -> bool:
     return True
 
 
+def check_log_record(rec, where="tuning log record"):
+    """``ValueError`` naming ``where`` unless ``rec`` (a log line's object)
+    is a provenance line (``{"meta": ...}``) or a measurement plans can use:
+    a ``key`` and a ``tactic`` string, ``n`` and ``k`` positive integers,
+    ``m`` in 1..32, ``rev`` (if any) a positive integer, and, when ``ok``,
+    ``us`` a positive finite number of microseconds."""
+    if not isinstance(rec, dict) or ("key" not in rec and "meta" not in rec):
+        raise ValueError(f"{where}: not a tuning record (a JSON object with a 'key')")
+    if "key" not in rec:
+        if not isinstance(rec["meta"], dict):
+            raise ValueError(f"{where}: a provenance line's 'meta' must be an object, got "
+                             f"{rec['meta']!r}")
+        return
+    for name in ("key", "tactic"):
+        if not isinstance(rec.get(name), str):
+            raise ValueError(f"{where}: {name!r} must be a string, got {rec.get(name)!r}")
+    for name in ("n", "k", "m") + (("rev",) if "rev" in rec else ()):
+        value = rec.get(name)
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{where}: {name!r} must be a positive integer, got {value!r}")
+    if rec["m"] > MAX_M:
+        raise ValueError(f"{where}: 'm' must be in 1..{MAX_M}, got {rec['m']}")
+    us = rec.get("us")
+    if rec.get("ok") and (type(us) not in (int, float) or not math.isfinite(us) or us <= 0):
+        raise ValueError(f"{where}: 'us' must be a positive number of microseconds, got {us!r}")
+
+
 def _read_log(path, records=None, stale=False, revision=KERNEL_REVISION):
     """``{key: record}`` of a tuning log (its first ``records`` lines only,
     when given: the log as it stood when a plan was made from it), the last
@@ -206,7 +235,12 @@ def _read_log(path, records=None, stale=False, revision=KERNEL_REVISION):
                 if records is not None and index >= records:
                     break
                 if line.strip():
-                    rec = json.loads(line)
+                    where = f"{path} line {index + 1}"
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError as error:
+                        raise ValueError(f"{where}: not JSON ({error.msg})") from None
+                    check_log_record(rec, where)
                     if "key" not in rec:
                         continue  # a provenance line ({"meta": ...})
                     if not _current(rec):
@@ -298,6 +332,14 @@ def choose_tactics(times_by_m, tolerance=TOLERANCE):
     return picks
 
 
+def tuning_order(shapes) -> list[tuple[int, int]]:
+    """The distinct ``(n, k)`` of ``shapes`` in the order ``tune`` measures
+    them: largest weight first (ties as given), so that a time budget leaves
+    out the shapes whose calls cost least."""
+    distinct = list(dict.fromkeys((n, k) for n, k in shapes))
+    return sorted(distinct, key=lambda shape: -shape[0] * shape[1])
+
+
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
          check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=K_SPLITS,
          early_launches=(False, True), jobs=None,
@@ -313,7 +355,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     whole space (``candidates``, then the measured neighbours of each cell's
     fastest): the exhaustive tune.
 
-    With ``time_budget_s``, shapes not reached in time are left out of the
+    Shapes are measured largest weight first (``tuning_order``). With
+    ``time_budget_s``, shapes not reached in time are left out of the
     plan (lookups fall back to ``decode.default_choice``) and reported; a rerun
     with the same log resumes where this one stopped. The candidates are
     compiled first, ``jobs`` worker processes at a time (default: one per
@@ -329,6 +372,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
 
     if confirm is None:
         confirm = CONFIRM
+    shapes = tuning_order(shapes)
 
     from .compile import compile_warp_splitk, gmem_pointer
     from .prepared import _stream_handle
@@ -411,6 +455,11 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     precompile([(n, k, t, False, True) for n, k, t in sorted(to_build)], device_arch(device),
                jobs, progress)
     log = open(log_path, "a") if log_path else None
+    if log:
+        # the run's provenance: `tune --from-log` names this GPU in the plan it rebuilds
+        log.write(json.dumps({"meta": plan_meta(torch.cuda.get_device_name(device), sm_count,
+                                                torch.__version__)}) + "\n")
+        log.flush()
     cuda_device = torch.device("cuda", device)
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
     measured = {}  # {(n, k): {rep: {tactic: median us}}}
