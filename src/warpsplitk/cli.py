@@ -554,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "ones are kept in the disk cache)")
     p.add_argument("--jobs", type=_int_at_least(1),
                    help="processes compiling the kernels the disk cache lacks "
-                        "(default: one per core)")
+                        "(default: one per core, at most 16)")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("compile", help="compile one kernel for a target arch (no GPU)")
@@ -604,7 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=_positive_float, metavar="SECONDS",
                    help="start no new shape after this (rerun with the log to go on)")
     p.add_argument("--jobs", type=_int_at_least(1),
-                   help="processes compiling the candidates first (default: one per core but one)")
+                   help="processes compiling the candidates first (default: "
+                        "WARPSPLITK_COMPILE_JOBS, else one per core but one, at most 16)")
     p.add_argument("--fresh", action="store_true",
                    help="measure everything again, ignoring the log's measurements")
     p.add_argument("--from-log", action="store_true",

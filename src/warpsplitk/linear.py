@@ -176,7 +176,8 @@ class DecodeLinear(nn.Module):
 
     @property
     def prepared(self):
-        """The ``PreparedWarpSplitK`` in use, or None when falling back."""
+        """The ``PreparedWarpSplitK`` (or, with Ms on cuBLAS, ``PreparedDecode``) in
+        use, or None when falling back."""
         return self._prepared
 
     def _refresh(self):

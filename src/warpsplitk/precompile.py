@@ -20,7 +20,7 @@ start method re-imports the caller's main script in every worker, which
 re-runs an unguarded script's top level (model loading included).
 
 Without the disk cache (``WARPSPLITK_DISK_CACHE=0``) or with one worker this
-does nothing and callers compile in-process as before.
+does nothing and callers compile in-process.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
 def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
                          progress=None) -> dict:
     """Compile for ``arch``, ``jobs`` worker processes at a time (default: one
-    per core), the kernels of ``kernels`` (``(n, k, tactic, has_bias,
+    per core, at most 16: the caller only waits), the kernels of ``kernels`` (``(n, k, tactic, has_bias,
     use_pdl)``) whose resource records the disk cache lacks, storing their
     records (``disk_cache.arch_resources``). ``progress(done, total)`` after
     each. Returns ``{kernel: error}`` of those that failed (left to the

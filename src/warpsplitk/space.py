@@ -5,15 +5,16 @@ Pruning, before anything is measured (``base_candidates``):
 
 * M buckets: a tactic's time depends on M through the token tiles only, and
   rows past M cost the same shared-memory work as real ones, so M is
-  measured at 1 and at the top of each 8-token bucket (8, 16, 24, 32); every
-  M in 2..8 takes the M=8 winner, 9..16 the M=16 winner, and so on;
+  measured at ``tune.REPRESENTATIVE_MS`` (1, 4, 8, 16, 24, 32); every M
+  between two of them takes the next one's winner (2..4 the M=4 winner,
+  9..16 the M=16 winner, and so on);
 * token_tile: the smallest tile covering M, or half of it (two token tiles
   that each re-read the weight tile from L2) when that is still >= 8;
 * b_loader_warps: 2 for 16- and 32-token tiles; for 8-token tiles 1, and 2
   as well when M > 1: the activation copies are issued after the
   dependency wait, on every call's critical path once the weight is
-  prefetched, so two warps issuing them may pay where one used to
-  suffice;
+  prefetched, so two warps issuing them may pay where one suffices
+  before the prefetch;
 * stages, per (output_tile, token_tile, k_tile): the grid needs
   ``r = ceil(CTAs / SMs)`` resident CTAs per SM for one wave; the deepest
   rings that fit r, r + 1 and 2r per SM (room beside a running grid lets
@@ -21,8 +22,8 @@ Pruning, before anything is measured (``base_candidates``):
   the most CTAs per SM). At one CTA per SM that can be a ring too deep for
   the reduction buffer beside it, which then lies over the rings
   (``layout.smem_plan``): at M >= 16 a stage or two more in flight;
-* every output tile, also 48 and 64 rows with 8-token tiles: first kept
-  for 16 tokens and more (they amortise activation re-reads), but on the
+* every output tile, also 48 and 64 rows with 8-token tiles: they
+  amortise activation re-reads at 16 tokens and more, and on the
   H200 the fewest, longest CTAs measured fastest even with most SMs idle
   (1152x1536 at M=1: 36 CTAs 1.99 us, 72 CTAs 2.21 us);
 * k_tile 128 only where 256 cannot give two tiles (and for 48/64-row tiles,

@@ -119,7 +119,7 @@ class WarpSplitKTactic:
         as the ring drains after it. Legal only when the ring does not
         already hold the CTA's whole K share. A hint: it changes no result.
     prefetch_tiles: with l2_prefetch, 0 asks for all of the CTA's K share
-        past the ring; 1-8 (``PREFETCH_TILES``) only that many K tiles past
+        past the ring; 1, 2, 3, 4, 6 or 8 (``PREFETCH_TILES``) only that many K tiles past
         it (fewer than remain). All of it filled the gap between calls
         on 11-14 MB weights but lost on larger ones, where every CTA's whole
         remainder queues ahead of the refills the running grid needs; a few

@@ -108,8 +108,8 @@ CONFIRM_ROUNDS = timing.ROUNDS - 1
 
 
 def _confirm_key(n, k, m, tactic, round_=1):
-    """Log key of a candidate's ``round_``-th confirmation (1: ``confirm:``,
-    as logs have always had it; later ones ``confirm2:``, ...)."""
+    """Log key of a candidate's ``round_``-th confirmation (1: ``confirm:``;
+    later ones ``confirm2:``, ...)."""
     prefix = CONFIRM_PREFIX if round_ == 1 else f"confirm{round_}:"
     return prefix + _log_key(n, k, m, tactic)
 
