@@ -139,6 +139,7 @@ def test_choices_are_legal_ranked_and_stable(n, k):
     for m in (1, 3, 8, 13, 32):
         chosen = default_tactic(m, n, k, sm_count=132)
         check_tactic(chosen, n, k)
+        assert default_tactic(m, n, k, sm_count=132) == chosen  # the same answer every call
         tactic, us = cost_model.choose(m, n, k, 132)
         assert chosen == tactic
         # the ranked first, or the reference heuristic's tactic where the

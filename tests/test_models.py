@@ -1,5 +1,6 @@
 """Model shape tables (warpsplitk.models) and the reference wave heuristic, on the CPU."""
 
+import json
 import re
 from pathlib import Path
 
@@ -189,3 +190,123 @@ def test_reference_tactic_refuses_what_the_kernel_refuses():
     (True, 128, "N must be a positive integer, got True")])
 def test_kernel_refusal_of_what_is_no_size(n, k, reason):
     assert models.kernel_refusal(n, k) == reason
+
+
+# ------------------------------------------- a model's own Hugging Face config.json
+
+
+def _hf_config(entry):
+    """The config.json transformers writes for a table entry: its own config
+    class, every field under transformers' name (``to_dict``: all of them)."""
+    transformers = pytest.importorskip("transformers")
+    source = entry["source"]
+    common = dict(hidden_size=entry["hidden"], num_attention_heads=entry["heads"],
+                  num_hidden_layers=entry["layers"], vocab_size=entry["vocab"])
+    if entry["attention"] == "mla":
+        return transformers.DeepseekV3Config(
+            **common, intermediate_size=entry["intermediate"], n_routed_experts=256,
+            first_k_dense_replace=entry["dense_layers"], q_lora_rank=entry["q_lora_rank"],
+            kv_lora_rank=entry["kv_lora_rank"], qk_nope_head_dim=entry["qk_nope_head_dim"],
+            qk_rope_head_dim=entry["qk_rope_head_dim"], v_head_dim=entry["v_head_dim"]).to_dict()
+    common.update(num_key_value_heads=entry["kv_heads"])
+    if source.startswith("openai/gpt-oss"):
+        return transformers.GptOssConfig(**common, head_dim=entry["head_dim"],
+                                         num_local_experts=32).to_dict()
+    common.update(intermediate_size=entry["intermediate"])
+    if source.startswith("Qwen/Qwen2.5"):  # no head_dim field: hidden / heads
+        assert entry["head_dim"] * entry["heads"] == entry["hidden"]
+        return transformers.Qwen2Config(**common).to_dict()
+    cls = {"meta-llama/": transformers.LlamaConfig, "mistralai/": transformers.MistralConfig,
+           "Qwen/Qwen3": transformers.Qwen3Config, "google/gemma-2": transformers.Gemma2Config,
+           "google/gemma-3": transformers.Gemma3TextConfig}
+    text = next(c for prefix, c in cls.items() if source.startswith(prefix))(
+        **common, head_dim=entry["head_dim"])
+    if source.startswith("google/gemma-3") and entry["hidden"] > 1152:  # 4b and up: multimodal
+        return transformers.Gemma3Config(text_config=text.to_dict()).to_dict()
+    return text.to_dict()
+
+
+@pytest.mark.parametrize("name", models.model_names())
+def test_a_config_json_expands_as_the_table_does(name, tmp_path):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_hf_config(models.config(name))))
+    for tp in (1, 2, 8):
+        try:
+            expected = models.projections(name, tp)
+        except ValueError as error:
+            with pytest.raises(ValueError, match=re.escape(str(error).split(": ", 1)[1])):
+                models.projections(str(folder), tp)
+            continue
+        found = models.projections(str(folder), tp)  # the folder, or the file itself
+        assert found == models.projections(str(folder / "config.json"), tp)
+        label = name if tp == 1 else f"{name} tp{tp}"
+        assert [dict(p, model=label) for p in found] == expected
+    assert [dict(p, model=name) for p in models.layer_chain(str(folder))] == \
+        models.layer_chain(name)
+
+
+def test_config_json_mixtures_of_experts(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+
+    def gate_ups(config):
+        path.write_text(json.dumps(config))
+        return [(p["n"], p["k"], p["per_step"]) for p in models.projections(str(path))
+                if p["projection"] in ("gate_up", "down")]
+    # every MLP routed: no dense gate/up or down
+    assert gate_ups(transformers.MixtralConfig().to_dict()) == []
+    assert gate_ups(transformers.Qwen3MoeConfig().to_dict()) == []
+    # Qwen MoE with dense layers by step and by list: 24 layers, every 2nd sparse, plus layer 1
+    qwen = transformers.Qwen3MoeConfig(decoder_sparse_step=2, mlp_only_layers=[1]).to_dict()
+    assert gate_ups(qwen) == [(2 * 6144, 2048, 13), (2048, 6144, 13)]
+    # an older Qwen MoE config counts its experts as num_experts
+    older = {k: v for k, v in qwen.items() if k != "num_local_experts"}
+    assert gate_ups(dict(older, num_experts=60)) == gate_ups(qwen)
+    # Llama 4's dense MLP layers between the MoE ones are intermediate_size_mlp wide
+    llama4 = {"text_config": {"hidden_size": 5120, "num_attention_heads": 40,
+                              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048,
+                              "num_hidden_layers": 48, "intermediate_size": 8192,
+                              "intermediate_size_mlp": 16384, "num_local_experts": 128,
+                              "interleave_moe_layer_step": 3}}
+    # every 3rd layer routed: 32 of 48 dense
+    assert gate_ups(llama4) == [(32768, 5120, 32), (5120, 16384, 32)]
+
+
+@pytest.mark.parametrize("config,match", [
+    ([1, 2], "a config.json holds a JSON object, got list"),
+    ({"num_attention_heads": 32}, r"'hidden_size' must be a positive integer \(missing\)"),
+    ({"hidden_size": 4096.0}, r"'hidden_size' must be a positive integer \(got 4096\.0\)"),
+    ({"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 2,
+      "vocab_size": 1000, "intermediate_size": True}, "'intermediate_size' must be .*got True"),
+    ({"hidden_size": 4100, "num_attention_heads": 32, "num_hidden_layers": 2, "vocab_size": 1000,
+      "intermediate_size": 11008}, "no 'head_dim', and hidden_size 4100 is not a multiple of "
+                                   "num_attention_heads 32"),
+    ({"hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 27, "vocab_size": 1000,
+      "kv_lora_rank": 512, "q_lora_rank": None}, "multi-head latent .*q_lora_rank null"),
+])
+def test_config_json_refusals_name_the_file(config, match, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: {match}"):
+        models.projections(str(path))
+
+
+def test_unknown_model_says_a_config_json_would_do(tmp_path, capsys):
+    with pytest.raises(ValueError, match="unknown model 'llama-9': give the path of its "
+                                         "config.json, or one of deepseek-v3, "):
+        models.config("llama-9")
+    empty = tmp_path / "empty"
+    empty.mkdir()  # a folder without a config.json is no model either
+    with pytest.raises(ValueError, match="unknown model"):
+        models.config(str(empty))
+    # the CLI takes the path wherever it takes a name
+    config = tmp_path / "tiny" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"hidden_size": 2048, "num_attention_heads": 32,
+                                  "num_key_value_heads": 8, "num_hidden_layers": 16,
+                                  "vocab_size": 128256, "intermediate_size": 8192}))
+    assert main(["plan", "--model", str(config.parent), "--tp", "2", "--m", "1",
+                 "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny tp2" in out and " 1536  2048 " in out  # qkv: (16 + 2 * 4) * 64 rows

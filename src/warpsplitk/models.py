@@ -23,6 +23,9 @@ step, merged and sharded as vLLM lays them out:
   q_lora_rank``) and ``o`` (row-parallel, ``K = heads * v_head_dim / tp``).
   The kv up-projection is absorbed into attention at decode, no GEMM.
 
+A model the table lacks is read from its own Hugging Face ``config.json``
+(:func:`hf_config`): the same fields under transformers' names.
+
 Whether the kernel takes a shape is a separate question
 (:func:`kernel_refusal`): N a multiple of 16 and K a multiple of 128 up to
 ``64 * 256``. A shape it refuses runs on cuBLAS.
@@ -33,6 +36,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 from .tactics import MAX_K_TILES
 
@@ -53,16 +57,98 @@ def model_names() -> list[str]:
     return sorted(_table()["models"])
 
 
-def config(name: str) -> dict:
+def config(name) -> dict:
     """The table's entry for model ``name`` (case-insensitive; aliases
-    resolved); ``ValueError`` naming the known models otherwise."""
+    resolved), or, for the path of a Hugging Face ``config.json`` or of the
+    folder holding one, that file's (:func:`hf_config`); ``ValueError``
+    naming the known models otherwise."""
     table = _table()
     key = str(name).strip().lower()
     key = table["aliases"].get(key, key)
-    if key not in table["models"]:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(model_names())} "
-                         f"(aliases: {', '.join(sorted(table['aliases']))})")
-    return {"name": key, **table["models"][key]}
+    if key in table["models"]:
+        return {"name": key, **table["models"][key]}
+    path = Path(name)
+    if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
+        return hf_config(path)
+    raise ValueError(f"unknown model {name!r}: give the path of its config.json, or one of "
+                     f"{', '.join(model_names())} "
+                     f"(aliases: {', '.join(sorted(table['aliases']))})")
+
+
+#: Keys of a config.json that count a model's routed experts (DeepSeek and
+#: Kimi; Mixtral, gpt-oss, Llama 4 and transformers' Qwen MoE; older Qwen MoE)
+EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+
+
+def hf_config(path) -> dict:
+    """A table entry (``config``'s form) from a Hugging Face ``config.json``
+    (``path``: the file or its folder). A multimodal config's decoder is its
+    ``text_config``. Attention is multi-head latent where ``kv_lora_rank`` is
+    set, else grouped-query (``num_key_value_heads``, else one per head;
+    ``head_dim``, else ``hidden_size / num_attention_heads``). With routed
+    experts only the layers with a dense MLP have a ``gate_up`` and ``down``
+    (DeepSeek's ``first_k_dense_replace``, Qwen's ``decoder_sparse_step`` and
+    ``mlp_only_layers``, Llama 4's ``interleave_moe_layer_step``; else none);
+    experts, shared ones included, are not projections of this table."""
+    from .jsonfile import read_json
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    data = read_json(file, "Hugging Face config.json")
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: a config.json holds a JSON object, got {type(data).__name__}")
+    text = data["text_config"] if isinstance(data.get("text_config"), dict) else data
+
+    def get(key, default=None, required=True):
+        value = text.get(key, data.get(key))
+        if value is None and not required:
+            return default
+        if type(value) is not int or value < 1:
+            what = "missing" if value is None else f"got {value!r}"
+            raise ValueError(f"{file}: {key!r} must be a positive integer ({what}); a decoder "
+                             "config names hidden_size, num_attention_heads, "
+                             "num_hidden_layers, vocab_size and intermediate_size")
+        return value
+
+    hidden, heads, layers = get("hidden_size"), get("num_attention_heads"), get("num_hidden_layers")
+    name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
+    entry = {"name": name, "source": str(file), "hidden": hidden, "heads": heads,
+             "layers": layers, "vocab": get("vocab_size")}
+    if text.get("kv_lora_rank") is not None:
+        if text.get("q_lora_rank") is None:
+            raise ValueError(f"{file}: multi-head latent attention without a query LoRA rank "
+                             "(q_lora_rank null: one q projection) is not modelled")
+        entry.update(attention="mla", **{key: get(key) for key in (
+            "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+            "v_head_dim")})
+    else:
+        if get("head_dim", required=False) is None and hidden % heads:
+            raise ValueError(f"{file}: no 'head_dim', and hidden_size {hidden} is not a multiple "
+                             f"of num_attention_heads {heads}")
+        entry.update(attention="gqa", kv_heads=get("num_key_value_heads", heads, required=False),
+                     head_dim=get("head_dim", hidden // heads, required=False))
+    experts = next((text[key] for key in EXPERT_KEYS if text.get(key)), 0)
+    dense, key = layers, "intermediate_size"
+    if experts:
+        if "first_k_dense_replace" in text:
+            dense = text["first_k_dense_replace"]
+        elif "decoder_sparse_step" in text or "mlp_only_layers" in text:
+            step = text.get("decoder_sparse_step") or 1
+            only = set(text.get("mlp_only_layers") or ())
+            dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
+        elif (text.get("interleave_moe_layer_step") or 1) > 1:
+            dense = layers - layers // text["interleave_moe_layer_step"]
+            key = "intermediate_size_mlp"
+        else:
+            dense = 0
+        if type(dense) is not int or not 0 <= dense <= layers:
+            raise ValueError(f"{file}: the dense MLP layers come to {dense!r} of {layers}")
+    if dense:
+        entry["intermediate"] = get(key)
+        if dense < layers:
+            entry["dense_layers"] = dense
+    else:
+        entry["mlp"] = "moe"
+    return entry
 
 
 def _shard(what: str, size: int, tp: int, model: str) -> int:
