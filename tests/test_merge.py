@@ -104,6 +104,58 @@ def test_merge_refusals_name_the_problem():
     assert "hooks" in merge_refusal([a, hooked])
     with pytest.raises(ValueError, match="cannot merge these linears: fewer than two"):
         merge_linears([a])
+    tied = nn.Linear(32, 16, bias=False)
+    tied.weight = b.weight
+    assert merge_refusal([b, tied]) == "two of them share a Parameter (merging would split it)"
+    merge_linears([a, b])
+    with pytest.raises(ValueError, match=r"a linear without a weight \(merged already\?\)$"):
+        merge_linears([a, b])
+
+
+def test_patch_model_merges_no_linear_used_elsewhere_or_tied():
+    """A linear shared by two layers (or one whose Parameter another module
+    holds) is not merged: merging would leave the other place with no
+    weight, or split the tie. Shared whole layers still merge, once."""
+    model = tiny_llama()
+    layers = model.model.layers
+    layers[1].self_attn.q_proj = layers[0].self_attn.q_proj  # one q_proj in two layers
+    layers[1].mlp.up_proj.weight = layers[0].mlp.up_proj.weight  # a tied Parameter
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        before = model(ids).logits
+    report = patch_model(model, merge=True, progress=None)
+    skipped = dict(report.skipped)
+    for layer in (0, 1):
+        assert skipped[f"model.layers.{layer}.self_attn.q_proj + model.layers.{layer}."
+                       "self_attn.k_proj + model.layers.{layer}.self_attn.v_proj".format(
+                           layer=layer)] == "not merged: a linear is also used elsewhere in the model"
+        assert skipped[f"model.layers.{layer}.mlp.gate_proj + model.layers.{layer}.mlp.up_proj"] \
+            == "not merged: a Parameter is also held by another module (tied)"
+    assert report.merged == []
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    assert layers[1].mlp.up_proj.weight is layers[0].mlp.up_proj.weight
+    unpatch(model)
+    # a whole attention module shared by both layers merges once
+    model = tiny_llama()
+    model.model.layers[1].self_attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        before = model(ids).logits
+    report = patch_model(model, merge=True, progress=None)
+    assert [n[0] for n in report.merged].count("model.layers.0.self_attn.q_proj") == 1
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+
+
+def test_refusals_of_what_is_no_model_or_no_swiglu_mlp():
+    for call in (patch_model, unpatch):
+        with pytest.raises(ValueError, match="^model must be a torch.nn.Module, got NoneType$"):
+            call(None)
+    from warpsplitk.merge import SwiGLUMLP
+    mlp = tiny_llama().model.layers[0].mlp  # gate and up not merged
+    with pytest.raises(ValueError, match="SwiGLUMLP wraps .*: gate_proj and up_proj are not one "
+                                         "merged group in that order$"):
+        SwiGLUMLP(mlp)
 
 
 def test_bookkeeping_on_meta_tensors():

@@ -326,6 +326,16 @@ def _merge_groups(model, ms, filter, report):
     ``merge.MERGED_GROUPS`` whose linears can merge; refusals go to
     ``report.skipped`` under the group's names."""
     from .merge import MERGED_GROUPS, merge_refusal
+    # where each linear sits and which modules hold each Parameter: a linear
+    # used in a second place, or a Parameter another module holds too (tied),
+    # would be left with no weight, or split from its twin, by the merge
+    places, holders = {}, {}
+    for _, parent, attr, child in _linear_children(model, nn.Linear):
+        places.setdefault(id(child), set()).add((id(parent), attr))
+    for module in dict(model.named_modules(remove_duplicate=False)).values():
+        for param in module._parameters.values():
+            if param is not None:
+                holders.setdefault(id(param), set()).add(id(module))
     groups, seen = [], set()
     for name, module in model.named_modules():
         for attrs in MERGED_GROUPS:
@@ -339,6 +349,11 @@ def _merge_groups(model, ms, filter, report):
                 report.skipped.append((names[0], "excluded by filter"))
                 continue
             reason = merge_refusal(linears)
+            if reason is None and any(len(places[id(lin)]) > 1 for lin in linears):
+                reason = "a linear is also used elsewhere in the model"
+            if reason is None and any(holders[id(p)] != {id(lin)} for lin in linears
+                                      for p in (lin.weight, lin.bias) if p is not None):
+                reason = "a Parameter is also held by another module (tied)"
             if reason is not None:
                 report.skipped.append((" + ".join(names), f"not merged: {reason}"))
                 continue
@@ -369,6 +384,8 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
     ``gate_proj``, ``up_proj`` (transformers' Llama-family names) become
     parts of one merged weight run in one launch (:mod:`warpsplitk.merge`),
     keeping their parameter names; ``report.merged`` lists the groups."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     check_plan(plan)
     ms = check_ms(ms)
     report = PatchReport()
@@ -450,6 +467,8 @@ def unpatch(model: nn.Module) -> list:
     """Put back the ``nn.Linear`` behind every ``DecodeLinear`` of ``model``
     (the original objects when they came from ``patch_model``/``from_linear``).
     Returns the qualified names restored."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     from .merge import MergedPart, SwiGLUMLP
     for _, parent, attr, child in list(_linear_children(model, SwiGLUMLP)):
         setattr(parent, attr, child.to_original())

@@ -47,6 +47,8 @@ def merge_refusal(linears) -> str | None:
     for lin in linears:
         if type(lin) is not nn.Linear:
             return f"{type(lin).__name__} is not a plain nn.Linear"
+        if lin.weight is None:
+            return "a linear without a weight (merged already?)"
         if lin._forward_hooks or lin._forward_pre_hooks or "forward" in lin.__dict__:
             return "has forward hooks or an overridden forward"
         if lin.in_features != first.in_features:
@@ -55,6 +57,9 @@ def merge_refusal(linears) -> str | None:
             return "weights differ in dtype or device"
         if (lin.bias is None) != (first.bias is None):
             return "some have a bias and some do not"
+    shared = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+    if len({id(p) for p in shared}) != len(shared):
+        return "two of them share a Parameter (merging would split it)"
     return None
 
 
@@ -302,6 +307,10 @@ class SwiGLUMLP(nn.Module):
     module back."""
 
     def __init__(self, mlp):
+        reason = swiglu_refusal(mlp)
+        if reason is not None:
+            raise ValueError(f"a SwiGLUMLP wraps a Llama-family MLP with merged gate and up: "
+                             f"{reason}")
         super().__init__()
         self.gate_proj, self.up_proj = mlp.gate_proj, mlp.up_proj
         self.down_proj, self.act_fn = mlp.down_proj, mlp.act_fn
