@@ -81,8 +81,10 @@ def read_cells(path) -> dict:
         found = {}
         for entry in entries:
             n, k, m = (entry[key] for key in ("n", "k", "m"))
-            if not all(isinstance(v, int) and v > 0 for v in (n, k, m)) or m > MAX_M:
+            if not all(type(v) is int and v > 0 for v in (n, k, m)) or m > MAX_M:
                 raise ValueError(f"a cell is positive integers n, k and m <= {MAX_M}, got {entry}")
+            if not isinstance(entry["tactics"], list) or not entry["tactics"]:
+                raise ValueError(f"a cell's 'tactics' is a non-empty list, got {entry}")
             tactics = [WarpSplitKTactic.parse(text) for text in entry["tactics"]]
             for tactic in tactics:
                 check_tactic(tactic, n, k)

@@ -1,10 +1,11 @@
 """Benchmark plumbing that needs no GPU: chain pairs, rows, JSON, the plot."""
 
 import json
+import re
 
 import pytest
 
-from warpsplitk import bench, shapes
+from warpsplitk import bench, shapes, timing
 from warpsplitk.plot import main as plot_main
 
 
@@ -116,7 +117,7 @@ def test_bench_refuses_fewer_than_one_round(capsys):
     from warpsplitk.cli import main
     assert main(["bench", "--rounds", "0", "--shapes", "768,128"]) == 2
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="rounds must be an integer of at least 1, got 0"):
         bench.bench_shape(768, 128, [1], None, rounds=0)
 
 
@@ -124,8 +125,15 @@ def test_chain_bench_refuses_fewer_than_one_round(capsys):
     from warpsplitk.cli import main
     assert main(["bench", "--chain", "--rounds", "-1"]) == 2
     assert "--rounds must be at least 1, got -1" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="rounds must be an integer of at least 1, got 0"):
         bench.bench_chain(rounds=0)
+
+
+@pytest.mark.parametrize("rounds", [2.5, float("nan"), float("inf"), True, "3"])
+def test_rounds_is_an_integer(rounds):
+    with pytest.raises(ValueError, match=f"rounds must be an integer of at least 1, got "
+                                         f"{re.escape(repr(rounds))}$"):
+        timing.resolve_rounds(rounds)
 
 
 def test_time_rounds_alternates_and_checks_after_the_first_graph(monkeypatch):
@@ -146,7 +154,7 @@ def test_time_rounds_alternates_and_checks_after_the_first_graph(monkeypatch):
     # graphs 1, 4, 6 were ours and 3, 5, 7 cuBLAS's: the median graph of each
     assert (ours.median_us, ours.min_us, ours.max_us, ours.calls) == (4.0, 1.0, 6.0, 192)
     assert cublas.median_us == 5.0
-    with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="rounds must be an integer of at least 1, got 0"):
         timing.time_rounds([[lambda: None]], 0)
     assert timing.resolve_rounds(None) == timing.ROUNDS and timing.resolve_rounds(1) == 1
 

@@ -486,3 +486,24 @@ def test_shape_and_m_helpers_refuse_non_text():
     with pytest.raises(ValueError, match=r"Ms are given as text \(Ms in 1\.\.32 as e\.g\..*\), "
                                          r"got 5$"):
         shapes.parse_ms(5)
+
+
+@pytest.mark.parametrize("path,words", [("", "a file to write, got ''"),
+                                        ("somewhere/", "a file to write, got 'somewhere/'")])
+def test_an_output_that_cannot_be_written_is_refused_before_compiling(path, words, capsys,
+                                                                      monkeypatch):
+    from warpsplitk import compile as compile_module
+    monkeypatch.setattr(compile_module, "compile_for_arch", lambda *a, **k: pytest.fail("compiled"))
+    assert main(["compile", "--n", "256", "--k", "1024", "--emit-ptx", path]) == 2
+    _one_error(capsys, "compile", "argument --emit-ptx", words)
+
+
+def test_a_file_system_refusal_is_one_line(capsys, monkeypatch):
+    from warpsplitk import plan_cache
+
+    def refuse():
+        raise PermissionError(13, "Permission denied", "/cache/plans")
+    monkeypatch.setattr(plan_cache, "entries", refuse)
+    assert main(["cache"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "warpsplitk cache: error: [Errno 13] Permission denied: '/cache/plans'\n"

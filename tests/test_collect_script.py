@@ -70,6 +70,8 @@ def test_cells_file_lists_the_tactics_per_cell(tmp_path):
     ('{"cells": [{"n": 768, "k": 7168, "m": 40, "tactics": []}]}', "m <= 32"),
     ('{"cells": [{"n": 768, "k": 7168, "tactics": []}]}', "KeyError"),
     ('{"cells": [{"n": 768, "k": 7168, "m": 1, "tactics": ["16,16,256,14,2,2"]}]}', "shared memory"),
+    ('{"cells": [{"n": true, "k": 7168, "m": 1, "tactics": ["16,8,256,4,1"]}]}', "positive integers"),
+    ('{"cells": [{"n": 768, "k": 7168, "m": 1, "tactics": []}]}', "'tactics' is a non-empty list"),
 ])
 def test_a_bad_cells_file_is_named_with_its_problem(tmp_path, text, words):
     path = tmp_path / "cells.json"

@@ -5,6 +5,7 @@ the GPU test of the loaded code is in test_gpu_reliability.py.
 """
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -208,6 +209,23 @@ def test_cache_cli(cache, compiled, capsys):
     assert disk_cache.entries() == []
 
 
+def test_cache_cli_counts_what_it_removed(cache, compiled, capsys, monkeypatch):
+    from warpsplitk.cli import main
+    disk_cache.store("ab" * 20, compiled)
+    disk_cache.store("cd" * 20, compiled)
+    kept = disk_cache.entries()[0]
+    real = disk_cache._remove
+    monkeypatch.setattr(disk_cache, "_remove", lambda path: path != kept and real(path))
+    assert main(["cache", "--clear"]) == 1  # one file the file system would not let go
+    out = capsys.readouterr().out
+    assert f"removed 1 compiled kernels and 0 resource records from {cache}; could not remove " \
+           f"1 (e.g. {kept})" in out
+    assert disk_cache.entries() == [kept]
+    # a file gone between the listing and its size (another process clearing)
+    from warpsplitk.cli import _size
+    assert _size(cache / "gone.o") == 0
+
+
 def test_prune_removes_kernels_of_other_versions_or_sources(cache, compiled, monkeypatch, capsys):
     from warpsplitk.cli import main
     current = disk_cache.store("ab" * 20, compiled)
@@ -313,9 +331,18 @@ def test_resources_of_another_version_or_unreadable_are_not_used(cache, monkeypa
     assert disk_cache.stale() == [old]
     assert disk_cache.prune() == 1 and disk_cache.resource_entries() == [
         disk_cache.resource_path(stem)]
-    disk_cache.resource_path(stem).write_text("{truncated")
-    assert disk_cache.load_resources(stem) is None
-    assert not disk_cache.resource_path(stem).exists()
+    # unreadable, or not counts: removed (said once), never shown
+    for text in ("{truncated", '{"registers": "many", "spill_bytes": 0, "local_bytes": 0}',
+                 '{"registers": -5, "spill_bytes": 0, "local_bytes": 0}',
+                 '{"registers": [1], "spill_bytes": 0, "local_bytes": 0}', "[]"):
+        disk_cache.store_resources(stem, {"registers": 50, "spill_bytes": 0, "local_bytes": 0})
+        record = json.loads(disk_cache.resource_path(stem).read_text())
+        bad = text if not text.startswith('{"') else json.dumps({**record, **json.loads(text)})
+        disk_cache.resource_path(stem).write_text(bad)
+        monkeypatch.setattr(disk_cache, "_warned", set())
+        with pytest.warns(RuntimeWarning, match="removed the unreadable resource record"):
+            assert disk_cache.load_resources(stem) is None
+        assert not disk_cache.resource_path(stem).exists()
 
 
 def test_precompile_resources_in_worker_processes(cache):

@@ -412,3 +412,20 @@ def test_eager_inference_calls_the_prepared_kernel_directly(meta_kernel):
     assert mod(meta(4, 256)).shape == (4, 64)
     assert mod.prepared.runs == 2  # through torch.ops.warpsplitk.decode_linear
     assert mod.kernel_calls == 3
+
+
+def test_op_fake_impl_says_what_it_was_given():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(4, 256, dtype=torch.bfloat16)
+        w = torch.empty(64, 256, dtype=torch.bfloat16)
+        cases = [
+            ((x, w.to(torch.int8), None), r"x and weight must be bfloat16, got torch\.bfloat16 "
+                                          r"and torch\.int8"),
+            ((x, w[0], None), "weight must be \\[N, K\\], got 1-D"),
+            ((x, w[:, :128], None), r"x \[M, 256\] and weight \[N, 128\] disagree on K"),
+            ((x, w, torch.empty(7, dtype=torch.bfloat16)), r"bias must be \[64\], got \(7,\)"),
+        ]
+        for args, match in cases:
+            with pytest.raises(Exception, match=match):
+                torch.ops.warpsplitk.decode_linear(*args, 0)

@@ -144,6 +144,28 @@ def test_auto_needs_a_gpu_to_name(cache, tuner, monkeypatch):
     assert tuner == []
 
 
+def test_a_plan_the_cache_cannot_keep_still_serves(cache, tuner, tmp_path, monkeypatch):
+    cache.mkdir(parents=True)
+    (cache / "plans").write_text("a file where the plans folder goes")
+    with pytest.warns(RuntimeWarning, match="cannot keep the tuned plan in .*plans .*serves this "
+                                            "process only"):
+        plan = plan_cache.auto_plan([(4096, 4096)], (1,), gpu=OTHER, progress=None)
+    assert plan.lookup(4096, 4096, 1) is not None and tuner[0][2]["log_path"] is None
+    # the folder is writable but the write fails: the same, after tuning
+    (cache / "plans").unlink()
+    monkeypatch.setattr(plan_cache, "store", lambda key, plan: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied")))
+    with pytest.warns(RuntimeWarning, match="Permission denied"):
+        plan = plan_cache.auto_plan([(2048, 2048)], (1,), gpu=OTHER, progress=None)
+    assert plan.lookup(2048, 2048, 1) is not None
+
+
+def test_the_tuner_needs_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="^tune measures on a CUDA GPU, and torch sees none$"):
+        tune.tune([(4096, 4096)], [1])
+
+
 def test_cache_command_lists_plans(cache, capsys):
     plan = DecodePlan()
     plan.set(256, 512, 1, WarpSplitKTactic(16, 8, 128, 2, 1), 2.0)

@@ -160,13 +160,18 @@ def _resolve_plan(text):
 
 
 def _output_folder(flag, path):
+    """Refuse, before any work, an output file that could not be written."""
     if path is None:
         return
+    if not path or path.endswith(os.sep):
+        raise UsageError(f"argument {flag}: a file to write, got {path!r}")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"argument {flag}: {path}: folder {folder} does not exist")
     if os.path.isdir(path):
         raise UsageError(f"argument {flag}: {path} is a folder, not a file to write")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"argument {flag}: {path}: not writable")
 
 
 def _read_log(path, required):
@@ -388,22 +393,25 @@ def _cmd_tune(args, argv):
     return 0
 
 
+def _size(path) -> int:
+    """A cached file's size; 0 once gone (another process pruning or clearing)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _cmd_cache(args, argv):
     from . import disk_cache
     folder = disk_cache.cache_dir()
+    if args.clear or args.prune:
+        kernels, records, kept = (disk_cache.clear if args.clear else disk_cache.prune)(detail=True)
+        what = "" if args.clear else "stale "
+        print(f"removed {kernels} {what}compiled kernels and {records} {what}resource records "
+              f"from {folder}" + (f"; could not remove {len(kept)} (e.g. {kept[0]})" if kept
+                                  else ""))
+        return 1 if kept else 0
     kernels, records = disk_cache.entries(), disk_cache.resource_entries()
-    if args.clear:
-        disk_cache.clear()
-        print(f"removed {len(kernels)} compiled kernels and {len(records)} resource records "
-              f"from {folder}")
-        return 0
-    if args.prune:
-        stale = disk_cache.stale()
-        disk_cache.prune()
-        kernels_gone = sum(1 for p in stale if p.suffix == ".o")
-        print(f"removed {kernels_gone} stale compiled kernels and {len(stale) - kernels_gone} "
-              f"stale resource records from {folder}")
-        return 0
     stale = set(disk_cache.stale())
     from . import plan_cache
     plans = plan_cache.entries()
@@ -416,12 +424,12 @@ def _cmd_cache(args, argv):
                 shapes = "unreadable"
             print(f"plan     {path.name}  {shapes} shapes")
         for path in kernels:
-            print(f"kernel   {path.name}  {path.stat().st_size / 1e6:.2f} MB"
+            print(f"kernel   {path.name}  {_size(path) / 1e6:.2f} MB"
                   f"{'  stale' if path in stale else ''}")
         for path in records:
             what = disk_cache.describe_resources(path)
             print(f"registers {what}{'  stale' if path in stale else ''}")
-    size = sum(f.stat().st_size for f in kernels + records)
+    size = sum(_size(f) for f in kernels + records)
     state = "on" if disk_cache.enabled() else "off (WARPSPLITK_DISK_CACHE)"
     print(f"{folder}: {len(kernels)} compiled kernels, {len(records)} resource records "
           f"(registers for `warpsplitk plan`), {size / 1e6:.1f} MB ({len(stale)} stale: other "
@@ -651,6 +659,9 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `warpsplitk plan | head`: the reader has gone
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as error:  # the file system said no: one line, not a traceback
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

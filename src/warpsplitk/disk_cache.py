@@ -229,9 +229,12 @@ def load_resources(stem: str) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        _remove_file(path)
-        return None
-    if not isinstance(record, dict) or any(name not in record for name in RESOURCE_FIELDS):
+        record = None
+    if not isinstance(record, dict) or any(
+            type(record.get(name)) is not int or record[name] < 0 for name in RESOURCE_FIELDS):
+        # unreadable, or not counts (registers, bytes): never shown, compiled again
+        _warn_once("resources", f"removed the unreadable resource record {path}; compiling "
+                                "again")
         _remove_file(path)
         return None
     if any(record.get(name) != value for name, value in _generation().items()):
@@ -326,14 +329,29 @@ def _remove(path: Path) -> bool:
     return True
 
 
-def prune() -> int:
-    """Remove the stale kernels and resource records (``stale``); returns how many."""
-    return sum(_remove(path) for path in stale())
+def _remove_each(paths, detail):
+    kernels = records = 0
+    kept = []
+    for path in paths:
+        if not _remove(path):
+            kept.append(path)
+        elif path.name.endswith(_RESOURCE_SUFFIX):
+            records += 1
+        else:
+            kernels += 1
+    return (kernels, records, kept) if detail else kernels + records
 
 
-def clear() -> int:
-    """Remove every cached kernel and resource record; returns how many."""
-    removed = sum(_remove(path) for path in entries() + resource_entries())
+def prune(detail: bool = False):
+    """Remove the stale kernels and resource records (``stale``); returns how
+    many were removed (``detail``: ``(kernels, records, [paths not removed])``)."""
+    return _remove_each(stale(), detail)
+
+
+def clear(detail: bool = False):
+    """Remove every cached kernel and resource record; returns how many were
+    removed (``detail``: as :func:`prune`)."""
+    removed = _remove_each(entries() + resource_entries(), detail)
     folder = cache_dir()
     if folder.is_dir():
         for scratch in folder.glob(".export-*"):

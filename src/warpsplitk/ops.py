@@ -133,7 +133,14 @@ def _define(name, implementation, out_columns, backward):
     def fake(x, weight, bias, handle):
         # Shapes only: no registry lookup, handle may be symbolic while tracing.
         torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
-        torch._check(x.shape[1] == weight.shape[1], lambda: "x and weight disagree on K")
+        torch._check(weight.dim() == 2, lambda: f"weight must be [N, K], got {weight.dim()}-D")
+        torch._check(x.dtype == weight.dtype == torch.bfloat16,
+                     lambda: f"x and weight must be bfloat16, got {x.dtype} and {weight.dtype}")
+        torch._check(x.shape[1] == weight.shape[1],
+                     lambda: f"x [M, {x.shape[1]}] and weight [N, {weight.shape[1]}] disagree "
+                             "on K")
+        torch._check(bias is None or tuple(bias.shape) == (weight.shape[0],),
+                     lambda: f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
         return x.new_empty((x.shape[0], out_columns(weight)), dtype=torch.bfloat16)
 
     op.register_fake(fake)

@@ -97,6 +97,12 @@ def store(key: str, plan: DecodePlan) -> Path | None:
     return path
 
 
+def _not_kept(error):
+    import warnings
+    warnings.warn(f"warpsplitk: cannot keep the tuned plan in {plan_dir()} ({error}); it "
+                  "serves this process only", RuntimeWarning, stacklevel=3)
+
+
 def entries() -> list[Path]:
     """Every cached plan file (``warpsplitk cache`` lists them)."""
     folder = plan_dir()
@@ -145,11 +151,19 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
                      f"kept in {plan_path(key)}")
         log = str(log_path(key)) if disk_cache.enabled() else None
         if log:
-            plan_dir().mkdir(parents=True, exist_ok=True)
+            try:
+                plan_dir().mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                _not_kept(error)
+                log = None
         # progress=None: a quiet tune (the tuner itself always reports)
         tuned = tune(todo, ms, log_path=log, resume=True, jobs=jobs,
                      progress=progress or (lambda line: None))
-        store(key, tuned)
+        if log:
+            try:
+                store(key, tuned)
+            except OSError as error:  # the tune still serves this process
+                _not_kept(error)
         for shape, by_m in tuned.entries.items():
             plan.entries.setdefault(shape, {}).update(by_m)
     return plan

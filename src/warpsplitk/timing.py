@@ -54,10 +54,10 @@ def combine(timings: list[Timing]) -> Timing:
 
 
 def resolve_rounds(rounds: int | None) -> int:
-    """``rounds`` (``None``: ``ROUNDS``), refused below 1."""
+    """``rounds`` (``None``: ``ROUNDS``): an integer of at least 1."""
     rounds = ROUNDS if rounds is None else rounds
-    if rounds < 1:
-        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if type(rounds) is not int or rounds < 1:
+        raise ValueError(f"rounds must be an integer of at least 1, got {rounds!r}")
     return rounds
 
 

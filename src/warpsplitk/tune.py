@@ -368,6 +368,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     the median of their timings (``_cell_times``)."""
     import torch
 
+    if not torch.cuda.is_available():
+        raise ValueError("tune measures on a CUDA GPU, and torch sees none")
     from cuda.bindings import driver
 
     if confirm is None:
