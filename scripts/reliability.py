@@ -313,6 +313,11 @@ def main():
     s.add_argument("--json")
     sub.add_parser("digest")
     args = p.parse_args()
+    if args.cmd == "cases" and not 0 <= args.shard < args.shards:
+        p.error(f"--shard must be in 0..--shards - 1 with --shards >= 1, got --shard "
+                f"{args.shard} --shards {args.shards}")
+    if args.cmd == "soak" and min(args.projections, args.replays, args.check_every) < 1:
+        p.error("--projections, --replays and --check-every must be at least 1")
     if args.cmd == "cases":
         results, bad = run_cases(args.subset, args.offset, args.shard, args.shards,
                                 (1, 2) if args.k_split else (1,), args.only, args.progress,

@@ -112,11 +112,17 @@ def main(argv=None):
     parser.add_argument("--where", action="store_true",
                         help="say where the first wrong outputs are wrong")
     args = parser.parse_args(argv)
-    n, k = (int(v) for v in args.shape.split(","))
+    try:  # every argument checked before the first launch
+        n, k = (int(v) for v in args.shape.split(","))
+        ms = [int(v) for v in args.m.split(",")]
+        tactics = [WarpSplitKTactic.parse(text) for text in args.tactics]
+        if args.rounds < 1:
+            raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
+    except ValueError as error:
+        parser.error(str(error))
     failed = False
-    for text in args.tactics:
-        tactic = WarpSplitKTactic.parse(text)
-        for m in (int(v) for v in args.m.split(",")):
+    for text, tactic in zip(args.tactics, tactics):
+        for m in ms:
             wrong, differing, unwritten, worst = stress(tactic, n, k, m, args.rounds, args.where)
             failed |= bool(wrong or differing or unwritten)
             print(f"{n}x{k} M={m} {text}: {args.rounds} rounds x {LAUNCHES} launches, "

@@ -305,3 +305,17 @@ def test_held_out_section_and_readme_line_with_a_quick_tune(tmp_path):
     block = make.readme_block(make.load(path), None, held=held, tuned=tuned)
     assert "the reference heuristic 1.27×; the default's time is a median 1.050 of a quick " \
         "tune's" in block
+
+
+def test_measuring_needs_a_gpu(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for call, name in ((lambda: bench.bench_shape(768, 128, [1], None), "bench_shape"),
+                       (lambda: bench.run_bench([(768, 128)]), "run_bench"),
+                       (lambda: bench.bench_chain(), "bench_chain"),
+                       (lambda: bench.bench_layer("qwen3-0.6b"), "bench_layer")):
+        with pytest.raises(ValueError, match=f"^{name} measures on a CUDA GPU, and torch sees "
+                                             "none$"):
+            call()
+    with pytest.raises(ValueError, match="unknown model 'bogus'"):  # its arguments first
+        bench.bench_layer("bogus")

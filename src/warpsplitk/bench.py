@@ -71,6 +71,7 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     is ours (or the default's) takes that time. Rows: ``(m, (tactic,
     source), ours, default_us, (reference tactic, reference_us), cublas)``."""
     rounds = timing.resolve_rounds(rounds)  # refused before anything is allocated
+    timing.require_cuda("bench_shape")
     import torch
 
     from .decode import prepare_choices
@@ -126,6 +127,7 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     """Benchmark every (shape, M); returns (environment, rows)."""
     import torch
     rounds = timing.resolve_rounds(rounds)
+    timing.require_cuda("run_bench")
     env = _environment()
     env["rounds"] = rounds
     if read_tbps is None:
@@ -226,6 +228,7 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
     the median graph counts."""
     import torch
     rounds = timing.resolve_rounds(rounds)
+    timing.require_cuda("bench_chain")
 
     from .decode import DecodePlan, precompile_for, prepare
     plan = plan if plan is not None else DecodePlan()
@@ -347,6 +350,7 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     rounds = timing.resolve_rounds(rounds)
     plan = plan if plan is not None else DecodePlan()
     layer = models.layer_chain(model_name, tp)
+    timing.require_cuda("bench_layer")
     steps = [(p["n"], p["k"]) for p in layer]
     read_tbps = timing.measured_read_bandwidth() / 1e12
     takes = {s: models.kernel_refusal(*s) is None for s in steps}

@@ -90,6 +90,7 @@ def bench_layer_path(name, tp=1, ms=(1, 8, 32), plan=None, *, progress=print,
     rounds = timing.resolve_rounds(rounds)
     plan = plan if plan is not None else DecodePlan()
     s = layer_shape(name, tp)
+    timing.require_cuda("bench_layer_path")
     h, q, kv, inter = s.hidden, s.q, s.kv, s.inter
     shapes = [(s.qkv, h), (h, q), (2 * inter, h), (h, inter)]
     layer_bytes = 2 * sum(n * k for n, k in shapes)

@@ -53,6 +53,13 @@ def combine(timings: list[Timing]) -> Timing:
                   sum(t.calls for t in timings))
 
 
+def require_cuda(what: str) -> None:
+    """``ValueError`` unless torch sees a CUDA GPU for ``what`` to measure on."""
+    import torch
+    if not torch.cuda.is_available():
+        raise ValueError(f"{what} measures on a CUDA GPU, and torch sees none")
+
+
 def resolve_rounds(rounds: int | None) -> int:
     """``rounds`` (``None``: ``ROUNDS``): an integer of at least 1."""
     rounds = ROUNDS if rounds is None else rounds
