@@ -194,6 +194,14 @@ def test_patch_model_merge_on_a_cpu_llama_keeps_outputs_names_and_unpatches():
     assert list(state) == list(keys) and all(torch.equal(state[k], keys[k]) for k in keys)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, before)
+    # a deep copy is merged in storage of its own
+    import copy
+    twin = copy.deepcopy(model)
+    twin_attn = twin.model.layers[0].self_attn
+    assert twin_attn.q_proj.group.merged() and twin.model.layers[1].mlp.group.merged()
+    assert not same_storage(twin_attn.k_proj.weight, attn.k_proj.weight)
+    with torch.no_grad():
+        assert torch.equal(twin(ids).logits, before)
     # load_state_dict writes through into the merged storage
     model.load_state_dict(keys)
     assert attn.q_proj.group.merged()
@@ -402,3 +410,33 @@ def test_swiglu_op_backward_matches_autograd(cpu_ops, with_bias):
     assert prepared.runs == 1
     for a, b in zip(ours, want):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_of_a_merged_model_is_merged_in_storage_of_its_own(how, monkeypatch):
+    """deepcopy or pickle gives each part a Parameter of its own: the copy
+    stacks its parts again (views of one new storage, its own kernel), or it
+    would run every part apart for good. The original is untouched."""
+    import copy
+    import pickle
+
+    from warpsplitk import decode, linear
+    from fakes import FakePrepared
+    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(decode, "prepare", lambda weight, plan=None, ms=range(1, 33), bias=None:
+                        FakePrepared(weight, plan, ms, bias))
+    torch.manual_seed(0)
+    holder = nn.Module()
+    holder.a, holder.b = (nn.Linear(256, n, dtype=torch.bfloat16) for n in (64, 32))
+    holder.a, holder.b = merge_linears([holder.a, holder.b])
+    group = holder.a.group
+    twin = copy.deepcopy(holder) if how == "deepcopy" else pickle.loads(pickle.dumps(holder))
+    copied = twin.a.group
+    assert copied is twin.b.group and copied is not group
+    assert copied.merged() and copied.linear.prepared is not None
+    assert same_storage(twin.a.weight, copied.weight) and same_storage(twin.b.bias, copied.bias)
+    assert not same_storage(copied.weight, group.weight) and group.merged()
+    for name in ("a", "b"):
+        assert torch.equal(getattr(twin, name).weight, getattr(holder, name).weight)
+        x = torch.randn(3, 256, dtype=torch.bfloat16)
+        assert torch.equal(getattr(twin, name)(x), getattr(holder, name)(x))

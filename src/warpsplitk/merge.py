@@ -79,6 +79,25 @@ class MergedGroup:
         self._views = []  # each part's (weight, bias) Parameters as stack() made them
         self._stash = None  # (input, merged output, parts served)
 
+    def __getstate__(self):
+        # Compiled code and a registry handle neither copy nor pickle, and a
+        # copy's parts get Parameters of their own: the copy holds no storage
+        # and merges again once every part is restored (MergedPart.__setstate__).
+        return {**self.__dict__, "weight": None, "bias": None, "linear": None,
+                "swiglu_prepared": None, "_swiglu_handle": None, "_stash": None,
+                "_views": [], "columns": []}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.merge_when_restored()
+
+    def merge_when_restored(self):
+        """A copy's ``merge``, once the group and every part are restored
+        (their order depends on where the copy started)."""
+        if "weight" in self.__dict__ and self.weight is None and all(
+                "_parameters" in part.__dict__ for part in self.parts):
+            self.merge()
+
     def offsets(self):
         """Each part's ``(start, end)`` rows of the merged weight (``stack`` keeps them)."""
         out, start = [], 0
@@ -211,6 +230,13 @@ class MergedPart(nn.Module):
 
     def forward(self, x):
         return self.group.output(self.index, x)
+
+    def __setstate__(self, state):
+        # deepcopy / unpickle: the last part of a group restored merges the
+        # copy (stack and prepare) from the parts' copied values
+        super().__setstate__(state)
+        if "group" in self.__dict__:
+            self.group.merge_when_restored()
 
     def remerge(self) -> bool:
         """Stack the group again from the parts' current tensors (after
