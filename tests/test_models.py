@@ -292,9 +292,12 @@ def test_config_json_refusals_name_the_file(config, match, tmp_path):
         models.projections(str(path))
 
 
-def test_unknown_model_says_a_config_json_would_do(tmp_path, capsys):
-    with pytest.raises(ValueError, match="unknown model 'llama-9': give the path of its "
-                                         "config.json, or one of deepseek-v3, "):
+def test_unknown_model_says_a_config_json_would_do(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ValueError, match=rf"unknown model 'llama-9': give the path of its "
+                                         rf"config\.json, the id of a model in the Hugging Face "
+                                         rf"cache \({re.escape(str(tmp_path / 'hub'))}\), or one "
+                                         rf"of deepseek-v3, "):
         models.config("llama-9")
     empty = tmp_path / "empty"
     empty.mkdir()  # a folder without a config.json is no model either
@@ -310,3 +313,38 @@ def test_unknown_model_says_a_config_json_would_do(tmp_path, capsys):
                  "--no-compile"]) == 0
     out = capsys.readouterr().out
     assert "tiny tp2" in out and " 1536  2048 " in out  # qkv: (16 + 2 * 4) * 64 rows
+
+
+def test_a_downloaded_model_is_found_by_its_id(tmp_path, monkeypatch):
+    """The Hugging Face cache's layout: models--org--name/snapshots/<rev>/,
+    refs/main naming the current revision."""
+    import os
+    import time
+    llama = _hf_config(models.config("llama-3.1-8b"))
+    hub = tmp_path / "hub"
+    folder = hub / "models--acme--Llama-8B"
+    for rev, hidden in (("old", 2048), ("current", 4096), ("newer-unreferenced", 1024)):
+        (folder / "snapshots" / rev).mkdir(parents=True)
+        (folder / "snapshots" / rev / "config.json").write_text(
+            json.dumps(dict(llama, hidden_size=hidden)))
+        time.sleep(0.01)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("current\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    assert models.hub_cache() == hub
+    assert models.hub_config_path("acme/Llama-8B") == folder / "snapshots/current/config.json"
+    found = models.projections("acme/Llama-8B", 8)
+    assert [dict(p, model="llama-3.1-8b tp8") for p in found] == models.projections(
+        "llama-3.1-8b", 8)
+    assert found[0]["model"] == "Llama-8B tp8"
+    # without refs/main: the newest snapshot
+    (folder / "refs" / "main").unlink()
+    assert models.hub_config_path("acme/Llama-8B").parent.name == "newer-unreferenced"
+    for missing in ("acme/Other", "acme", "a/b/c", "/x"):
+        assert models.hub_config_path(missing) is None
+    # HF_HOME, else the home folder
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert models.hub_cache() == tmp_path / "hf" / "hub"
+    monkeypatch.delenv("HF_HOME")
+    assert models.hub_cache() == Path(os.path.expanduser("~/.cache/huggingface/hub"))

@@ -531,8 +531,8 @@ def _cmd_plan(args, argv):
 
 
 MODEL_HELP = ("the decode projections of a model (warpsplitk.models: e.g. llama-3.1-8b, "
-              "qwen3-32b, deepseek-v3; or the path of a Hugging Face config.json or its "
-              "folder), merged and sharded as vLLM runs them")
+              "qwen3-32b, deepseek-v3; or a Hugging Face config.json: its path, its folder, "
+              "or the id of a downloaded model), merged and sharded as vLLM runs them")
 
 
 def _model_arguments(p):

@@ -24,7 +24,8 @@ step, merged and sharded as vLLM lays them out:
   The kv up-projection is absorbed into attention at decode, no GEMM.
 
 A model the table lacks is read from its own Hugging Face ``config.json``
-(:func:`hf_config`): the same fields under transformers' names.
+(:func:`hf_config`), named by its path or, once downloaded, by its model id
+(:func:`hub_config_path`): the same fields under transformers' names.
 
 Whether the kernel takes a shape is a separate question
 (:func:`kernel_refusal`): N a multiple of 16 and K a multiple of 128 up to
@@ -34,6 +35,7 @@ Whether the kernel takes a shape is a separate question
 from __future__ import annotations
 
 import json
+import os
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -59,8 +61,9 @@ def model_names() -> list[str]:
 
 def config(name) -> dict:
     """The table's entry for model ``name`` (case-insensitive; aliases
-    resolved), or, for the path of a Hugging Face ``config.json`` or of the
-    folder holding one, that file's (:func:`hf_config`); ``ValueError``
+    resolved); else, for the path of a Hugging Face ``config.json`` or of the
+    folder holding one, or for a model id (``org/name``) in the local
+    Hugging Face cache, that config's (:func:`hf_config`); ``ValueError``
     naming the known models otherwise."""
     table = _table()
     key = str(name).strip().lower()
@@ -70,9 +73,44 @@ def config(name) -> dict:
     path = Path(name)
     if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
         return hf_config(path)
-    raise ValueError(f"unknown model {name!r}: give the path of its config.json, or one of "
+    downloaded = hub_config_path(str(name))
+    if downloaded is not None:
+        return hf_config(downloaded, str(name).rpartition("/")[2])
+    raise ValueError(f"unknown model {name!r}: give the path of its config.json, the id of a "
+                     f"model in the Hugging Face cache ({hub_cache()}), or one of "
                      f"{', '.join(model_names())} "
                      f"(aliases: {', '.join(sorted(table['aliases']))})")
+
+
+def hub_cache() -> Path:
+    """The local Hugging Face hub cache: ``$HF_HUB_CACHE``, else
+    ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def hub_config_path(model_id: str) -> Path | None:
+    """The ``config.json`` of Hugging Face model ``model_id`` (``org/name``)
+    in the local cache: of the snapshot ``refs/main`` names, else of the
+    newest; None when it was not downloaded."""
+    org, slash, repo = model_id.partition("/")
+    if not (org and slash and repo) or "/" in repo:
+        return None
+    folder = hub_cache() / f"models--{org}--{repo}"
+    snapshots = folder / "snapshots"
+    main = folder / "refs" / "main"
+    found = []
+    try:
+        if main.is_file():
+            found.append(snapshots / main.read_text().strip() / "config.json")
+        if snapshots.is_dir():
+            found += sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime,
+                            reverse=True)
+    except OSError:
+        return None
+    return next((p for p in found if p.is_file()), None)
 
 
 #: Keys of a config.json that count a model's routed experts (DeepSeek and
@@ -80,7 +118,7 @@ def config(name) -> dict:
 EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 
 
-def hf_config(path) -> dict:
+def hf_config(path, name: str | None = None) -> dict:
     """A table entry (``config``'s form) from a Hugging Face ``config.json``
     (``path``: the file or its folder). A multimodal config's decoder is its
     ``text_config``. Attention is multi-head latent where ``kv_lora_rank`` is
@@ -110,7 +148,8 @@ def hf_config(path) -> dict:
         return value
 
     hidden, heads, layers = get("hidden_size"), get("num_attention_heads"), get("num_hidden_layers")
-    name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
+    if name is None:
+        name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
     entry = {"name": name, "source": str(file), "hidden": hidden, "heads": heads,
              "layers": layers, "vocab": get("vocab_size")}
     if text.get("kv_lora_rank") is not None:
