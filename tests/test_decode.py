@@ -819,3 +819,12 @@ def test_tuning_order_is_largest_weight_first():
                          (1024, 4096)]) == [(4096, 14336), (14336, 4096), (1024, 4096),
                                             (4096, 1024)]
     assert tuning_order([]) == []
+
+
+def test_plan_data_built_in_python_may_key_m_by_int():
+    data = small_plan().to_json()
+    data["shapes"][0]["entries"] = {int(m): e for m, e in data["shapes"][0]["entries"].items()}
+    assert plan_from_json(data).entries == small_plan().entries
+    data["shapes"][0]["entries"][1.0] = {"tactic": "cublas"}
+    with pytest.raises(ValueError, match=r"M must be an integer in 1\.\.32, got 1\.0$"):
+        plan_from_json(data)

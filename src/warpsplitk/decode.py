@@ -142,10 +142,15 @@ def plan_from_json(data, source="plan") -> DecodePlan:
             raise ValueError(f"{source}: shapes[{i}] 'entries' must map each M to its tactic")
         for key, entry in entries.items():
             where = f"{source}: N={n} K={k} M={key}"
-            # one spelling per M: " 1" and "1" would both be M = 1
-            if not (key.isascii() and key.isdigit()) or str(int(key)) != key:
+            # one spelling per M: " 1" and "1" would both be M = 1 (JSON's
+            # keys are text; data built in Python may key by int)
+            if type(key) is int:
+                m = key
+            elif isinstance(key, str) and key.isascii() and key.isdigit() \
+                    and str(int(key)) == key:
+                m = int(key)
+            else:
                 raise ValueError(f"{where}: M must be an integer in 1..{MAX_M}, got {key!r}")
-            m = int(key)
             if not isinstance(entry, dict):
                 raise ValueError(f"{where}: entry needs a 'tactic'")
             _check_entry(n, k, m, entry.get("us"), where)
