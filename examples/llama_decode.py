@@ -57,8 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke test")
     p.add_argument("--tiny", action="store_true", help="a tiny model (smoke test)")
     p.add_argument("--config", metavar="MODEL",
-                   help="the sizes of a grouped-query model of warpsplitk.models, e.g. "
-                        "llama-3-8b (random weights, --layers of them; default: the "
+                   help="the sizes of a grouped-query model with dense MLPs: a name of "
+                        "warpsplitk.models (e.g. llama-3-8b), a config.json or a downloaded "
+                        "model's id (random weights, --layers of them; default: the "
                         "small Llama above)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -83,9 +84,11 @@ def build_model(args, torch, device):
     if args.config:
         from warpsplitk import models
         known = models.config(args.config)  # ValueError naming the known models
-        if known.get("attention") != "gqa":
-            raise ValueError(f"--config {args.config}: a {known.get('attention')} model; this "
-                             "example builds Llama-style grouped-query attention")
+        if known.get("attention") != "gqa" or "intermediate" not in known:
+            what = (f"a {known.get('attention')} model" if known.get("attention") != "gqa"
+                    else "every MLP a mixture of experts")
+            raise ValueError(f"--config {args.config}: {what}; this example builds Llama-style "
+                             "grouped-query attention and dense MLPs")
         sizes = dict(hidden_size=known["hidden"], intermediate_size=known["intermediate"],
                      num_attention_heads=known["heads"], num_key_value_heads=known["kv_heads"],
                      head_dim=known.get("head_dim", known["hidden"] // known["heads"]),

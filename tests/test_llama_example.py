@@ -78,4 +78,7 @@ def test_config_takes_a_models_sizes(capsys):
     assert example.main(["--device", "cpu", "--config", "no-such-model"]) == 2
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
     assert example.main(["--device", "cpu", "--config", "deepseek-v3"]) == 2
-    assert "grouped-query attention" in capsys.readouterr().err
+    assert "a mla model; this example builds" in capsys.readouterr().err
+    assert example.main(["--device", "cpu", "--config", "gpt-oss-20b"]) == 2
+    err = capsys.readouterr().err
+    assert "every MLP a mixture of experts" in err and len(err.splitlines()) == 1
