@@ -364,3 +364,13 @@ def test_precompile_resources_in_worker_processes(cache):
     assert precompile_resources([(N, K, TACTIC, False, True)], "sm_90a", jobs=2,
                                 progress=lambda *a: seen.append(a)) == {}
     assert len(seen) == 2
+
+
+def test_a_cache_folder_whose_home_does_not_exist_is_named(monkeypatch, capsys):
+    monkeypatch.setenv("WARPSPLITK_CACHE_DIR", "~no-such-user-here/kernels")
+    with pytest.raises(ValueError, match="WARPSPLITK_CACHE_DIR='~no-such-user-here/kernels': its "
+                                         "'~' names no home folder here"):
+        disk_cache.cache_dir()
+    from warpsplitk.cli import main
+    assert main(["cache"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

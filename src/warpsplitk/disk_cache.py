@@ -66,7 +66,11 @@ def cache_dir() -> Path:
     """The folder the compiled kernels are kept in (not created here)."""
     explicit = os.environ.get("WARPSPLITK_CACHE_DIR")
     if explicit:
-        return Path(explicit).expanduser()
+        try:
+            return Path(explicit).expanduser()
+        except RuntimeError:  # "~user/..." of a user this machine lacks
+            raise ValueError(f"WARPSPLITK_CACHE_DIR={explicit!r}: its '~' names no home "
+                             "folder here") from None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "warpsplitk"
 
