@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic
+from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, check_tactic
 
 LAUNCHES = 4
 SHOWN = 3  # wrong outputs described, with --where
@@ -116,6 +116,11 @@ def main(argv=None):
         n, k = (int(v) for v in args.shape.split(","))
         ms = [int(v) for v in args.m.split(",")]
         tactics = [WarpSplitKTactic.parse(text) for text in args.tactics]
+        for tactic in tactics:
+            check_tactic(tactic, n, k)
+        for m in ms:
+            if not 1 <= m <= 32:
+                raise ValueError(f"M must be in 1..32, got {m}")
         if args.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     except ValueError as error:

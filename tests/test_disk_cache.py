@@ -224,6 +224,11 @@ def test_cache_cli_counts_what_it_removed(cache, compiled, capsys, monkeypatch):
     # a file gone between the listing and its size (another process clearing)
     from warpsplitk.cli import _size
     assert _size(cache / "gone.o") == 0
+    # one another process removed first is not "could not remove"
+    disk_cache.store("ef" * 20, compiled)
+    monkeypatch.setattr(disk_cache, "_remove", lambda path: path.unlink() and False)
+    assert main(["cache", "--clear"]) == 0
+    assert "removed 0 compiled kernels" in capsys.readouterr().out
 
 
 def test_prune_removes_kernels_of_other_versions_or_sources(cache, compiled, monkeypatch, capsys):
@@ -331,6 +336,10 @@ def test_resources_of_another_version_or_unreadable_are_not_used(cache, monkeypa
     assert disk_cache.stale() == [old]
     assert disk_cache.prune() == 1 and disk_cache.resource_entries() == [
         disk_cache.resource_path(stem)]
+    # None where the compiler reported no count: kept and used as it is
+    disk_cache.store_resources(stem, {"registers": None, "spill_bytes": None, "local_bytes": None})
+    assert disk_cache.load_resources(stem) == {"registers": None, "spill_bytes": None,
+                                               "local_bytes": None}
     # unreadable, or not counts: removed (said once), never shown
     for text in ("{truncated", '{"registers": "many", "spill_bytes": 0, "local_bytes": 0}',
                  '{"registers": -5, "spill_bytes": 0, "local_bytes": 0}',

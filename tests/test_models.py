@@ -348,3 +348,24 @@ def test_a_downloaded_model_is_found_by_its_id(tmp_path, monkeypatch):
     assert models.hub_cache() == tmp_path / "hf" / "hub"
     monkeypatch.delenv("HF_HOME")
     assert models.hub_cache() == Path(os.path.expanduser("~/.cache/huggingface/hub"))
+
+
+def test_a_config_json_leaving_out_class_defaults_is_completed(tmp_path):
+    """Gemma 3's config.json as the Hub has it: its text_config names only
+    what differs from Gemma3TextConfig's defaults (heads, kv heads,
+    head_dim and vocabulary are those)."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "gemma-3-4b-it" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                        "model_type": "gemma3_text", "num_hidden_layers": 34,
+                        "sliding_window": 1024}}))
+    assert [dict(p, model="gemma-3-4b") for p in models.projections(str(path))] == \
+        models.projections("gemma-3-4b")
+    # a model type transformers does not know: the file as it is, its gaps named
+    path.write_text(json.dumps({"model_type": "no-such-type", "hidden_size": 2560}))
+    with pytest.raises(ValueError, match="'num_attention_heads' must be a positive integer "
+                                         r"\(missing\)"):
+        models.projections(str(path))

@@ -170,7 +170,8 @@ def _output_folder(flag, path):
         raise UsageError(f"argument {flag}: {path}: folder {folder} does not exist")
     if os.path.isdir(path):
         raise UsageError(f"argument {flag}: {path} is a folder, not a file to write")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+    # an existing file is opened for writing as it is (its folder may be read-only)
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
         raise UsageError(f"argument {flag}: {path}: not writable")
 
 

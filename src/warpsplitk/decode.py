@@ -210,8 +210,9 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
                  else type(weight).__name__)
         raise ValueError(f"weight must be a 2-D torch.Tensor [N, K], got {given}")
     n, k = weight.shape
-    # a weight off the GPU is refused by PreparedWarpSplitK, before any tuning
-    plan = resolve_plan(plan, [(n, k)] if weight.is_cuda else [], ms)
+    # a weight the kernel cannot take is refused by PreparedWarpSplitK, before any tuning
+    from .linear import ineligibility
+    plan = resolve_plan(plan, [(n, k)] if ineligibility(weight, bias, ms) is None else [], ms)
     plan = plan if plan is not None else DecodePlan()
     if swiglu:
         from .prepared import PreparedWarpSplitK

@@ -234,8 +234,11 @@ def load_resources(stem: str) -> dict | None:
         return None
     except (OSError, ValueError):
         record = None
+    # a count, or None where the compiler reported none
     if not isinstance(record, dict) or any(
-            type(record.get(name)) is not int or record[name] < 0 for name in RESOURCE_FIELDS):
+            name not in record or (record[name] is not None
+                                   and (type(record[name]) is not int or record[name] < 0))
+            for name in RESOURCE_FIELDS):
         # unreadable, or not counts (registers, bytes): never shown, compiled again
         _warn_once("resources", f"removed the unreadable resource record {path}; compiling "
                                 "again")
@@ -338,7 +341,8 @@ def _remove_each(paths, detail):
     kept = []
     for path in paths:
         if not _remove(path):
-            kept.append(path)
+            if path.exists() or path.is_symlink():  # else another process removed it
+                kept.append(path)
         elif path.name.endswith(_RESOURCE_SUFFIX):
             records += 1
         else:

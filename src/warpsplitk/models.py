@@ -118,6 +118,19 @@ def hub_config_path(model_id: str) -> Path | None:
 EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 
 
+def _with_class_defaults(data: dict) -> dict:
+    """``data`` completed by its transformers config class: a config.json
+    saved by transformers leaves out, in nested configs such as Gemma 3's
+    ``text_config``, what equals the class's defaults. As it is without
+    transformers, or for a ``model_type`` it does not know (custom code)."""
+    try:
+        import transformers
+        fields = {key: value for key, value in data.items() if key != "model_type"}
+        return transformers.AutoConfig.for_model(data["model_type"], **fields).to_dict()
+    except Exception:  # no transformers, no or an unknown model_type, fields it refuses
+        return data
+
+
 def hf_config(path, name: str | None = None) -> dict:
     """A table entry (``config``'s form) from a Hugging Face ``config.json``
     (``path``: the file or its folder). A multimodal config's decoder is its
@@ -134,6 +147,7 @@ def hf_config(path, name: str | None = None) -> dict:
     data = read_json(file, "Hugging Face config.json")
     if not isinstance(data, dict):
         raise ValueError(f"{file}: a config.json holds a JSON object, got {type(data).__name__}")
+    data = _with_class_defaults(data)
     text = data["text_config"] if isinstance(data.get("text_config"), dict) else data
 
     def get(key, default=None, required=True):
