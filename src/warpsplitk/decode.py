@@ -33,6 +33,11 @@ PLAN_VERSION = 1
 CUBLAS = "cublas"
 
 
+def is_time(us) -> bool:
+    """A measured time: a positive finite number (of microseconds)."""
+    return type(us) in (int, float) and math.isfinite(us) and us > 0
+
+
 def _check_entry(n, k, m, us, where):
     """A plan entry's (N, K, M) and measured time: positive integers, M in
     1..32, ``us`` None or a positive finite number of microseconds."""
@@ -41,7 +46,7 @@ def _check_entry(n, k, m, us, where):
             raise ValueError(f"{where}: {name} must be a positive integer, got {value!r}")
     if m > MAX_M:
         raise ValueError(f"{where}: M must be in 1..{MAX_M}, got {m}")
-    if us is not None and (type(us) not in (int, float) or not math.isfinite(us) or us <= 0):
+    if us is not None and not is_time(us):
         raise ValueError(f"{where}: 'us' must be a positive number of microseconds or null, "
                          f"got {us!r}")
 
@@ -204,12 +209,8 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
     on cuBLAS, a ``PreparedDecode`` with the same interface. With ``swiglu``
     (``weight`` is ``[gate; up]``): a ``PreparedWarpSplitK`` with the SwiGLU
     epilogue, every M on the kernel (:func:`swiglu_tactic`)."""
-    import torch
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        given = (f"shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor)
-                 else type(weight).__name__)
-        raise ValueError(f"weight must be a 2-D torch.Tensor [N, K], got {given}")
-    n, k = weight.shape
+    from .prepared import _matrix_shape
+    n, k = _matrix_shape("weight", weight, "[N, K]")
     # a weight the kernel cannot take is refused by PreparedWarpSplitK, before any tuning
     from .linear import ineligibility
     plan = resolve_plan(plan, [(n, k)] if ineligibility(weight, bias, ms) is None else [], ms)

@@ -20,6 +20,7 @@ from torch import nn
 
 from . import ops
 from .decode import check_plan, resolve_plan
+from .prepared import _matrix_shape
 from .tactics import DEFAULT_SM_COUNT, MAX_M, check_ms, default_tactic
 
 logger = logging.getLogger("warpsplitk")
@@ -97,11 +98,7 @@ class DecodeLinear(nn.Module):
 
     def __init__(self, weight, bias=None, plan=None, ms=range(1, MAX_M + 1)):
         super().__init__()
-        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-            given = (f"shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor)
-                     else type(weight).__name__)
-            raise ValueError(f"weight must be a 2-D torch.Tensor [out_features, in_features], "
-                             f"got {given}")
+        _matrix_shape("weight", weight, "[out_features, in_features]")
         # A plain tensor becomes a frozen Parameter (an inference module);
         # pass Parameters to share them, gradients included.
         if not isinstance(weight, nn.Parameter):

@@ -74,15 +74,24 @@ def _check_run(prepared, x, out):
         raise ValueError(f"x must be a 2-D torch.Tensor [M, K], got "
                          f"{_describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
     m = x.shape[0]
-    if not 1 <= m <= MAX_M:
-        raise ValueError(f"x must have 1..{MAX_M} rows (M tokens), got {_describe(x)}")
     if m not in prepared.tactics:
+        if not 1 <= m <= MAX_M:
+            raise ValueError(f"x must have 1..{MAX_M} rows (M tokens), got {_describe(x)}")
         raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(prepared.tactics)}")
     _check_packed("x", x, (m, prepared.k), prepared.device)
     _check_packed("out", out, (m, prepared.out_columns), prepared.device)
     for name, other in (("x", x), ("the weight", prepared.weight), ("the bias", prepared.bias)):
         if other is not None and _overlap(out, other):
             raise ValueError(f"out must not overlap {name}")
+
+
+def _matrix_shape(name, t, dims):
+    """``t``'s shape, unless it is not a 2-D tensor (``dims`` names its axes)."""
+    torch = _torch()
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        given = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a 2-D torch.Tensor {dims}, got {given}")
+    return t.shape
 
 
 def _check_tactics(tactics, n, k, swiglu=False):

@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import statistics
 import time
 
 from . import layout, timing
 from .cost_model import SHORTLIST
-from .decode import CUBLAS, DecodePlan
+from .decode import CUBLAS, DecodePlan, is_time
 from .space import (
     base_candidates,
     bounded_prefetch_twins,
@@ -218,7 +217,7 @@ def check_log_record(rec, where="tuning log record"):
     if rec["m"] > MAX_M:
         raise ValueError(f"{where}: 'm' must be in 1..{MAX_M}, got {rec['m']}")
     us = rec.get("us")
-    if rec.get("ok") and (type(us) not in (int, float) or not math.isfinite(us) or us <= 0):
+    if rec.get("ok") and not is_time(us):
         raise ValueError(f"{where}: 'us' must be a positive number of microseconds, got {us!r}")
 
 
@@ -368,8 +367,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     the median of their timings (``_cell_times``)."""
     import torch
 
-    if not torch.cuda.is_available():
-        raise ValueError("tune measures on a CUDA GPU, and torch sees none")
+    timing.require_cuda("tune")
     from cuda.bindings import driver
 
     if confirm is None:
