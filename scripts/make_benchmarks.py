@@ -642,6 +642,8 @@ def main(argv=None) -> int:
                    help="write nothing; exit 1 naming each generated file that is stale")
     p.add_argument("--plot", action="store_true", help=f"also write {_rel(PLOT)}")
     args = p.parse_args(argv)
+    if args.check and args.plot:
+        p.error("--check writes nothing: leave out --plot")
     if args.check:
         names = stale()
         for name in names:

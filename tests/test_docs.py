@@ -40,6 +40,14 @@ def test_check_mode_exits_zero_when_in_sync():
     assert make.main(["--check"]) == 0
 
 
+def test_check_mode_refuses_to_plot(capsys):
+    make = load_script("make_benchmarks")
+    with pytest.raises(SystemExit) as exit_info:
+        make.main(["--check", "--plot"])
+    assert exit_info.value.code == 2
+    assert "--check writes nothing" in capsys.readouterr().err
+
+
 def test_docs_stay_under_the_word_budget():
     words = {path.relative_to(ROOT).as_posix(): len(path.read_text().split()) for path in docs()}
     assert sum(words.values()) < WORD_BUDGET, words
