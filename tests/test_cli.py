@@ -116,6 +116,9 @@ def test_compile_refuses_a_tactic_the_shape_cannot_take(capsys):
     _one_error(capsys, "compile", "--tactic", "N must be", "40")
     assert main(["compile", "--n", "256", "--k", "1024", "--tactic", "16,8"]) == 2
     _one_error(capsys, "compile", "argument --tactic", "'16,8'")
+    # no tactic: the default's shape rules, N below the 32-bit offsets' bound
+    assert main(["compile", "--n", str(2 ** 30), "--k", "1024"]) == 2
+    _one_error(capsys, "compile", "N must be below 1073741824", "N=1073741824")
 
 
 # ------------------------------------------------------------ files

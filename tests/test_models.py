@@ -107,6 +107,7 @@ def test_kernel_refusal_names_the_rule():
     assert "multiple of 16" in models.kernel_refusal(1000, 4096)
     assert "K tiles" in models.kernel_refusal(8192, 28672)  # 70B's down at tp 1
     assert "K tiles" in models.kernel_refusal(4096, 8320)
+    assert "below 1073741824" in models.kernel_refusal(2 ** 30, 128)
 
 
 def test_plan_view_of_a_model_on_a_cpu(capsys):

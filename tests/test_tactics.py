@@ -55,6 +55,7 @@ REJECTIONS = [
     (T(16, 8, 128, 4, 1), 40, 1024, r"N must be a positive multiple of output_tile 16"),
     (T(16, 8, 128, 4, 1), 0, 1024, r"N must be a positive multiple of output_tile"),
     (T(16, 8, 128, 4, 1), -16, 1024, r"N must be a positive multiple of output_tile"),
+    (T(16, 8, 128, 4, 1), 2 ** 30, 128, r"N must be below 1073741824 \(32-bit output offsets\)"),
     (T(16, 8, 256, 2, 1), 256, 1152, r"K must be a positive multiple of k_tile 256, got K=1152"),
     (T(16, 8, 128, 2, 1), 256, 1000, r"K must be a positive multiple of k_tile 128"),
     (T(16, 8, 128, 2, 1), 256, 0, r"K must be a positive multiple of k_tile"),
@@ -85,6 +86,7 @@ REJECTION_IDS = ['output_tile-8',
                  'N-not-multiple-16',
                  'N-zero',
                  'N-negative',
+                 'N-2-to-the-30',
                  'K-not-multiple-256',
                  'K-not-multiple-128',
                  'K-zero',
@@ -189,7 +191,8 @@ def test_default_tactic_single_k_tile_uses_one_stage():
     (1, 256, 1000, r"K must be a positive multiple of 128 up to 8192, or of 256 up to 16384; "
                    r"got 1000$"),
     (1, 256, 65 * 256, r"K must be .*; got 16640$"),
-    (1, 0, 1024, r"N must be a positive multiple of 16, got 0$")])
+    (1, 0, 1024, r"N must be a positive multiple of 16, got 0$"),
+    (1, 2 ** 30, 1024, r"N must be below 1073741824 \(32-bit output offsets\), got N=1073741824$")])
 def test_default_tactic_rejects_bad_shapes(m, n, k, message):
     with pytest.raises(ValueError, match=message):
         default_tactic(m, n, k, sm_count=132)

@@ -40,7 +40,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from .tactics import MAX_K_TILES
+from .tactics import MAX_K_TILES, MAX_N
 
 #: vLLM pads the vocabulary of a parallel LM head to a multiple of this.
 VOCAB_PADDING = 64
@@ -265,13 +265,15 @@ def layer_chain(name: str, tp: int = 1) -> list[dict]:
 
 def kernel_refusal(n: int, k: int) -> str | None:
     """Why the warp split-K kernel cannot take an ``[n, k]`` weight (None
-    when some tactic can): N a multiple of 16; K a multiple of 128 up to
+    when some tactic can): N a multiple of 16 below ``MAX_N``; K a multiple of 128 up to
     ``MAX_K_TILES * 128``, or of 256 up to ``MAX_K_TILES * 256``."""
     for name, size in (("N", n), ("K", k)):
         if type(size) is not int or size < 1:
             return f"{name} must be a positive integer, got {size!r}"
     if n % 16:
         return f"N={n} is not a multiple of 16"
+    if n >= MAX_N:
+        return f"N={n} is not below {MAX_N} (the kernel's 32-bit output offsets)"
     if k % 128:
         return f"K={k} is not a multiple of 128"
     if k > MAX_K_TILES * 256 or (k > MAX_K_TILES * 128 and k % 256):

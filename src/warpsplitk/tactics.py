@@ -71,6 +71,9 @@ HALF_SUFFIX = "+half"
 HALF_TILE_SOURCES = (32, 64)
 #: K tiles per CTA at most: the compute loop is fully unrolled over them.
 MAX_K_TILES = 64
+#: Weight rows at most, exclusive: the epilogue's byte offsets of output
+#: columns (and the bias's) are 32-bit.
+MAX_N = 2 ** 30
 MAX_M = 32
 #: Dynamic shared memory a block may opt into on sm_90 and sm_100.
 SMEM_PER_BLOCK = layout.SMEM_PER_BLOCK
@@ -349,6 +352,9 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = Fal
     elif not isinstance(n, int) or n <= 0 or n % tactic.output_tile:
         raise ValueError(f"warp split-K: N must be a positive multiple of output_tile "
                          f"{tactic.output_tile}, got N={n!r}")
+    if n >= MAX_N:
+        raise ValueError(f"warp split-K: N must be below {MAX_N} (32-bit output offsets), "
+                         f"got N={n}")
     if not isinstance(k, int) or k <= 0 or k % tactic.k_tile:
         raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
                          f"{tactic.k_tile}, got K={k!r}")
@@ -572,6 +578,9 @@ def _check_shape(n, k):
     ``MAX_K_TILES`` tiles of 128, or of 256 up to as many of 256."""
     if not isinstance(n, int) or n <= 0 or n % 16:
         raise ValueError(f"warp split-K: N must be a positive multiple of 16, got {n!r}")
+    if n >= MAX_N:
+        raise ValueError(f"warp split-K: N must be below {MAX_N} (32-bit output offsets), "
+                         f"got N={n}")
     if (not isinstance(k, int) or k <= 0 or k % 128 or k > MAX_K_TILES * 256
             or (k > MAX_K_TILES * 128 and k % 256)):
         raise ValueError(f"warp split-K: K must be a positive multiple of 128 up to "
