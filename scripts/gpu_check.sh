@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with a CUDA GPU, from the repository root:
 #   bash scripts/gpu_check.sh [tests] [sanitize] [bench] [default] [layer]   (default: all)
+#   (or any of default's stages: heldout, layers, tuned, quick)
 # writes its records into $RESULTS (default bench/results), named for the GPU
 # ($GPU_NAME, default h200):
 #   tests     every GPU test module (pytest -m gpu), side by side, each in its
@@ -15,12 +16,14 @@
 #   bench     the built-in plan over the shape table x M 1,4,8,16,32 and its
 #             dependent chains, against cuBLAS, with the plot
 #             -> $GPU_NAME-bench-plan.json, $GPU_NAME-bench-chain.json
-#   default   the default (no plan) on the shapes held out of the cost
-#             model's fit, their layers as dependent chains, the default
-#             against a quick tune of eight of those shapes, and the quick
-#             tune against the exhaustive one with plan="auto" start times
-#             -> $GPU_NAME-bench-heldout.json, $GPU_NAME-bench-layers.json,
-#                $GPU_NAME-bench-heldout-tuned.json, $GPU_NAME-tune-quick.json
+#   default   the four stages below, each short enough for one 10-minute job:
+#     heldout   the default (no plan) on the shapes held out of the cost
+#               model's fit -> $GPU_NAME-bench-heldout.json
+#     layers    their layers as dependent chains -> $GPU_NAME-bench-layers.json
+#     tuned     the default against a quick tune of eight of those shapes
+#               -> $GPU_NAME-bench-heldout-tuned.json
+#     quick     the quick tune against the exhaustive one, plan="auto" start
+#               times -> $GPU_NAME-tune-quick.json
 #   layer     one decode layer's GEMM path (bench --layer: merged with the
 #             SwiGLU epilogue, unmerged, cuBLAS) of Llama-3-8B and of a
 #             Llama-3-70B TP-8 rank, M 1, 8, 32
@@ -33,6 +36,7 @@ export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 RESULTS=${RESULTS:-bench/results}; GPU_NAME=${GPU_NAME:-h200}
 mkdir -p "$RESULTS"
 stages=${*:-tests sanitize bench default layer}
+stages=$(echo " $stages " | sed 's/ default / heldout layers tuned quick /g')
 status=0
 for stage in $stages; do
   case $stage in
@@ -69,10 +73,11 @@ for stage in $stages; do
         --json "$RESULTS/$GPU_NAME-bench-plan.json" --plot docs/bench-$GPU_NAME.png || status=1
       python3 -m warpsplitk.cli bench --plan h200 --m 1,4,8,16,32 --chain \
         --json "$RESULTS/$GPU_NAME-bench-chain.json" || status=1 ;;
-    default)
+    heldout)
       python3 -m warpsplitk.cli bench --plan none --m 1,4,8,16,32 \
         --shapes $(python3 scripts/fit_cost_model.py --held-out-shapes) \
-        --json "$RESULTS/$GPU_NAME-bench-heldout.json" || status=1
+        --json "$RESULTS/$GPU_NAME-bench-heldout.json" || status=1 ;;
+    layers)
       layers=$(mktemp -d)
       for shard in "gemma-3-12b 1" "gemma-3-12b 8" "llama-3.2-3b 1" "llama-3.2-3b 4" \
                    "qwen3-4b 2" "gemma-2-27b 4"; do
@@ -81,14 +86,16 @@ for stage in $stages; do
           --json "$layers/$1-tp$2.json" || status=1
       done
       python3 scripts/gpu_record.py layers "$layers" \
-        --command "bash scripts/gpu_check.sh default" --out "$RESULTS/$GPU_NAME-bench-layers.json"
+        --command "bash scripts/gpu_check.sh layers" --out "$RESULTS/$GPU_NAME-bench-layers.json" ;;
+    tuned)
       # eight held-out shapes of 9-170 MB: attention and MLP of each model
       tuned=$(mktemp -d)
       held="8192,3840 3840,15360 5120,3072 3072,8192 2560,2048 9728,2560 4608,1024 18432,4608"
       WARPSPLITK_CACHE_DIR=$tuned/cache python3 -m warpsplitk.cli tune --shapes $held \
         --m 1,4,8,16,32 -o "$tuned/plan.json" --log "$tuned/log.jsonl" || status=1
       python3 -m warpsplitk.cli bench --plan "$tuned/plan.json" --shapes $held --m 1,4,8,16,32 \
-        --json "$RESULTS/$GPU_NAME-bench-heldout-tuned.json" || status=1
+        --json "$RESULTS/$GPU_NAME-bench-heldout-tuned.json" || status=1 ;;
+    quick)
       python3 scripts/quick_tune_record.py "$RESULTS/$GPU_NAME-tune-quick.json" || status=1 ;;
     layer)
       paths=$(mktemp -d)
@@ -99,7 +106,8 @@ for stage in $stages; do
       done
       python3 scripts/gpu_record.py layer-paths "$paths" --command "bash scripts/gpu_check.sh layer" \
         --out "$RESULTS/$GPU_NAME-bench-layer-path.json" ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (tests, sanitize, bench, default, layer)" >&2
+    *) echo "gpu_check.sh: unknown stage '$stage' (tests, sanitize, bench, default, heldout," \
+            "layers, tuned, quick, layer)" >&2
        exit 2 ;;
   esac
 done
