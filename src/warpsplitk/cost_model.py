@@ -39,6 +39,9 @@ a weighted sum of terms that each measure one such effect
   weight is loaded evict-first (M = 32 in two 16-token tiles measured
   1.2-1.9x one 32-token tile on 2-50 MB weights).
 
+One effect is a factor instead: a grid whose second wave is nearly empty
+(:func:`sparse_tail_factor`).
+
 The coefficients are package data (``data/cost-model-<gpu>.json``), fitted
 by ``scripts/fit_cost_model.py`` to the calibration records in
 ``bench/results`` (never the benchmarks of the default) by least squares on the relative error (each cell's
