@@ -170,7 +170,7 @@ def features(tactic: WarpSplitKTactic, m: int, n: int, k: int,
 #: ``busiest_sm_us`` counts them as if the whole second wave streamed (the
 #: calibration records' 7 such timings: a median 1.17 of the linear
 #: prediction; one-wave grids at M >= 16: 1.01). It multiplies the linear
-#: prediction; the fit divides those timings by it. Below M = 16 the records show no
+#: prediction: a correction of the fit's residual there. Below M = 16 the records show no
 #: such gap (the tile's math is short beside its stream).
 SPARSE_TAIL_FACTOR = 1.12
 SPARSE_TAIL_FILL = 0.25
@@ -441,10 +441,8 @@ def fit(cells, cublas, sm_count: int = DEFAULT_SM_COUNT, meta=None) -> CostModel
         share = 1.0 / math.sqrt(len(timings))
         for tactic, us in sorted(timings.items()):
             rows.append(features(tactic, m, n, k, sm_count))
-            # the linear terms model what the sparse-tail factor leaves
-            linear_us = us / sparse_tail_factor(tactic, m, n, sm_count)
-            targets.append(linear_us)
-            weights.append(share / linear_us)
+            targets.append(us)
+            weights.append(share / us)
     if not rows:
         raise ValueError("cost model fit: no tactic timings")
     coefficients = solve_least_squares(rows, targets, weights, RIDGE)
