@@ -238,7 +238,7 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
         out.append(f"- Weights ≥ 16 MB ({s['big_cells']} cells): median {s['big_median']:.2f} TB/s, "
                    f"{s['big_min']:.2f}–{s['big_max']:.2f} TB/s.")
     if s["vs_default_median"] is not None:
-        out.append(f"- Without the plan, the default (`default_tactic`, the cost model's choice) "
+        out.append(f"- Without the plan, the default (`default_choice`: the cost model's choice) "
                    f"is a median {s['default_median']:.2f}× cuBLAS; plan time / default time "
                    f"median {s['vs_default_median']:.3f}, worst {s['vs_default_worst']:.3f}.")
     out.append(f"- Tactic features in the {s['cells']} cells: early PDL trigger {f['early']}, "
@@ -479,7 +479,8 @@ def default_md(held: dict, quick: dict | None, model: dict,
         "",
         f"Held out of the fit: every shard of {', '.join(meta['held_out_models'])}. "
         f"Data: `{_rel(HELD_OUT)}`, the {h['shapes']} shapes of six of their TP shards × "
-        "M ∈ {1, 4, 8, 16, 32}, no plan, independent calls, the same method:",
+        "M ∈ {1, 4, 8, 16, 32}, no plan (`default_choice`, cuBLAS included), independent "
+        "calls, the same method:",
         "",
         *environment_lines(held.get("environment", {}))[1:3],
         "",

@@ -191,7 +191,27 @@ def test_choices_are_legal_ranked_and_stable(n, k):
         # never predicted slower than the reference heuristic's tactic
         assert us <= reference_us
         choice = default_choice(m, n, k, sm_count=132)
-        assert choice == (CUBLAS if model.predict_cublas_us(m, n, k) < us else chosen)
+        prefers = (k <= cost_model.CUBLAS_MAX_K and model.predict_cublas_us(m, n, k)
+                   < us * (1 - cost_model.CUBLAS_MARGIN))
+        assert choice == (CUBLAS if prefers else chosen)
+
+
+def test_cublas_rule_is_what_the_records_measure():
+    # the calibration cells whose default tactic and cuBLAS were both
+    # measured, where cuBLAS is predicted CUBLAS_MARGIN faster: up to
+    # CUBLAS_MAX_K cuBLAS measured faster, past it the kernel
+    cells, cublas = fit_script.load_records()
+    model = cost_model.shipped_model()
+    below, above = [], []
+    for (n, k, m), timings in cells.items():
+        tactic, us = cost_model.choose(m, n, k, 132, model)
+        if (n, k, m) not in cublas or tactic not in timings:
+            continue
+        if model.predict_cublas_us(m, n, k) < us * (1 - cost_model.CUBLAS_MARGIN):
+            faster = cublas[(n, k, m)] < timings[tactic]
+            (below if k <= cost_model.CUBLAS_MAX_K else above).append(faster)
+    assert len(below) >= 2 and all(below)
+    assert len(above) >= 3 and not any(above)
 
 
 def test_shortlist_holds_the_default_the_reference_and_early_twins():

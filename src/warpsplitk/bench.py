@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from . import shapes as shape_table
 from . import timing
-from .tactics import default_tactic, reference_tactic
+from .tactics import reference_tactic
 
 DATASHEET_TBPS = {"NVIDIA H200": 4.8, "NVIDIA H100 80GB HBM3": 3.35}
 DEFAULT_MS = (1, 4, 8, 16, 32)
@@ -64,30 +64,32 @@ def _environment():
 
 def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=True,
                 rounds=None):
-    """Rows for one ``[n, k]`` weight; ``tactic_for(m)`` -> (tactic, source).
-    Each configuration (ours, the default (cost model), the reference wave
-    heuristic, cuBLAS) is timed in ``rounds`` graphs (``timing.ROUNDS``),
-    alternating, and counts with the median one; a heuristic whose tactic
-    is ours (or the default's) takes that time. Rows: ``(m, (tactic,
-    source), ours, default_us, (reference tactic, reference_us), cublas)``."""
+    """Rows for one ``[n, k]`` weight; ``tactic_for(m)`` -> (tactic or
+    ``CUBLAS``, source). Each configuration (ours, the default as it runs
+    without a plan (``decode.default_choice``: the cost model's tactic, or
+    cuBLAS where it predicts cuBLAS faster), the reference wave heuristic,
+    cuBLAS) is timed in ``rounds`` graphs (``timing.ROUNDS``), alternating,
+    and counts with the median one; a configuration that is another's call
+    (a heuristic whose tactic is ours, a choice of cuBLAS) takes that time.
+    Rows: ``(m, (tactic, source), ours, default_us, (reference tactic,
+    reference_us), cublas)``."""
     rounds = timing.resolve_rounds(rounds)  # refused before anything is allocated
     timing.require_cuda("bench_shape")
     import torch
 
-    from .decode import prepare_choices
-    from .prepared import PreparedWarpSplitK
+    from .decode import CUBLAS, default_choice, prepare_choices
 
     copies = timing.copies_for(n * k * 2)
     weights = timing.random_weights(n, k, copies, "cuda", seed=seed)
     chosen = {m: tactic_for(m) for m in ms}
     tactics = {m: t for m, (t, _) in chosen.items()}
-    defaults = {m: default_tactic(m, n, k) for m in ms}
+    defaults = {m: default_choice(m, n, k) for m in ms}
     references = {m: reference_tactic(m, n, k) for m in ms}
-    prepared = [prepare_choices(w, tactics) for w in weights]  # a plan may say cuBLAS
-    prepared_default = ([PreparedWarpSplitK(w, defaults) for w in weights]
+    prepared = [prepare_choices(w, tactics) for w in weights]
+    prepared_default = ([prepare_choices(w, defaults) for w in weights]
                         if include_default and defaults != tactics else None)
     own_reference = {m for m in ms if references[m] not in (tactics[m], defaults[m])}
-    prepared_reference = ([PreparedWarpSplitK(w, {m: references[m] for m in own_reference})
+    prepared_reference = ([prepare_choices(w, {m: references[m] for m in own_reference})
                            for w in weights] if include_default and own_reference else None)
     rows = []
     for m in ms:
@@ -100,21 +102,26 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
             if not err < 1e-2 or torch.isnan(out).any():
                 raise RuntimeError(f"N={n} K={k} M={m}: relative error {err:.3g} (or NaN) after timing")
 
-        # ours, default_tactic's (where it differs), the reference heuristic's
-        # (where it differs from both), cuBLAS
-        configurations = [[lambda p=p: p.run(x, out) for p in prepared]]
-        if prepared_default is not None:
-            configurations.append([lambda p=p: p.run(x, out) for p in prepared_default])
+        # ours (unless cuBLAS), the default (where it is neither ours nor
+        # cuBLAS), the reference heuristic's (where it is neither), cuBLAS
+        runs = {}
+        if tactics[m] != CUBLAS:
+            runs["ours"] = [lambda p=p: p.run(x, out) for p in prepared]
+        if prepared_default is not None and defaults[m] not in (tactics[m], CUBLAS):
+            runs["default"] = [lambda p=p: p.run(x, out) for p in prepared_default]
         if m in own_reference and prepared_reference is not None:
-            configurations.append([lambda p=p: p.run(x, out) for p in prepared_reference])
-        configurations.append([lambda w=w: torch.matmul(x, w.t(), out=out) for w in weights])
-        timings = timing.time_rounds(configurations, rounds, check_out if check else None)
-        ours, cublas = timings[0], timings[-1]
+            runs["reference"] = [lambda p=p: p.run(x, out) for p in prepared_reference]
+        runs["cublas"] = [lambda w=w: torch.matmul(x, w.t(), out=out) for w in weights]
+        timed = dict(zip(runs, timing.time_rounds(list(runs.values()), rounds,
+                                                  check_out if check else None)))
+        cublas = timed["cublas"]
+        ours = timed.get("ours", cublas)
         default_us = reference_us = None
         if include_default:
-            default_us = (timings[1] if prepared_default is not None else ours).median_us
-            if m in own_reference:
-                reference_us = timings[-2].median_us
+            default_us = (timed["default"] if "default" in timed
+                          else ours if defaults[m] == tactics[m] else cublas).median_us
+            if "reference" in timed:
+                reference_us = timed["reference"].median_us
             else:
                 reference_us = ours.median_us if references[m] == tactics[m] else default_us
         rows.append((m, ours, default_us, (references[m], reference_us), cublas))
@@ -136,19 +143,20 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     sheet = DATASHEET_TBPS.get(torch.cuda.get_device_name(), 4.8)
     env["datasheet_TBps"] = sheet
 
+    from .decode import CUBLAS, default_choice
+
     def tactic_for(m, n, k):
         if plan is not None:
             t = plan.lookup(n, k, m)
             if t is not None:
                 return t, "plan"
-        return default_tactic(m, n, k), "default"
+        return default_choice(m, n, k), "default"
 
     # every kernel of the run compiled up front, in parallel (warpsplitk.precompile)
     from .compile import device_arch
     from .precompile import precompile
-    from .decode import CUBLAS
     precompile([(n, k, t, False, True) for n, k in shapes for m in ms
-                for t in (tactic_for(m, n, k)[0], default_tactic(m, n, k),
+                for t in (tactic_for(m, n, k)[0], default_choice(m, n, k),
                           reference_tactic(m, n, k)) if t != CUBLAS],
                device_arch(torch.cuda.current_device()), progress=progress)
     rows = []

@@ -52,8 +52,8 @@ are never in the fit: they are what the model is judged on.
 cuBLAS's time is a second linear model of the shape alone
 (``CUBLAS_FEATURES``), fitted to the cuBLAS timings of the same records:
 where no plan entry exists, ``decode.default_choice`` runs cuBLAS for an M
-whose predicted cuBLAS time is below the chosen tactic's
-(:func:`prefers_cublas`).
+whose predicted cuBLAS time is ``CUBLAS_MARGIN`` below the chosen tactic's,
+on a weight of K <= ``CUBLAS_MAX_K`` (:func:`prefers_cublas`).
 
 :func:`choose_tactic` (what ``default_tactic`` returns, :func:`choose`)
 ranks by predicted time the tuner's candidates of the cell with one CTA per
@@ -345,10 +345,24 @@ def choose_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> W
     return _shipped_choice(m, n, k, sm_count)[0]
 
 
+#: cuBLAS runs an M without a plan entry only where predicted this much
+#: faster than the chosen tactic (as ``REFERENCE_MARGIN``: a small predicted
+#: gain is within the model's error, a wrong switch costs as much)...
+CUBLAS_MARGIN = 0.02
+#: ...and only up to this K. Of the calibration cells where cuBLAS was
+#: predicted faster, those with K <= 5376 measured cuBLAS faster (2 of 2, by
+#: 3-7%), those with K >= 7168 the kernel (5 of 5, by 3-7%): there the
+#: kernel's prediction runs high (measured over predicted, the default's
+#: tactic at M = 32: a median 0.87 for K > 7168, 1.02 for K <= 4096).
+CUBLAS_MAX_K = 6144
+
+
 @functools.lru_cache(maxsize=8192)
 def prefers_cublas(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> bool:
-    """Whether the shipped model predicts cuBLAS faster than its choice."""
-    return shipped_model().predict_cublas_us(m, n, k) < _shipped_choice(m, n, k, sm_count)[1]
+    """Whether the shipped model predicts cuBLAS ``CUBLAS_MARGIN`` faster
+    than its choice, on a weight of K <= ``CUBLAS_MAX_K``."""
+    return k <= CUBLAS_MAX_K and (shipped_model().predict_cublas_us(m, n, k)
+                                  < _shipped_choice(m, n, k, sm_count)[1] * (1.0 - CUBLAS_MARGIN))
 
 
 #: Tactics the quick tuner measures per cell, by predicted time (beside the
