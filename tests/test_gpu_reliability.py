@@ -2,10 +2,10 @@
 the edges of BF16 and FP32, determinism, concurrency and the compile cache.
 
 Compiles are the slow part (about a second per distinct N, K, tactic and
-bias), so every weight here but one is N = 256 with one tactic per K,
+bias), so every weight here but two is N = 256 with one tactic per K,
 ``default_tactic(32, 256, K)``, used for every M. The file compiles the six
-Ks of the error sweep, one biased (256, 256) kernel and one kernel that only
-the thread test uses: 8 in all.
+Ks of the error sweep, one biased (256, 256) kernel, one kernel that only
+the thread test uses and four for a weight past 4 GiB: 12 in all.
 """
 
 import math
@@ -457,6 +457,41 @@ def test_relative_error_across_k():
         print(f"  K={k:6d} M={m:2d} tactic=({tactic_for(k).short()}) rel_err={err:.3e}")
     too_big = {key: err for key, err in errors.items() if not err < 1e-2}
     assert not too_big, too_big
+
+
+# ------------------------------------------------- weights past 4 GiB
+
+#: [gate; up] of an MLP with I = 69632 at K = 16384: 4.56 GB, its last 8192
+#: rows past 2**32 bytes (every address offset must be 64-bit)
+BIG = (2 * 69632, 16384)
+
+
+@pytest.mark.parametrize("text", ["32,8,256,6,2", "32,8,256,6,2+prefetch2"])
+@pytest.mark.parametrize("swiglu", [False, True], ids=["plain", "swiglu"])
+def test_a_weight_past_4_gib(text, swiglu):
+    n, k = BIG
+    half = n // 2
+    torch.manual_seed(7)
+    w = randn(n, k)
+    x = randn(8, k)
+    tactic = WarpSplitKTactic.parse(text)
+    p = PreparedWarpSplitK(w, {8: tactic}, swiglu=swiglu)
+    out = nans(8, half if swiglu else n)
+    p.run(x, out)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    # the first rows, rows around 2 GiB and 4 GiB, and the last
+    rows = torch.cat([torch.arange(0, 64), torch.arange(65536 - 32, 65536 + 32),
+                      torch.arange(half - 32, half + 32), torch.arange(131072 - 32, 131072 + 32),
+                      torch.arange(n - 64, n)]).cuda()
+    if swiglu:
+        rows = rows[rows < half]
+        up = rows + half  # the last gate rows' up rows lie past 4 GiB
+        ref = torch.nn.functional.silu(x.double() @ w[rows].double().t()) * (
+            x.double() @ w[up].double().t())
+    else:
+        ref = ref64(x, w[rows])
+    assert rel_err(out[:, rows], ref) < 1e-2
 
 
 # ----------------------------------------------------------- determinism
