@@ -13,7 +13,7 @@ from script_loader import load_script
 from warpsplitk import cost_model, models, neighbours
 from warpsplitk.decode import CUBLAS, default_choice
 from warpsplitk.tactics import WarpSplitKTactic as T
-from warpsplitk.tactics import check_tactic, default_tactic, reference_tactic
+from warpsplitk.tactics import check_tactic, ctas_per_sm, default_tactic, reference_tactic
 
 fit_script = load_script("fit_cost_model")
 
@@ -52,6 +52,36 @@ def test_feature_flags_follow_the_tactic():
     # two token tiles re-read the weight through L2
     assert _named(T(16, 8, 256, 4, 2), 16, 4096, 4096)["l2_reads_us"] > \
         _named(T(16, 16, 256, 4, 2), 16, 4096, 4096)["l2_reads_us"]
+
+
+def test_sparse_tail_factor_marks_a_nearly_empty_second_wave():
+    one_per_sm = T(64, 32, 128, 9, 2)
+    assert ctas_per_sm(one_per_sm) == 1
+    model = cost_model.shipped_model()
+    # 9728 rows in 64-row tiles: 152 CTAs, 20 of them a second wave
+    assert cost_model.sparse_tail_factor(one_per_sm, 32, 9728) == cost_model.SPARSE_TAIL_FACTOR
+    linear = cost_model._dot(model.coefficients, cost_model.features(one_per_sm, 32, 9728, 2560))
+    assert model.predict_us(one_per_sm, 32, 9728, 2560) == pytest.approx(
+        linear * cost_model.SPARSE_TAIL_FACTOR)
+    # one wave (132 CTAs), a full second one (264), a second a third full
+    for n in (8448, 16896, 64 * 176):
+        assert cost_model.sparse_tail_factor(one_per_sm, 32, n) == 1.0
+    # below M = 16; and where an SM holds more CTAs, the tail shares the SMs
+    assert cost_model.sparse_tail_factor(T(64, 8, 128, 9, 2), 8, 9728) == 1.0
+    several_per_sm = T(16, 16, 256, 4, 2)
+    assert ctas_per_sm(several_per_sm) > 1
+    assert cost_model.sparse_tail_factor(several_per_sm, 16, 16 * 140) == 1.0
+
+
+def test_sparse_tail_factor_is_what_the_records_measure():
+    cells, _ = fit_script.load_records()
+    model = cost_model.shipped_model()
+    ratios = [us / model.predict_us(t, m, n, k) * cost_model.SPARSE_TAIL_FACTOR
+              for (n, k, m), timings in cells.items() for t, us in timings.items()
+              if cost_model.sparse_tail_factor(t, m, n) > 1.0]
+    assert len(ratios) >= 5
+    # the linear terms' under-prediction there, within 5%
+    assert abs(sorted(ratios)[len(ratios) // 2] / cost_model.SPARSE_TAIL_FACTOR - 1) < 0.05
 
 
 def test_least_squares_recovers_exact_coefficients():
