@@ -210,7 +210,7 @@ def test_cublas_rule_is_what_the_records_measure():
         if model.predict_cublas_us(m, n, k) < us * (1 - cost_model.CUBLAS_MARGIN):
             faster = cublas[(n, k, m)] < timings[tactic]
             (below if k <= cost_model.CUBLAS_MAX_K else above).append(faster)
-    assert len(below) >= 1 and all(below)
+    assert len(below) >= 2 and all(below)
     assert len(above) >= 3 and not any(above)
 
 

@@ -350,12 +350,12 @@ def choose_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> W
 #: gain is within the model's error, a wrong switch costs as much)...
 CUBLAS_MARGIN = 0.02
 #: ...and only up to this K. Of the calibration cells where cuBLAS is
-#: predicted that much faster than the default's measured tactic, the one
-#: with K <= 6144 (131104 x 5376, M = 32) measured cuBLAS 3% faster, the
-#: three with K of 10752-14336 the kernel, by 3-7% (a held-out 4608 x 9216:
-#: 8%): there the kernel's prediction runs high (measured over predicted,
-#: the default's tactic at M = 32: a median 0.87 for K > 7168, 1.02 for
-#: K <= 4096).
+#: predicted that much faster than the default's measured tactic (all at
+#: M = 32), the two with K <= 6144 (131104 x 5376, 9472 x 3584) measured
+#: cuBLAS 3-8% faster, the three with K of 10752-14336 the kernel, by 3-7%
+#: (a held-out 4608 x 9216: 8%): there the kernel's prediction runs high
+#: (measured over predicted, the default's tactic at M = 32: a median 0.87
+#: for K > 7168, 1.02 for K <= 4096).
 CUBLAS_MAX_K = 6144
 
 
