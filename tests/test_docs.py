@@ -85,3 +85,29 @@ def test_each_record_says_how_it_was_made(path):
     versions = env.get("versions", env)
     for key in ("warpsplitk", "cutlass_dsl", "torch"):
         assert versions.get(key), f"{path.name}: version of {key} missing"
+
+
+def _short(choice):
+    return choice if isinstance(choice, str) else choice.short()
+
+
+def test_records_measured_what_the_package_chooses_today():
+    """The benchmark records show the product as it is: a change to the
+    default's choices (or to the built-in plan) fails here until the records
+    it touches are measured again (scripts/gpu_check.sh)."""
+    from warpsplitk import builtin_plan, models
+    from warpsplitk.decode import default_choice
+    stale = []
+    held = json.loads((RESULTS / "h200-bench-heldout.json").read_text())["rows"]
+    assert held and all(r["source"] == "default" for r in held)
+    stale += [r for r in held if r["tactic"] != _short(default_choice(r["m"], r["n"], r["k"], 132))]
+    plan = builtin_plan("h200")
+    table = json.loads((RESULTS / "h200-bench-plan.json").read_text())["rows"]
+    stale += [r for r in table if r["tactic"] != _short(plan.tactic_for(r["n"], r["k"], r["m"], 132))]
+    for r in json.loads((RESULTS / "h200-bench-layers.json").read_text())["rows"]:
+        steps = [tuple(map(int, s.split("x"))) for s in r["projections"].split(" -> ")]
+        now = " -> ".join(_short(default_choice(r["m"], n, k, 132))
+                          if models.kernel_refusal(n, k) is None else "cublas" for n, k in steps)
+        if now != r["tactics"]:
+            stale.append(r)
+    assert stale == []
