@@ -163,15 +163,16 @@ def features(tactic: WarpSplitKTactic, m: int, n: int, k: int,
     )
 
 
-#: A grid of exactly two waves of resident CTAs whose second wave is under
-#: ``SPARSE_TAIL_FILL`` of the GPU, at M >= ``SPARSE_TAIL_MIN_M``, measures
+#: A grid of one CTA per SM that spills past the SMs by under
+#: ``SPARSE_TAIL_FILL`` of them, at M >= ``SPARSE_TAIL_MIN_M``, measures
 #: ``SPARSE_TAIL_FACTOR`` times the linear terms' prediction: the few CTAs of
-#: the tail stream their tiles with the GPU's bandwidth mostly idle, while
-#: ``busiest_sm_us`` counts them as if the whole second wave streamed (the
-#: calibration records' 7 such timings: a median 1.17 of the linear
-#: prediction; one-wave grids at M >= 16: 1.01). It multiplies the linear
-#: prediction: a correction of the fit's residual there. Below M = 16 the records show no
-#: such gap (the tile's math is short beside its stream).
+#: the second wave stream their tiles with the GPU's bandwidth mostly idle,
+#: while ``busiest_sm_us`` counts them as if the whole wave streamed (the
+#: calibration records' 5 such timings: a median 1.12 of the linear
+#: prediction; the same spill with more CTAs per SM: 1.04). It multiplies
+#: the linear prediction, a correction of the fit's residual there. Below
+#: M = 16 the records show no such gap (the tile's math is short beside its
+#: stream).
 SPARSE_TAIL_FACTOR = 1.12
 SPARSE_TAIL_FILL = 0.25
 SPARSE_TAIL_MIN_M = 16

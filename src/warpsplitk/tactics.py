@@ -352,9 +352,7 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = Fal
     elif not isinstance(n, int) or n <= 0 or n % tactic.output_tile:
         raise ValueError(f"warp split-K: N must be a positive multiple of output_tile "
                          f"{tactic.output_tile}, got N={n!r}")
-    if n >= MAX_N:
-        raise ValueError(f"warp split-K: N must be below {MAX_N} (32-bit output offsets), "
-                         f"got N={n}")
+    _check_below_max_n(n)
     if not isinstance(k, int) or k <= 0 or k % tactic.k_tile:
         raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
                          f"{tactic.k_tile}, got K={k!r}")
@@ -573,14 +571,18 @@ def _sm_count(sm_count):
     return sm_count
 
 
+def _check_below_max_n(n):
+    if n >= MAX_N:
+        raise ValueError(f"warp split-K: N must be below {MAX_N} (32-bit output offsets), "
+                         f"got N={n}")
+
+
 def _check_shape(n, k):
     """The weights some tactic takes: N a multiple of 16, K of 128 up to
     ``MAX_K_TILES`` tiles of 128, or of 256 up to as many of 256."""
     if not isinstance(n, int) or n <= 0 or n % 16:
         raise ValueError(f"warp split-K: N must be a positive multiple of 16, got {n!r}")
-    if n >= MAX_N:
-        raise ValueError(f"warp split-K: N must be below {MAX_N} (32-bit output offsets), "
-                         f"got N={n}")
+    _check_below_max_n(n)
     if (not isinstance(k, int) or k <= 0 or k % 128 or k > MAX_K_TILES * 256
             or (k > MAX_K_TILES * 128 and k % 256)):
         raise ValueError(f"warp split-K: K must be a positive multiple of 128 up to "
