@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from warpsplitk import cost_model, models, neighbours, space, timing, tune  # noqa: E402
-from warpsplitk.tactics import default_tactic, is_legal, reference_tactic  # noqa: E402
+from warpsplitk.tactics import default_tactic, is_legal, reference_tactic, shape_refusal  # noqa: E402
 
 MS = (1, 4, 8, 16, 32)
 
@@ -102,7 +102,7 @@ def shapes_of(args) -> list[tuple[int, int]]:
     shapes = []
     if args.model:
         shapes += [(p["n"], p["k"]) for p in models.projections(args.model, args.tp)
-                   if models.kernel_refusal(p["n"], p["k"]) is None]
+                   if shape_refusal(p["n"], p["k"]) is None]
     for text in args.shapes:
         try:
             n, k = (int(v) for v in text.split(","))

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from warpsplitk import cost_model, models, neighbours, tune  # noqa: E402
-from warpsplitk.tactics import WarpSplitKTactic, is_legal  # noqa: E402
+from warpsplitk.tactics import WarpSplitKTactic, is_legal, shape_refusal  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TUNE_LOGS = ("h200-tune-log.jsonl", "h200-tune-log-models.jsonl", "h200-tune-log-shapes.jsonl",
@@ -55,7 +55,7 @@ def held_out_bench_shapes() -> list[tuple[int, int]]:
     for name, tp in HELD_OUT_BENCH:
         for p in models.projections(name, tp):
             shape = (p["n"], p["k"])
-            if models.kernel_refusal(*shape) is None and shape not in shapes:
+            if shape_refusal(*shape) is None and shape not in shapes:
                 shapes.append(shape)
     return shapes
 

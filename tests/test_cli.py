@@ -421,7 +421,7 @@ def test_no_shape_the_kernel_takes_is_one_line(capsys, tmp_path, no_gpu_needed):
     for command, more in (("bench", []), ("tune", ["-o", str(tmp_path / "plan.json")])):
         assert main([command, "--shapes", "24,100", "1000,4096"] + more) == 2
         _one_error(capsys, command, "no shape the kernel takes",
-                   "24x100 left to cuBLAS: N=24 is not a multiple of 16",
+                   "24x100 left to cuBLAS: N must be a positive multiple of 16, got 24",
                    "1000x4096 left to cuBLAS")
 
 

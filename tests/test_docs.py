@@ -95,7 +95,8 @@ def test_records_measured_what_the_package_chooses_today():
     """The benchmark records show the product as it is: a change to the
     default's choices (or to the built-in plan) fails here until the records
     it touches are measured again (scripts/gpu_check.sh)."""
-    from warpsplitk import builtin_plan, models
+    from warpsplitk import builtin_plan
+    from warpsplitk.tactics import shape_refusal
     from warpsplitk.decode import default_choice
     stale = []
     held = json.loads((RESULTS / "h200-bench-heldout.json").read_text())["rows"]
@@ -107,7 +108,7 @@ def test_records_measured_what_the_package_chooses_today():
     for r in json.loads((RESULTS / "h200-bench-layers.json").read_text())["rows"]:
         steps = [tuple(map(int, s.split("x"))) for s in r["projections"].split(" -> ")]
         now = " -> ".join(_short(default_choice(r["m"], n, k, 132))
-                          if models.kernel_refusal(n, k) is None else "cublas" for n, k in steps)
+                          if shape_refusal(n, k) is None else "cublas" for n, k in steps)
         if now != r["tactics"]:
             stale.append(r)
     assert stale == []

@@ -25,6 +25,7 @@ from warpsplitk.tactics import (
     grid_ctas,
     is_legal,
     legal_tactics,
+    shape_refusal,
 )
 
 T = WarpSplitKTactic
@@ -196,6 +197,39 @@ def test_default_tactic_single_k_tile_uses_one_stage():
 def test_default_tactic_rejects_bad_shapes(m, n, k, message):
     with pytest.raises(ValueError, match=message):
         default_tactic(m, n, k, sm_count=132)
+
+
+def test_shape_refusal_names_the_rule():
+    assert shape_refusal(4096, 4096) is None
+    assert shape_refusal(16384, 16384) is None  # K: 64 tiles of 256
+    assert "multiple of 128" in shape_refusal(1280, 2880)  # gpt-oss
+    assert "multiple of 16, got 1000" in shape_refusal(1000, 4096)
+    assert "of 256 up to 16384; got 28672" in shape_refusal(8192, 28672)  # 70B's down at TP 1
+    assert "of 256 up to 16384; got 8320" in shape_refusal(4096, 8320)  # 65 tiles of 128
+    assert "below 1073741824" in shape_refusal(2 ** 30, 128)
+
+
+@pytest.mark.parametrize("n,k,reason", [
+    (0, 0, "N must be a positive multiple of 16, got 0"),
+    (-16, -128, "N must be a positive multiple of 16, got -16"),
+    (16.0, 128.0, "N must be a positive multiple of 16, got 16.0"),
+    ("16", 128, "N must be a positive multiple of 16, got '16'"),
+    (True, 128, "N must be a positive multiple of 16, got True"),
+    (16, 0, "K must be a positive multiple of 128 up to 8192, or of 256 up to 16384; got 0"),
+    (16, 128.0, "K must be a positive multiple of 128 up to 8192, or of 256 up to 16384; "
+                "got 128.0")])
+def test_shape_refusal_of_what_is_no_size(n, k, reason):
+    assert shape_refusal(n, k) == reason
+
+
+def test_default_tactic_takes_exactly_the_shapes_shape_refusal_takes():
+    for n in (16, 32, 48, 1000, 4096, 2 ** 30 - 16, 2 ** 30):
+        for k in (128, 384, 8192, 8320, 8448, 16384, 16640):
+            if shape_refusal(n, k) is None:
+                assert check_tactic(default_tactic(1, n, k, sm_count=132), n, k) is None
+            else:
+                with pytest.raises(ValueError, match=re.escape(shape_refusal(n, k))):
+                    default_tactic(1, n, k, sm_count=132)
 
 
 def test_default_tactic_unsupported_k_is_a_value_error():

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from . import shapes as shape_table
 from . import timing
-from .tactics import reference_tactic
+from .tactics import reference_tactic, shape_refusal
 
 DATASHEET_TBPS = {"NVIDIA H200": 4.8, "NVIDIA H100 80GB HBM3": 3.35}
 DEFAULT_MS = (1, 4, 8, 16, 32)
@@ -361,7 +361,7 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     timing.require_cuda("bench_layer")
     steps = [(p["n"], p["k"]) for p in layer]
     read_tbps = timing.measured_read_bandwidth() / 1e12
-    takes = {s: models.kernel_refusal(*s) is None for s in steps}
+    takes = {s: shape_refusal(*s) is None for s in steps}
     precompile_for([torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
                     for n, k in steps if takes[(n, k)]], plan, ms, progress=progress)
     from .compile import device_arch

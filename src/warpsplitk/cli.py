@@ -126,11 +126,11 @@ def _shape_entries(args) -> list[dict]:
 def _kernel_shapes(entries) -> list[tuple[int, int]]:
     """The distinct (N, K) of ``entries`` the kernel takes; a line for each
     it refuses (those run on cuBLAS)."""
-    from .models import kernel_refusal
+    from .tactics import shape_refusal
     shapes, refused = [], []
     for shape in entries:
         n, k = shape["n"], shape["k"]
-        why = kernel_refusal(n, k)
+        why = shape_refusal(n, k)
         if why is not None:
             name = f"{shape.get('model', '')} {shape.get('projection', '')}".strip()
             refused.append(f"{name + ': ' if name else ''}{n}x{k} left to cuBLAS: {why}")
@@ -467,11 +467,11 @@ def _cmd_plan(args, argv):
         waves,
     )
     from .decode import CUBLAS, default_choice
-    from .models import kernel_refusal
+    from .tactics import shape_refusal
     rows = []
     for shape in entries:
         n, k = shape["n"], shape["k"]
-        refusal = kernel_refusal(n, k)
+        refusal = shape_refusal(n, k)
         for m in args.m:
             if refusal is not None:  # no tactic: the shape runs on cuBLAS
                 rows.append((shape, m, None, "cublas"))
@@ -505,7 +505,7 @@ def _cmd_plan(args, argv):
         n, k = shape["n"], shape["k"]
         name = f"{shape.get('model', '')} {shape.get('projection', '')}".strip()[:34]
         if tactic is None:
-            print(f"{name:<34} {origin:>9} {n:>5} {k:>5} {m:>3} {kernel_refusal(n, k)}")
+            print(f"{name:<34} {origin:>9} {n:>5} {k:>5} {m:>3} {shape_refusal(n, k)}")
             continue
         floor = n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6)
         if tactic == CUBLAS:  # measured (plan) or predicted (default) faster for this M

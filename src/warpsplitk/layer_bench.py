@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import timing
+from .tactics import shape_refusal
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def layer_shape(name: str, tp: int = 1) -> LayerShape:
     for what, n, k in (("q", shape.q, shape.hidden), ("k/v", shape.kv, shape.hidden),
                        ("o", shape.hidden, shape.q), ("gate/up", 2 * shape.inter, shape.hidden),
                        ("down", shape.hidden, shape.inter)):
-        reason = models.kernel_refusal(n, k)
+        reason = shape_refusal(n, k)
         if reason is not None:
             raise ValueError(f"{c['name']} TP{tp}: the {what} projection [{n}, {k}]: {reason}")
     return shape

@@ -28,8 +28,7 @@ A model the table lacks is read from its own Hugging Face ``config.json``
 (:func:`hub_config_path`): the same fields under transformers' names.
 
 Whether the kernel takes a shape is a separate question
-(:func:`kernel_refusal`): N a multiple of 16 and K a multiple of 128 up to
-``64 * 256``. A shape it refuses runs on cuBLAS.
+(``tactics.shape_refusal``); a shape it refuses runs on cuBLAS.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from .tactics import MAX_K_TILES, MAX_N
 
 #: vLLM pads the vocabulary of a parallel LM head to a multiple of this.
 VOCAB_PADDING = 64
@@ -261,21 +259,3 @@ def layer_chain(name: str, tp: int = 1) -> list[dict]:
     (``LAYER_ORDER``; the LM head is not part of a layer)."""
     shapes = {p["projection"]: p for p in projections(name, tp, lm_head=False)}
     return [shapes[p] for p in LAYER_ORDER if p in shapes]
-
-
-def kernel_refusal(n: int, k: int) -> str | None:
-    """Why the warp split-K kernel cannot take an ``[n, k]`` weight (None
-    when some tactic can): N a multiple of 16 below ``MAX_N``; K a multiple of 128 up to
-    ``MAX_K_TILES * 128``, or of 256 up to ``MAX_K_TILES * 256``."""
-    for name, size in (("N", n), ("K", k)):
-        if type(size) is not int or size < 1:
-            return f"{name} must be a positive integer, got {size!r}"
-    if n % 16:
-        return f"N={n} is not a multiple of 16"
-    if n >= MAX_N:
-        return f"N={n} is not below {MAX_N} (the kernel's 32-bit output offsets)"
-    if k % 128:
-        return f"K={k} is not a multiple of 128"
-    if k > MAX_K_TILES * 256 or (k > MAX_K_TILES * 128 and k % 256):
-        return f"K={k} is over the {MAX_K_TILES} K tiles a CTA unrolls"
-    return None

@@ -123,7 +123,7 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
     does not take are left out (they run on cuBLAS)."""
     import torch
 
-    from .models import kernel_refusal
+    from .tactics import shape_refusal
     ms = tuple(ms)
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise ValueError("plan='auto' tunes the shapes its plan lacks before preparing; "
@@ -142,7 +142,7 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
     for shape, by_m in load(key).entries.items():
         plan.entries.setdefault(shape, {}).update(by_m)
     todo = list(dict.fromkeys((int(n), int(k)) for n, k in shapes
-                              if kernel_refusal(n, k) is None
+                              if shape_refusal(n, k) is None
                               and not _covered(plan, n, k, ms)))
     if todo:
         from .tune import tune

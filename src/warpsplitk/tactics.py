@@ -571,22 +571,40 @@ def _sm_count(sm_count):
     return sm_count
 
 
+def _n_bound_refusal(n):
+    return f"N must be below {MAX_N} (32-bit output offsets), got N={n}"
+
+
 def _check_below_max_n(n):
     if n >= MAX_N:
-        raise ValueError(f"warp split-K: N must be below {MAX_N} (32-bit output offsets), "
-                         f"got N={n}")
+        raise ValueError(f"warp split-K: {_n_bound_refusal(n)}")
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def shape_refusal(n, k) -> str | None:
+    """Why no tactic takes an ``[n, k]`` weight, or None when some does: N a
+    positive multiple of 16 below ``MAX_N``; K a positive multiple of 128 up
+    to ``MAX_K_TILES`` tiles of 128, or of 256 up to as many of 256. The one
+    statement of these rules: ``default_tactic`` raises it, the model tables
+    and the CLI leave such a weight to cuBLAS with it."""
+    if not _is_size(n) or n % 16:
+        return f"N must be a positive multiple of 16, got {n!r}"
+    if n >= MAX_N:
+        return _n_bound_refusal(n)
+    if (not _is_size(k) or k % 128 or k > MAX_K_TILES * 256
+            or (k > MAX_K_TILES * 128 and k % 256)):
+        return (f"K must be a positive multiple of 128 up to {MAX_K_TILES * 128}, "
+                f"or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
+    return None
 
 
 def _check_shape(n, k):
-    """The weights some tactic takes: N a multiple of 16, K of 128 up to
-    ``MAX_K_TILES`` tiles of 128, or of 256 up to as many of 256."""
-    if not isinstance(n, int) or n <= 0 or n % 16:
-        raise ValueError(f"warp split-K: N must be a positive multiple of 16, got {n!r}")
-    _check_below_max_n(n)
-    if (not isinstance(k, int) or k <= 0 or k % 128 or k > MAX_K_TILES * 256
-            or (k > MAX_K_TILES * 128 and k % 256)):
-        raise ValueError(f"warp split-K: K must be a positive multiple of 128 up to "
-                         f"{MAX_K_TILES * 128}, or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
+    reason = shape_refusal(n, k)
+    if reason is not None:
+        raise ValueError(f"warp split-K: {reason}")
 
 
 def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
