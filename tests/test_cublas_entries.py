@@ -16,6 +16,12 @@ N, K = 256, 512
 TACTIC = WarpSplitKTactic(16, 8, 128, 2, 1)
 
 
+@pytest.fixture(autouse=True)
+def cpu_weights(monkeypatch):
+    """cuBLAS entries and the fake kernel run on CPU tensors here."""
+    monkeypatch.setattr(prepared_module, "_DEVICE_TYPE", "cpu")
+
+
 def mixed_plan():
     plan = DecodePlan(meta={"gpu": "test"})
     plan.set(N, K, 1, TACTIC, 3.0)
@@ -100,6 +106,18 @@ def test_prepared_decode_refuses_what_it_cannot_run():
         PreparedDecode(w, {}, [33])
     with pytest.raises(ValueError, match="weight must be bfloat16"):
         PreparedDecode(w.float(), {}, [1])
+
+
+def test_prepared_decode_needs_a_weight_the_kernel_could_take(monkeypatch):
+    # cuBLAS alone would run on the CPU; a prepared weight still lives on the GPU
+    monkeypatch.setattr(prepared_module, "_DEVICE_TYPE", "cuda")
+    w, _ = _weights()
+    with pytest.raises(ValueError, match="weight must be on a CUDA device, got cpu"):
+        PreparedDecode(w, {}, [1])
+    plan = DecodePlan()
+    plan.set(N, K, 1, CUBLAS)
+    with pytest.raises(ValueError, match="weight must be on a CUDA device, got cpu"):
+        prepare(w, plan, ms=(1,))
 
 
 def test_plan_view_shows_cublas_entries(tmp_path, capsys):

@@ -15,6 +15,9 @@ from .compile import compile_warp_splitk, launcher
 from .tactics import MAX_M, WarpSplitKTactic, check_tactic
 
 ALIGN_BYTES = 32
+#: The device type a prepared weight lives on (a module constant so that CPU
+#: tests can prepare cuBLAS entries and fake kernels on CPU tensors).
+_DEVICE_TYPE = "cuda"
 
 
 def _torch():
@@ -140,7 +143,7 @@ class PreparedWarpSplitK:
         torch = _torch()
         if not isinstance(weight, torch.Tensor):
             raise ValueError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
-        if weight.device.type != "cuda":
+        if weight.device.type != _DEVICE_TYPE:
             raise ValueError(f"weight must be on a CUDA device, got {weight.device}")
         if weight.dim() != 2:
             raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
@@ -216,6 +219,10 @@ class PreparedDecode:
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             raise ValueError("weight must be a 2-D torch.Tensor [N, K], got "
                              f"{_describe(weight) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+        if weight.device.type != _DEVICE_TYPE:
+            # as the kernel's: the cuBLAS Ms alone would run anywhere, but a
+            # prepared weight is one the kernel path could take
+            raise ValueError(f"weight must be on a CUDA device, got {weight.device}")
         n, k = weight.shape
         _check_packed("weight", weight, (n, k), weight.device)
         cublas_ms = tuple(sorted(set(cublas_ms)))
