@@ -372,7 +372,7 @@ def prefers_cublas(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> 
 #: early-trigger twin of each, the bounded-prefetch twins of the predicted
 #: fastest, and the default and reference tactics). Replayed on the
 #: exhaustive tune's log of the shape table, the quick plan's median cell is
-#: 1.041 of the exhaustive one's time at 3 (8 tactics a cell), 1.024 at 6
+#: 1.034 of the exhaustive one's time at 3 (8 tactics a cell), 1.017 at 6
 #: (13 a cell); timed side by side on the GPU: BENCHMARKS.md.
 SHORTLIST = 6
 
@@ -385,8 +385,10 @@ def shortlist(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, size: in
     three fastest), the ``size`` fastest predicted and the early-trigger twin
     of each; the bounded-prefetch twins of the fastest
     (effects the model knows least, so measured rather than ranked); and
-    ``default_tactic``'s and the reference heuristic's tactics, so that the
-    plan is never slower than either by measurement."""
+    ``default_tactic``'s and the reference heuristic's tactics, so that both
+    compete in every cell (``tune.choose_tactics`` then prefers a tactic
+    without the early trigger or a mixed grid, or one another M chose, when
+    within 2%)."""
     from . import space
     from .tactics import reference_tactic
     base = set(space.base_candidates(m, n, k, sm_count, early_launches=(False,)))
