@@ -83,17 +83,26 @@ def grid(rows) -> list[str]:
     return out
 
 
-def chain_table(rows) -> list[str]:
+def hbm_floor_us(elements: int, tbps: float) -> float:
+    """The HBM floor of a call: its weights' BF16 bytes at the datasheet's
+    bandwidth ``tbps`` (the one floor of these docs: a call's stream measures
+    above the ``torch.sum`` read bandwidth, never above this)."""
+    return elements * 2 / (tbps * 1e6)
+
+
+def chain_table(rows, tbps: float) -> list[str]:
     """Per chained pair and M: µs per pair, cuBLAS, speedup, share of the floor
     (the tactics are the plan's, in the tactic table)."""
     out = ["| first → second | M | warpsplitk µs | cuBLAS µs | speedup | % of floor |",
            "|---|---|---|---|---|---|"]
+    def hbm_floor(r):
+        return hbm_floor_us(r["first"][0] * r["first"][1] + r["second"][0] * r["second"][1], tbps)
     for r in rows:
         first = "×".join(str(v) for v in r["first"])
         second = "×".join(str(v) for v in r["second"])
         out.append(f"| {first} → {second} | {r['m']} | {r['ours_us']:.2f} | "
                    f"{r['cublas_us']:.2f} | {r['cublas_us'] / r['ours_us']:.2f}× | "
-                   f"{100 * r['floor_us'] / r['ours_us']:.0f}% |")
+                   f"{100 * hbm_floor(r) / r['ours_us']:.0f}% |")
     return out
 
 
@@ -272,12 +281,12 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
             "",
             "Each call's output is the next call's input (pairs with N₁ = K₂), PDL on,",
             "back to back in one CUDA graph over rotating weight pairs (≥ 3× L2); µs per",
-            "pair; floor = both weights' bytes / the measured read bandwidth. The plan",
+            f"pair; floor = both weights' bytes at the datasheet's {datasheet_tbps(chain)} TB/s. The plan",
             "is tuned on independent calls.",
             "",
             *environment_lines(chain.get("environment", {}))[:1],
             "",
-            *chain_table(chain["rows"]),
+            *chain_table(chain["rows"], datasheet_tbps(chain)),
         ]
     if held:
         out += default_md(held, quick, model, tuned)
@@ -290,13 +299,23 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
     return "\n".join(out) + "\n"
 
 
-def mlp_floor_us(model: str, tp: int) -> float:
-    """The MLP block's HBM floor: its gate/up and down weights' bytes at
-    the measured read bandwidth (``cost_model.BYTES_PER_US``)."""
-    from warpsplitk import cost_model, models
-    weights = sum(p["n"] * p["k"] for p in models.projections(model, tp)
-                  if p["projection"] in ("gate_up", "down"))
-    return weights * 2 / cost_model.BYTES_PER_US
+def datasheet_tbps(record: dict) -> float:
+    """The datasheet HBM bandwidth (TB/s) of the GPU a record ran on: its
+    environment's, else ``bench.DATASHEET_TBPS``'s for the GPU's name."""
+    from warpsplitk.bench import DATASHEET_TBPS
+    env = record.get("environment", {})
+    if env.get("datasheet_TBps"):
+        return env["datasheet_TBps"]
+    if env.get("gpu") not in DATASHEET_TBPS:
+        raise SystemExit(f"no datasheet bandwidth for the GPU {env.get('gpu')!r} of a record")
+    return DATASHEET_TBPS[env["gpu"]]
+
+
+def mlp_floor_us(model: str, tp: int, tbps: float) -> float:
+    """The MLP block's HBM floor: its gate/up and down weights (``hbm_floor_us``)."""
+    from warpsplitk import models
+    return hbm_floor_us(sum(p["n"] * p["k"] for p in models.projections(model, tp)
+                            if p["projection"] in ("gate_up", "down")), tbps)
 
 
 def layer_path_summary(record: dict) -> dict:
@@ -321,7 +340,7 @@ def layer_path_md(record: dict) -> list[str]:
         "unmerged with PyTorch's SiLU and product, and cuBLAS on the merged weights with",
         "PyTorch's SiLU. Cells: merged/unmerged/cuBLAS, µs per layer; the MLP block alone",
         "(gate/up and activation, down) likewise, and its HBM floor (weight bytes at",
-        "4.4 TB/s).",
+        f"the datasheet's {datasheet_tbps(record)} TB/s).",
         "",
         *environment_lines(record.get("environment", {}))[:2],
         "",
@@ -333,7 +352,7 @@ def layer_path_md(record: dict) -> list[str]:
         out.append(f"| {r['model']} | {r['tp']} | {r['m']} | "
                    f"{r['fused_us']:.1f}/{r['unmerged_us']:.1f}/{r['cublas_us']:.1f} | "
                    f"{r['mlp_fused_us']:.1f}/{r['mlp_unmerged_us']:.1f}/{r['mlp_cublas_us']:.1f} | "
-                   f"{mlp_floor_us(r['model'], r['tp']):.1f} | "
+                   f"{mlp_floor_us(r['model'], r['tp'], datasheet_tbps(record)):.1f} | "
                    f"{r['mlp_unmerged_us'] / r['mlp_fused_us']:.2f}× | "
                    f"{r['mlp_cublas_us'] / r['mlp_fused_us']:.2f}× |")
     return out

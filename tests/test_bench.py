@@ -69,7 +69,8 @@ def test_benchmarks_page_from_bench_records(tmp_path):
     assert "Weights ≥ 16 MB (2 cells): median" in page  # 4224x7168 only
     assert "| 4224 | 7168 | 60.6 | 13.70/21.10 (1.54×) | 16.00/19.00 (1.19×) |" in page
     assert "Dependent chains: 1 of 1 pair × M cells faster than cuBLAS, 2.00–2.00×." in page
-    assert "| 768×7168 → 7168×768 | 1 | 7.00 | 14.00 | 2.00× | 71% |" in page
+    # the floor: both weights' bytes at the H200's datasheet 4.8 TB/s (4.59 µs)
+    assert "| 768×7168 → 7168×768 | 1 | 7.00 | 14.00 | 2.00× | 66% |" in page
     assert "the 1234 records of" in page
     layers = {"environment": {"gpu": "NVIDIA H200", "command": "bash scripts/gpu_check.sh"},
               "rows": [{"model": "qwen3-4b", "tp": 2, "m": 8, "projections": "a -> b",
@@ -232,10 +233,11 @@ def test_layer_path_section_and_readme_line_from_a_record(tmp_path):
               "rows": [layer(1, 100.0, 120.0, 160.0), layer(32, 110.0, 121.0, 121.0)]}
     page = make.benchmarks_md(make.load(path), None, 1, layer_path=record)
     assert "## A decode layer's GEMM path" in page
-    # the MLP block's HBM floor: gate/up 28672x4096 and down 4096x14336 BF16 at 4.4 TB/s
-    floor = (28672 * 4096 + 4096 * 14336) * 2 / 4.4e6
-    assert f"{floor:.1f}" == "80.1"
-    assert ("| llama-3-8b | 1 | 1 | 300.0/330.0/420.0 | 100.0/120.0/160.0 | 80.1 | 1.20× | "
+    # the MLP block's HBM floor: gate/up 28672x4096 and down 4096x14336 BF16 at
+    # the H200's datasheet 4.8 TB/s
+    floor = (28672 * 4096 + 4096 * 14336) * 2 / 4.8e6
+    assert f"{floor:.1f}" == "73.4"
+    assert ("| llama-3-8b | 1 | 1 | 300.0/330.0/420.0 | 100.0/120.0/160.0 | 73.4 | 1.20× | "
             "1.60× |") in page
     block = make.readme_block(make.load(path), None, layer_path=record)
     # over the unmerged path at every M; over cuBLAS at M <= 8 only
