@@ -46,8 +46,9 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
     p.add_argument("--iters", type=int, default=20, help="timed calls per repetition (default 20)")
     p.add_argument("--reps", type=int, default=5, help="timing repetitions, median (default 5)")
-    p.add_argument("--plan", default=None,
-                   help="decode plan: a JSON path or 'builtin:NAME' (default: default_tactic)")
+    p.add_argument("--plan", default="none",
+                   help="'h200': the built-in H200 plan; 'none': the default (cost model; "
+                        "the default); else a plan JSON file")
     p.add_argument("--all-ms", action="store_true",
                    help="prepare M = 1..32 (default: only the --batch sizes, fewer compiles)")
     p.add_argument("--no-graph", action="store_true", help="time eagerly, without CUDA graphs")
@@ -101,12 +102,11 @@ def build_model(args, torch, device):
 
 
 def load_plan(spec):
-    if spec is None:
-        return None
+    """``--plan`` as the CLI takes it: 'h200', 'none' (None) or a plan file."""
     from warpsplitk import decode
-    if spec.startswith("builtin:"):
-        return decode.builtin_plan(spec.split(":", 1)[1])
-    return decode.load_plan(spec)
+    if spec == "none":
+        return None
+    return decode.builtin_plan("h200") if spec == "h200" else decode.load_plan(spec)
 
 
 def greedy(torch, model, prompt, steps, forced=None):
@@ -303,8 +303,9 @@ def main(argv=None):
 
     notes = []
     try:
+        plan = load_plan(args.plan)
         model, config = build_model(args, torch, device)
-    except ValueError as error:  # --config: an unknown or non-Llama-style model
+    except (OSError, ValueError) as error:  # --plan unreadable; --config unknown or not Llama-style
         print(f"error: {error}", file=sys.stderr)
         return 2
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -340,11 +341,6 @@ def main(argv=None):
 
     # 2. patch (compiles every kernel now, before any capture), check, time;
     # then again with q/k/v and gate/up merged
-    try:
-        plan = load_plan(args.plan)
-    except (OSError, ValueError) as error:  # FileNotFoundError: no such built-in plan
-        notes.append(f"plan {args.plan!r} unusable ({error}); using default_tactic")
-        plan = None
     ms = range(1, 33) if args.all_ms else sorted(set(args.batch))
     variants = {}
     for label, merge in (("warpsplitk", False), ("warpsplitk+merge", True)):

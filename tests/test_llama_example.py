@@ -82,3 +82,17 @@ def test_config_takes_a_models_sizes(capsys):
     assert example.main(["--device", "cpu", "--config", "gpt-oss-20b"]) == 2
     err = capsys.readouterr().err
     assert "every MLP a mixture of experts" in err and len(err.splitlines()) == 1
+
+
+def test_plan_is_read_as_the_cli_reads_it(tmp_path, capsys):
+    """--plan takes 'h200', 'none' or a plan file, like the CLI; one it
+    cannot read exits 2 before any model is built (no silent default)."""
+    example = load_example()
+    assert example.load_plan("none") is None
+    assert example.load_plan("h200").lookup(4224, 7168, 1) is not None
+    bad = tmp_path / "plan.json"
+    bad.write_text("{")
+    for spec in (str(bad), str(tmp_path / "missing.json"), "builtin:h200"):
+        assert example.main(["--device", "cpu", "--tiny", "--plan", spec]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and len(err.splitlines()) == 1, err
