@@ -353,6 +353,21 @@ def test_plan_view_says_per_row_where_the_tactic_came_from(capsys, tmp_path):
     assert _rows(capsys.readouterr().out)[0][-15] == "default"
 
 
+def test_model_view_says_which_mlps_are_experts(capsys):
+    """--model lists a layer's dense projections; a model whose MLPs are
+    (partly) mixtures of experts says how many layers' MLPs it leaves out."""
+    assert main(["plan", "--no-compile", "--model", "gpt-oss-20b", "--m", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "# gpt-oss-20b: the MLPs of experts (24 of 24 layers) are grouped GEMMs, not listed" \
+        in out
+    assert not any("gate_up" in r or "down" in r for r in _rows(out))
+    assert main(["plan", "--no-compile", "--model", "deepseek-v3", "--tp", "8", "--m", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "the MLPs of experts (58 of 61 layers)" in out
+    assert main(["plan", "--no-compile", "--model", "llama-3-8b", "--m", "1"]) == 0
+    assert "experts" not in capsys.readouterr().out
+
+
 def test_plan_view_registers_from_the_disk_cache_without_the_dsl(tmp_path, monkeypatch):
     """Every register count cached: the plan view imports no CuTe DSL and
     shows the cached counts (here planted ones)."""

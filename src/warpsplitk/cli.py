@@ -113,8 +113,13 @@ def _shape_entries(args) -> list[dict]:
         from . import models
         try:
             entries += models.projections(model, args.tp or 1)
+            config = models.config(model)
         except ValueError as error:
             raise UsageError(f"argument --model: {error}") from None
+        if config.get("mlp") == "moe" or "dense_layers" in config:
+            dense = config.get("dense_layers", 0)
+            print(f"# {config['name']}: the MLPs of experts ({config['layers'] - dense} of "
+                  f"{config['layers']} layers) are grouped GEMMs, not listed", flush=True)
     if args.shapes is not None:
         try:
             entries += shape_table.shape_entries(args.shapes)
