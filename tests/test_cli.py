@@ -29,6 +29,17 @@ def _run(argv, **env):
                           capture_output=True, text=True, timeout=300)
 
 
+def test_python_dash_m_runs_the_command():
+    """``python -m warpsplitk`` is the ``warpsplitk`` command, exit codes included."""
+    done = subprocess.run([sys.executable, "-m", "warpsplitk", "plan", "--no-compile",
+                           "--shapes", "4224,7168", "--m", "1"], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "4224" in done.stdout, done.stderr
+    done = subprocess.run([sys.executable, "-m", "warpsplitk", "plan", "--m", "0"], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+
+
 def _one_error(capsys, command, *words):
     """The command wrote nothing to stdout and one error line naming ``words``."""
     captured = capsys.readouterr()

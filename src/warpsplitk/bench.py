@@ -15,7 +15,6 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 
-from . import shapes as shape_table
 from . import timing
 from .tactics import reference_tactic, shape_refusal
 
@@ -290,10 +289,6 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
         del p1, p2, w1, w2
         torch.cuda.empty_cache()
     return rows
-
-
-def default_shapes():
-    return [(s["n"], s["k"]) for s in shape_table.load()["shapes"]]
 
 
 # ------------------------------------------------------------ a model's layer
