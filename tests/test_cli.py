@@ -220,9 +220,23 @@ def test_same_flag_same_default_everywhere():
     for command in ("plan", "bench"):
         assert parser.parse_args([command]).plan == "h200"
     args = parser.parse_args(["compile", "--n", "256", "--k", "1024"])
-    assert args.m == 1 and args.arch == "sm_90a" and args.sm_count == 132
+    assert args.m == 1 and args.arch == "sm_90a" and args.sm_count is None  # --arch's GPU's
     args = parser.parse_args(["plan"])
-    assert args.arch == "sm_90a" and args.sm_count == 132
+    assert args.arch == "sm_90a" and args.sm_count is None and args.tbps is None
+
+
+@pytest.mark.parametrize("given, shown", [
+    ([], "sm_90a, 132 SMs; floor at 4.8 TB/s"),
+    (["--arch", "sm_100a"], "sm_100a, 148 SMs; floor at 8.0 TB/s"),
+    (["--arch", "sm_100a", "--sm-count", "132", "--tbps", "4.8"],
+     "sm_100a, 132 SMs; floor at 4.8 TB/s")])
+def test_plan_targets_the_gpu_of_its_arch_unless_told(capsys, given, shown):
+    assert main(["plan", "--no-compile", "--plan", "none", "--shapes", "4096,4096",
+                 "--m", "1"] + given) == 0
+    out = capsys.readouterr().out
+    assert shown in out.splitlines()[0]
+    floor = 4096 * 4096 * 2 / (float(shown.split()[-2]) * 1e6)
+    assert _rows(out)[0][-3] == f"{floor:.2f}"
 
 
 def test_tune_shows_only_what_a_user_needs(capsys):
@@ -422,7 +436,7 @@ def test_plan_view_compiles_what_the_cache_lacks_and_keeps_it(capsys, monkeypatc
                  "--arch", "sm_100a"]) == 0
     captured = capsys.readouterr()
     assert _rows(captured.out)[0][-5] == "42"
-    assert calls == [(256, 1024, default_tactic(1, 256, 1024, 132), "sm_100a")]
+    assert calls == [(256, 1024, default_tactic(1, 256, 1024, 148), "sm_100a")]  # a B200
     assert "compiling 1/1" in captured.err
 
 

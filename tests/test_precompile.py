@@ -79,6 +79,18 @@ def test_jobs_setting(monkeypatch):
     assert 1 <= precompile.default_jobs() <= 16
 
 
+def test_register_compiles_take_the_jobs_setting_too(cache, monkeypatch):
+    seen = []
+    monkeypatch.setattr(precompile, "_run_workers",
+                        lambda todo, arch, kind, workers, report: seen.append(workers) or {})
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 8)
+    monkeypatch.setenv("WARPSPLITK_COMPILE_JOBS", "2")
+    assert precompile.precompile_resources(KERNELS, "sm_90a") == {}
+    monkeypatch.delenv("WARPSPLITK_COMPILE_JOBS")
+    assert precompile.precompile_resources(KERNELS, "sm_90a") == {}
+    assert seen == [2, 3]  # then one per core but one, at most one per kernel
+
+
 def test_compile_errors_come_back_per_kernel(cache):
     # sm_80 lacks what the kernel needs (griddepcontrol, mbarrier try_wait...)
     failures = precompile.precompile(KERNELS[:2], "sm_80", jobs=2)

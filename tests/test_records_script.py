@@ -1,6 +1,11 @@
-"""scripts/gpu_record.py: GPU test and sanitizer runs as JSON records (no GPU needed)."""
+"""scripts/gpu_record.py: GPU test and sanitizer runs as JSON records, and the
+GPU model scripts/gpu_check.sh names them for (no GPU needed)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +97,38 @@ def test_layer_path_record_joins_the_layer_records_and_reads_the_targets(record,
     # the least fused-over-unmerged MLP gain anywhere; over cuBLAS at M <= 8 only
     assert counts["totals"] == {"rows": 3, "mlp_fused_over_unmerged_min": 1.1,
                                 "mlp_fused_over_cublas_min_m_le_8": 1.5}
+
+
+def _gpu_check(tmp_path, gpu):
+    """scripts/gpu_check.sh's quick stage with torch seeing ``gpu`` (None: no
+    GPU); python3 runs the script's own ``-c`` lines and logs the others."""
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(
+        f"class cuda:\n    is_available = staticmethod(lambda: {gpu is not None})\n"
+        f"    get_device_name = staticmethod(lambda *a: {gpu!r})\n")
+    log = tmp_path / "calls"
+    shim = tmp_path / "bin" / "python3"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec {sys.executable} "$@"\n'
+                    f'echo "$@" >> {log}\n')
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "GPU_NAME"}
+    env.update(PATH=f"{shim.parent}{os.pathsep}{env['PATH']}", PYTHONPATH=str(fake),
+               RESULTS=str(tmp_path / "results"))
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh"
+    done = subprocess.run(["bash", str(script), "quick"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    return done, (log.read_text() if log.exists() else "")
+
+
+def test_gpu_check_names_the_records_for_the_gpu(tmp_path):
+    done, calls = _gpu_check(tmp_path, "NVIDIA B200")
+    assert done.returncode == 0, done.stderr
+    assert calls == f"scripts/quick_tune_record.py {tmp_path}/results/b200-tune-quick.json\n"
+
+
+def test_gpu_check_without_a_gpu_is_one_line(tmp_path):
+    done, calls = _gpu_check(tmp_path, None)
+    assert done.returncode == 2 and calls == ""
+    assert done.stderr == "gpu_check.sh: torch sees no CUDA GPU; the checks run on one\n"

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 from . import timing
 from .tactics import reference_tactic, shape_refusal
 
-DATASHEET_TBPS = {"NVIDIA H200": 4.8, "NVIDIA H100 80GB HBM3": 3.35}
 DEFAULT_MS = (1, 4, 8, 16, 32)
 
 
@@ -141,7 +140,7 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     if read_tbps is None:
         read_tbps = timing.measured_read_bandwidth() / 1e12
     env["read_TBps"] = round(read_tbps, 3)
-    sheet = DATASHEET_TBPS.get(torch.cuda.get_device_name(), 4.8)
+    sheet = timing.DATASHEET_TBPS.get(torch.cuda.get_device_name(), 4.8)
     env["datasheet_TBps"] = sheet
 
     from .decode import CUBLAS, default_choice

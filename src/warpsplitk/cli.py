@@ -20,8 +20,11 @@ import shlex
 import sys
 
 from . import shapes as shape_table
+from .timing import DATASHEET_TBPS
 
 ARCHS = ("sm_90a", "sm_100a")
+#: the GPU (name, SMs) an --arch stands for where --sm-count and --tbps are not given
+ARCH_GPUS = {"sm_90a": ("NVIDIA H200", 132), "sm_100a": ("NVIDIA B200", 148)}
 DEFAULT_M_TEXT = ",".join(map(str, shape_table.DEFAULT_MS))
 M_HELP = (f"Ms in 1..32, e.g. 8, 1,4,8, 1-32 or 1-8,16 (default: the plan's M buckets, "
           f"{DEFAULT_M_TEXT})")
@@ -234,6 +237,15 @@ def _require_gpu(command):
                          f"warpsplitk runs on {', '.join(ARCHS)}")
 
 
+def _arch_defaults(args):
+    """``--sm-count`` and ``--tbps`` not given: those of the GPU ``--arch`` stands for."""
+    gpu, sm_count = ARCH_GPUS[args.arch]
+    if args.sm_count is None:
+        args.sm_count = sm_count
+    if getattr(args, "tbps", 0) is None:
+        args.tbps = DATASHEET_TBPS[gpu]
+
+
 def _planned_ms(ms):
     """The Ms a plan tuned for ``ms`` covers: the tuner measures each M's
     bucket (``tune.REPRESENTATIVE_MS``), and every M of a measured bucket
@@ -248,6 +260,7 @@ def _planned_ms(ms):
 
 def _cmd_compile(args, argv):
     from .tactics import check_tactic, default_tactic
+    _arch_defaults(args)
     try:
         tactic = args.tactic or default_tactic(args.m, args.n, args.k, sm_count=args.sm_count)
         check_tactic(tactic, args.n, args.k)
@@ -460,6 +473,7 @@ def _progress_line(arch):
 
 
 def _cmd_plan(args, argv):
+    _arch_defaults(args)
     plan, source = _resolve_plan(args.plan)
     entries = _shape_entries(args)
     from . import layout
@@ -536,6 +550,12 @@ def _cmd_plan(args, argv):
 # ------------------------------------------------------------ parser
 
 
+def _per_arch(value) -> str:
+    """``value(gpu, sms)`` of each --arch's GPU, for a help text."""
+    return ", ".join(f"{value(gpu, sms)} for {arch} ({gpu.removeprefix('NVIDIA ')})"
+                     for arch, (gpu, sms) in ARCH_GPUS.items())
+
+
 MODEL_HELP = ("the decode projections of a model (warpsplitk.models: e.g. llama-3.1-8b, "
               "qwen3-32b, deepseek-v3; or a Hugging Face config.json: its path, its folder, "
               "or the id of a downloaded model), merged and sharded as vLLM runs them")
@@ -560,16 +580,18 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arguments(p)
     p.add_argument("--m", type=_ms, default=DEFAULT_M_TEXT, help=M_HELP)
     p.add_argument("--arch", default="sm_90a", choices=ARCHS, help="target arch (default sm_90a)")
-    p.add_argument("--sm-count", type=_int_at_least(1), default=132,
-                   help="SMs of the target GPU (default 132, the H100/H200)")
-    p.add_argument("--tbps", type=_positive_float, default=4.8,
-                   help="peak HBM TB/s for the floor (default 4.8)")
+    p.add_argument("--sm-count", type=_int_at_least(1),
+                   help=f"SMs of the target GPU (default by --arch: "
+                        f"{_per_arch(lambda gpu, sms: sms)})")
+    p.add_argument("--tbps", type=_positive_float,
+                   help=f"peak HBM TB/s for the floor (default by --arch, the datasheet "
+                        f"peak: {_per_arch(lambda gpu, sms: DATASHEET_TBPS[gpu])})")
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    help="registers from the model instead of compiled for --arch (compiled "
                         "ones are kept in the disk cache)")
     p.add_argument("--jobs", type=_int_at_least(1),
-                   help="processes compiling the kernels the disk cache lacks "
-                        "(default: one per core, at most 16)")
+                   help="processes compiling the kernels the disk cache lacks (default: "
+                        "WARPSPLITK_COMPILE_JOBS, else one per core but one, at most 16)")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("compile", help="compile one kernel for a target arch (no GPU)")
@@ -580,8 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tactic", type=_tactic, help="o,t,k,s,b[...] (default: default_tactic's)")
     p.add_argument("--arch", default="sm_90a", choices=ARCHS, help="target arch (default sm_90a)")
     p.add_argument("--bias", action="store_true", help="compile the bias epilogue")
-    p.add_argument("--sm-count", type=_int_at_least(1), default=132,
-                   help="SMs the default tactic is chosen for (default 132)")
+    p.add_argument("--sm-count", type=_int_at_least(1),
+                   help=f"SMs the default tactic is chosen for (default by --arch: "
+                        f"{_per_arch(lambda gpu, sms: sms)})")
     p.add_argument("--emit-ptx", metavar="PATH", help="write the PTX here")
     p.set_defaults(func=_cmd_compile)
 

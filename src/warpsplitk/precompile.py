@@ -164,8 +164,8 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
 
 def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
                          progress=None) -> dict:
-    """Compile for ``arch``, ``jobs`` worker processes at a time (default: one
-    per core, at most 16: the caller only waits), the kernels of ``kernels`` (``(n, k, tactic, has_bias,
+    """Compile for ``arch``, ``jobs`` worker processes at a time (default:
+    ``default_jobs()``), the kernels of ``kernels`` (``(n, k, tactic, has_bias,
     use_pdl)``) whose resource records the disk cache lacks, storing their
     records (``disk_cache.arch_resources``). ``progress(done, total)`` after
     each. Returns ``{kernel: error}`` of those that failed (left to the
@@ -182,7 +182,7 @@ def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
                 todo.append(item)
     if not todo:
         return {}
-    jobs = max(1, min(os.cpu_count() or 1, 16) if jobs is None else int(jobs))
+    jobs = max(1, default_jobs() if jobs is None else int(jobs))
     workers = min(jobs, len(todo))
     if workers > 1:
         return _run_workers(todo, arch, "resources", workers,

@@ -14,6 +14,7 @@ its fastest by the median of ``ROUNDS`` (its confirmations).
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass
 
@@ -134,13 +135,35 @@ def time_calls(calls, replays: int = REPLAYS, warmup: int = 2) -> Timing:
     return Timing(statistics.median(per_call), min(per_call), max(per_call), reps * len(calls))
 
 
-#: No HBM delivers more than this (H200: 4.8 TB/s datasheet); a call timed
-#: faster than its weight bytes at this rate did not read its weight.
-MAX_PLAUSIBLE_TBPS = 6.0
+#: Datasheet peak HBM bandwidth in TB/s, by ``torch.cuda.get_device_name()``.
+DATASHEET_TBPS = {"NVIDIA H200": 4.8, "NVIDIA H100 80GB HBM3": 3.35, "NVIDIA H100 PCIe": 2.0,
+                  "NVIDIA B200": 8.0, "NVIDIA GB200": 8.0}
+#: No HBM beats its datasheet peak by this much (H200: 6.0 TB/s); a call
+#: timed faster than its weight bytes at that rate did not read its weight.
+PLAUSIBLE_MARGIN = 1.25
+#: The limit on a GPU not in DATASHEET_TBPS: above any HBM shipped (B200: 8 TB/s).
+UNKNOWN_GPU_MAX_TBPS = 10.0
 
 
-def physical_floor_us(weight_bytes: int) -> float:
-    return weight_bytes / (MAX_PLAUSIBLE_TBPS * 1e12) * 1e6
+def max_plausible_tbps(gpu: str) -> float:
+    """The fastest weight read believed on ``gpu`` (its device name), TB/s."""
+    if not isinstance(gpu, str):
+        raise ValueError(f"gpu must be a device name (torch.cuda.get_device_name()), got {gpu!r}")
+    sheet = DATASHEET_TBPS.get(gpu)
+    return UNKNOWN_GPU_MAX_TBPS if sheet is None else sheet * PLAUSIBLE_MARGIN
+
+
+def physical_floor_us(weight_bytes: int, gpu: str) -> float:
+    """Microseconds under which a read of ``weight_bytes`` on ``gpu`` is a broken measurement."""
+    return weight_bytes / (max_plausible_tbps(gpu) * 1e12) * 1e6
+
+
+def record_name(gpu: str) -> str:
+    """``NVIDIA H200`` -> ``h200``: the GPU model that names its records in bench/results."""
+    words = str(gpu).split()
+    if words[:1] and words[0].upper() == "NVIDIA":
+        words = words[1:]
+    return re.sub(r"[^a-z0-9]+", "-", words[0].lower() if words else "").strip("-") or "gpu"
 
 
 def measured_read_bandwidth(gib: float = 2.0) -> float:

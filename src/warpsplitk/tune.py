@@ -381,6 +381,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
         return driver.CUstream(_stream_handle(cuda_device))
 
     device = torch.cuda.current_device()
+    gpu = torch.cuda.get_device_name(device)  # its HBM bounds a believable time
     if sm_count is None:
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     reps = sorted({representative(m) for m in ms})
@@ -457,8 +458,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     log = open(log_path, "a") if log_path else None
     if log:
         # the run's provenance: `tune --from-log` names this GPU in the plan it rebuilds
-        log.write(json.dumps({"meta": plan_meta(torch.cuda.get_device_name(device), sm_count,
-                                                torch.__version__)}) + "\n")
+        log.write(json.dumps({"meta": plan_meta(gpu, sm_count, torch.__version__)}) + "\n")
         log.flush()
     cuda_device = torch.device("cuda", device)
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
@@ -510,7 +510,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                                 rec.update(ok=False, error=f"relative error {err:.3g}")
                             else:
                                 t = time_code(code)
-                                floor = timing.physical_floor_us(n * k * 2)
+                                floor = timing.physical_floor_us(n * k * 2, gpu)
                                 if t.median_us < floor:
                                     rec.update(ok=False, error=f"{t.median_us:.3f} us is under the "
                                                f"{floor:.3f} us any HBM read of the weight needs: "
@@ -540,7 +540,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                         rec = _record(key=key, n=n, k=k, m=r, tactic=tactic.short(),
                                       confirm=True, ok=True, us=round(t.median_us, 3),
                                       spread=round(t.spread, 3))
-                        if t.median_us < timing.physical_floor_us(n * k * 2):
+                        if t.median_us < timing.physical_floor_us(n * k * 2, gpu):
                             rec.update(ok=False, error="under the HBM floor: measurement broken")
                         if log:
                             log.write(json.dumps(rec) + "\n")
@@ -578,8 +578,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     finally:
         if log:
             log.close()
-    meta = plan_meta(torch.cuda.get_device_name(device), sm_count, torch.__version__,
-                     narrow_tiles=bool(narrow))
+    meta = plan_meta(gpu, sm_count, torch.__version__, narrow_tiles=bool(narrow))
     return _plan(best, shapes, ms, meta)
 
 
