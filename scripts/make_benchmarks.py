@@ -301,8 +301,8 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
 
 def datasheet_tbps(record: dict) -> float:
     """The datasheet HBM bandwidth (TB/s) of the GPU a record ran on: its
-    environment's, else ``bench.DATASHEET_TBPS``'s for the GPU's name."""
-    from warpsplitk.bench import DATASHEET_TBPS
+    environment's, else ``timing.DATASHEET_TBPS``'s for the GPU's name."""
+    from warpsplitk.timing import DATASHEET_TBPS
     env = record.get("environment", {})
     if env.get("datasheet_TBps"):
         return env["datasheet_TBps"]

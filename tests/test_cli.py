@@ -373,9 +373,12 @@ def test_plan_view_says_per_row_where_the_tactic_came_from(capsys, tmp_path):
     assert rows[2][-11] == default_tactic(1, 256, 1024, 132).short()
     assert rows[2][-2:] == ["-", "-"]  # nothing measured for a default row
     assert "2 of 4 rows" in out.splitlines()[0]
+    assert "'default': the cost model's choice where the plan has none;" in out
     assert main(["plan", "--plan", "none", "--no-compile", "--shapes", "4224,7168",
                  "--m", "1"]) == 0
-    assert _rows(capsys.readouterr().out)[0][-15] == "default"
+    out = capsys.readouterr().out
+    assert _rows(out)[0][-15] == "default"
+    assert "'default': the cost model's choice;" in out  # no plan to have none
 
 
 def test_model_view_says_which_mlps_are_experts(capsys):

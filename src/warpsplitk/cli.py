@@ -512,8 +512,9 @@ def _cmd_plan(args, argv):
                 registers[(n, k, tactic)] = disk_cache.arch_resources(n, k, tactic,
                                                                       args.arch)["registers"]
     from_plan = sum(1 for *_, origin in rows if origin == "plan")
-    print(f"# tactics from {source} ({from_plan} of {len(rows)} rows; 'default': the plan has "
-          f"none, the cost model's choice; 'cublas': a shape the kernel does not take); "
+    where = " where the plan has none" if plan.entries else ""
+    print(f"# tactics from {source} ({from_plan} of {len(rows)} rows; 'default': the cost "
+          f"model's choice{where}; 'cublas': a shape the kernel does not take); "
           f"{args.arch}, {args.sm_count} SMs; floor at "
           f"{args.tbps} TB/s; registers "
           f"{'compiled for ' + args.arch if args.compile else 'from the model'}")
