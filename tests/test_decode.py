@@ -143,6 +143,50 @@ def test_every_plan_argument_is_a_plan_none_or_auto():
         prepare(weight, "auto")
 
 
+def test_prepare_and_prepare_model_refuse_bad_ms_and_weights_by_name():
+    import numpy as np
+    import torch
+
+    from warpsplitk.decode import prepare, prepare_model
+    weight = torch.zeros(256, 1024, dtype=torch.bfloat16)
+    # as DecodeLinear and patch_model word them (check_ms)
+    for call in (lambda ms: prepare(weight, None, ms=ms),
+                 lambda ms: prepare_model({"w": weight}, ms=ms, progress=None)):
+        with pytest.raises(ValueError, match=r"^ms must be an iterable of Ms in 1\.\.32, got 8$"):
+            call(8)
+        with pytest.raises(ValueError, match=r"M must be in 1\.\.32, got 0$"):
+            call([0, 8])
+        with pytest.raises(ValueError, match=r"^ms must name at least one M in 1\.\.32, got \[\]$"):
+            call([])
+    with pytest.raises(ValueError, match=r"^bias must be None or a torch\.Tensor \[N\], got list$"):
+        prepare(weight, bias=[0.0] * 256)
+    with pytest.raises(ValueError, match=r"^weights must be a mapping \{name: torch\.Tensor\}, "
+                                         r"got list$"):
+        prepare_model([weight], progress=None)
+    for bad, given in ((np.zeros((256, 1024)), "ndarray"), (torch.zeros(256), r"shape \(256,\)")):
+        with pytest.raises(ValueError, match=r"^weights\['a'\] must be a 2-D torch\.Tensor "
+                                             rf"\[N, K\], got {given}$"):
+            prepare_model({"a": bad}, progress=None)
+
+
+def test_plan_entries_of_any_integer_type_are_ints():
+    import numpy as np
+    plan = DecodePlan()
+    plan.set(np.int64(4224), np.int64(7168), np.int32(1), T(32, 8, 256, 11, 1), 13.7)
+    assert plan.entries == {(4224, 7168): {1: (T(32, 8, 256, 11, 1), 13.7)}}
+    (shape, by_m), = plan.entries.items()
+    assert all(type(v) is int for v in (*shape, *by_m))
+    json.dumps(plan.to_json())  # NumPy integers would not serialise
+
+
+def test_the_warned_shapes_are_no_constructor_argument():
+    import inspect
+    assert list(inspect.signature(DecodePlan).parameters) == ["meta", "entries"]
+    with pytest.raises(TypeError):
+        DecodePlan(_warned=set())
+    assert "_warned" not in repr(DecodePlan())
+
+
 def test_lookup_and_fallback_warns_once_per_shape():
     plan = small_plan()
     assert plan.lookup(4224, 7168, 1) == T(32, 8, 256, 11, 1)

@@ -369,3 +369,30 @@ def test_refuses_what_is_not_an_x_weight_bias_triple():
     for bias, shape in ((np.zeros(64), r"\(64,\)"), (np.float32(1.0), r"\(\)")):
         with pytest.raises(ValueError, match=rf"bias must have shape \(32,\), got {shape}$"):
             emulate(x, w, tactic, bias)
+
+
+def test_takes_torch_tensors_of_any_float_dtype():
+    """The kernel's own inputs (BF16 tensors) emulate as the same values in NumPy do."""
+    torch = pytest.importorskip("torch")
+    x, w, bias = integer_problem(5, 32, 256, seed=3, with_bias=True)
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    expected = emulate(x, w, tactic, bias)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        tx, tw, tb = (torch.from_numpy(a).to(dtype) for a in (x, w, bias))
+        out = emulate(tx, tw.requires_grad_(), tactic, tb)
+        assert out.dtype == np.float32 and np.array_equal(out, expected), dtype
+    # a float64 input rounds to float32 as a float64 array does
+    fine = np.random.default_rng(4).standard_normal((5, 256))
+    assert np.array_equal(emulate(torch.from_numpy(fine), w, tactic, round_output=False),
+                          emulate(fine, w, tactic, round_output=False))
+
+
+def test_refuses_what_is_no_array_or_tensor():
+    x, w, _ = integer_problem(4, 32, 256, seed=1)
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    for args, name, given in (((x.tolist(), w, tactic), "x", "list"),
+                              ((x, None, tactic), "weight", "NoneType"),
+                              ((x, w, tactic, [0.0] * 32), "bias", "list")):
+        with pytest.raises(ValueError, match=rf"^{name} must be a NumPy array or a torch\.Tensor, "
+                                             rf"got {given}$"):
+            emulate(*args)

@@ -326,6 +326,16 @@ def test_constructor_refusals():
     assert DecodeLinear(weight, ms=()).ms == ()  # nothing prepared: always F.linear
 
 
+def test_bias_of_another_shape_or_type_is_refused_at_construction():
+    weight = torch.zeros(64, 256)
+    for bias, given in ((torch.randn(10), r"shape \(10,\)"),
+                        (torch.zeros(1, 64), r"shape \(1, 64\)"), ([0.0] * 64, "list")):
+        with pytest.raises(ValueError, match=r"^bias must be None or a tensor of shape \(64,\), "
+                                             rf"got {given}$"):
+            DecodeLinear(weight, bias)
+    assert DecodeLinear(weight, torch.zeros(64)).bias.shape == (64,)
+
+
 def test_patch_model_cpu_skips_everything():
     model = nn.Sequential(nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 16))
     before = list(model)

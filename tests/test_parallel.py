@@ -107,6 +107,42 @@ def test_kernel_shape_reason_is_the_tactic_rules():
     assert kernel_shape_reason(1024, 2048, ms=()) == "no Ms to prepare"
 
 
+def test_shard_plan_raises_for_bad_arguments_and_returns_shape_refusals():
+    np = pytest.importorskip("numpy")
+    for args, kwargs, message in (
+            ((None, 4096, 2), {}, "N must be a positive integer, got None$"),
+            ((4096, 4096.0, 2), {}, r"K must be a positive integer, got 4096\.0$"),
+            ((4096, 4096, 0), {}, "world size must be a positive integer, got 0$"),
+            ((4096, 4096, True), {}, "world size must be a positive integer, got True$"),
+            ((4096, 4096, 2), {"ms": [0]}, r"M must be in 1\.\.32, got 0$"),
+            ((4096, 4096, 2), {"ms": 8}, r"ms must be an iterable of Ms in 1\.\.32, got 8$")):
+        with pytest.raises(ValueError, match=message):
+            shard_plan(*args, **kwargs)
+    with pytest.raises(ValueError, match=r"^warp split-K: M must be in 1\.\.32, got 33$"):
+        column_shard(64, 256, 0, 2, ms=[33])  # the M itself, not the kernel refusing the shard
+    with pytest.raises(ValueError, match=r"M must be in 1\.\.32, got 0$"):
+        kernel_shape_reason(1024, 2048, ms=[0])
+    # what a shape cannot do is still an answer, for any integer type
+    splits = shard_plan(np.int64(4096), np.int64(4096), np.int64(3))
+    assert all("not divisible by the world size 3" in splits[mode] for mode in ("column", "row"))
+    assert shard_plan(np.int64(4096), np.int32(4096), np.int8(2)) == shard_plan(4096, 4096, 2) \
+        == {"column": (2048, 4096), "row": (4096, 2048)}
+    assert shard_range(np.int64(64), np.int64(1), np.int64(2)) == slice(32, 64)
+
+
+def test_constructors_take_no_private_arguments():
+    import inspect
+    for cls in (ColumnParallelDecodeLinear, RowParallelDecodeLinear):
+        assert not any(p.startswith("_") for p in inspect.signature(cls).parameters), cls
+    w, b = full()
+    # a shard given directly is used in place; one sliced from the full weight is a copy
+    assert ColumnParallelDecodeLinear(w, b).weight.data_ptr() == w.data_ptr()
+    for cls in (ColumnParallelDecodeLinear, RowParallelDecodeLinear):
+        module = cls.from_full_weight(w, bias=b)
+        assert module.weight.data_ptr() != w.data_ptr()
+        assert "_copy_shards" not in module.__dict__
+
+
 # ---------------------------------------------------------- multicast guard
 
 

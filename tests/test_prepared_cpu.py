@@ -180,3 +180,12 @@ def test_the_tactics_mapping_is_checked_whole(tactics, match):
     with pytest.raises(ValueError, match=match):
         _check_tactics(tactics, 256, 256)
     _check_tactics({1: T128, 32: WarpSplitKTactic(16, 32, 128, 2, 2)}, 256, 256)
+
+
+def test_the_tactics_mapping_takes_ms_of_any_integer_type_as_ints():
+    import numpy as np
+    from warpsplitk.prepared import _check_tactics
+    checked = _check_tactics({np.int64(32): WarpSplitKTactic(16, 32, 128, 2, 2),
+                              np.int8(1): T128}, 256, 256)
+    assert checked == {1: T128, 32: WarpSplitKTactic(16, 32, 128, 2, 2)}
+    assert [type(m) for m in checked] == [int, int]

@@ -589,3 +589,58 @@ def test_check_ms():
             check_ms(bad)
     with pytest.raises(ValueError, match=r"ms must be an iterable of Ms in 1\.\.32, got None$"):
         check_ms(None)
+
+
+# ------------------------------------------------------ sizes of any integer type
+
+
+def test_sizes_of_any_integral_type_are_their_int():
+    np = pytest.importorskip("numpy")
+    from warpsplitk.tactics import check_ms, l2_read_factor, reference_tactic
+    n, k = np.int64(4096), np.int32(4096)
+    assert default_tactic(np.int64(8), n, k, sm_count=132) == default_tactic(8, 4096, 4096, 132)
+    assert reference_tactic(np.uint8(8), n, k, 132) == reference_tactic(8, 4096, 4096, 132)
+    assert check_tactic(GOOD, np.int64(256), np.int16(1024)) is None
+    assert shape_refusal(n, k) is None
+    assert legal_tactics(np.int8(1), n, k) == legal_tactics(1, 4096, 4096)
+    assert l2_read_factor(GOOD, np.int64(8)) == l2_read_factor(GOOD, 8)
+    ms = check_ms([np.int64(8), 1, np.int16(8)])
+    assert ms == (1, 8) and all(type(m) is int for m in ms)
+    # a refusal names the value, not its type
+    assert shape_refusal(np.int64(1000), k) == "N must be a positive multiple of 16, got 1000"
+    with pytest.raises(ValueError, match=r"M must be in 1\.\.32, got 33$"):
+        default_tactic(np.int64(33), n, k, sm_count=132)
+    with pytest.raises(ValueError, match=r"N must be a positive multiple of output_tile 16, "
+                                         r"got N=40$"):
+        check_tactic(GOOD, np.int64(40), 1024)
+    # a bool is no size, whatever its type
+    for flag in (True, np.True_):
+        with pytest.raises(ValueError, match=r"M must be in 1\.\.32, got (True|np\.True_)$"):
+            default_tactic(flag, 4096, 4096, sm_count=132)
+        assert shape_refusal(16, flag).startswith("K must be")
+    torch = pytest.importorskip("torch")
+    assert default_tactic(torch.tensor(8), torch.tensor(4096), 4096, 132) == \
+        default_tactic(8, 4096, 4096, 132)
+    with pytest.raises(ValueError, match="M must be in 1..32"):
+        check_ms([torch.tensor(True)])
+
+
+@pytest.mark.parametrize("n,k", [(4095, 4096), (4096, 4000), (2 ** 30, 128), (16.0, 128),
+                                 (16, 28672)])
+def test_legal_tactics_refuses_what_default_tactic_refuses(n, k):
+    with pytest.raises(ValueError) as refused:
+        default_tactic(1, n, k, sm_count=132)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(refused.value))}$"):
+        legal_tactics(1, n, k)
+
+
+def test_ctas_per_sm_refuses_what_is_no_tactic():
+    for bad, given in ((None, "NoneType"), ([16, 8, 128, 4, 1], "list"), ("16,8,128,4,1", "str")):
+        with pytest.raises(ValueError, match=f"^expected a WarpSplitKTactic, got {given}$"):
+            ctas_per_sm(bad)
+    with pytest.raises(ValueError, match=r"output_tile must be one of \(16, 32, 48, 64\), got 17"):
+        ctas_per_sm(T(17, 8, 128, 4, 1))
+    with pytest.raises(ValueError, match=r"stages must be in 1\.\.32, got 99"):
+        ctas_per_sm(T(16, 8, 128, 99, 1))
+    # a combination no weight takes still has an occupancy (the model's space is wider)
+    assert ctas_per_sm(T(64, 8, 256, 4, 1)) >= 0

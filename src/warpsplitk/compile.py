@@ -10,6 +10,7 @@ tactic family.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 import tempfile
 import threading
@@ -44,8 +45,14 @@ def _fake_args():
     return (*pointers, cutlass.Int32(1), make_fake_stream())
 
 
-def _build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False):
+def _checked(tactic, n, k, swiglu):
+    """``(n, k)`` as ints (cache and disk keys), once ``check_tactic`` takes them."""
     check_tactic(tactic, n, k, swiglu=swiglu)
+    return operator.index(n), operator.index(k)
+
+
+def _build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False):
+    n, k = _checked(tactic, n, k, swiglu)
     _, cute = _cute()
     from .kernel import WarpSplitKKernel
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl, swiglu=swiglu)
@@ -92,7 +99,7 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
     ``swiglu`` the ``[n, k]`` weight is ``[gate; up]`` and ``out`` is
     ``[M, n / 2]`` (the SwiGLU epilogue, :class:`~warpsplitk.kernel.WarpSplitKKernel`).
     """
-    check_tactic(tactic, n, k, swiglu=swiglu)
+    n, k = _checked(tactic, n, k, swiglu)
     with _lock:
         return _compile_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl),
                                bool(swiglu))
@@ -110,7 +117,7 @@ def launcher(device_index: int, n: int, k: int, tactic: WarpSplitKTactic, *,
     """A :class:`~warpsplitk.launch.Launcher` of :func:`compile_warp_splitk`'s
     code on ``device_index``: called with plain addresses, M and a stream
     handle, at a few microseconds of host time. Cached like the code."""
-    check_tactic(tactic, n, k, swiglu=swiglu)
+    n, k = _checked(tactic, n, k, swiglu)
     with _lock:
         return _launcher_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl),
                                 bool(swiglu))
@@ -164,6 +171,7 @@ def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_9
     """Compile for ``arch`` with no GPU; returns PTX, CUBIN and the resource usage."""
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch!r}")
+    n, k = _checked(tactic, n, k, swiglu)
     with _lock:
         # the DSL writes the kept PTX/CUBIN files too: keep them out of the cwd
         with tempfile.TemporaryDirectory(prefix="warpsplitk-") as dump:

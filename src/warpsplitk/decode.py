@@ -22,10 +22,11 @@ import json
 import math
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
-from .tactics import MAX_M, WarpSplitKTactic, check_tactic, default_tactic
+from .tactics import MAX_M, WarpSplitKTactic, _integer, check_ms, check_tactic, default_tactic
 
 PLAN_FORMAT = "warpsplitk-plan"
 PLAN_VERSION = 1
@@ -39,16 +40,22 @@ def is_time(us) -> bool:
 
 
 def _check_entry(n, k, m, us, where):
-    """A plan entry's (N, K, M) and measured time: positive integers, M in
-    1..32, ``us`` None or a positive finite number of microseconds."""
+    """A plan entry's (N, K, M), as ints, and measured time: positive integers
+    (any integral type), M in 1..32, ``us`` None or a positive finite number
+    of microseconds."""
+    sizes = []
     for name, value in (("N", n), ("K", k), ("M", m)):
-        if type(value) is not int or value < 1:
+        size = _integer(value)
+        if size is None or size < 1:
             raise ValueError(f"{where}: {name} must be a positive integer, got {value!r}")
+        sizes.append(size)
+    n, k, m = sizes
     if m > MAX_M:
         raise ValueError(f"{where}: M must be in 1..{MAX_M}, got {m}")
     if us is not None and not is_time(us):
         raise ValueError(f"{where}: 'us' must be a positive number of microseconds or null, "
                          f"got {us!r}")
+    return n, k, m
 
 
 def check_plan(plan):
@@ -87,7 +94,7 @@ class DecodePlan:
     meta: dict = field(default_factory=dict)
     #: {(n, k): {m: (tactic, measured_us or None)}}
     entries: dict = field(default_factory=dict)
-    _warned: set = field(default_factory=set, repr=False, compare=False)
+    _warned: set = field(default_factory=set, init=False, repr=False, compare=False)
 
     def lookup(self, n: int, k: int, m: int) -> WarpSplitKTactic | str | None:
         """The plan's choice for (N, K, M): a tactic, ``CUBLAS``, or None."""
@@ -111,7 +118,7 @@ class DecodePlan:
     def set(self, n, k, m, tactic, us=None):
         """Choose ``tactic`` (or ``CUBLAS``) for (N, K, M), measured at ``us``
         microseconds (or None)."""
-        _check_entry(n, k, m, us, "decode plan entry")
+        n, k, m = _check_entry(n, k, m, us, "decode plan entry")
         if tactic != CUBLAS:
             check_tactic(tactic, n, k)
         self.entries.setdefault((n, k), {})[m] = (tactic, us)
@@ -158,7 +165,7 @@ def plan_from_json(data, source="plan") -> DecodePlan:
                 raise ValueError(f"{where}: M must be an integer in 1..{MAX_M}, got {key!r}")
             if not isinstance(entry, dict):
                 raise ValueError(f"{where}: entry needs a 'tactic'")
-            _check_entry(n, k, m, entry.get("us"), where)
+            n, k, m = _check_entry(n, k, m, entry.get("us"), where)
             if m in plan.entries.get((n, k), {}):
                 raise ValueError(f"{where}: a second entry for this N, K and M")
             try:
@@ -200,6 +207,14 @@ def builtin_plan(name: str = "h200") -> DecodePlan:
     return plan_from_json(json.loads(text), f"built-in plan {name!r}")
 
 
+def _check_prepare_ms(ms) -> tuple[int, ...]:
+    """``check_ms``, and at least one M: a prepared weight runs some M."""
+    checked = check_ms(ms)
+    if not checked:
+        raise ValueError(f"ms must name at least one M in 1..{MAX_M}, got {ms!r}")
+    return checked
+
+
 def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1), bias=None, *,
             swiglu: bool = False):
     """``weight`` prepared with the plan's choice for each M in ``ms`` (the
@@ -211,6 +226,10 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
     epilogue, every M on the kernel (:func:`swiglu_tactic`)."""
     from .prepared import _matrix_shape
     n, k = _matrix_shape("weight", weight, "[N, K]")
+    ms = _check_prepare_ms(ms)
+    import torch
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise ValueError(f"bias must be None or a torch.Tensor [N], got {type(bias).__name__}")
     # a weight the kernel cannot take is refused by PreparedWarpSplitK, before any tuning
     from .linear import ineligibility
     plan = resolve_plan(plan, [(n, k)] if ineligibility(weight, bias, ms) is None else [], ms)
@@ -299,7 +318,14 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     ``plan="auto"``: the plan for this GPU (``warpsplitk.plan_cache``), tuning
     first the weights' shapes it lacks and keeping them for the next process."""
     start = time.perf_counter()
-    plan = resolve_plan(plan, [tuple(w.shape) for w in weights.values() if w.dim() == 2], ms,
+    if not isinstance(weights, Mapping):
+        raise ValueError(f"weights must be a mapping {{name: torch.Tensor}}, got "
+                         f"{type(weights).__name__}")
+    from .prepared import _matrix_shape
+    for name, weight in weights.items():
+        _matrix_shape(f"weights[{name!r}]", weight, "[N, K]")
+    ms = _check_prepare_ms(ms)
+    plan = resolve_plan(plan, [tuple(w.shape) for w in weights.values()], ms,
                         progress=progress, jobs=jobs)
     precompile_for(weights.values(), plan, ms, jobs, progress)
     prepared = {}

@@ -15,6 +15,7 @@ The bank-conflict and coverage checks at the bottom read the same functions.
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 
@@ -296,6 +297,23 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
     return stores
 
 
+def _float32(name, value):
+    """``value`` (a NumPy array or scalar, or a torch tensor of any dtype on
+    any device) as a float32 NumPy array."""
+    torch = sys.modules.get("torch")  # not loaded: value is no tensor
+    if torch is not None and isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        # NumPy has no bfloat16 or float8; float32 holds every narrower float
+        # exactly, and float64 goes through NumPy's rounding as an array would
+        if value.dtype.is_floating_point and value.dtype != torch.float64:
+            value = value.float()
+        value = value.resolve_conj().resolve_neg().numpy()
+    elif not isinstance(value, (np.ndarray, np.generic)):
+        raise ValueError(f"{name} must be a NumPy array or a torch.Tensor, "
+                         f"got {type(value).__name__}")
+    return np.asarray(value, dtype=np.float32)
+
+
 def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, round_output=True,
             check_coverage=False) -> np.ndarray:
     """What the kernel writes for ``out = x @ weight.T (+ bias)``, as float32;
@@ -305,10 +323,11 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, rou
 
     ``round_output`` applies the kernel's final BF16 rounding; without it the
     FP32 sums come back (exact for small-integer inputs). Raises if any output
-    element is written twice or not at all.
+    element is written twice or not at all. ``x``, ``weight`` and ``bias``:
+    NumPy arrays or torch tensors (any dtype, any device).
     """
-    x = np.asarray(x, dtype=np.float32)
-    weight = np.asarray(weight, dtype=np.float32)
+    x = _float32("x", x)
+    weight = _float32("weight", weight)
     if x.ndim != 2 or weight.ndim != 2:
         raise ValueError(f"x [M, K] and weight [N, K] must be 2-D, got shapes {x.shape} and "
                          f"{weight.shape}")
@@ -319,7 +338,7 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, rou
     if not 1 <= m <= MAX_M:
         raise ValueError(f"M must be in 1..{MAX_M}, got {m}")
     check_tactic(tactic, n, k, swiglu=swiglu)
-    bias = None if bias is None else np.asarray(bias, dtype=np.float32)
+    bias = None if bias is None else _float32("bias", bias)
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must have shape ({n},), got {bias.shape}")
     columns = n // 2 if swiglu else n

@@ -98,7 +98,13 @@ class DecodeLinear(nn.Module):
 
     def __init__(self, weight, bias=None, plan=None, ms=range(1, MAX_M + 1)):
         super().__init__()
-        _matrix_shape("weight", weight, "[out_features, in_features]")
+        out_features, _ = _matrix_shape("weight", weight, "[out_features, in_features]")
+        if bias is not None and (not isinstance(bias, torch.Tensor)
+                                 or tuple(bias.shape) != (out_features,)):
+            given = (f"shape {tuple(bias.shape)}" if isinstance(bias, torch.Tensor)
+                     else type(bias).__name__)
+            raise ValueError(f"bias must be None or a tensor of shape ({out_features},), "
+                             f"got {given}")
         # A plain tensor becomes a frozen Parameter (an inference module);
         # pass Parameters to share them, gradients included.
         if not isinstance(weight, nn.Parameter):

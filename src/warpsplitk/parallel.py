@@ -45,7 +45,7 @@ from torch import nn
 
 from .decode import check_plan
 from .linear import DecodeLinear, _shape_reason
-from .tactics import MAX_M, check_ms
+from .tactics import MAX_M, _integer, check_ms
 
 # ------------------------------------------------------ NVLink multicast off
 
@@ -121,20 +121,31 @@ def check_backend_multicast(backend, environ=None) -> None:
 # ------------------------------------------------------- sharding arithmetic
 
 
-def check_world(rank: int, world: int) -> None:
-    """ValueError unless ``0 <= rank < world``."""
-    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+def check_world(rank: int, world: int) -> tuple[int, int]:
+    """``(rank, world)`` as ints (any integral type); ValueError unless
+    ``0 <= rank < world``."""
+    world_size = _integer(world)
+    if world_size is None or world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world!r}")
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
-        raise ValueError(f"rank must be in 0..{world - 1} for world size {world}, got {rank!r}")
+    this_rank = _integer(rank)
+    if this_rank is None or not 0 <= this_rank < world_size:
+        raise ValueError(f"rank must be in 0..{world_size - 1} for world size {world_size}, "
+                         f"got {rank!r}")
+    return this_rank, world_size
+
+
+def _positive(what, value) -> int:
+    size = _integer(value)
+    if size is None or size <= 0:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return size
 
 
 def shard_range(size: int, rank: int, world: int, what: str = "size") -> slice:
     """Rank ``rank``'s even share of ``range(size)``: a slice of ``size // world``.
     ValueError when ``world`` does not divide ``size``."""
-    check_world(rank, world)
-    if not isinstance(size, int) or size <= 0:
-        raise ValueError(f"{what} must be a positive integer, got {size!r}")
+    rank, world = check_world(rank, world)
+    size = _positive(what, size)
     if size % world:
         raise ValueError(f"{what}={size} is not divisible by the world size {world}: every "
                          f"rank takes an equal {what}/{world} share")
@@ -144,8 +155,9 @@ def shard_range(size: int, rank: int, world: int, what: str = "size") -> slice:
 
 def kernel_shape_reason(n: int, k: int, ms=range(1, MAX_M + 1)) -> str | None:
     """Why the kernel cannot take an ``[n, k]`` weight for these Ms, or None.
-    The tactic rules decide (``default_tactic``), not a copy of them."""
-    return _shape_reason(n, k, tuple(ms))
+    The tactic rules decide (``default_tactic``), not a copy of them.
+    ``ValueError`` for Ms ``check_ms`` refuses."""
+    return _shape_reason(n, k, check_ms(ms))
 
 
 def _check_shard(mode, n, k, world, shard_n, shard_k, ms):
@@ -191,7 +203,12 @@ def shard_shape(mode: str, n: int, k: int, world: int) -> tuple[int, int]:
 def shard_plan(n: int, k: int, world: int, ms=range(1, MAX_M + 1)) -> dict:
     """``{"column": (N/p, K) or reason, "row": (N, K/p) or reason}``: which splits
     of an ``[n, k]`` weight over ``world`` ranks the kernel can run (a tuple),
-    and why not (a string) for the others."""
+    and why not (a string: ``world`` does not divide the split dimension, or
+    the kernel cannot take the shard) for the others. ``ValueError`` for an N,
+    K or world size that is no positive integer, or Ms ``check_ms`` refuses."""
+    n, k = _positive("N", n), _positive("K", k)
+    _, world = check_world(0, world)
+    ms = check_ms(ms)
     result = {}
     for mode, shard in (("column", column_shard), ("row", row_shard)):
         try:
@@ -223,9 +240,7 @@ def _resolve_group(group, rank, world):
         return g_rank, g_world, str(dist.get_backend(group))
     if group is not None:
         raise ValueError("a process group was given but torch.distributed is not initialized")
-    rank = 0 if rank is None else rank
-    world = 1 if world is None else world
-    check_world(rank, world)
+    rank, world = check_world(0 if rank is None else rank, 1 if world is None else world)
     if world != 1:
         raise ValueError(f"world size {world} needs an initialized torch.distributed "
                          "process group (init_process_group first)")
@@ -297,7 +312,7 @@ class _ParallelDecodeLinear(nn.Module):
     mode = None
 
     def __init__(self, weight_shard, bias, *, group, rank, world, plan, ms, use_kernel,
-                 device, copy):
+                 device):
         super().__init__()
         if not isinstance(weight_shard, torch.Tensor) or weight_shard.dim() != 2:
             raise ValueError("weight shard must be a 2-D tensor [N, K], got "
@@ -326,6 +341,8 @@ class _ParallelDecodeLinear(nn.Module):
         if use_kernel and self.device.type != "cuda":
             raise ValueError(f"use_kernel=True needs a CUDA device, got {self.device}")
         self.use_kernel = bool(use_kernel)
+        # set by _from_slices: copy even where the tensors are usable in place
+        copy = self.__dict__.pop("_copy_shards", False)
         weight = _place(weight_shard, self.device, copy)
         bias = _place(bias, self.device, copy)
         # ms=() prepares nothing: DecodeLinear then always falls back to F.linear
@@ -333,6 +350,15 @@ class _ParallelDecodeLinear(nn.Module):
         if self.use_kernel and self.local.prepared is None:
             raise ValueError(f"{self.mode}-parallel shard on {self.device}: "
                              f"{self.local._unprepared} (use_kernel=False runs F.linear)")
+
+    @classmethod
+    def _from_slices(cls, *args, **kwargs):
+        """``cls(*args, **kwargs)`` for slices of a full weight: copied, so that
+        a shard never keeps the full weight alive."""
+        module = cls.__new__(cls)
+        module.__dict__["_copy_shards"] = True  # read (and dropped) by __init__
+        module.__init__(*args, **kwargs)
+        return module
 
     @property
     def kernel_calls(self) -> int:
@@ -371,9 +397,9 @@ class ColumnParallelDecodeLinear(_ParallelDecodeLinear):
 
     def __init__(self, weight_shard, bias=None, *, group=None, rank=None, world=None,
                  gather_output=False, plan=None, ms=range(1, MAX_M + 1), use_kernel=None,
-                 device=None, _copy=False):
+                 device=None):
         super().__init__(weight_shard, bias, group=group, rank=rank, world=world, plan=plan,
-                         ms=ms, use_kernel=use_kernel, device=device, copy=_copy)
+                         ms=ms, use_kernel=use_kernel, device=device)
         self.gather_output = gather_output
         self.shard_features = self.local.out_features
         self.in_features = self.local.in_features
@@ -393,8 +419,8 @@ class ColumnParallelDecodeLinear(_ParallelDecodeLinear):
         rank, world, _ = _resolve_group(group, rank, world)
         n, k = _full_shape(weight)
         rows = column_shard(n, k, rank, world, ms, check_kernel=kwargs.get("use_kernel") is not False)
-        return cls(weight[rows], None if bias is None else bias[rows], group=group, rank=rank,
-                   world=world, plan=plan, ms=ms, _copy=True, **kwargs)
+        return cls._from_slices(weight[rows], None if bias is None else bias[rows], group=group,
+                                rank=rank, world=world, plan=plan, ms=ms, **kwargs)
 
     @torch.no_grad()
     def forward(self, x, gather_output=None):
@@ -460,15 +486,14 @@ class RowParallelDecodeLinear(_ParallelDecodeLinear):
 
     def __init__(self, weight_shard, bias=None, *, group=None, rank=None, world=None,
                  input_is_parallel=False, plan=None, ms=range(1, MAX_M + 1), use_kernel=None,
-                 device=None, _copy=False):
+                 device=None):
         this_rank, _, _ = _resolve_group(group, rank, world)
         adds_bias = bias is not None and this_rank == self.bias_rank
         if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight_shard.shape[0]):
             raise ValueError(f"row-parallel bias must be the full [N={weight_shard.shape[0]}], "
                              f"got shape {tuple(bias.shape)}")
         super().__init__(weight_shard, bias if adds_bias else None, group=group, rank=rank,
-                         world=world, plan=plan, ms=ms, use_kernel=use_kernel, device=device,
-                         copy=_copy)
+                         world=world, plan=plan, ms=ms, use_kernel=use_kernel, device=device)
         self.adds_bias = adds_bias
         self.input_is_parallel = input_is_parallel
         self.out_features = self.local.out_features
@@ -488,8 +513,8 @@ class RowParallelDecodeLinear(_ParallelDecodeLinear):
         rank, world, _ = _resolve_group(group, rank, world)
         n, k = _full_shape(weight)
         cols = row_shard(n, k, rank, world, ms, check_kernel=kwargs.get("use_kernel") is not False)
-        return cls(weight[:, cols], bias, group=group, rank=rank, world=world, plan=plan, ms=ms,
-                   _copy=True, **kwargs)
+        return cls._from_slices(weight[:, cols], bias, group=group, rank=rank, world=world,
+                                plan=plan, ms=ms, **kwargs)
 
     def local_input(self, x2d):
         """This rank's ``[M, K/p]`` slice of a full ``[M, K]`` x, packed."""

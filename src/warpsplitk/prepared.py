@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .compile import compile_warp_splitk, launcher
-from .tactics import MAX_M, WarpSplitKTactic, check_tactic
+from .tactics import MAX_M, WarpSplitKTactic, _integer, check_tactic
 
 ALIGN_BYTES = 32
 #: The device type a prepared weight lives on (a module constant so that CPU
@@ -97,19 +97,24 @@ def _matrix_shape(name, t, dims):
     return t.shape
 
 
-def _check_tactics(tactics, n, k, swiglu=False):
-    """``ValueError`` unless ``tactics`` maps Ms in 1..32 to tactics legal for
-    an ``[n, k]`` weight (``swiglu``: with the SwiGLU epilogue); no GPU needed."""
+def _check_tactics(tactics, n, k, swiglu=False) -> dict:
+    """``tactics`` keyed by int M, sorted; ``ValueError`` unless it maps Ms in
+    1..32 (any integral type) to tactics legal for an ``[n, k]`` weight
+    (``swiglu``: with the SwiGLU epilogue); no GPU needed."""
     if not isinstance(tactics, Mapping) or not tactics:
         raise ValueError("tactics must be a non-empty mapping {M: WarpSplitKTactic}, got "
                          f"{tactics!r}")
-    for m, tactic in tactics.items():
-        if type(m) is not int or not 1 <= m <= MAX_M:
-            raise ValueError(f"tactics are keyed by M in 1..{MAX_M}, got key {m!r}")
+    checked = {}
+    for key, tactic in tactics.items():
+        m = _integer(key)
+        if m is None or not 1 <= m <= MAX_M:
+            raise ValueError(f"tactics are keyed by M in 1..{MAX_M}, got key {key!r}")
         try:
             check_tactic(tactic, n, k, swiglu=swiglu)
         except ValueError as error:
             raise ValueError(f"tactic for M={m}: {error}") from None
+        checked[m] = tactic
+    return dict(sorted(checked.items()))
 
 
 def _span(t):
@@ -149,7 +154,7 @@ class PreparedWarpSplitK:
             raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
         n, k = weight.shape
         _check_packed("weight", weight, (n, k), weight.device)
-        _check_tactics(tactics, n, k, bool(swiglu))
+        tactics = _check_tactics(tactics, n, k, bool(swiglu))
         if bias is not None:
             _check_packed("bias", bias, (n,), weight.device)
         self.weight = weight
@@ -159,7 +164,7 @@ class PreparedWarpSplitK:
         #: columns of ``out``: N, or I = N / 2 with the SwiGLU epilogue
         self.out_columns = n // 2 if self.swiglu else n
         self.device = weight.device
-        self.tactics = dict(sorted(tactics.items()))
+        self.tactics = tactics
         index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
         has_bias = bias is not None
         by_tactic = {t: compile_warp_splitk(index, n, k, t, has_bias=has_bias, swiglu=self.swiglu)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from dataclasses import dataclass
 
 from . import layout
@@ -259,6 +260,18 @@ class WarpSplitKTactic:
                    prefetch_tiles=prefetch_tiles)
 
 
+def _integer(value, otherwise=None):
+    """``value`` as an int where it is integral (``operator.index``: Python,
+    NumPy and torch integer scalars), else ``otherwise``. A bool is no size."""
+    # torch.tensor(True) indexes as 1
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) == "torch.bool":
+        return otherwise
+    try:
+        return operator.index(value)
+    except TypeError:
+        return otherwise
+
+
 def _member(value, allowed) -> bool:
     """``value`` is one of ``allowed`` and of its type: ``16.0`` or ``True``
     would pass ``in`` (``16.0 == 16``, ``True == 1``) and reach the compiler."""
@@ -269,10 +282,9 @@ def _field_error(name, value, allowed):
     return ValueError(f"warp split-K tactic: {name} must be one of {allowed}, got {value!r}")
 
 
-def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False) -> None:
-    """Raise ``ValueError`` naming the first rule ``tactic`` breaks for an
-    ``[n, k]`` weight (with ``swiglu``: a ``[gate; up]`` weight run with the
-    SwiGLU epilogue, ``n / 2`` outputs)."""
+def _check_values(tactic) -> None:
+    """``ValueError`` unless each field of ``tactic`` holds a value the kernel
+    takes (``check_tactic`` adds the rules of their combinations and the weight's)."""
     if not isinstance(tactic, WarpSplitKTactic):
         raise ValueError(f"expected a WarpSplitKTactic, got {type(tactic).__name__}")
     if not _member(tactic.output_tile, OUTPUT_TILES):
@@ -294,13 +306,23 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = Fal
         raise _field_error("l2_prefetch", tactic.l2_prefetch, L2_PREFETCHES)
     if not _member(tactic.prefetch_tiles, (0,) + PREFETCH_TILES):
         raise _field_error("prefetch_tiles", tactic.prefetch_tiles, (0,) + PREFETCH_TILES)
-    if tactic.prefetch_tiles and not tactic.l2_prefetch:
-        raise ValueError(f"warp split-K tactic: prefetch_tiles {tactic.prefetch_tiles} bounds "
-                         "the L2 prefetch; it needs l2_prefetch True")
     if not _member(tactic.bulk_x, BULK_XS):
         raise _field_error("bulk_x", tactic.bulk_x, BULK_XS)
     if not _member(tactic.tma_x, TMA_XS):
         raise _field_error("tma_x", tactic.tma_x, TMA_XS)
+    if type(tactic.half_tiles) is not int or tactic.half_tiles < 0:
+        raise ValueError(f"warp split-K tactic: half_tiles must be a count >= 0, got "
+                         f"{tactic.half_tiles!r}")
+
+
+def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False) -> None:
+    """Raise ``ValueError`` naming the first rule ``tactic`` breaks for an
+    ``[n, k]`` weight (with ``swiglu``: a ``[gate; up]`` weight run with the
+    SwiGLU epilogue, ``n / 2`` outputs). N and K may be any integral type."""
+    _check_values(tactic)
+    if tactic.prefetch_tiles and not tactic.l2_prefetch:
+        raise ValueError(f"warp split-K tactic: prefetch_tiles {tactic.prefetch_tiles} bounds "
+                         "the L2 prefetch; it needs l2_prefetch True")
     if tactic.tma_x and tactic.bulk_x:
         raise ValueError("warp split-K tactic: tma_x and bulk_x are two ways to copy the "
                          "activations; choose one")
@@ -333,9 +355,8 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = Fal
         raise ValueError(f"warp split-K tactic: output_tile {tactic.output_tile} needs k_tile "
                          f"128 (got k_tile {tactic.k_tile}: the compiled kernel spills or "
                          "holds 150+ registers)")
-    if type(tactic.half_tiles) is not int or tactic.half_tiles < 0:
-        raise ValueError(f"warp split-K tactic: half_tiles must be a count >= 0, got "
-                         f"{tactic.half_tiles!r}")
+    n = _integer(n, n)
+    k = _integer(k, k)
     if tactic.half_tiles:
         if tactic.output_tile not in HALF_TILE_SOURCES:
             raise ValueError(f"warp split-K tactic: half_tiles needs output_tile in "
@@ -345,15 +366,15 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = Fal
             raise ValueError(f"warp split-K tactic: half_tiles is for k_split 1, got "
                              f"{tactic.k_split}")
         half_rows = tactic.half_tiles * (tactic.output_tile // 2)
-        if not isinstance(n, int) or n <= half_rows or (n - half_rows) % tactic.output_tile:
+        if type(n) is not int or n <= half_rows or (n - half_rows) % tactic.output_tile:
             raise ValueError(f"warp split-K: with {tactic.half_tiles} half tiles of "
                              f"{tactic.output_tile // 2} rows, N must be {half_rows} plus a "
                              f"positive multiple of output_tile {tactic.output_tile}, got N={n!r}")
-    elif not isinstance(n, int) or n <= 0 or n % tactic.output_tile:
+    elif type(n) is not int or n <= 0 or n % tactic.output_tile:
         raise ValueError(f"warp split-K: N must be a positive multiple of output_tile "
                          f"{tactic.output_tile}, got N={n!r}")
     _check_below_max_n(n)
-    if not isinstance(k, int) or k <= 0 or k % tactic.k_tile:
+    if type(k) is not int or k <= 0 or k % tactic.k_tile:
         raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
                          f"{tactic.k_tile}, got K={k!r}")
     k_tiles = k // tactic.k_tile
@@ -425,29 +446,33 @@ def legal_tactics(m: int, n: int, k: int, k_splits=(1,), early_launches=(False,)
                   prefetch_tiles=(0,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
     larger than the mma-wide tile needed to cover ``m`` in one tile (a bigger
-    tile only loads zeros); narrow tiles included."""
-    _check_m(m)
+    tile only loads zeros); narrow tiles included. ``ValueError`` for an M,
+    N or K ``default_tactic`` refuses."""
+    m = _check_m(m)
+    n, k = _check_shape(n, k)
     need = min(t for t in MMA_TOKEN_TILES if t >= m)
     return [t for t in all_tactics(k_splits, early_launches, l2_prefetches, bulk_xs, tma_xs,
                                    prefetch_tiles)
             if t.token_tile <= need and is_legal(t, n, k)]
 
 
-def _check_m(m):
-    if type(m) is not int or not 1 <= m <= MAX_M:
-        raise ValueError(f"warp split-K: M must be in 1..{MAX_M}, got {m!r}")
+def _check_m(m) -> int:
+    """``m`` as an int; ``ValueError`` unless it is an integer in 1..32."""
+    value = _integer(m)
+    if value is None or not 1 <= value <= MAX_M:
+        raise ValueError(f"warp split-K: M must be in 1..{MAX_M}, "
+                         f"got {m if value is None else value!r}")
+    return value
 
 
 def check_ms(ms) -> tuple[int, ...]:
-    """``ms``, an iterable of token counts, as a sorted tuple without
+    """``ms``, an iterable of token counts, as a sorted tuple of ints without
     repeats; ``ValueError`` unless each is an integer in 1..32."""
     try:
         items = list(ms)
     except TypeError:
         raise ValueError(f"ms must be an iterable of Ms in 1..{MAX_M}, got {ms!r}") from None
-    for m in items:
-        _check_m(m)
-    return tuple(sorted(set(items)))
+    return tuple(sorted({_check_m(m) for m in items}))
 
 
 # ------------------------------------------------------- occupancy model
@@ -498,9 +523,17 @@ def register_estimate(tactic: WarpSplitKTactic) -> int:
     return -(-measured // 8) * 8
 
 
-@functools.lru_cache(maxsize=65536)  # a pure function of the (frozen) tactic
 def ctas_per_sm(tactic: WarpSplitKTactic) -> int:
-    """CTAs of this tactic one SM holds at once (shared memory, threads, registers)."""
+    """CTAs of this tactic one SM holds at once (shared memory, threads,
+    registers); ``ValueError`` for what is no tactic of the kernel's space."""
+    if not isinstance(tactic, WarpSplitKTactic):  # before the cache: a list is unhashable
+        raise ValueError(f"expected a WarpSplitKTactic, got {type(tactic).__name__}")
+    return _ctas_per_sm(tactic)
+
+
+@functools.lru_cache(maxsize=65536)  # a pure function of the (frozen) tactic
+def _ctas_per_sm(tactic):
+    _check_values(tactic)  # once per distinct tactic: the cache keeps hot loops cheap
     by_smem = SMEM_PER_SM // (tactic.smem_bytes + SMEM_RESERVED_PER_BLOCK)
     by_threads = THREADS_PER_SM // tactic.threads
     by_regs = REGISTERS_PER_SM // (register_estimate(tactic) * tactic.threads)
@@ -548,7 +581,7 @@ def l2_read_factor(tactic: WarpSplitKTactic, m: int) -> float:
     At 1 the weight stream is all there is; at M = 32 with 16-row tiles x
     alone is twice the weight, and L2, not HBM, sets the time.
     """
-    _check_m(m)
+    m = _check_m(m)
     return -(-m // tactic.token_tile) + m / tactic.output_tile
 
 
@@ -580,8 +613,10 @@ def _check_below_max_n(n):
         raise ValueError(f"warp split-K: {_n_bound_refusal(n)}")
 
 
-def _is_size(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+def _size(value):
+    """``value`` as an int where it is a positive integer, else None."""
+    value = _integer(value)
+    return value if value is not None and value > 0 else None
 
 
 def shape_refusal(n, k) -> str | None:
@@ -589,22 +624,26 @@ def shape_refusal(n, k) -> str | None:
     positive multiple of 16 below ``MAX_N``; K a positive multiple of 128 up
     to ``MAX_K_TILES`` tiles of 128, or of 256 up to as many of 256. The one
     statement of these rules: ``default_tactic`` raises it, the model tables
-    and the CLI leave such a weight to cuBLAS with it."""
-    if not _is_size(n) or n % 16:
+    and the CLI leave such a weight to cuBLAS with it. N and K may be any
+    integral type."""
+    n, k = _integer(n, n), _integer(k, k)
+    if _size(n) is None or n % 16:
         return f"N must be a positive multiple of 16, got {n!r}"
     if n >= MAX_N:
         return _n_bound_refusal(n)
-    if (not _is_size(k) or k % 128 or k > MAX_K_TILES * 256
+    if (_size(k) is None or k % 128 or k > MAX_K_TILES * 256
             or (k > MAX_K_TILES * 128 and k % 256)):
         return (f"K must be a positive multiple of 128 up to {MAX_K_TILES * 128}, "
                 f"or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
     return None
 
 
-def _check_shape(n, k):
+def _check_shape(n, k) -> tuple[int, int]:
+    """``(n, k)`` as ints; ``ValueError`` with ``shape_refusal``'s reason."""
     reason = shape_refusal(n, k)
     if reason is not None:
         raise ValueError(f"warp split-K: {reason}")
+    return operator.index(n), operator.index(k)
 
 
 def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
@@ -616,9 +655,9 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
     multiple of 128 up to 64 * 128 (of 256 up to 64 * 256); the same answer
     on every call.
     """
-    _check_m(m)
+    m = _check_m(m)
     sm_count = _sm_count(sm_count)
-    _check_shape(n, k)
+    n, k = _check_shape(n, k)
     from .cost_model import choose_tactic
     return choose_tactic(m, n, k, sm_count)
 
@@ -639,9 +678,9 @@ def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> War
     - stages: the deepest ring that keeps 2 CTAs per SM when the grid
       exceeds the SMs, else the deepest legal one.
     """
-    _check_m(m)
+    m = _check_m(m)
     sm_count = _sm_count(sm_count)
-    _check_shape(n, k)
+    n, k = _check_shape(n, k)
     token_tile = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = -(-m // token_tile)
 
