@@ -368,10 +368,6 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, rou
 BANKS = 32
 
 
-def _banks(byte_address, nbytes):
-    return [(byte_address // 4 + w) % BANKS for w in range(nbytes // 4)]
-
-
 def conflict_free(byte_addresses, nbytes) -> bool:
     """True if one shared-memory wavefront serves all these accesses: the
     words they touch fall in distinct banks (same-word broadcasts aside)."""
