@@ -264,6 +264,14 @@ def soak(projections, replays, check_every):
     return result
 
 
+def soak_failed(result) -> bool:
+    """A soak fails on any output that drifted from the first pass, an error
+    against fp64 of 1e-2 or more, or allocated memory that changed (a replay
+    that allocates, or a leak)."""
+    return bool(result["outputs_differing"] or result["worst_rel_err_vs_fp64"] >= 1e-2
+                or result["memory_allocated_after"] != result["memory_allocated_before"])
+
+
 def digest():
     torch.manual_seed(123)
     h = hashlib.sha256()
@@ -333,7 +341,7 @@ def main():
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f)
-        return 1 if result["outputs_differing"] or result["worst_rel_err_vs_fp64"] >= 1e-2 else 0
+        return 1 if soak_failed(result) else 0
     digest()
     return 0
 

@@ -91,6 +91,7 @@ def test_environment_names_the_versions_and_no_build_variant(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test GPU")
     env = bench._environment()
     assert env["gpu"] == "test GPU" and env["warpsplitk"] == __version__
+    assert env["datasheet_TBps"] == 4.8  # the floors' unit (a GPU the table lacks: the H200's)
     assert env["torch"] == torch.__version__
     assert {"cuda", "python", "date", "cutlass_dsl"} <= set(env)
     assert "build_variant" not in env

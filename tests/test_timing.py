@@ -29,3 +29,11 @@ def test_no_known_gpu_reads_faster_than_the_unknown_gpus_limit():
                                        ("NVIDIA", "gpu"), ("", "gpu")])
 def test_records_are_named_for_the_gpu_model(name, key):
     assert timing.record_name(name) == key
+
+
+def test_floors_are_at_the_datasheet_bandwidth_of_the_gpu():
+    from warpsplitk import timing
+    assert timing.datasheet_tbps("NVIDIA H200") == 4.8
+    assert timing.datasheet_tbps("NVIDIA B200") == 8.0
+    # a GPU the table lacks: the H200's, as a stated assumption
+    assert timing.datasheet_tbps("NVIDIA H20") == timing.DEFAULT_DATASHEET_TBPS == 4.8

@@ -50,8 +50,10 @@ class BenchRow:
 
 def _environment():
     import torch
+    gpu = torch.cuda.get_device_name()
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-           "gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+           "gpu": gpu, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+           "datasheet_TBps": timing.datasheet_tbps(gpu)}  # the floors' unit
     try:
         import importlib.metadata as md
         env["cutlass_dsl"] = md.version("nvidia-cutlass-dsl")
@@ -140,8 +142,7 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     if read_tbps is None:
         read_tbps = timing.measured_read_bandwidth() / 1e12
     env["read_TBps"] = round(read_tbps, 3)
-    sheet = timing.DATASHEET_TBPS.get(torch.cuda.get_device_name(), 4.8)
-    env["datasheet_TBps"] = sheet
+    sheet = env["datasheet_TBps"]
 
     from .decode import CUBLAS, default_choice
 
@@ -223,10 +224,10 @@ class ChainRow:
         return self.cublas_us / self.ours_us
 
 
-def chain_floor_us(first, second, read_tbps):
+def chain_floor_us(first, second, tbps):
     """The HBM floor of one chained pair: both weights read once, in µs."""
     (n1, k1), (n2, k2) = first, second
-    return 2 * (n1 * k1 + n2 * k2) / (read_tbps * 1e12) * 1e6
+    return 2 * (n1 * k1 + n2 * k2) / (tbps * 1e12) * 1e6
 
 
 def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=print, rounds=None):
@@ -240,7 +241,7 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
 
     from .decode import DecodePlan, precompile_for, prepare
     plan = plan if plan is not None else DecodePlan()
-    read_tbps = timing.measured_read_bandwidth() / 1e12
+    sheet = timing.datasheet_tbps(torch.cuda.get_device_name())
     shapes = {shape for pair in pairs for shape in pair}
     precompile_for([torch.empty(n, k, device="cuda", dtype=torch.bfloat16) for n, k in shapes],
                    plan, ms, progress=progress)
@@ -280,7 +281,7 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
             row = ChainRow((n1, k1), (n2, k2), m,
                            f"{_short(p1[0].tactics[m])} -> {_short(p2[0].tactics[m])}",
                            round(2 * ours.median_us, 3), round(2 * cublas.median_us, 3),
-                           round(chain_floor_us((n1, k1), (n2, k2), read_tbps), 3))
+                           round(chain_floor_us((n1, k1), (n2, k2), sheet), 3))
             rows.append(row)
             progress(f"{n1:>5}x{k1:<5} -> {n2:>5}x{k2:<5} M={m:>2} {row.tactics:>34} "
                      f"{row.ours_us:8.2f} {row.cublas_us:8.2f} {row.speedup:6.2f}x "
@@ -356,7 +357,7 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     layer = models.layer_chain(model_name, tp)
     timing.require_cuda("bench_layer")
     steps = [(p["n"], p["k"]) for p in layer]
-    read_tbps = timing.measured_read_bandwidth() / 1e12
+    sheet = timing.datasheet_tbps(torch.cuda.get_device_name())
     takes = {s: shape_refusal(*s) is None for s in steps}
     precompile_for([torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
                     for n, k in steps if takes[(n, k)]], plan, ms, progress=progress)
@@ -425,7 +426,7 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
         per_layer = [round(t.median_us * len(steps), 3) for t in timed]
         tactics = " -> ".join(_short(p.tactics[m]) for p in ours[0])
         row = LayerRow(model_name, tp, m, " -> ".join(f"{n}x{k}" for n, k in steps), tactics,
-                       *per_layer, round(layer_bytes / (read_tbps * 1e12) * 1e6, 3))
+                       *per_layer, round(layer_bytes / (sheet * 1e12) * 1e6, 3))
         rows.append(row)
         progress(f"{model_name} TP{tp} M={m:>2}: ours {row.ours_us:8.2f}  reference "
                  f"{row.reference_us:8.2f}  cuBLAS {row.cublas_us:8.2f} us per layer  "

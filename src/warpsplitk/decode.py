@@ -312,7 +312,7 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     ``PreparedWarpSplitK`` or ``PreparedDecode``, as :func:`prepare`).
 
     The kernels are first compiled ``jobs`` at a time in worker processes
-    (default: one per core but one; see :mod:`warpsplitk.precompile`) into the
+    (default: ``precompile.default_jobs()``) into the
     disk cache, from which each weight's preparation then loads them.
 
     ``plan="auto"``: the plan for this GPU (``warpsplitk.plan_cache``), tuning

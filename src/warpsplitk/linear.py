@@ -375,7 +375,7 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
     also logged at INFO (skips at DEBUG).
 
     The kernels are compiled first, ``jobs`` worker processes at a time
-    (:mod:`warpsplitk.precompile`; default one per core but one), into the
+    (default: ``precompile.default_jobs()``), into the
     disk cache the swapped modules then load from.
 
     ``plan``: a ``DecodePlan``, None (the default (cost model)), or ``"auto"``:

@@ -138,6 +138,15 @@ def time_calls(calls, replays: int = REPLAYS, warmup: int = 2) -> Timing:
 #: Datasheet peak HBM bandwidth in TB/s, by ``torch.cuda.get_device_name()``.
 DATASHEET_TBPS = {"NVIDIA H200": 4.8, "NVIDIA H100 80GB HBM3": 3.35, "NVIDIA H100 PCIe": 2.0,
                   "NVIDIA B200": 8.0, "NVIDIA GB200": 8.0}
+#: The datasheet peak assumed for a GPU not in DATASHEET_TBPS (the H200's).
+DEFAULT_DATASHEET_TBPS = 4.8
+
+
+def datasheet_tbps(gpu: str) -> float:
+    """``gpu``'s (its device name) datasheet HBM bandwidth, TB/s: the floors' unit."""
+    return DATASHEET_TBPS.get(gpu, DEFAULT_DATASHEET_TBPS)
+
+
 #: No HBM beats its datasheet peak by this much (H200: 6.0 TB/s); a call
 #: timed faster than its weight bytes at that rate did not read its weight.
 PLAUSIBLE_MARGIN = 1.25

@@ -23,7 +23,7 @@ Among tactics within ``TOLERANCE`` of the fastest, one already chosen for
 another M of the shape is preferred (``choose_tactics``): fewer distinct
 kernels per shape, a shorter cold start, at no measurable cost. The early
 PDL trigger must win by more than ``TOLERANCE``: it is measured on
-independent calls, and in dependent chains it was up to 16% slower
+independent calls, and some grids were much slower with it
 (docs/design-notes.md), so a tie goes to the late trigger. So must a mixed
 grid: one 1% faster in the tuner was 6% slower in the benchmark's process
 (7168x384 at M = 32), so a tie goes to the uniform grid.
