@@ -218,11 +218,29 @@ def test_same_flag_same_default_everywhere():
         assert args.m == buckets, command
         assert args.shapes is None  # the built-in table
     for command in ("plan", "bench"):
-        assert parser.parse_args([command]).plan == "h200"
+        assert parser.parse_args([command]).plan is None  # the target GPU's built-in plan
     args = parser.parse_args(["compile", "--n", "256", "--k", "1024"])
     assert args.m == 1 and args.arch == "sm_90a" and args.sm_count is None  # --arch's GPU's
     args = parser.parse_args(["plan"])
     assert args.arch == "sm_90a" and args.sm_count is None and args.tbps is None
+
+
+def test_plan_defaults_to_the_built_in_plan_of_the_target_gpu(capsys):
+    """Without --plan, the view takes the plan measured on --arch's GPU (the
+    H200's for sm_90a); no plan was measured on a B200, so sm_100a shows the
+    cost model's choices. bench does the same for the GPU it runs on."""
+    from warpsplitk.plan_cache import builtin_plan_for
+    assert builtin_plan_for("NVIDIA H200", 132) == "h200"
+    assert builtin_plan_for("NVIDIA H200", 114) is None  # another SM count: another model
+    assert builtin_plan_for("NVIDIA B200", 148) is None
+    assert main(["plan", "--no-compile", "--shapes", "4224,7168", "--m", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# tactics from built-in H200 plan (1 of 1 rows")
+    assert main(["plan", "--no-compile", "--arch", "sm_100a", "--shapes", "4224,7168",
+                 "--m", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# tactics from no plan: the default (cost model) (0 of 1 rows")
+    assert _rows(out)[0][-11] == default_tactic(1, 4224, 7168, 148).short()
 
 
 @pytest.mark.parametrize("given, shown", [
@@ -340,15 +358,21 @@ def test_bench_records_its_command_line(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(bench, "run_bench", run_bench)
     monkeypatch.setattr(cli, "_require_gpu", lambda command: None)
+    monkeypatch.setattr(cli, "_device_gpu", lambda: ("NVIDIA H200", 132))
     out = tmp_path / "bench.json"
     argv = ["bench", "--shapes", "768,128", "--m", "1,8", "--json", str(out)]
     assert main(argv) == 0
     env = json.loads(out.read_text())["environment"]
     assert env["command"] == "warpsplitk " + " ".join(argv)
     assert seen["shapes"] == [(768, 128)] and seen["ms"] == [1, 8]
-    assert seen["plan"].entries == builtin_plan("h200").entries  # --plan h200, the default
+    assert seen["plan"].entries == builtin_plan("h200").entries  # the H200's, by default
     assert main(["bench", "--plan", "none", "--shapes", "768,128"]) == 0
     assert isinstance(seen["plan"], DecodePlan) and seen["plan"].entries == {}
+    # on a GPU no built-in plan was measured on, no plan unless one is named
+    monkeypatch.setattr(cli, "_device_gpu", lambda: ("NVIDIA H100 80GB HBM3", 132))
+    assert main(["bench", "--shapes", "768,128"]) == 0 and seen["plan"].entries == {}
+    assert main(["bench", "--plan", "h200", "--shapes", "768,128"]) == 0
+    assert seen["plan"].entries == builtin_plan("h200").entries
 
 
 # ------------------------------------------------------------ plan view

@@ -29,8 +29,9 @@ DEFAULT_M_TEXT = ",".join(map(str, shape_table.DEFAULT_MS))
 M_HELP = (f"Ms in 1..32, e.g. 8, 1,4,8, 1-32 or 1-8,16 (default: the plan's M buckets, "
           f"{DEFAULT_M_TEXT})")
 SHAPES_HELP = "N,K pairs and/or .json shape tables (default: the built-in table)"
-PLAN_HELP = ("'h200': the built-in H200 plan (default); 'none': the default (cost model); "
-             "else a plan JSON file")
+PLAN_HELP = ("'h200': the built-in H200 plan; 'none': the default (cost model); else a plan "
+             "JSON file (default: the built-in plan of the target GPU model, if one was "
+             "measured on it: 'h200' on the H200, else none)")
 
 
 class UsageError(Exception):
@@ -158,13 +159,26 @@ def _resolve_plan(text):
     from .decode import DecodePlan, builtin_plan, load_plan
     try:
         if text == "none":
-            return DecodePlan(), "the default (cost model; --plan none)"
+            return DecodePlan(), "no plan: the default (cost model)"
         if text == "h200":
             return builtin_plan("h200"), "built-in H200 plan"
         return load_plan(text), text
     except ValueError as error:
         raise UsageError(f"argument --plan: {error} (give 'h200', 'none' or a plan JSON file)") \
             from None
+
+
+def _device_gpu() -> tuple[str, int]:
+    """The current CUDA device's (name, SM count): the GPU model a plan is measured on."""
+    import torch
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return properties.name, properties.multi_processor_count
+
+
+def _default_plan(gpu) -> str:
+    """``--plan`` not given: the built-in plan of ``gpu`` (``(name, SMs)``), else 'none'."""
+    from .plan_cache import builtin_plan_for
+    return builtin_plan_for(*gpu) or "none"
 
 
 def _output_folder(flag, path):
@@ -309,7 +323,8 @@ def _cmd_bench(args, argv):
             layer_shape(args.model, args.tp if args.tp is not None else 1)
         except ValueError as error:
             raise UsageError(f"argument --model: {error}") from None
-    plan, _ = _resolve_plan(args.plan)
+    if args.plan is not None:  # refused before any GPU work; else this GPU's, below
+        plan, _ = _resolve_plan(args.plan)
     if args.chain and args.model is not None:
         from . import models
         try:
@@ -326,6 +341,8 @@ def _cmd_bench(args, argv):
         if importlib.util.find_spec("matplotlib") is None:
             raise UsageError("argument --plot: needs matplotlib (pip install 'warpsplitk[plot]')")
     _require_gpu("bench")
+    if args.plan is None:
+        plan, _ = _resolve_plan(_default_plan(_device_gpu()))
     from dataclasses import asdict
 
     from . import bench
@@ -474,7 +491,7 @@ def _progress_line(arch):
 
 def _cmd_plan(args, argv):
     _arch_defaults(args)
-    plan, source = _resolve_plan(args.plan)
+    plan, source = _resolve_plan(args.plan or _default_plan(ARCH_GPUS[args.arch]))
     entries = _shape_entries(args)
     from . import layout
     from .tactics import (
@@ -576,7 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="show tactics, occupancy, registers and the HBM floor per "
                                     "shape and M (no GPU)")
-    p.add_argument("--plan", default="h200", help=PLAN_HELP)
+    p.add_argument("--plan", help=PLAN_HELP)
     p.add_argument("--shapes", nargs="*", help=SHAPES_HELP)
     _model_arguments(p)
     p.add_argument("--m", type=_ms, default=DEFAULT_M_TEXT, help=M_HELP)
@@ -613,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shapes", nargs="*", help=SHAPES_HELP)
     _model_arguments(p)
     p.add_argument("--m", type=_ms, default=DEFAULT_M_TEXT, help=M_HELP)
-    p.add_argument("--plan", default="h200", help=PLAN_HELP)
+    p.add_argument("--plan", help=PLAN_HELP)
     p.add_argument("--json", metavar="PATH",
                    help="write rows and environment (with this command line) here")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot here")

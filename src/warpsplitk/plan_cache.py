@@ -30,6 +30,12 @@ from .tactics import MAX_M
 _BUILTIN_GPUS = {"h200": ("NVIDIA H200", 132)}
 
 
+def builtin_plan_for(name: str, sm_count: int) -> str | None:
+    """The built-in plan measured on this GPU model (``builtin_plan``'s
+    name), or None: a plan is this GPU's only where it was measured on it."""
+    return next((plan for plan, gpu in _BUILTIN_GPUS.items() if gpu == (name, sm_count)), None)
+
+
 def gpu_key(name: str, sm_count: int) -> str:
     """``nvidia-h200-132sm``: a GPU model's plan-file name."""
     slug = re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-") or "gpu"
@@ -136,9 +142,9 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
         gpu = (properties.name, properties.multi_processor_count)
     key = gpu_key(*gpu)
     plan = DecodePlan(meta={"gpu": gpu[0], "sm_count": gpu[1], "source": "auto"})
-    for name in builtin_plans():
-        if _BUILTIN_GPUS.get(name) == tuple(gpu):
-            plan.entries.update(builtin_plan(name).entries)
+    builtin = builtin_plan_for(*gpu)
+    if builtin is not None:
+        plan.entries.update(builtin_plan(builtin).entries)
     for shape, by_m in load(key).entries.items():
         plan.entries.setdefault(shape, {}).update(by_m)
     todo = list(dict.fromkeys((int(n), int(k)) for n, k in shapes
