@@ -235,6 +235,8 @@ def test_module_refusals():
             module(torch.tensor(1.0))
     with pytest.raises(ValueError, match=r"bias must be a tensor of shape \(64,\), got list$"):
         ColumnParallelDecodeLinear(full()[0], [0.0] * 64)
+    with pytest.raises(ValueError, match=r"row-parallel bias must be the full \[N=64\], got list$"):
+        RowParallelDecodeLinear(full()[0], [0.0] * 64)
     with pytest.raises(ValueError, match="the full weight must be a 2-D tensor"):
         ColumnParallelDecodeLinear.from_full_weight(torch.zeros(64), rank=0, world=1)
     with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto', got 'h200'"):

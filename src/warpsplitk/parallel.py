@@ -489,9 +489,12 @@ class RowParallelDecodeLinear(_ParallelDecodeLinear):
                  device=None):
         this_rank, _, _ = _resolve_group(group, rank, world)
         adds_bias = bias is not None and this_rank == self.bias_rank
-        if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight_shard.shape[0]):
+        if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1
+                                 or bias.shape[0] != weight_shard.shape[0]):
+            got = (f"shape {tuple(bias.shape)}" if isinstance(bias, torch.Tensor)
+                   else type(bias).__name__)
             raise ValueError(f"row-parallel bias must be the full [N={weight_shard.shape[0]}], "
-                             f"got shape {tuple(bias.shape)}")
+                             f"got {got}")
         super().__init__(weight_shard, bias if adds_bias else None, group=group, rank=rank,
                          world=world, plan=plan, ms=ms, use_kernel=use_kernel, device=device)
         self.adds_bias = adds_bias
