@@ -282,16 +282,23 @@ def _check_input(x, mode, rank):
                          f"{getattr(x, 'shape', type(x).__name__)}")
 
 
-def _place(t, device, copy):
-    """``t`` on ``device``, packed and 32-byte aligned; a fresh copy when
-    ``copy`` (so a shard never keeps the full weight alive) or when needed."""
+def _place(t, device):
+    """``t`` on ``device``, packed and 32-byte aligned: itself where it is,
+    else a fresh copy (:func:`_copy`)."""
     if t is None:
         return None
     t = t.detach()
-    if (not copy and t.device == device and t.is_contiguous()
-            and t.data_ptr() % 32 == 0):
+    if t.device == device and t.is_contiguous() and t.data_ptr() % 32 == 0:
         return t
-    return torch.empty(t.shape, dtype=t.dtype, device=device).copy_(t)
+    return _copy(t, device)
+
+
+def _copy(t, device):
+    """A fresh packed copy of ``t`` on ``device`` (from_full_weight's slices:
+    a shard never keeps the full weight alive)."""
+    if t is None:
+        return None
+    return torch.empty(t.shape, dtype=t.dtype, device=device).copy_(t.detach())
 
 
 def _all_gather(output, tensor, group):
@@ -341,24 +348,13 @@ class _ParallelDecodeLinear(nn.Module):
         if use_kernel and self.device.type != "cuda":
             raise ValueError(f"use_kernel=True needs a CUDA device, got {self.device}")
         self.use_kernel = bool(use_kernel)
-        # set by _from_slices: copy even where the tensors are usable in place
-        copy = self.__dict__.pop("_copy_shards", False)
-        weight = _place(weight_shard, self.device, copy)
-        bias = _place(bias, self.device, copy)
+        weight = _place(weight_shard, self.device)
+        bias = _place(bias, self.device)
         # ms=() prepares nothing: DecodeLinear then always falls back to F.linear
         self.local = DecodeLinear(weight, bias, plan, self.ms if self.use_kernel else ())
         if self.use_kernel and self.local.prepared is None:
             raise ValueError(f"{self.mode}-parallel shard on {self.device}: "
                              f"{self.local._unprepared} (use_kernel=False runs F.linear)")
-
-    @classmethod
-    def _from_slices(cls, *args, **kwargs):
-        """``cls(*args, **kwargs)`` for slices of a full weight: copied, so that
-        a shard never keeps the full weight alive."""
-        module = cls.__new__(cls)
-        module.__dict__["_copy_shards"] = True  # read (and dropped) by __init__
-        module.__init__(*args, **kwargs)
-        return module
 
     @property
     def kernel_calls(self) -> int:
@@ -416,11 +412,12 @@ class ColumnParallelDecodeLinear(_ParallelDecodeLinear):
                          ms=range(1, MAX_M + 1), bias=None, **kwargs):
         """This rank's shard of a full ``[N, K]`` weight (and ``[N]`` bias), copied
         to the rank's device; rank and world default to the group's."""
-        rank, world, _ = _resolve_group(group, rank, world)
+        rank, world, backend = _resolve_group(group, rank, world)
         n, k = _full_shape(weight)
         rows = column_shard(n, k, rank, world, ms, check_kernel=kwargs.get("use_kernel") is not False)
-        return cls._from_slices(weight[rows], None if bias is None else bias[rows], group=group,
-                                rank=rank, world=world, plan=plan, ms=ms, **kwargs)
+        device = _resolve_device(kwargs.get("device"), weight, backend)
+        return cls(_copy(weight[rows], device), None if bias is None else _copy(bias[rows], device),
+                   group=group, rank=rank, world=world, plan=plan, ms=ms, **kwargs)
 
     @torch.no_grad()
     def forward(self, x, gather_output=None):
@@ -513,11 +510,12 @@ class RowParallelDecodeLinear(_ParallelDecodeLinear):
                          ms=range(1, MAX_M + 1), bias=None, **kwargs):
         """This rank's shard of a full ``[N, K]`` weight, copied packed to the
         rank's device; ``bias`` is the full ``[N]`` (rank 0 adds it)."""
-        rank, world, _ = _resolve_group(group, rank, world)
+        rank, world, backend = _resolve_group(group, rank, world)
         n, k = _full_shape(weight)
         cols = row_shard(n, k, rank, world, ms, check_kernel=kwargs.get("use_kernel") is not False)
-        return cls._from_slices(weight[:, cols], bias, group=group, rank=rank, world=world,
-                                plan=plan, ms=ms, **kwargs)
+        device = _resolve_device(kwargs.get("device"), weight, backend)
+        return cls(_copy(weight[:, cols], device), _copy(bias, device), group=group, rank=rank,
+                   world=world, plan=plan, ms=ms, **kwargs)
 
     def local_input(self, x2d):
         """This rank's ``[M, K/p]`` slice of a full ``[M, K]`` x, packed."""
