@@ -83,26 +83,19 @@ def grid(rows) -> list[str]:
     return out
 
 
-def hbm_floor_us(elements: int, tbps: float) -> float:
-    """The HBM floor of a call: its weights' BF16 bytes at the datasheet's
-    bandwidth ``tbps`` (the one floor of these docs: a call's stream measures
-    above the ``torch.sum`` read bandwidth, never above this)."""
-    return elements * 2 / (tbps * 1e6)
-
-
 def chain_table(rows, tbps: float) -> list[str]:
     """Per chained pair and M: µs per pair, cuBLAS, speedup, share of the floor
-    (the tactics are the plan's, in the tactic table)."""
+    (both weights' bytes at the datasheet bandwidth ``tbps``: the one floor of
+    these docs; the tactics are the plan's, in the tactic table)."""
+    from warpsplitk.bench import chain_floor_us
     out = ["| first → second | M | warpsplitk µs | cuBLAS µs | speedup | % of floor |",
            "|---|---|---|---|---|---|"]
-    def hbm_floor(r):
-        return hbm_floor_us(r["first"][0] * r["first"][1] + r["second"][0] * r["second"][1], tbps)
     for r in rows:
         first = "×".join(str(v) for v in r["first"])
         second = "×".join(str(v) for v in r["second"])
         out.append(f"| {first} → {second} | {r['m']} | {r['ours_us']:.2f} | "
                    f"{r['cublas_us']:.2f} | {r['cublas_us'] / r['ours_us']:.2f}× | "
-                   f"{100 * hbm_floor(r) / r['ours_us']:.0f}% |")
+                   f"{100 * chain_floor_us(r['first'], r['second'], tbps) / r['ours_us']:.0f}% |")
     return out
 
 
@@ -301,21 +294,19 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
 
 def datasheet_tbps(record: dict) -> float:
     """The datasheet HBM bandwidth (TB/s) of the GPU a record ran on: its
-    environment's, else ``timing.DATASHEET_TBPS``'s for the GPU's name."""
-    from warpsplitk.timing import DATASHEET_TBPS
+    environment's, else ``timing.datasheet_tbps`` of the GPU's name."""
+    from warpsplitk.timing import datasheet_tbps as of_gpu
     env = record.get("environment", {})
-    if env.get("datasheet_TBps"):
-        return env["datasheet_TBps"]
-    if env.get("gpu") not in DATASHEET_TBPS:
-        raise SystemExit(f"no datasheet bandwidth for the GPU {env.get('gpu')!r} of a record")
-    return DATASHEET_TBPS[env["gpu"]]
+    return env.get("datasheet_TBps") or of_gpu(env.get("gpu"))
 
 
 def mlp_floor_us(model: str, tp: int, tbps: float) -> float:
-    """The MLP block's HBM floor: its gate/up and down weights (``hbm_floor_us``)."""
+    """The MLP block's HBM floor: its gate/up and down weights' BF16 bytes at
+    the datasheet bandwidth ``tbps``."""
     from warpsplitk import models
-    return hbm_floor_us(sum(p["n"] * p["k"] for p in models.projections(model, tp)
-                            if p["projection"] in ("gate_up", "down")), tbps)
+    weights = sum(p["n"] * p["k"] for p in models.projections(model, tp)
+                  if p["projection"] in ("gate_up", "down"))
+    return weights * 2 / (tbps * 1e6)
 
 
 def layer_path_summary(record: dict) -> dict:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import disk_cache
-from .decode import DecodePlan, builtin_plan, builtin_plans, load_plan
+from .decode import DecodePlan, builtin_plan, load_plan
 from .tactics import MAX_M
 
 #: the built-in plans and the GPU (name, SM count) each was measured on
