@@ -103,10 +103,10 @@ def build_model(args, torch, device):
 
 def load_plan(spec):
     """``--plan`` as the CLI takes it: 'h200', 'none' (None) or a plan file."""
-    from warpsplitk import decode
+    import warpsplitk
     if spec == "none":
         return None
-    return decode.builtin_plan("h200") if spec == "h200" else decode.load_plan(spec)
+    return warpsplitk.builtin_plan("h200") if spec == "h200" else warpsplitk.load_plan(spec)
 
 
 def greedy(torch, model, prompt, steps, forced=None):
@@ -159,8 +159,8 @@ def fp64_error(torch, exact_logits, logits):
 
 def decode_counts(model):
     """Kernel and F.linear calls of the model's DecodeLinears, merged groups included."""
-    from warpsplitk.linear import DecodeLinear
-    from warpsplitk.merge import MergedPart
+    from warpsplitk.nn.linear import DecodeLinear
+    from warpsplitk.nn.merge import MergedPart
     mods = {id(m): m for m in model.modules() if isinstance(m, DecodeLinear)}
     for part in (m for m in model.modules() if isinstance(m, MergedPart)):
         if part.group.linear is not None:
@@ -236,8 +236,8 @@ def make_linear_pass(torch, model, batch, device):
     back to back: what the projections cost without the rest of the step. A
     merged group is one launch (its SwiGLU epilogue included, for an MLP)."""
     from torch import nn
-    from warpsplitk.linear import DecodeLinear
-    from warpsplitk.merge import MergedPart, SwiGLUMLP
+    from warpsplitk.nn.linear import DecodeLinear
+    from warpsplitk.nn.merge import MergedPart, SwiGLUMLP
     calls, groups = [], set()
     for m in model.modules():
         if isinstance(m, SwiGLUMLP) and m.group.swiglu_prepared is not None:
@@ -299,7 +299,7 @@ def main(argv=None):
         from pathlib import Path
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
         import warpsplitk
-    from warpsplitk.linear import patch_model, unpatch
+    from warpsplitk.nn.linear import patch_model, unpatch
 
     notes = []
     try:

@@ -39,7 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from warpsplitk import cost_model, models, neighbours, space, timing, tune  # noqa: E402
+from warpsplitk import models
+from warpsplitk.measure import timing
+from warpsplitk.planning import cost_model, neighbours, space, tune  # noqa: E402
 from warpsplitk.tactics import default_tactic, is_legal, reference_tactic, shape_refusal  # noqa: E402
 
 MS = (1, 4, 8, 16, 32)
@@ -63,7 +65,7 @@ def twin_set(times, m, n, k, sm_count):
              + space.mixed_twins(times, n, k, m, sm_count))
     fastest = sorted((t for t in times if not t.early_launch), key=times.get)[:2]
     found += [dataclasses.replace(t, early_launch=True) for t in fastest]
-    # the option twins of what the default weighs (its pairs: warpsplitk.neighbours)
+    # the option twins of what the default weighs (its pairs: warpsplitk.planning.neighbours)
     parents = [t for t, _ in cost_model.ranked(m, n, k, sm_count)[:3]]
     parents.append(default_tactic(m, n, k, sm_count))
     found += [twin for t in parents for twin_of in neighbours.TWINS.values()
@@ -129,9 +131,9 @@ def provenance(command: str) -> dict:
 def collect(log_path, shapes, budget_s, jobs, listed=None):  # pragma: no cover - needs a GPU
     import torch
 
-    from warpsplitk.compile import device_arch, launcher
-    from warpsplitk.precompile import precompile
-    from warpsplitk.prepared import _stream_handle
+    from warpsplitk.runtime.compile import device_arch, launcher
+    from warpsplitk.runtime.precompile import precompile
+    from warpsplitk.runtime.prepared import _stream_handle
 
     device = torch.cuda.current_device()
     cuda_device = torch.device("cuda", device)

@@ -1,4 +1,4 @@
-"""Fit the cost model (warpsplitk.cost_model) to the measurement records.
+"""Fit the cost model (warpsplitk.planning.cost_model) to the measurement records.
 
     python scripts/fit_cost_model.py            # write src/warpsplitk/data/cost-model-h200.json
     python scripts/fit_cost_model.py --check    # exit 1 if the shipped model is not this fit
@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from warpsplitk import cost_model, models, neighbours, tune  # noqa: E402
+from warpsplitk import models
+from warpsplitk.planning import cost_model, neighbours, tune  # noqa: E402
 from warpsplitk.tactics import WarpSplitKTactic, is_legal, shape_refusal  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -6,7 +6,7 @@
     python3 scripts/gpu_record.py layer-paths JSON_DIR --command CMD --out OUT.json
 
 Each record holds the command, the date, the GPU and the versions
-(``warpsplitk.bench``'s), then the counts: per test module
+(``warpsplitk.measure.bench``'s), then the counts: per test module
 passed/failed/skipped/errors and the failed test ids; per sanitizer tool the
 cases run, the cases wrong, the errors or hazards the tool reported and each
 shard's exit code; for layer chains (``warpsplitk bench --model --chain``
@@ -26,7 +26,7 @@ import xml.etree.ElementTree as ElementTree
 
 
 def environment(command):
-    from warpsplitk.bench import _environment
+    from warpsplitk.measure.bench import _environment
     return {**_environment(), "command": command}
 
 

@@ -87,7 +87,7 @@ def chain_table(rows, tbps: float) -> list[str]:
     """Per chained pair and M: µs per pair, cuBLAS, speedup, share of the floor
     (both weights' bytes at the datasheet bandwidth ``tbps``: the one floor of
     these docs; the tactics are the plan's, in the tactic table)."""
-    from warpsplitk.bench import chain_floor_us
+    from warpsplitk.measure.bench import chain_floor_us
     out = ["| first → second | M | warpsplitk µs | cuBLAS µs | speedup | % of floor |",
            "|---|---|---|---|---|---|"]
     for r in rows:
@@ -212,7 +212,7 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
         "",
         "## Method",
         "",
-        "`src/warpsplitk/timing.py`, shared by `warpsplitk bench` and `warpsplitk tune`:",
+        "`src/warpsplitk/measure/timing.py`, shared by `warpsplitk bench` and `warpsplitk tune`:",
         "calls run back to back in one CUDA graph, each on its own random BF16 copy",
         "of the weight, the copies together at least 3× the L2, so every call reads",
         "its weight from HBM. Each graph is replayed 7 times and the median replay",
@@ -295,7 +295,7 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
 def datasheet_tbps(record: dict) -> float:
     """The datasheet HBM bandwidth (TB/s) of the GPU a record ran on: its
     environment's, else ``timing.datasheet_tbps`` of the GPU's name."""
-    from warpsplitk.timing import datasheet_tbps as of_gpu
+    from warpsplitk.measure.timing import datasheet_tbps as of_gpu
     env = record.get("environment", {})
     return env.get("datasheet_TBps") or of_gpu(env.get("gpu"))
 
@@ -477,8 +477,8 @@ def default_md(held: dict, quick: dict | None, model: dict,
         "## Without a plan: the cost model's default",
         "",
         "`default_tactic` ranks a cell's tactics by the time the cost model",
-        "(`warpsplitk.cost_model`) predicts, then applies the options its nearest measured",
-        "pairs gain from (`warpsplitk.neighbours`) and `+early` where one CTA fills each of",
+        "(`warpsplitk.planning.cost_model`) predicts, then applies the options its nearest measured",
+        "pairs gain from (`warpsplitk.planning.neighbours`) and `+early` where one CTA fills each of",
         "more than half the SMs; `python scripts/fit_cost_model.py` fits it to",
         f"{meta['timings']} timings of {meta['cells']} cells on {meta['shapes']} shapes: "
         + ", ".join(f"`{name}`" for name in meta["inputs"]) + ". "
@@ -613,10 +613,10 @@ def replace_block(text: str, block: str) -> str:
 
 def plot(bench: dict, path: Path):
     try:
-        from warpsplitk.plot import plot_rows
+        from warpsplitk.measure.plot import plot_rows
     except ImportError:
         sys.path.insert(0, str(ROOT / "src"))
-        from warpsplitk.plot import plot_rows
+        from warpsplitk.measure.plot import plot_rows
     plot_rows(bench["rows"], bench.get("environment", {}), str(path))
 
 

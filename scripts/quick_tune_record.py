@@ -37,7 +37,7 @@ START = """
 import json, sys, time
 t0 = time.perf_counter()
 import torch
-from warpsplitk.decode import prepare_model
+from warpsplitk.planning.plans import prepare_model
 shapes = json.loads(sys.argv[1])
 weights = {name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
            for name, (n, k) in shapes.items()}

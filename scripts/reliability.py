@@ -49,7 +49,8 @@ import time
 
 import torch
 
-from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic, layout
+from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic
+from warpsplitk.kernel import layout
 from warpsplitk.tactics import (B_LOADER_WARPS, K_TILES, MAX_STAGES, OUTPUT_TILES, TOKEN_TILES,
                                 is_legal)
 

@@ -20,14 +20,14 @@ run at this world size (others are skipped with the reason), and every M:
 * CUDA only: each of those forwards is captured in a CUDA graph (NCCL calls
   included), replayed with new x values copied into the static input, and
   re-checked;
-* CUDA only: per rank, with the benchmark's method (``warpsplitk.timing``:
+* CUDA only: per rank, with the benchmark's method (``warpsplitk.measure.timing``:
   calls back to back in one graph over weight copies, median of replays):
   the local kernel alone, the collective alone (all-gather or all-reduce of
   the same sizes) and the whole forward.
 
 Rank 0 prints a table and writes ``--json``. Exit status 1 if a check failed.
 ``--tune`` first tunes each rank's shard shapes on its own GPU
-(``warpsplitk.tune``) and writes ``plan-rank{r}.json`` under ``--out``.
+(``warpsplitk.planning.tune``) and writes ``plan-rank{r}.json`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from warpsplitk import shapes as shape_table
-from warpsplitk.parallel import (
+from warpsplitk.nn.parallel import (
     ColumnParallelDecodeLinear,
     RowParallelDecodeLinear,
     _all_gather,
@@ -140,11 +140,11 @@ def table_shapes(args):
 
 
 def get_plan(args, rank, world, table, ms):
-    from warpsplitk.decode import load_plan
+    from warpsplitk.planning.plans import load_plan
     if args.tune:
         if args.device != "cuda":
             sys.exit("--tune needs --device cuda")
-        from warpsplitk.tune import tune
+        from warpsplitk.planning.tune import tune
         shard_shapes = []
         for n, k, _ in table:
             for shard in shard_plan(n, k, world, ms).values():
@@ -193,7 +193,7 @@ def graph_check(forward, static_x, new_x, ref_of):
 
 
 def timed(calls, replays):
-    from warpsplitk import timing
+    from warpsplitk.measure import timing
     return round(timing.time_calls(calls, replays=replays).median_us, 3)
 
 
@@ -257,7 +257,7 @@ def run_case(args, mode, module, copies, n, k, m, rank, world, device, weight, b
             fwd = [lambda c=c: c(x_local, input_is_parallel=True) for c in copies]
             alt = [lambda c=c: c(x, input_is_parallel=False) for c in copies]
             names = ("all_reduce", "forward (x sharded)", "forward (x full)")
-        from warpsplitk import timing
+        from warpsplitk.measure import timing
         weight_bytes = part[0] * part[1] * weight.element_size()
         row["timing"] = {
             "kernel_us": timed([lambda c=c: c.local(x_local) for c in copies], args.replays),
@@ -290,7 +290,7 @@ def build(mode, weight, bias, plan, ms, device, copies_wanted):
 def copies_for(mode, n, k, world, element_size, args, cuda):
     if not cuda or args.no_timing:
         return 1
-    from warpsplitk import timing
+    from warpsplitk.measure import timing
     sn, sk = (n // world, k) if mode == "column" else (n, k // world)
     return max(1, min(args.max_copies, timing.copies_for(sn * sk * element_size)))
 

@@ -37,7 +37,7 @@ def main():
     a line ``FACTS <JSON list of facts>`` (other output of the DSL may surround it)."""
     if "--import-cutlass" in sys.argv:
         import cutlass  # noqa: F401  (as an application that uses the DSL already would)
-    from warpsplitk.compile import compile_for_arch
+    from warpsplitk.runtime.compile import compile_for_arch
     from warpsplitk.tactics import WarpSplitKTactic
     results = []
     for arch, n, k, short, has_bias, *swiglu in json.load(sys.stdin):

@@ -5,8 +5,9 @@ import re
 
 import pytest
 
-from warpsplitk import bench, shapes, timing
-from warpsplitk.plot import main as plot_main
+from warpsplitk import shapes
+from warpsplitk.measure import bench, timing
+from warpsplitk.measure.plot import main as plot_main
 
 
 def test_chain_pairs_chain_and_come_from_the_table():
@@ -45,7 +46,7 @@ def test_json_and_plot(tmp_path):
 
 
 def test_chain_floor_counts_both_weights():
-    from warpsplitk.bench import chain_floor_us
+    from warpsplitk.measure.bench import chain_floor_us
     # 768x7168 then 7168x768: two 11 MB weights, 22 MB at 4.4 TB/s
     assert chain_floor_us((768, 7168), (7168, 768), 4.4) == pytest.approx(2 * 2 * 768 * 7168 / 4.4e6)
     assert chain_floor_us((768, 7168), (7168, 768), 4.4) == pytest.approx(5.005, abs=1e-3)
@@ -87,7 +88,8 @@ def test_environment_names_the_versions_and_no_build_variant(monkeypatch):
     nothing and no ``build_variant`` is recorded)."""
     import torch
 
-    from warpsplitk import __version__, bench
+    from warpsplitk import __version__
+    from warpsplitk.measure import bench
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test GPU")
     env = bench._environment()
     assert env["gpu"] == "test GPU" and env["warpsplitk"] == __version__
@@ -103,7 +105,7 @@ def test_environment_names_the_versions_and_no_build_variant(monkeypatch):
 
 
 def test_rounds_combine_to_the_median_graph():
-    from warpsplitk import timing
+    from warpsplitk.measure import timing
     graphs = [timing.Timing(1.24, 1.23, 1.26, 64), timing.Timing(1.48, 1.47, 1.50, 64),
               timing.Timing(1.47, 1.46, 1.49, 64)]
     combined = timing.combine(graphs)
@@ -141,7 +143,7 @@ def test_rounds_is_an_integer(rounds):
 def test_time_rounds_alternates_and_checks_after_the_first_graph(monkeypatch):
     """Configurations timed round by round; the check runs right after the
     first configuration's first graph, before any other's calls."""
-    from warpsplitk import timing
+    from warpsplitk.measure import timing
     order = []
 
     def fake_time_calls(calls):

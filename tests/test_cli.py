@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from warpsplitk import cli, disk_cache
+from warpsplitk import cli
+from warpsplitk.runtime import disk_cache
 from warpsplitk.cli import main
-from warpsplitk.decode import DecodePlan, builtin_plan
+from warpsplitk.planning.plans import DecodePlan, builtin_plan
 from warpsplitk.tactics import default_tactic
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -229,7 +230,7 @@ def test_plan_defaults_to_the_built_in_plan_of_the_target_gpu(capsys):
     """Without --plan, the view takes the plan measured on --arch's GPU (the
     H200's for sm_90a); no plan was measured on a B200, so sm_100a shows the
     cost model's choices. bench does the same for the GPU it runs on."""
-    from warpsplitk.plan_cache import builtin_plan_for
+    from warpsplitk.planning.plan_cache import builtin_plan_for
     assert builtin_plan_for("NVIDIA H200", 132) == "h200"
     assert builtin_plan_for("NVIDIA H200", 114) is None  # another SM count: another model
     assert builtin_plan_for("NVIDIA B200", 148) is None
@@ -272,7 +273,7 @@ def test_tune_shows_only_what_a_user_needs(capsys):
 
 
 def test_tune_calls_the_tuner_with_its_interface_only(tmp_path, monkeypatch):
-    import warpsplitk.tune as tune_module
+    import warpsplitk.planning.tune as tune_module
     seen = {}
 
     def fake_tune(shapes, ms, **kwargs):
@@ -303,7 +304,7 @@ def test_tune_calls_the_tuner_with_its_interface_only(tmp_path, monkeypatch):
 
 
 def test_tune_from_log_takes_the_gpu_the_log_names(tmp_path, monkeypatch, capsys):
-    import warpsplitk.tune as tune_module
+    import warpsplitk.planning.tune as tune_module
     calls = []
     real_meta = tune_module.plan_meta
 
@@ -333,8 +334,8 @@ def test_tune_from_log_takes_the_gpu_the_log_names(tmp_path, monkeypatch, capsys
 
 
 def test_tune_from_log_rebuilds_a_plan_without_gpu(tmp_path, capsys):
-    from warpsplitk.decode import load_plan
-    from warpsplitk.tune import REPRESENTATIVE_MS
+    from warpsplitk.planning.plans import load_plan
+    from warpsplitk.planning.tune import REPRESENTATIVE_MS
     log, out = tmp_path / "log.jsonl", tmp_path / "plan.json"
     with open(log, "w") as f:
         for m in REPRESENTATIVE_MS:
@@ -347,8 +348,8 @@ def test_tune_from_log_rebuilds_a_plan_without_gpu(tmp_path, capsys):
 
 
 def test_bench_records_its_command_line(tmp_path, monkeypatch, capsys):
-    from warpsplitk import bench
-    from warpsplitk.decode import DecodePlan
+    from warpsplitk.measure import bench
+    from warpsplitk.planning.plans import DecodePlan
     seen = {}
 
     def run_bench(shapes, ms, plan, **kwargs):
@@ -455,7 +456,7 @@ def test_plan_view_compiles_what_the_cache_lacks_and_keeps_it(capsys, monkeypatc
         calls.append((n, k, tactic, arch))
         return {"registers": 42, "spill_bytes": 0, "local_bytes": 0}
 
-    from warpsplitk import precompile
+    from warpsplitk.runtime import precompile
     monkeypatch.setattr(precompile, "precompile_resources",
                         lambda kernels, arch, jobs, progress: progress(1, 1) or {})
     monkeypatch.setattr(disk_cache, "arch_resources", fake_resources)
@@ -526,7 +527,7 @@ def test_tune_log_records_are_checked(changes, words, capsys, tmp_path, no_gpu_n
     _one_error(capsys, "tune", "argument --log", f"{log} line 3: ", *words)
     assert not out.exists()
     # the library's own reading of the log says the same
-    from warpsplitk.tune import plan_from_log
+    from warpsplitk.planning.tune import plan_from_log
     with pytest.raises(ValueError, match=f"^{log} line 3: "):
         plan_from_log(str(log))
     # a record that failed carries no time
@@ -562,14 +563,14 @@ def test_shape_and_m_helpers_refuse_non_text():
                                         ("somewhere/", "a file to write, got 'somewhere/'")])
 def test_an_output_that_cannot_be_written_is_refused_before_compiling(path, words, capsys,
                                                                       monkeypatch):
-    from warpsplitk import compile as compile_module
+    from warpsplitk.runtime import compile as compile_module
     monkeypatch.setattr(compile_module, "compile_for_arch", lambda *a, **k: pytest.fail("compiled"))
     assert main(["compile", "--n", "256", "--k", "1024", "--emit-ptx", path]) == 2
     _one_error(capsys, "compile", "argument --emit-ptx", words)
 
 
 def test_a_file_system_refusal_is_one_line(capsys, monkeypatch):
-    from warpsplitk import plan_cache
+    from warpsplitk.planning import plan_cache
 
     def refuse():
         raise PermissionError(13, "Permission denied", "/cache/plans")

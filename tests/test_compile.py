@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from compile_facts import facts
-from warpsplitk import layout
-from warpsplitk.compile import audit_ptx, compile_for_arch
+from warpsplitk.kernel import layout
+from warpsplitk.runtime.compile import audit_ptx, compile_for_arch
 from warpsplitk.tactics import (
     B_LOADER_WARPS,
     K_TILES,
@@ -272,10 +272,10 @@ def test_cli_compile_error_exit_code():
 
 
 def test_launcher_slots_match_the_compiled_signature():
-    """The fast launch path (warpsplitk.launch) is taken with this DSL: its
+    """The fast launch path (warpsplitk.runtime.launch) is taken with this DSL: its
     argument marshalling is what the launcher writes into its slots."""
-    from warpsplitk.compile import _build
-    from warpsplitk.launch import marshals_as_slots
+    from warpsplitk.runtime.compile import _build
+    from warpsplitk.runtime.launch import marshals_as_slots
     compiled = _build(64, 256, WarpSplitKTactic(16, 8, 128, 2, 1), False, True, "sm_90a")
     assert marshals_as_slots(compiled)
 
@@ -402,7 +402,7 @@ def test_l2_prefetch_asks_for_its_span(text, n, k, span_tiles):
     report = compile_for_arch(n, k, tactic, "sm_90a")
     assert report.audit() == []
     assert report.prefetch_bytes == span_tiles * tactic.k_tile * 2
-    from warpsplitk.compile import prefetch_sizes
+    from warpsplitk.runtime.compile import prefetch_sizes
     assert set(prefetch_sizes(report.ptx)) == {report.prefetch_bytes}
     k_tiles = k // (tactic.k_tile * tactic.k_split)
     wrong = audit_ptx(report.ptx, k_tiles=k_tiles, k_split=tactic.k_split, l2_prefetch=True,
@@ -532,7 +532,7 @@ def test_async_activation_rings_fence_each_refilled_release():
     the audit, with one fence per K tile whose stage a copy refills (none
     for the last ``stages`` tiles, nor for a ring as deep as K); the same
     PTX with the fence taken out is flagged; a cp.async ring has none."""
-    from warpsplitk.compile import release_fence_problems
+    from warpsplitk.runtime.compile import release_fence_problems
     n, k = 7168, 384
     for text, fences in (("16,8,128,2,1+tma", 1), ("16,8,128,2,1+bulk", 1),
                          ("64,8,128,3,1+early+bulk", 0), ("32,8,128,2,1+tma+half40", 2)):
@@ -549,7 +549,7 @@ def test_async_activation_rings_fence_each_refilled_release():
 
 
 def test_release_fence_check_reads_the_order_of_reads_fence_and_release():
-    from warpsplitk.compile import release_fence_problems
+    from warpsplitk.runtime.compile import release_fence_problems
     read = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r5];"
     fence = "fence.proxy.async.shared::cta;"
     release = "mbarrier.arrive.shared::cta.b64 _, [%r6];"
@@ -585,10 +585,10 @@ def test_release_fence_check_reads_the_order_of_reads_fence_and_release():
 #: these on purpose (with the GPU tests, the sanitizer and a benchmark of the
 #: affected cells on the GPU). Tied to the pinned CuTe DSL 4.8.1.
 SHIPPED_PTX = {
-    ("16,8,128,1,1+early+bulk", 768, 128): "632672243396d9be",
-    ("32,1,256,8,1+early", 2048, 2048): "0da5dc54e8886f32",
-    ("32,8,256,10,1,2+early+prefetch2", 2112, 7168): "4c435af67877320f",
-    ("32,32,256,7,1+early+prefetch4+tma+half100", 2624, 6144): "b0471df4eeb99d61",
+    ("16,8,128,1,1+early+bulk", 768, 128): "abd5c37faf7060a7",
+    ("32,1,256,8,1+early", 2048, 2048): "ee6df5467e80e070",
+    ("32,8,256,10,1,2+early+prefetch2", 2112, 7168): "95c6cb92c9cb3002",
+    ("32,32,256,7,1+early+prefetch4+tma+half100", 2624, 6144): "c999d6a0f333bbca",
 }
 
 

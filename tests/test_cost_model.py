@@ -1,4 +1,4 @@
-"""The cost model (warpsplitk.cost_model): features, the fit, the shipped
+"""The cost model (warpsplitk.planning.cost_model): features, the fit, the shipped
 coefficients against the records they are fitted to, and the choices made
 from them. CPU only."""
 
@@ -10,8 +10,9 @@ import random
 import pytest
 
 from script_loader import load_script
-from warpsplitk import cost_model, models, neighbours
-from warpsplitk.decode import CUBLAS, default_choice
+from warpsplitk import models
+from warpsplitk.planning import cost_model, neighbours
+from warpsplitk.planning.plans import CUBLAS, default_choice
 from warpsplitk.tactics import WarpSplitKTactic as T
 from warpsplitk.tactics import check_tactic, ctas_per_sm, default_tactic, reference_tactic
 

@@ -1,4 +1,4 @@
-"""Plan entries that run cuBLAS (decode.CUBLAS): plans, prepare, PreparedDecode, the plan view (CPU)."""
+"""Plan entries that run cuBLAS (plans.CUBLAS): plans, prepare, PreparedDecode, the plan view (CPU)."""
 
 import json
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from warpsplitk import prepared as prepared_module
+from warpsplitk.runtime import prepared as prepared_module
 from warpsplitk.cli import main
-from warpsplitk.decode import CUBLAS, DecodePlan, load_plan, plan_from_json, prepare
-from warpsplitk.prepared import PreparedDecode
+from warpsplitk.planning.plans import CUBLAS, DecodePlan, load_plan, plan_from_json, prepare
+from warpsplitk.runtime.prepared import PreparedDecode
 from warpsplitk.tactics import WarpSplitKTactic
 
 N, K = 256, 512
@@ -143,7 +143,7 @@ def _log(path, records):
 
 
 def test_plan_from_log_takes_cublas_only_where_it_wins_by_the_margin(tmp_path):
-    from warpsplitk.tune import REPRESENTATIVE_MS, plan_from_log
+    from warpsplitk.planning.tune import REPRESENTATIVE_MS, plan_from_log
     a = "16,8,256,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
     records += [(1024, 4096, 1, "cublas", 5.5),    # slower: the kernel stays
@@ -162,7 +162,7 @@ def test_plan_from_log_takes_cublas_only_where_it_wins_by_the_margin(tmp_path):
 
 
 def test_cublas_records_are_current_and_never_stale():
-    from warpsplitk.tune import _current, _log_key, is_stale, prefer_cublas
+    from warpsplitk.planning.tune import _current, _log_key, is_stale, prefer_cublas
     rec = {"tactic": "cublas", "n": 1, "k": 1, "m": 1, "rev": 1}
     assert _current(rec) and not is_stale(rec)
     assert _log_key(4096, 4096, 8, CUBLAS) == "4096,4096,8,cublas"

@@ -1,4 +1,4 @@
-"""The on-disk cache of compiled kernels (warpsplitk.disk_cache), on a CPU.
+"""The on-disk cache of compiled kernels (warpsplitk.runtime.disk_cache), on a CPU.
 
 Kernels are compiled for sm_90a without a GPU, exported, and loaded back;
 the GPU test of the loaded code is in test_gpu_reliability.py.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from warpsplitk import disk_cache
+from warpsplitk.runtime import disk_cache
 from warpsplitk.tactics import WarpSplitKTactic
 
 if importlib.util.find_spec("cutlass") is None:
@@ -35,7 +35,7 @@ def cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def compiled():
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    from warpsplitk.compile import _build
+    from warpsplitk.runtime.compile import _build
     return _build(N, K, TACTIC, False, True, "sm_90a")
 
 
@@ -81,9 +81,10 @@ def test_key_follows_versions_and_sources(monkeypatch):
 
 
 def test_sources_cover_the_kernel_modules():
-    here = Path(disk_cache.__file__).parent
-    assert all((here / name).is_file() for name in disk_cache._SOURCES)
-    assert {"kernel.py", "layout.py", "ptx.py"} <= set(disk_cache._SOURCES)
+    package = Path(disk_cache.__file__).parents[1]
+    assert all((package / name).is_file() for name in disk_cache._SOURCES)
+    kernel = {f"kernel/{p.name}" for p in (package / "kernel").glob("*.py")}
+    assert kernel - {"kernel/__init__.py", "kernel/emulator.py"} <= set(disk_cache._SOURCES)
 
 
 def test_default_folder(monkeypatch, tmp_path):
@@ -93,8 +94,8 @@ def test_default_folder(monkeypatch, tmp_path):
 
 
 def test_round_trip_keeps_the_cubin(cache, compiled):
-    from warpsplitk.compile import compile_for_arch
-    from warpsplitk.launch import marshals_as_slots
+    from warpsplitk.runtime.compile import compile_for_arch
+    from warpsplitk.runtime.launch import marshals_as_slots
     stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
     assert disk_cache.load(stem) is None
     path = disk_cache.store(stem, compiled)
@@ -154,7 +155,7 @@ def test_compile_cached_compiles_once_across_processes(cache, compiled, monkeypa
 
     import torch
 
-    from warpsplitk import compile as compile_module
+    from warpsplitk.runtime import compile as compile_module
     builds = []
     real_build = compile_module._build
 
@@ -184,9 +185,9 @@ def test_another_process_loads_without_compiling(cache, compiled):
     stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
     disk_cache.store(stem, compiled)
     probe = (
-        "import sys, warpsplitk.compile as c\n"
-        "from warpsplitk import disk_cache\n"
-        "from warpsplitk.launch import marshals_as_slots\n"
+        "import sys, warpsplitk.runtime.compile as c\n"
+        "from warpsplitk.runtime import disk_cache\n"
+        "from warpsplitk.runtime.launch import marshals_as_slots\n"
         "c._build = lambda *a, **k: sys.exit('compiled instead of loading')\n"
         f"f = disk_cache.load({stem!r})\n"
         "print(type(f).__name__, marshals_as_slots(f))\n"
@@ -258,7 +259,7 @@ def test_prune_removes_kernels_of_other_versions_or_sources(cache, compiled, mon
 
 
 def test_resources_miss_compiles_and_stores(cache, monkeypatch):
-    from warpsplitk import compile as compile_module
+    from warpsplitk.runtime import compile as compile_module
     calls = []
     real = compile_module.compile_for_arch
 
@@ -286,7 +287,7 @@ def test_resources_hit_without_importing_the_dsl(cache):
     disk_cache.store_resources(stem, {"registers": 77, "spill_bytes": 8, "local_bytes": 16})
     probe = (
         "import sys\n"
-        "from warpsplitk import disk_cache\n"
+        "from warpsplitk.runtime import disk_cache\n"
         "from warpsplitk.tactics import WarpSplitKTactic\n"
         f"found = disk_cache.arch_resources({N}, {K}, WarpSplitKTactic.parse({TACTIC.short()!r}))\n"
         "print(found['registers'], found['spill_bytes'], 'cutlass' in sys.modules, "
@@ -300,7 +301,7 @@ def test_resources_hit_without_importing_the_dsl(cache):
 
 
 def test_resources_switched_off(cache, monkeypatch):
-    from warpsplitk import compile as compile_module
+    from warpsplitk.runtime import compile as compile_module
     calls = []
 
     class Report:
@@ -314,7 +315,7 @@ def test_resources_switched_off(cache, monkeypatch):
     assert disk_cache.arch_resources(N, K, TACTIC)["registers"] == 40
     assert len(calls) == 2 and not cache.exists()
     assert disk_cache.store_resources(stem, {"registers": 1}) is None
-    from warpsplitk.precompile import precompile_resources
+    from warpsplitk.runtime.precompile import precompile_resources
     assert precompile_resources([(N, K, TACTIC, False, True)]) == {} and len(calls) == 2
     monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "1")
     disk_cache.store_resources(stem, {"registers": 50, "spill_bytes": 0, "local_bytes": 0})
@@ -357,10 +358,10 @@ def test_resources_of_another_version_or_unreadable_are_not_used(cache, monkeypa
 def test_precompile_resources_in_worker_processes(cache):
     """Two kernels the cache lacks, compiled by two workers into it; the
     records are those compiling in-process gives."""
-    from warpsplitk.compile import compile_for_arch
+    from warpsplitk.runtime.compile import compile_for_arch
     other = WarpSplitKTactic(16, 8, 128, 3, 1)
     seen = []
-    from warpsplitk.precompile import precompile_resources
+    from warpsplitk.runtime.precompile import precompile_resources
     failures = precompile_resources(
         [(N, K, TACTIC, False, True), (N, K, other, False, True), (N, K, TACTIC, False, True)],
         "sm_90a", jobs=2, progress=lambda done, total: seen.append((done, total)))

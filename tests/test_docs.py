@@ -97,7 +97,7 @@ def test_records_measured_what_the_package_chooses_today():
     it touches are measured again (scripts/gpu_check.sh)."""
     from warpsplitk import builtin_plan
     from warpsplitk.tactics import shape_refusal
-    from warpsplitk.decode import default_choice
+    from warpsplitk.planning.plans import default_choice
     stale = []
     held = json.loads((RESULTS / "h200-bench-heldout.json").read_text())["rows"]
     assert held and all(r["source"] == "default" for r in held)
@@ -112,3 +112,44 @@ def test_records_measured_what_the_package_chooses_today():
         if now != r["tactics"]:
             stale.append(r)
     assert stale == []
+
+
+def test_architecture_lists_every_module():
+    """docs/ARCHITECTURE.md's module table names each module of the package
+    by its path, and nothing that is not there."""
+    package = ROOT / "src" / "warpsplitk"
+    modules = {p.relative_to(package).as_posix() for p in package.rglob("*.py")
+               if p.name != "__init__.py"}
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    table = text[text.index("## Modules"):text.index("## The kernel")]
+    named = set()
+    for row in table.splitlines():
+        if row.startswith("| `"):
+            named |= set(re.findall(r"`([\w/]+\.py)`", row.split(" | ")[0]))
+    assert named == modules
+
+
+def test_docs_code_imports_resolve():
+    """Every ``import`` of warpsplitk in the docs' Python blocks names a module
+    and an attribute that exist."""
+    import ast
+    import importlib
+    count, missing = 0, []
+    for path in docs():
+        for block in re.findall(r"```python\n(.*?)```", path.read_text(), re.DOTALL):
+            for node in ast.walk(ast.parse(block)):
+                if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "warpsplitk":
+                    module = importlib.import_module(node.module)
+                    for alias in node.names:
+                        count += 1
+                        if not hasattr(module, alias.name):
+                            try:
+                                importlib.import_module(f"{node.module}.{alias.name}")
+                            except ImportError:
+                                missing.append(f"{path.name}: {node.module}.{alias.name}")
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.split(".")[0] == "warpsplitk":
+                            count += 1
+                            importlib.import_module(alias.name)
+    assert count > 5 and missing == []

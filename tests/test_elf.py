@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from warpsplitk import elf
+from warpsplitk.runtime import elf
 from warpsplitk.tactics import WarpSplitKTactic
 
 
@@ -70,7 +70,7 @@ def test_rejects_non_elf64(blob):
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL")
 def test_read_resources_of_a_compiled_cubin():
-    from warpsplitk.compile import compile_for_arch
+    from warpsplitk.runtime.compile import compile_for_arch
     report = compile_for_arch(256, 512, WarpSplitKTactic(32, 16, 128, 2, 2), "sm_90a")
     assert report.cubin[:4] == b"\x7fELF"
     registers, frame, stack = elf.read_resources(report.cubin)

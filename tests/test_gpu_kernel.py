@@ -23,8 +23,8 @@ def _default_tactics_compiled():
     """Every default tactic the module runs, compiled first in parallel (a
     process per core) into the disk cache: one by one, compiling is most of
     the module's time."""
-    from warpsplitk.compile import device_arch
-    from warpsplitk.precompile import precompile
+    from warpsplitk.runtime.compile import device_arch
+    from warpsplitk.runtime.precompile import precompile
     kernels = {(n, k, default_tactic(m, n, k), False, True) for n, k in SHAPES for m in MS}
     precompile(sorted(kernels), device_arch(torch.cuda.current_device()))
 
@@ -227,7 +227,7 @@ def test_bulk_activations_and_l2_prefetch(text, n, k):
 def test_reduction_buffer_over_the_rings(text, n, k):
     """A ring too deep for its own reduction buffer beside it gets the buffer
     laid over the rings (layout.smem_plan): every M, bias, graph."""
-    from warpsplitk import layout
+    from warpsplitk.kernel import layout
     tactic = WarpSplitKTactic.parse(text)
     t = tactic
     assert layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,

@@ -6,8 +6,8 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F
 from torch import nn
 
-from warpsplitk import ops
-from warpsplitk.linear import DecodeLinear, patch_model, unpatch
+from warpsplitk.nn import ops
+from warpsplitk.nn.linear import DecodeLinear, patch_model, unpatch
 
 pytestmark = pytest.mark.gpu
 
@@ -100,11 +100,11 @@ def test_cuda_graph_capture():
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_plan_with_cublas_entries_mixes_both_paths_in_one_graph(bias):
-    """A plan that runs M = 8 on cuBLAS (decode.CUBLAS) and M = 1, 32 on the
+    """A plan that runs M = 8 on cuBLAS (plans.CUBLAS) and M = 1, 32 on the
     kernel: DecodeLinear prepares a PreparedDecode; every M matches fp64,
     eagerly and replayed from one CUDA graph holding both paths."""
-    from warpsplitk.decode import CUBLAS, DecodePlan
-    from warpsplitk.prepared import PreparedDecode
+    from warpsplitk.planning.plans import CUBLAS, DecodePlan
+    from warpsplitk.runtime.prepared import PreparedDecode
     from warpsplitk.tactics import default_tactic
     plan = DecodePlan()
     plan.set(N, K, 1, default_tactic(1, N, K))

@@ -5,8 +5,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from warpsplitk.linear import patch_model, unpatch  # noqa: E402
-from warpsplitk.merge import merge_linears  # noqa: E402
+from warpsplitk.nn.linear import patch_model, unpatch  # noqa: E402
+from warpsplitk.nn.merge import merge_linears  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -88,7 +88,7 @@ def test_llama_mlp_runs_the_swiglu_epilogue_in_a_graph():
     """patch_model(merge=True): a Llama MLP's gate/up run as one launch with
     the SwiGLU epilogue (down reads its output), against float64, eagerly
     and captured in a CUDA graph."""
-    from warpsplitk.merge import SwiGLUMLP
+    from warpsplitk.nn.merge import SwiGLUMLP
     model = cuda_llama(layers=1)
     mlp = model.model.layers[0].mlp
     w_gate, w_up, w_down = (mlp.gate_proj.weight.double(), mlp.up_proj.weight.double(),

@@ -16,10 +16,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import warpsplitk.compile as compile_module  # noqa: E402
-import warpsplitk.prepared as prepared_module  # noqa: E402
+import warpsplitk.runtime.compile as compile_module  # noqa: E402
+import warpsplitk.runtime.prepared as prepared_module  # noqa: E402
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic  # noqa: E402
-from warpsplitk.compile import compile_warp_splitk  # noqa: E402
+from warpsplitk.runtime.compile import compile_warp_splitk  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -667,7 +667,7 @@ def test_weight_on_explicit_cuda0_keys_its_code_to_device_0():
 
 _DISK_PROBE = """
 import hashlib, json, sys, torch
-import warpsplitk.compile as c
+import warpsplitk.runtime.compile as c
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, disk_cache
 builds = []
 real = c._build

@@ -26,8 +26,8 @@ FAMILY_SHAPE = (2 * 1792, 4096)
 def _kernels_compiled():
     """Every kernel the module runs, compiled first in parallel into the
     disk cache (one by one, compiling is most of the module's time)."""
-    from warpsplitk.compile import device_arch
-    from warpsplitk.precompile import precompile
+    from warpsplitk.runtime.compile import device_arch
+    from warpsplitk.runtime.precompile import precompile
     kernels = {(n, k, t, bias, True, True) for n, k in SHAPES for t in tactics_for(n, k).values()
                for bias in (False, True)}
     kernels |= {(*FAMILY_SHAPE, WarpSplitKTactic.parse(text), True, True, True)
@@ -124,7 +124,7 @@ def test_refuses_a_mixed_grid_and_a_full_width_output():
 def test_layer_path_benchmark_runs_checked():
     """bench --layer on a small model: every path checked against float64
     (it raises otherwise), and each timed."""
-    from warpsplitk.layer_bench import bench_layer_path
+    from warpsplitk.measure.layer_bench import bench_layer_path
     rows = bench_layer_path("llama-3.2-1b", 1, ms=(1, 8), rounds=1, progress=lambda line: None)
     assert [r.m for r in rows] == [1, 8]
     for r in rows:

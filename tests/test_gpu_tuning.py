@@ -6,10 +6,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from warpsplitk import bench, cost_model  # noqa: E402
-from warpsplitk.decode import CUBLAS, DecodePlan, default_choice, prepare  # noqa: E402
+from warpsplitk.measure import bench
+from warpsplitk.planning import cost_model  # noqa: E402
+from warpsplitk.planning.plans import CUBLAS, DecodePlan, default_choice, prepare  # noqa: E402
 from warpsplitk.tactics import check_tactic  # noqa: E402
-from warpsplitk.tune import tune  # noqa: E402
+from warpsplitk.planning.tune import tune  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

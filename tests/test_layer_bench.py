@@ -1,11 +1,11 @@
-"""The decode-layer path benchmark (warpsplitk.layer_bench, bench --layer):
+"""The decode-layer path benchmark (warpsplitk.measure.layer_bench, bench --layer):
 the sizes it takes from the model table, what it refuses, its CLI errors.
 CPU only;
 the timing itself runs on a GPU (tests/test_gpu_swiglu.py runs it once)."""
 
 import pytest
 
-from warpsplitk import layer_bench
+from warpsplitk.measure import layer_bench
 
 
 def test_sizes_of_a_llama_layer_and_its_tp_shard():

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from warpsplitk import layout
+from warpsplitk.kernel import layout
 from warpsplitk.tactics import OUTPUT_TILES, TOKEN_TILES, all_tactics
 
 ROWS = sorted(set(OUTPUT_TILES) | set(TOKEN_TILES))  # rows of a ring stage
@@ -336,7 +336,7 @@ def test_ring_simulation_catches_a_wrong_parity():
 
 # ------------------------------------------- the cluster protocol (k_split 2)
 #
-# kernel.py's program order for k_split > 1, per thread role, as events.
+# warp_splitk.py's program order for k_split > 1, per thread role, as events.
 # Shipped ("mbarrier"):
 #   all threads: arrive (relaxed) on cluster barrier phase 0 after setup
 #            (CTA 0's thread 0 has initialised its partials mbarrier and

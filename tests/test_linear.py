@@ -15,8 +15,9 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F
 from torch import nn
 
-from warpsplitk import decode, linear, ops
-from warpsplitk.linear import DecodeLinear, PatchReport, patch_model, unpatch
+from warpsplitk.nn import linear, ops
+from warpsplitk.planning import plans
+from warpsplitk.nn.linear import DecodeLinear, PatchReport, patch_model, unpatch
 
 from fakes import FakePrepared  # noqa: E402
 
@@ -31,7 +32,7 @@ def meta_kernel(monkeypatch):
         return FakePrepared(weight, plan, ms, bias)
 
     monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "meta")
-    monkeypatch.setattr(decode, "prepare", fake_prepare)
+    monkeypatch.setattr(plans, "prepare", fake_prepare)
     torch._dynamo.reset()
     yield calls
     torch._dynamo.reset()
@@ -318,7 +319,7 @@ def test_constructor_refusals():
     for plan in ("h200", 123, {}):
         with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto', got "):
             DecodeLinear(weight, plan=plan)
-    from warpsplitk.merge import merge_linears
+    from warpsplitk.nn.merge import merge_linears
     with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto', got 'bogus'"):
         merge_linears([nn.Linear(256, 64), nn.Linear(256, 64)], plan="bogus")
     with pytest.raises(ValueError, match=r"M must be in 1\.\.32, got 33$"):

@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from warpsplitk import decode, linear  # noqa: E402
+from warpsplitk.nn import linear
+from warpsplitk.planning import plans  # noqa: E402
 
 from fakes import FakePrepared  # noqa: E402
 
@@ -31,7 +32,7 @@ def load_example():
 
 def test_example_patches_generates_and_agrees(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(decode, "prepare",
+    monkeypatch.setattr(plans, "prepare",
                         lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
                         FakePrepared(weight, plan, ms, bias, swiglu))
     out = tmp_path / "llama.json"

@@ -1,4 +1,4 @@
-"""Merged projections (warpsplitk.merge) and patch_model(merge=True), on the CPU."""
+"""Merged projections (warpsplitk.nn.merge) and patch_model(merge=True), on the CPU."""
 
 import pytest
 
@@ -6,8 +6,8 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from warpsplitk.linear import patch_model, unpatch  # noqa: E402
-from warpsplitk.merge import MergedPart, merge_linears, merge_refusal  # noqa: E402
+from warpsplitk.nn.linear import patch_model, unpatch  # noqa: E402
+from warpsplitk.nn.merge import MergedPart, merge_linears, merge_refusal  # noqa: E402
 
 
 def same_storage(a, b):
@@ -151,7 +151,7 @@ def test_refusals_of_what_is_no_model_or_no_swiglu_mlp():
     for call in (patch_model, unpatch):
         with pytest.raises(ValueError, match="^model must be a torch.nn.Module, got NoneType$"):
             call(None)
-    from warpsplitk.merge import SwiGLUMLP
+    from warpsplitk.nn.merge import SwiGLUMLP
     mlp = tiny_llama().model.layers[0].mlp  # gate and up not merged
     with pytest.raises(ValueError, match="SwiGLUMLP wraps .*: gate_proj and up_proj are not one "
                                          "merged group in that order$"):
@@ -220,7 +220,7 @@ def test_llama_mlps_run_with_the_swiglu_epilogue_or_as_before():
     one merged weight with the SwiGLU epilogue): the same submodules and
     state-dict keys; on a CPU (no kernel) the MLP's own computation, so the
     logits are identical; unpatch puts the original MLP objects back."""
-    from warpsplitk.merge import SwiGLUMLP, swiglu_refusal
+    from warpsplitk.nn.merge import SwiGLUMLP, swiglu_refusal
     model = tiny_llama()
     originals = [layer.mlp for layer in model.model.layers]
     ids = torch.tensor([[1, 5, 9, 2]])
@@ -258,9 +258,10 @@ def test_swiglu_output_runs_where_the_merged_linear_would_and_nowhere_else(monke
     would take the kernel (a stand-in for it on the CPU) and returns
     silu(gate(x)) * up(x); elsewhere None, and the MLP runs as before."""
     from fakes import FakePrepared
-    from warpsplitk import decode, linear
+    from warpsplitk.nn import linear
+    from warpsplitk.planning import plans
     monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(decode, "prepare",
+    monkeypatch.setattr(plans, "prepare",
                         lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
                         FakePrepared(weight, plan, ms, bias, swiglu))
     transformers = pytest.importorskip("transformers")
@@ -294,9 +295,10 @@ def cpu_ops(monkeypatch):
     ops get CPU implementations that are their CUDA ones (handle lookup,
     weight checks, then the stand-in's run)."""
     from fakes import FakePrepared
-    from warpsplitk import decode, linear, ops
+    from warpsplitk.nn import linear, ops
+    from warpsplitk.planning import plans
     monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(decode, "prepare",
+    monkeypatch.setattr(plans, "prepare",
                         lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
                         FakePrepared(weight, plan, ms, bias, swiglu))
     lib = torch.library.Library("warpsplitk", "IMPL")
@@ -368,7 +370,7 @@ def test_compiled_merged_group_recompiles_when_a_part_is_replaced(cpu_ops):
 
 def test_swiglu_op_checks_its_handle_and_weight(cpu_ops):
     from fakes import FakePrepared
-    from warpsplitk import ops
+    from warpsplitk.nn import ops
     weight = torch.randn(64, 128, dtype=torch.bfloat16)
     fused, plain = FakePrepared(weight, swiglu=True), FakePrepared(weight)
     x = torch.randn(4, 128, dtype=torch.bfloat16)
@@ -392,7 +394,7 @@ def test_swiglu_op_backward_matches_autograd(cpu_ops, with_bias):
     """The op's backward (the kernel is forward-only) against autograd through
     silu(x W_gate^T + b_gate) * (x W_up^T + b_up), in float64."""
     from fakes import FakePrepared
-    from warpsplitk import ops
+    from warpsplitk.nn import ops
     torch.manual_seed(0)
     x = torch.randn(3, 16, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
@@ -420,10 +422,11 @@ def test_a_copy_of_a_merged_model_is_merged_in_storage_of_its_own(how, monkeypat
     import copy
     import pickle
 
-    from warpsplitk import decode, linear
+    from warpsplitk.nn import linear
+    from warpsplitk.planning import plans
     from fakes import FakePrepared
     monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(decode, "prepare", lambda weight, plan=None, ms=range(1, 33), bias=None:
+    monkeypatch.setattr(plans, "prepare", lambda weight, plan=None, ms=range(1, 33), bias=None:
                         FakePrepared(weight, plan, ms, bias))
     torch.manual_seed(0)
     holder = nn.Module()

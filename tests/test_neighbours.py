@@ -1,4 +1,4 @@
-"""Option effects read off the nearest measured pairs (warpsplitk.neighbours):
+"""Option effects read off the nearest measured pairs (warpsplitk.planning.neighbours):
 the descriptor, the pairs taken from timings, the estimate and when it
 abstains, and the options applied. CPU only; synthetic pairs as fixtures."""
 
@@ -7,9 +7,8 @@ import math
 
 import pytest
 
-from warpsplitk import cost_model, neighbours
-from warpsplitk.tactics import WarpSplitKTactic as T
-from warpsplitk.tactics import check_tactic
+from warpsplitk.planning import cost_model, neighbours
+from warpsplitk.tactics import WarpSplitKTactic as T, check_tactic
 
 BASE = T(32, 8, 256, 6, 1)
 

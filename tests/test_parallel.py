@@ -1,4 +1,4 @@
-"""Tensor parallelism (warpsplitk.parallel, scripts/tp_launch.py) on CPUs.
+"""Tensor parallelism (warpsplitk.nn.parallel, scripts/tp_launch.py) on CPUs.
 
 Sharding arithmetic and its refusals; the NVLink-multicast guard; the
 modules in one process (world of one) and in two processes over gloo, where
@@ -19,8 +19,9 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from warpsplitk import parallel, shapes
-from warpsplitk.parallel import (
+from warpsplitk import shapes
+from warpsplitk.nn import parallel
+from warpsplitk.nn.parallel import (
     MULTICAST_OFF,
     ColumnParallelDecodeLinear,
     MulticastEnabledError,

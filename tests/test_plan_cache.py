@@ -6,9 +6,9 @@ import multiprocessing
 import pytest
 import torch
 
-from warpsplitk import plan_cache, tune
+from warpsplitk.planning import plan_cache, tune
 from warpsplitk.cli import main
-from warpsplitk.decode import DecodePlan, builtin_plan, prepare_model
+from warpsplitk.planning.plans import DecodePlan, builtin_plan, prepare_model
 from warpsplitk.tactics import WarpSplitKTactic, default_tactic
 
 H200 = ("NVIDIA H200", 132)
@@ -123,7 +123,7 @@ def test_auto_refuses_inside_a_graph_capture(cache, tuner, monkeypatch):
 def test_prepare_model_and_patch_model_take_auto_or_refuse_other_strings(cache, tuner):
     from torch import nn
 
-    from warpsplitk.linear import patch_model
+    from warpsplitk.nn.linear import patch_model
     with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto'"):
         prepare_model({"w": torch.empty(16, 128)}, plan="h200")
     with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto'"):

@@ -1,10 +1,10 @@
-"""Parallel compilation into the disk cache (warpsplitk.precompile), on a CPU."""
+"""Parallel compilation into the disk cache (warpsplitk.runtime.precompile), on a CPU."""
 
 import importlib.util
 
 import pytest
 
-from warpsplitk import disk_cache, precompile
+from warpsplitk.runtime import disk_cache, precompile
 from warpsplitk.tactics import WarpSplitKTactic
 
 if importlib.util.find_spec("cutlass") is None:
@@ -29,7 +29,7 @@ def stems(kernels):
 
 
 def test_fills_the_cache_under_the_in_process_keys(cache):
-    from warpsplitk.compile import compile_for_arch
+    from warpsplitk.runtime.compile import compile_for_arch
     failures = precompile.precompile(KERNELS + KERNELS[:1], "sm_90a", jobs=2)
     assert failures == {}
     assert {p.stem for p in disk_cache.entries()} == stems(KERNELS)
@@ -108,13 +108,13 @@ def test_an_unguarded_main_script_runs_once(cache, tmp_path):
     from pathlib import Path
     script = tmp_path / "user_script.py"
     script.write_text(
-        "from warpsplitk import precompile\n"
+        "from warpsplitk.runtime import precompile\n"
         "from warpsplitk.tactics import WarpSplitKTactic as T\n"
         "print('top level ran', flush=True)\n"
         "print(precompile.precompile([(256, 512, T(16, 8, 128, 2, 1), False, True),\n"
         "                             (256, 512, T(16, 8, 128, 3, 1), False, True)],\n"
         "                            'sm_90a', jobs=2))\n")
-    src = Path(precompile.__file__).resolve().parents[1]
+    src = Path(precompile.__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
@@ -160,7 +160,7 @@ def test_compile_timeout_must_be_positive_seconds(monkeypatch, value):
 def test_swiglu_kernels_go_under_their_own_keys(cache):
     """A sixth field True asks for the SwiGLU epilogue: its own key, what
     this process would compile; the same kernel without it is another one."""
-    from warpsplitk.compile import compile_for_arch
+    from warpsplitk.runtime.compile import compile_for_arch
     n, k, tactic = 256, 512, WarpSplitKTactic(16, 8, 128, 2, 1)
     kernels = [(n, k, tactic, True, True, True), (n, k, tactic, True, True)]
     assert len(precompile.missing(kernels + kernels[:1], "sm_90a")) == 2

@@ -118,7 +118,7 @@ def test_run_single_row_x_may_have_any_row_stride(prepared, monkeypatch):
     """M = 1 from a wider buffer passes the checks and reaches the launch, with
     x and out in the compiled code's argument order (the launcher stubbed
     out: importing the DSL here would fix the process's compile arch)."""
-    import warpsplitk.prepared as module
+    import warpsplitk.runtime.prepared as module
     monkeypatch.setattr(module, "_stream_handle", lambda device: 0x5EED)
     prepared._weight_address, prepared._bias_address = 0x1000, 0x2000
     calls = []
@@ -133,7 +133,7 @@ def test_run_single_row_x_may_have_any_row_stride(prepared, monkeypatch):
 
 def test_unchecked_launch_passes_what_run_passes(prepared, monkeypatch):
     """DecodeLinear's eager path (_launch) launches exactly as run() does."""
-    import warpsplitk.prepared as module
+    import warpsplitk.runtime.prepared as module
     monkeypatch.setattr(module, "_stream_handle", lambda device: 0x5EED)
     prepared._weight_address, prepared._bias_address = 0x1000, 0x2000
     calls = []
@@ -144,7 +144,7 @@ def test_unchecked_launch_passes_what_run_passes(prepared, monkeypatch):
 
 
 def test_stream_handle_prefers_the_raw_current_stream(monkeypatch):
-    import warpsplitk.prepared as module
+    import warpsplitk.runtime.prepared as module
     calls = []
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream",
                         lambda index: calls.append(index) or 0xABC, raising=False)
@@ -176,7 +176,7 @@ T128 = WarpSplitKTactic(16, 8, 128, 2, 1)
     ({8: WarpSplitKTactic(16.0, 8, 128, 2, 1)}, "tactic for M=8: .*output_tile must be one of"),
 ])
 def test_the_tactics_mapping_is_checked_whole(tactics, match):
-    from warpsplitk.prepared import _check_tactics
+    from warpsplitk.runtime.prepared import _check_tactics
     with pytest.raises(ValueError, match=match):
         _check_tactics(tactics, 256, 256)
     _check_tactics({1: T128, 32: WarpSplitKTactic(16, 32, 128, 2, 2)}, 256, 256)
@@ -184,7 +184,7 @@ def test_the_tactics_mapping_is_checked_whole(tactics, match):
 
 def test_the_tactics_mapping_takes_ms_of_any_integer_type_as_ints():
     import numpy as np
-    from warpsplitk.prepared import _check_tactics
+    from warpsplitk.runtime.prepared import _check_tactics
     checked = _check_tactics({np.int64(32): WarpSplitKTactic(16, 32, 128, 2, 2),
                               np.int8(1): T128}, 256, 256)
     assert checked == {1: T128, 32: WarpSplitKTactic(16, 32, 128, 2, 2)}

@@ -8,9 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from warpsplitk import emulate, layout
-from warpsplitk.tactics import WarpSplitKTactic as T
-from warpsplitk.tactics import check_tactic, is_legal
+from warpsplitk.kernel import emulator, layout
+from warpsplitk.tactics import WarpSplitKTactic as T, check_tactic, is_legal
 
 
 @pytest.mark.parametrize("output_tile", [16, 32, 48, 64])
@@ -63,24 +62,24 @@ def test_emulator_accumulates_exactly_and_activates_in_fp32(tactic, n, k, m, wit
     x = rng.integers(-2, 3, (m, k)).astype(np.float32)
     w = rng.integers(-2, 3, (n, k)).astype(np.float32)
     bias = rng.integers(-4, 5, n).astype(np.float32) if with_bias else None
-    out = emulate.emulate(x, w, tactic, bias, swiglu=True, round_output=False,
+    out = emulator.emulate(x, w, tactic, bias, swiglu=True, round_output=False,
                           check_coverage=True)
     assert out.shape == (m, n // 2)
     g, u = _reference(x, w, bias)
     # small integers: both sums are exact in FP32, so the epilogue sees the
     # exact gate and up, and its output is silu_mul of them bit for bit
-    exact = emulate.silu_mul(g.astype(np.float32), u.astype(np.float32))
+    exact = emulator.silu_mul(g.astype(np.float32), u.astype(np.float32))
     assert np.array_equal(out, exact)
     # and within FP32 rounding of the float64 activation
     ref = g / (1 + np.exp(-g)) * u
     assert np.max(np.abs(out - ref) / np.maximum(np.abs(ref), 1.0)) < 4e-7
-    rounded = emulate.emulate(x, w, tactic, bias, swiglu=True)
-    assert np.array_equal(rounded, emulate.round_bf16(out))
+    rounded = emulator.emulate(x, w, tactic, bias, swiglu=True)
+    assert np.array_equal(rounded, emulator.round_bf16(out))
 
 
 def test_silu_mul_at_the_extremes():
     g = np.array([-200.0, -88.0, -1.0, 0.0, 1.0, 30.0, 200.0], dtype=np.float32)
-    out = emulate.silu_mul(g, np.ones_like(g))
+    out = emulator.silu_mul(g, np.ones_like(g))
     assert np.all(np.isfinite(out))
     assert out[0] == 0.0 and out[3] == 0.0 and out[-1] == 200.0  # exp overflow -> -0
     ref = g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64)))
@@ -88,9 +87,9 @@ def test_silu_mul_at_the_extremes():
 
 
 def test_the_epilogue_constant_is_minus_log2_e_in_fp32():
-    bits = int(np.array([emulate.NEG_LOG2E], dtype=np.float32).view(np.uint32)[0])
+    bits = int(np.array([emulator.NEG_LOG2E], dtype=np.float32).view(np.uint32)[0])
     assert bits == 0xBFB8AA3B
-    assert float(emulate.NEG_LOG2E) == pytest.approx(-1 / math.log(2), rel=1e-7)
+    assert float(emulator.NEG_LOG2E) == pytest.approx(-1 / math.log(2), rel=1e-7)
     ptx_source = (layout.__file__.replace("layout.py", "ptx.py"))
     assert "0fBFB8AA3B" in open(ptx_source).read()
 
@@ -105,7 +104,7 @@ def test_check_tactic_refuses_mixed_grids_with_swiglu():
 
 
 def test_disk_cache_keys_tell_the_epilogue_apart():
-    from warpsplitk import disk_cache
+    from warpsplitk.runtime import disk_cache
     t = T(32, 8, 256, 4, 1)
     plain = disk_cache.key("sm_90a", 1024, 1024, t, False, True)
     assert disk_cache.key("sm_90a", 1024, 1024, t, False, True, False) == plain
@@ -136,7 +135,7 @@ SM90 = [(T(32, 8, 256, 4, 1), 1024, 2048, False),
 
 @pytest.mark.parametrize("tactic,n,k,with_bias", SM90, ids=[c[0].short() for c in SM90])
 def test_compiles_for_sm90a_and_passes_the_audit(tactic, n, k, with_bias):
-    from warpsplitk.compile import audit_ptx, compile_for_arch
+    from warpsplitk.runtime.compile import audit_ptx, compile_for_arch
     report = compile_for_arch(n, k, tactic, "sm_90a", has_bias=with_bias, swiglu=True)
     assert report.audit() == []
     assert report.spill_bytes == 0
@@ -148,7 +147,7 @@ def test_compiles_for_sm90a_and_passes_the_audit(tactic, n, k, with_bias):
 
 
 def test_a_plain_kernel_fails_the_swiglu_audit():
-    from warpsplitk.compile import compile_for_arch
+    from warpsplitk.runtime.compile import compile_for_arch
     report = compile_for_arch(256, 1024, T(16, 8, 128, 4, 1), "sm_90a")
     report.swiglu = True
     assert any(p.startswith("missing SwiGLU") for p in report.audit())
@@ -173,7 +172,7 @@ def test_a_loader_copy_never_straddles_the_gate_and_up_halves(output_tile, k_til
 
 
 def test_prepare_picks_tactics_the_epilogue_takes():
-    from warpsplitk.decode import CUBLAS, DecodePlan, swiglu_tactic
+    from warpsplitk.planning.plans import CUBLAS, DecodePlan, swiglu_tactic
     n, k = 2 * 14336, 4096
     for m in (1, 8, 32):
         check_tactic(swiglu_tactic(None, m, n, k, 132), n, k, swiglu=True)

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from warpsplitk import layout, shapes
+from warpsplitk import shapes
+from warpsplitk.kernel import layout
 from warpsplitk.tactics import (
     B_LOADER_WARPS,
     K_TILES,
@@ -389,7 +390,7 @@ def test_early_launch_text_and_rules():
     assert sum(x.early_launch for x in legal) * 2 == len(legal)
     assert not any(x.early_launch for x in legal_tactics(8, 4224, 7168))
     # the default takes the early trigger by its grid's rule only
-    from warpsplitk.cost_model import early_trigger_pays
+    from warpsplitk.planning.cost_model import early_trigger_pays
     for m in (1, 8, 16, 32):
         chosen = default_tactic(m, 4224, 7168)
         assert chosen.early_launch == early_trigger_pays(chosen, m, 4224)
@@ -429,7 +430,7 @@ def test_l2_prefetch_and_bulk_x_text_and_rules():
     assert all(x.b_loader_warps == 1 for x in legal if x.bulk_x)
     assert all(x.stages < 2048 // (x.k_tile * x.k_split) for x in legal if x.l2_prefetch)
     assert not any(x.bulk_x or x.l2_prefetch for x in legal_tactics(1, 2048, 2048))
-    # the default takes the L2 prefetch only bounded (warpsplitk.neighbours), bulk rows never
+    # the default takes the L2 prefetch only bounded (warpsplitk.planning.neighbours), bulk rows never
     defaults = [default_tactic(m, 4224, 7168) for m in (1, 8, 16, 32)]
     assert not any(t.bulk_x or (t.l2_prefetch and not t.prefetch_tiles) for t in defaults)
 
@@ -572,7 +573,7 @@ def test_parse_takes_ascii_digits_only():
 
 @pytest.mark.parametrize("sm_count", [0, -1, "132", 132.0, True])
 def test_sm_count_is_a_positive_integer(sm_count):
-    from warpsplitk.decode import default_choice
+    from warpsplitk.planning.plans import default_choice
     from warpsplitk.tactics import reference_tactic
     for choose in (default_tactic, reference_tactic, default_choice):
         with pytest.raises(ValueError, match=rf"sm_count must be a positive integer \(the GPU's "

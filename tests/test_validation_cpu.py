@@ -21,9 +21,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import warpsplitk.prepared as prepared_module  # noqa: E402
+import warpsplitk.runtime.prepared as prepared_module  # noqa: E402
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic  # noqa: E402
-from warpsplitk.prepared import ALIGN_BYTES, _check_packed, _overlap, _span  # noqa: E402
+from warpsplitk.runtime.prepared import ALIGN_BYTES, _check_packed, _overlap, _span  # noqa: E402
 
 CPU = torch.device("cpu")
 BF16 = torch.bfloat16
@@ -417,7 +417,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # compile arch (see tests/test_compile.py).
 _POINTER_PROBE = r"""
 import json, torch
-from warpsplitk.compile import gmem_pointer
+from warpsplitk.runtime.compile import gmem_pointer
 bf16 = torch.bfloat16
 cases = {
     "packed rows": torch.zeros(8, 256, dtype=bf16),

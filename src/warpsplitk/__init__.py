@@ -19,27 +19,27 @@ from .tactics import (
 __version__ = "0.1.0"
 
 _LAZY = {
-    "PreparedWarpSplitK": ("prepared", "PreparedWarpSplitK"),
-    "compile_warp_splitk": ("compile", "compile_warp_splitk"),
-    "compile_for_arch": ("compile", "compile_for_arch"),
-    "emulate": ("emulate", "emulate"),
-    "DecodePlan": ("decode", "DecodePlan"),
-    "load_plan": ("decode", "load_plan"),
-    "builtin_plan": ("decode", "builtin_plan"),
-    "prepare": ("decode", "prepare"),
-    "prepare_model": ("decode", "prepare_model"),
-    "DecodeLinear": ("linear", "DecodeLinear"),
-    "PatchReport": ("linear", "PatchReport"),
-    "patch_model": ("linear", "patch_model"),
-    "unpatch": ("linear", "unpatch"),
-    "merge_linears": ("merge", "merge_linears"),
-    "ColumnParallelDecodeLinear": ("parallel", "ColumnParallelDecodeLinear"),
-    "RowParallelDecodeLinear": ("parallel", "RowParallelDecodeLinear"),
-    "ensure_no_multicast": ("parallel", "ensure_no_multicast"),
-    "MulticastEnabledError": ("parallel", "MulticastEnabledError"),
-    "shard_plan": ("parallel", "shard_plan"),
-    "column_shard": ("parallel", "column_shard"),
-    "row_shard": ("parallel", "row_shard"),
+    "PreparedWarpSplitK": ("runtime.prepared", "PreparedWarpSplitK"),
+    "compile_warp_splitk": ("runtime.compile", "compile_warp_splitk"),
+    "compile_for_arch": ("runtime.compile", "compile_for_arch"),
+    "emulate": ("kernel.emulator", "emulate"),
+    "DecodePlan": ("planning.plans", "DecodePlan"),
+    "load_plan": ("planning.plans", "load_plan"),
+    "builtin_plan": ("planning.plans", "builtin_plan"),
+    "prepare": ("planning.plans", "prepare"),
+    "prepare_model": ("planning.plans", "prepare_model"),
+    "DecodeLinear": ("nn.linear", "DecodeLinear"),
+    "PatchReport": ("nn.linear", "PatchReport"),
+    "patch_model": ("nn.linear", "patch_model"),
+    "unpatch": ("nn.linear", "unpatch"),
+    "merge_linears": ("nn.merge", "merge_linears"),
+    "ColumnParallelDecodeLinear": ("nn.parallel", "ColumnParallelDecodeLinear"),
+    "RowParallelDecodeLinear": ("nn.parallel", "RowParallelDecodeLinear"),
+    "ensure_no_multicast": ("nn.parallel", "ensure_no_multicast"),
+    "MulticastEnabledError": ("nn.parallel", "MulticastEnabledError"),
+    "shard_plan": ("nn.parallel", "shard_plan"),
+    "column_shard": ("nn.parallel", "column_shard"),
+    "row_shard": ("nn.parallel", "row_shard"),
 }
 
 
@@ -54,65 +54,6 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
-
-
-# A name exported here that is also a submodule's (``emulate``): importing
-# the submodule (``import warpsplitk.emulate``, ``from warpsplitk import
-# emulate`` before first use, any module of the package importing it) makes
-# the import system set the package's attribute to the submodule, hiding the
-# function. So such a name is a property of the package's module class, which
-# the import system's assignment cannot replace, and its value is the
-# submodule made callable as its function: ``warpsplitk.emulate(x, w, tactic)``
-# calls the function, and ``import warpsplitk.emulate as em; em.layout`` still
-# reaches the module, whatever was imported first.
-import sys as _sys
-import types as _types
-
-
-class _CallableModule(_types.ModuleType):
-    """A submodule called as the function of its own name."""
-
-    def __call__(self, *args, **kwargs):
-        return getattr(self, self.__name__.rpartition(".")[2])(*args, **kwargs)
-
-    @property
-    def __wrapped__(self):  # inspect.signature and help() show the function's
-        return getattr(self, self.__name__.rpartition(".")[2])
-
-
-def _colliding(name):
-    module, attr = _LAZY[name]
-
-    def get(package):
-        assigned = package.__dict__.get(f"_assigned_{name}")
-        if assigned is not None:  # set by hand (a test's monkeypatch, say)
-            return assigned
-        import importlib
-        sub = importlib.import_module(f".{module}", package.__name__)
-        if type(sub) is _types.ModuleType:
-            sub.__class__ = _CallableModule
-        return sub
-
-    def set_(package, value):
-        # the import system assigning the submodule itself: keep serving it callable
-        sub = _sys.modules.get(f"{package.__name__}.{module}")
-        package.__dict__[f"_assigned_{name}"] = None if value is sub else value
-
-    def delete(package):
-        package.__dict__[f"_assigned_{name}"] = None
-
-    return property(get, set_, delete, doc=f"{module}.{attr} (callable), or the {module} module")
-
-
-class _Package(_types.ModuleType):
-    pass
-
-
-for _name, (_module, _attr) in _LAZY.items():
-    if _name == _module:
-        setattr(_Package, _name, _colliding(_name))
-_sys.modules[__name__].__class__ = _Package
-del _name, _module, _attr
 
 
 __all__ = ["WarpSplitKTactic", "check_tactic", "default_tactic", "legal_tactics", "all_tactics",

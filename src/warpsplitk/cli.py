@@ -20,7 +20,7 @@ import shlex
 import sys
 
 from . import shapes as shape_table
-from .timing import DATASHEET_TBPS
+from .measure.timing import DATASHEET_TBPS
 
 ARCHS = ("sm_90a", "sm_100a")
 #: the GPU (name, SMs) an --arch stands for where --sm-count and --tbps are not given
@@ -156,7 +156,7 @@ def _kernel_shapes(entries) -> list[tuple[int, int]]:
 def _resolve_plan(text):
     """``none`` -> the default (cost model), ``h200`` -> the built-in plan, else a file:
     ``(plan, description)``."""
-    from .decode import DecodePlan, builtin_plan, load_plan
+    from .planning.plans import DecodePlan, builtin_plan, load_plan
     try:
         if text == "none":
             return DecodePlan(), "no plan: the default (cost model)"
@@ -177,7 +177,7 @@ def _device_gpu() -> tuple[str, int]:
 
 def _default_plan(gpu) -> str:
     """``--plan`` not given: the built-in plan of ``gpu`` (``(name, SMs)``), else 'none'."""
-    from .plan_cache import builtin_plan_for
+    from .planning.plan_cache import builtin_plan_for
     return builtin_plan_for(*gpu) or "none"
 
 
@@ -211,7 +211,7 @@ def _read_log(path, required):
         return []
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"argument --log: {path}: cannot read the tuning log ({error})") from None
-    from .tune import check_log_record
+    from .planning.tune import check_log_record
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -264,7 +264,7 @@ def _planned_ms(ms):
     """The Ms a plan tuned for ``ms`` covers: the tuner measures each M's
     bucket (``tune.REPRESENTATIVE_MS``), and every M of a measured bucket
     takes its winner."""
-    from .tune import representative
+    from .planning.tune import representative
     buckets = {representative(m) for m in ms}
     return [m for m in range(1, shape_table.MAX_M + 1) if representative(m) in buckets]
 
@@ -282,8 +282,8 @@ def _cmd_compile(args, argv):
         raise UsageError(f"{'argument --tactic: ' if args.tactic else ''}N={args.n} K={args.k}: "
                          f"{error}") from None
     _output_folder("--emit-ptx", args.emit_ptx)
-    from . import disk_cache
-    from .compile import compile_for_arch
+    from .runtime import disk_cache
+    from .runtime.compile import compile_for_arch
     report = compile_for_arch(args.n, args.k, tactic, args.arch, has_bias=args.bias)
     disk_cache.store_resources(
         disk_cache.key(args.arch, args.n, args.k, tactic, args.bias, True),
@@ -318,7 +318,7 @@ def _cmd_bench(args, argv):
             raise UsageError("argument --layer: needs --model NAME (the layer's sizes)")
         if args.chain or args.shapes is not None or args.plot:
             raise UsageError("argument --layer: not with --chain, --shapes or --plot")
-        from .layer_bench import layer_shape
+        from .measure.layer_bench import layer_shape
         try:
             layer_shape(args.model, args.tp if args.tp is not None else 1)
         except ValueError as error:
@@ -345,10 +345,10 @@ def _cmd_bench(args, argv):
         plan, _ = _resolve_plan(_default_plan(_device_gpu()))
     from dataclasses import asdict
 
-    from . import bench
+    from .measure import bench
     command = "warpsplitk " + shlex.join(argv)
     if args.layer:
-        from .layer_bench import bench_layer_path
+        from .measure.layer_bench import bench_layer_path
         rows = bench_layer_path(args.model, args.tp if args.tp is not None else 1, args.m, plan,
                                 rounds=args.rounds, progress=lambda line: print(line, flush=True))
         if args.json:
@@ -390,7 +390,7 @@ def _cmd_bench(args, argv):
     if args.json:
         bench.write_json(args.json, env, rows)
     if args.plot:
-        from .plot import plot_rows
+        from .measure.plot import plot_rows
         plot_rows(rows, env, args.plot)
     return 0
 
@@ -404,7 +404,7 @@ def _cmd_tune(args, argv):
         else []
     ms = _planned_ms(args.m)
     if args.from_log:
-        from .tune import plan_from_log, plan_meta
+        from .planning.tune import plan_from_log, plan_meta
         if args.shapes is not None or args.model is not None:
             raise UsageError(f"argument {'--model' if args.model else '--shapes'}: not with "
                              "--from-log (the plan has every shape the log measured)")
@@ -420,7 +420,7 @@ def _cmd_tune(args, argv):
         return 0
     shapes = _kernel_shapes(_shape_entries(args))
     _require_gpu("tune")
-    from .tune import SHORTLIST, tune
+    from .planning.tune import SHORTLIST, tune
     plan = tune(shapes, ms, log_path=args.log, resume=not args.fresh,
                 progress=lambda line: print(line, flush=True), time_budget_s=args.time_budget,
                 jobs=args.jobs, shortlist=0 if args.exhaustive else SHORTLIST)
@@ -438,7 +438,7 @@ def _size(path) -> int:
 
 
 def _cmd_cache(args, argv):
-    from . import disk_cache
+    from .runtime import disk_cache
     folder = disk_cache.cache_dir()
     if args.clear or args.prune:
         kernels, records, kept = (disk_cache.clear if args.clear else disk_cache.prune)(detail=True)
@@ -449,12 +449,12 @@ def _cmd_cache(args, argv):
         return 1 if kept else 0
     kernels, records = disk_cache.entries(), disk_cache.resource_entries()
     stale = set(disk_cache.stale())
-    from . import plan_cache
+    from .planning import plan_cache
     plans = plan_cache.entries()
     if args.list:
         for path in plans:
             try:
-                from .decode import load_plan
+                from .planning.plans import load_plan
                 shapes = len(load_plan(path).entries)
             except ValueError:
                 shapes = "unreadable"
@@ -493,7 +493,7 @@ def _cmd_plan(args, argv):
     _arch_defaults(args)
     plan, source = _resolve_plan(args.plan or _default_plan(ARCH_GPUS[args.arch]))
     entries = _shape_entries(args)
-    from . import layout
+    from .kernel import layout
     from .tactics import (
         ctas_per_sm,
         grid_ctas,
@@ -502,7 +502,7 @@ def _cmd_plan(args, argv):
         sm_balance,
         waves,
     )
-    from .decode import CUBLAS, default_choice
+    from .planning.plans import CUBLAS, default_choice
     from .tactics import shape_refusal
     rows = []
     for shape in entries:
@@ -519,10 +519,10 @@ def _cmd_plan(args, argv):
             rows.append((shape, m, tactic, origin))
     registers = {}
     if args.compile:
-        from . import disk_cache
+        from .runtime import disk_cache
         kernels = [(s["n"], s["k"], t, False, True) for s, _, t, _ in rows
                    if t is not None and t != CUBLAS]
-        from .precompile import precompile_resources
+        from .runtime.precompile import precompile_resources
         precompile_resources(kernels, args.arch, args.jobs, _progress_line(args.arch))
         for n, k, tactic, _, _ in kernels:
             if (n, k, tactic) not in registers:

@@ -11,7 +11,7 @@ import itertools
 import operator
 from dataclasses import dataclass
 
-from . import layout
+from .kernel import layout
 
 OUTPUT_TILES = (16, 32, 48, 64)
 #: output tiles from this size on need k_tile 128 (see check_tactic)
@@ -106,7 +106,7 @@ class WarpSplitKTactic:
     b_loader_warps: warps that load activations, 1 or 2.
     k_split: CTAs of a cluster splitting K, 1 or 2 (doubles the grid for
         shapes whose N leaves SMs idle; the default takes it where the
-        nearest measured cells gained from it, ``warpsplitk.neighbours``).
+        nearest measured cells gained from it, ``warpsplitk.planning.neighbours``).
     early_launch: where the kernel triggers the next PDL kernel's launch.
         False: once its last activation tile is issued (late in the CTA's
         life when the ring is shallower than K). True: before its
@@ -170,7 +170,7 @@ class WarpSplitKTactic:
     @property
     def async_activation_ring(self) -> bool:
         """Activation stages written by the async proxy (TMA boxes or bulk
-        copies): their release needs a cross-proxy fence (kernel.py)."""
+        copies): their release needs a cross-proxy fence (kernel/warp_splitk.py)."""
         return self.tma_x or self.bulk_x
 
     @property
@@ -648,7 +648,7 @@ def _check_shape(n, k) -> tuple[int, int]:
 
 def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
     """The tactic the cost model predicts fastest for M tokens on an
-    ``[n, k]`` weight (:func:`warpsplitk.cost_model.choose_tactic`): the
+    ``[n, k]`` weight (:func:`warpsplitk.planning.cost_model.choose_tactic`): the
     tuner's candidates and the reference heuristic's tactic, ranked by the
     model fitted to the tuner's measurements, then the twins of the
     predicted fastest. Legal for every M in 1..32, N a multiple of 16 and K a
@@ -658,7 +658,7 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
     m = _check_m(m)
     sm_count = _sm_count(sm_count)
     n, k = _check_shape(n, k)
-    from .cost_model import choose_tactic
+    from .planning.cost_model import choose_tactic
     return choose_tactic(m, n, k, sm_count)
 
 

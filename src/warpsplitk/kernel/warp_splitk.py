@@ -53,7 +53,7 @@ that stream does not wait for the ring to drain.
 The compute loop is unrolled over the static K-tile count, so every ring
 slot, parity and stage offset is a constant and every ``ldmatrix`` address is
 a per-lane register plus an immediate. All address math is ``layout.py``'s,
-which the NumPy emulator (``emulate.py``) runs too.
+which the NumPy emulator (``emulator.py``) runs too.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
 from . import layout, ptx
-from .tactics import WarpSplitKTactic
+from ..tactics import WarpSplitKTactic
 
 _BYTES = layout.ELEMENT_BYTES
 

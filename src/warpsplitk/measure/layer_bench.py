@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import timing
-from .tactics import shape_refusal
+from ..tactics import shape_refusal
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def layer_shape(name: str, tp: int = 1) -> LayerShape:
     """The sizes of one rank's layer of ``name`` (``warpsplitk.models``) at
     tensor-parallel degree ``tp``; ``ValueError`` for models without a dense
     grouped-query layer (MLA attention, no MLP) or shapes the kernel refuses."""
-    from . import models
+    from .. import models
     c = models.config(name)
     if c["attention"] != "gqa" or "intermediate" not in c:
         raise ValueError(f"{c['name']}: --layer times grouped-query attention layers with a "
@@ -87,7 +87,7 @@ def bench_layer_path(name, tp=1, ms=(1, 8, 32), plan=None, *, progress=print,
     import torch
     import torch.nn.functional as F
 
-    from .decode import DecodePlan, precompile_for, prepare
+    from ..planning.plans import DecodePlan, precompile_for, prepare
     rounds = timing.resolve_rounds(rounds)
     plan = plan if plan is not None else DecodePlan()
     s = layer_shape(name, tp)

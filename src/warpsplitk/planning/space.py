@@ -1,5 +1,5 @@
 """The tactic search space of one (shape, M) cell: what the tuner measures
-and what the cost model (:mod:`warpsplitk.cost_model`) ranks.
+and what the cost model (:mod:`warpsplitk.planning.cost_model`) ranks.
 
 Pruning, before anything is measured (``base_candidates``):
 
@@ -78,8 +78,8 @@ import dataclasses
 import itertools
 import math
 
-from . import layout
-from .tactics import (
+from ..kernel import layout
+from ..tactics import (
     DEFAULT_MAX_STAGES,
     DEFAULT_SM_COUNT,
     MAX_STAGES,

@@ -6,7 +6,7 @@ as able to win, the early-trigger twins it cannot rank well, and the
 default's and the reference heuristic's tactics, all compiled in parallel
 before the first measurement. The exhaustive tune (``shortlist=0``,
 ``warpsplitk tune --exhaustive``) measures the whole search space of
-:mod:`warpsplitk.space`: the pruned candidates of each cell, then the
+:mod:`warpsplitk.planning.space`: the pruned candidates of each cell, then the
 measured neighbours of its fastest. Its logs are what the cost model is
 fitted to (``scripts/fit_cost_model.py``).
 
@@ -30,7 +30,7 @@ grid: one 1% faster in the tuner was 6% slower in the benchmark's process
 With ``cublas`` (the default) each cell also times ``torch.matmul``
 (cuBLAS) on the same weight copies, and the plan says ``"cublas"`` for an
 M where it beats the chosen tactic by more than ``TOLERANCE``
-(``prefer_cublas``; ``decode.prepare`` then runs cuBLAS for it).
+(``prefer_cublas``; ``plans.prepare`` then runs cuBLAS for it).
 Every measurement is appended to a JSON-lines log; with ``resume`` a rerun
 skips what the log already holds.
 """
@@ -43,9 +43,10 @@ import os
 import statistics
 import time
 
-from . import layout, timing
+from ..kernel import layout
+from ..measure import timing
 from .cost_model import SHORTLIST
-from .decode import CUBLAS, DecodePlan, is_time
+from .plans import CUBLAS, DecodePlan, is_time
 from .space import (
     base_candidates,
     bounded_prefetch_twins,
@@ -54,7 +55,7 @@ from .space import (
     prefetch_twins,
     tma_twins,
 )
-from .tactics import (
+from ..tactics import (
     DEFAULT_MAX_STAGES,
     DEFAULT_SM_COUNT,
     K_SPLITS,
@@ -356,7 +357,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
 
     Shapes are measured largest weight first (``tuning_order``). With
     ``time_budget_s``, shapes not reached in time are left out of the
-    plan (lookups fall back to ``decode.default_choice``) and reported; a rerun
+    plan (lookups fall back to ``plans.default_choice``) and reported; a rerun
     with the same log resumes where this one stopped. The candidates are
     compiled first, ``jobs`` worker processes at a time (default: one per
     core but one), so measuring only loads them. Then, with ``l2_prefetch``,
@@ -374,8 +375,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
         confirm = CONFIRM
     shapes = tuning_order(shapes)
 
-    from .compile import compile_warp_splitk, gmem_pointer
-    from .prepared import _stream_handle
+    from ..runtime.compile import compile_warp_splitk, gmem_pointer
+    from ..runtime.prepared import _stream_handle
 
     def stream():
         return driver.CUstream(_stream_handle(cuda_device))
@@ -409,8 +410,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     started = time.perf_counter()
     # compile failures are not recorded here: the in-process compile below
     # raises the same error and logs it with the candidate
-    from .compile import device_arch
-    from .precompile import precompile
+    from ..runtime.compile import device_arch
+    from ..runtime.precompile import precompile
     # what will be timed: candidates not in the log, and the fastest logged
     # ones of each cell whose confirmation is not in the log either
     # measured neighbours, in order: each rule maps a cell's {tactic: us}
@@ -589,7 +590,7 @@ def plan_meta(gpu, sm_count, torch_version, **extra) -> dict:
         dsl = md.version("nvidia-cutlass-dsl")
     except Exception:  # pragma: no cover
         dsl = "unknown"
-    from . import __version__
+    from .. import __version__
     return {"gpu": gpu, "sm_count": sm_count, "warpsplitk": __version__, "cutlass_dsl": dsl,
             "torch": torch_version,
             "method": "warpsplitk tune: " + " ".join(timing.__doc__.split()),

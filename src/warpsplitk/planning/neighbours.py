@@ -1,6 +1,6 @@
 """Option effects read off the nearest measured cells.
 
-The cost model (:mod:`warpsplitk.cost_model`) ranks the tactics of a cell
+The cost model (:mod:`warpsplitk.planning.cost_model`) ranks the tactics of a cell
 by terms that follow the hardware: bytes per SM, waves, ring depth. The
 kernel's options (K split across two CTAs, narrow token tiles at M <= 4,
 TMA activation boxes, a bounded L2 prefetch) move a call's time by a few
@@ -29,8 +29,9 @@ import dataclasses
 import math
 import statistics
 
-from . import layout, space
-from .tactics import DEFAULT_SM_COUNT, WarpSplitKTactic, ctas_per_sm, grid_ctas, is_legal
+from ..kernel import layout
+from . import space
+from ..tactics import DEFAULT_SM_COUNT, WarpSplitKTactic, ctas_per_sm, grid_ctas, is_legal
 
 #: pairs whose median decides (odd, so the median is one measured ratio)
 NEIGHBOURS = 9

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from . import timing
-from .tactics import reference_tactic, shape_refusal
+from ..tactics import reference_tactic, shape_refusal
 
 DEFAULT_MS = (1, 4, 8, 16, 32)
 
@@ -59,7 +59,7 @@ def _environment():
         env["cutlass_dsl"] = md.version("nvidia-cutlass-dsl")
     except Exception:  # pragma: no cover - a bundle without metadata
         env["cutlass_dsl"] = "unknown"
-    from . import __version__
+    from .. import __version__
     env["warpsplitk"] = __version__
     return env
 
@@ -68,7 +68,7 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
                 rounds=None):
     """Rows for one ``[n, k]`` weight; ``tactic_for(m)`` -> (tactic or
     ``CUBLAS``, source). Each configuration (ours, the default as it runs
-    without a plan (``decode.default_choice``: the cost model's tactic, or
+    without a plan (``plans.default_choice``: the cost model's tactic, or
     cuBLAS where it predicts cuBLAS faster), the reference wave heuristic,
     cuBLAS) is timed in ``rounds`` graphs (``timing.ROUNDS``), alternating,
     and counts with the median one; a configuration that is another's call
@@ -79,7 +79,7 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     timing.require_cuda("bench_shape")
     import torch
 
-    from .decode import CUBLAS, default_choice, prepare_choices
+    from ..planning.plans import CUBLAS, default_choice, prepare_choices
 
     copies = timing.copies_for(n * k * 2)
     weights = timing.random_weights(n, k, copies, "cuda", seed=seed)
@@ -144,7 +144,7 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     env["read_TBps"] = round(read_tbps, 3)
     sheet = env["datasheet_TBps"]
 
-    from .decode import CUBLAS, default_choice
+    from ..planning.plans import CUBLAS, default_choice
 
     def tactic_for(m, n, k):
         if plan is not None:
@@ -153,9 +153,9 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
                 return t, "plan"
         return default_choice(m, n, k), "default"
 
-    # every kernel of the run compiled up front, in parallel (warpsplitk.precompile)
-    from .compile import device_arch
-    from .precompile import precompile
+    # every kernel of the run compiled up front, in parallel (warpsplitk.runtime.precompile)
+    from ..runtime.compile import device_arch
+    from ..runtime.precompile import precompile
     precompile([(n, k, t, False, True) for n, k in shapes for m in ms
                 for t in (tactic_for(m, n, k)[0], default_choice(m, n, k),
                           reference_tactic(m, n, k)) if t != CUBLAS],
@@ -183,7 +183,7 @@ HEADER = (f"{'N':>6} {'K':>6} {'M':>3} {'tactic':>22} {'ours us':>8} {'default':
 
 
 def _short(choice) -> str:
-    """A tactic's short form, or "cublas" (``decode.CUBLAS``)."""
+    """A tactic's short form, or "cublas" (``plans.CUBLAS``)."""
     return choice if isinstance(choice, str) else choice.short()
 
 
@@ -239,7 +239,7 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
     rounds = timing.resolve_rounds(rounds)
     timing.require_cuda("bench_chain")
 
-    from .decode import DecodePlan, precompile_for, prepare
+    from ..planning.plans import DecodePlan, precompile_for, prepare
     plan = plan if plan is not None else DecodePlan()
     sheet = timing.datasheet_tbps(torch.cuda.get_device_name())
     shapes = {shape for pair in pairs for shape in pair}
@@ -350,8 +350,8 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     left out; the dependency is kept through memory (``layer_buffers``)."""
     import torch
 
-    from . import models
-    from .decode import CUBLAS, DecodePlan, precompile_for, prepare_choices
+    from .. import models
+    from ..planning.plans import CUBLAS, DecodePlan, precompile_for, prepare_choices
     rounds = timing.resolve_rounds(rounds)
     plan = plan if plan is not None else DecodePlan()
     layer = models.layer_chain(model_name, tp)
@@ -361,8 +361,8 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     takes = {s: shape_refusal(*s) is None for s in steps}
     precompile_for([torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
                     for n, k in steps if takes[(n, k)]], plan, ms, progress=progress)
-    from .compile import device_arch
-    from .precompile import precompile
+    from ..runtime.compile import device_arch
+    from ..runtime.precompile import precompile
     precompile(sorted({(n, k, reference_tactic(m, n, k), False, True)
                        for n, k in steps if takes[(n, k)] for m in ms}),
                device_arch(torch.cuda.current_device()), None, progress)

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops
-from .decode import check_plan, resolve_plan
-from .prepared import _matrix_shape
-from .tactics import DEFAULT_SM_COUNT, MAX_M, check_ms, default_tactic
+from ..planning.plans import check_plan, resolve_plan
+from ..runtime.prepared import _matrix_shape
+from ..tactics import DEFAULT_SM_COUNT, MAX_M, check_ms, default_tactic
 
 logger = logging.getLogger("warpsplitk")
 
@@ -160,7 +160,7 @@ class DecodeLinear(nn.Module):
             self._unprepared = f"not prepared: {reason}"
             logger.debug("%s: %s", self._label(), self._unprepared)
             return False
-        from .decode import prepare  # loads the CuTe DSL: only when there is work for it
+        from ..planning.plans import prepare  # loads the CuTe DSL: only when there is work for it
         weight = self.weight.detach()  # same storage: in-place updates stay visible
         bias = None if self.bias is None else self.bias.detach()
         self._prepared = prepare(weight, self.plan, self.ms, bias=bias)
@@ -379,13 +379,13 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
     disk cache the swapped modules then load from.
 
     ``plan``: a ``DecodePlan``, None (the default (cost model)), or ``"auto"``:
-    the plan for this GPU (``warpsplitk.plan_cache``), tuning first, with
+    the plan for this GPU (``warpsplitk.planning.plan_cache``), tuning first, with
     ``progress``, the shapes of the eligible linears it lacks and keeping
     them for the next process.
 
     ``merge=True``: each module's ``q_proj``, ``k_proj``, ``v_proj`` and
     ``gate_proj``, ``up_proj`` (transformers' Llama-family names) become
-    parts of one merged weight run in one launch (:mod:`warpsplitk.merge`),
+    parts of one merged weight run in one launch (:mod:`warpsplitk.nn.merge`),
     keeping their parameter names; ``report.merged`` lists the groups."""
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -457,7 +457,7 @@ def _precompile_linears(linears, plan, ms, jobs, swiglu=False):
     """The kernels of ``linears`` (anything with ``weight`` and ``bias``: linears,
     merged groups; with ``swiglu``, gate/up groups' SwiGLU kernels), compiled
     in parallel workers first."""
-    from .decode import precompile_for
+    from ..planning.plans import precompile_for
     with_bias = [lin.weight for lin in linears if lin.bias is not None]
     without = [lin.weight for lin in linears if lin.bias is None]
     for weights, has_bias in ((with_bias, True), (without, False)):

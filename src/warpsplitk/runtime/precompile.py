@@ -9,10 +9,10 @@ Compiling one kernel is ~1 s of single-threaded CPU work (MLIR passes and
 ptxas) and needs no GPU. Preparing a model (tens of kernels) or tuning a
 table (hundreds of candidates) one kernel after another leaves the other
 cores idle; here the missing kernels are handed out to worker processes
-(``python -m warpsplitk.precompile``, fed one job at a time through a pipe)
-that compile them into :mod:`warpsplitk.disk_cache`, after which the
+(``python -m warpsplitk.runtime.precompile``, fed one job at a time through a pipe)
+that compile them into :mod:`warpsplitk.runtime.disk_cache`, after which the
 calling process loads each in milliseconds. Nothing else changes: the
-kernels are the ones :func:`warpsplitk.compile.compile_warp_splitk` would
+kernels are the ones :func:`warpsplitk.runtime.compile.compile_warp_splitk` would
 build, under the same cache key.
 
 The workers are plain subprocesses, not ``multiprocessing``: its "spawn"
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from . import disk_cache
-from .tactics import WarpSplitKTactic, check_tactic
+from ..tactics import WarpSplitKTactic, check_tactic
 
 
 def default_jobs() -> int:
@@ -214,7 +214,7 @@ def _run_workers(todo, arch, kind, workers, report) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
 
     def feed(log):
-        with subprocess.Popen([sys.executable, "-m", "warpsplitk.precompile"], env=env,
+        with subprocess.Popen([sys.executable, "-m", "warpsplitk.runtime.precompile"], env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                               text=True) as worker:
             while True:

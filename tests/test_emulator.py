@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from warpsplitk import layout
-from warpsplitk.emulate import bank_conflicts, emulate, round_bf16
+from warpsplitk.kernel import layout
+from warpsplitk.kernel.emulator import bank_conflicts, emulate, round_bf16
 from warpsplitk.tactics import (
     B_LOADER_WARPS,
     K_TILES,
@@ -109,7 +109,7 @@ def test_narrow_tile_must_fold_its_columns_back(monkeypatch):
     """Without ``stage_row``'s fold, the columns past a 1-row tile would
     address rows 1-7 of a stage that has one: reads past the stage, which
     the emulator (a stage is exactly its rows) refuses."""
-    import warpsplitk.emulate as em
+    import warpsplitk.kernel.emulator as em
     real = em.layout.b_fragment_offset
     tactic = WarpSplitKTactic(16, 1, 256, 2, 1)
     x, w, _ = integer_problem(1, 16, 512, seed=9)
@@ -124,7 +124,7 @@ def test_narrow_tile_must_fold_its_columns_back(monkeypatch):
 def test_cluster_halves_must_both_count(monkeypatch):
     """If the reduction read only the first CTA's four slots, the result
     would be half of K: the test above would see it."""
-    import warpsplitk.emulate as em
+    import warpsplitk.kernel.emulator as em
     real = em.layout.reduction_offset
     tactic = WarpSplitKTactic(16, 8, 128, 2, 1, 2)
     x, w, _ = integer_problem(3, 32, 512, seed=5)

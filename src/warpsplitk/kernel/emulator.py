@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from . import layout
-from .tactics import MAX_M, WarpSplitKTactic, check_tactic
+from ..tactics import MAX_M, WarpSplitKTactic, check_tactic
 
 # ----------------------------------------------------------- primitives
 

@@ -43,9 +43,9 @@ import warnings
 import torch
 from torch import nn
 
-from .decode import check_plan
+from ..planning.plans import check_plan
 from .linear import DecodeLinear, _shape_reason
-from .tactics import MAX_M, _integer, check_ms
+from ..tactics import MAX_M, _integer, check_ms
 
 # ------------------------------------------------------ NVLink multicast off
 
@@ -112,8 +112,8 @@ def check_backend_multicast(backend, environ=None) -> None:
         return
     set_now = ensure_no_multicast(environ)
     if set_now:
-        warnings.warn("warpsplitk.parallel: NCCL group with NVLink multicast variables unset; "
-                      f"set {set_now} now. Call warpsplitk.parallel.ensure_no_multicast() before "
+        warnings.warn("warpsplitk.nn.parallel: NCCL group with NVLink multicast variables unset; "
+                      f"set {set_now} now. Call warpsplitk.nn.parallel.ensure_no_multicast() before "
                       "init_process_group: a communicator built before this may use NVLS.",
                       RuntimeWarning, stacklevel=3)
 

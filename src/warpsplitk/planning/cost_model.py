@@ -51,7 +51,7 @@ are never in the fit: they are what the model is judged on.
 
 cuBLAS's time is a second linear model of the shape alone
 (``CUBLAS_FEATURES``), fitted to the cuBLAS timings of the same records:
-where no plan entry exists, ``decode.default_choice`` runs cuBLAS for an M
+where no plan entry exists, ``plans.default_choice`` runs cuBLAS for an M
 whose predicted cuBLAS time is ``CUBLAS_MARGIN`` below the chosen tactic's,
 on a weight of K <= ``CUBLAS_MAX_K`` (:func:`prefers_cublas`).
 
@@ -62,7 +62,7 @@ tile along K, 16-byte activation copies and the late PDL trigger
 keeps the reference's unless another is predicted ``REFERENCE_MARGIN``
 faster. The options (K split, narrow token tiles, TMA boxes, bounded L2
 prefetch) are then applied where the nearest measured pairs say they gain
-(:mod:`warpsplitk.neighbours`): the linear terms for options are fitted on
+(:mod:`warpsplitk.planning.neighbours`): the linear terms for options are fitted on
 the few regimes where the tuner found them winning, and ranked freely they
 were picked far outside those regimes (docs/design-notes.md). The early
 PDL trigger is taken where the grid's shape says it pipelines
@@ -81,8 +81,9 @@ import math
 from dataclasses import dataclass, field
 from importlib import resources
 
-from . import layout, neighbours
-from .tactics import (
+from ..kernel import layout
+from . import neighbours
+from ..tactics import (
     DEFAULT_SM_COUNT,
     WarpSplitKTactic,
     ctas_per_sm,
@@ -272,7 +273,7 @@ def ranked(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     (``space.base_candidates``), the reference heuristic's tactic, and the
     narrow-token-tile twins of the ``TWIN_PARENTS`` predicted fastest."""
     from . import space
-    from .tactics import reference_tactic
+    from ..tactics import reference_tactic
     base = set(space.base_candidates(m, n, k, sm_count, k_splits=(1,), early_launches=(False,),
                                      bulk_xs=(False,)))
     base.add(reference_tactic(m, n, k, sm_count))
@@ -306,7 +307,7 @@ def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     with the options its nearest measured pairs say gain
     (``neighbours.apply_options``); and its predicted time (the ranked time
     times the options' measured ratios)."""
-    from .tactics import reference_tactic
+    from ..tactics import reference_tactic
     model = model or shipped_model()
     order = ranked(m, n, k, sm_count, model)
     tactic, us = order[0]
@@ -390,7 +391,7 @@ def shortlist(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, size: in
     without the early trigger or a mixed grid, or one another M chose, when
     within 2%)."""
     from . import space
-    from .tactics import reference_tactic
+    from ..tactics import reference_tactic
     base = set(space.base_candidates(m, n, k, sm_count, early_launches=(False,)))
     reference = reference_tactic(m, n, k, sm_count)
     base.add(reference)

@@ -16,8 +16,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from . import layout
-from .tactics import MAX_M, WarpSplitKTactic, check_tactic
+from ..kernel import layout
+from ..tactics import MAX_M, WarpSplitKTactic, check_tactic
 
 SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
 _lock = threading.Lock()
@@ -54,7 +54,7 @@ def _checked(tactic, n, k, swiglu):
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False):
     n, k = _checked(tactic, n, k, swiglu)
     _, cute = _cute()
-    from .kernel import WarpSplitKKernel
+    from ..kernel.warp_splitk import WarpSplitKKernel
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl, swiglu=swiglu)
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *_fake_args(), options=f"--gpu-arch {arch} {options}".strip())
@@ -91,13 +91,13 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
 
     Dynamic M (1..32 rows of x and out); PDL on. Cached per argument tuple and
     safe to call from several threads (a shape is compiled once), and kept
-    on disk for the next process (:mod:`warpsplitk.disk_cache`). The
+    on disk for the next process (:mod:`warpsplitk.runtime.disk_cache`). The
     compiled callable takes ``(weight, x, bias, out, m, stream)``: four
     :func:`gmem_pointer` addresses of packed row-major BF16 tensors, M as an
     int, and a ``CUstream``; it launches on the stream without any check, so
     callers validate first (as :class:`PreparedWarpSplitK` does). With
     ``swiglu`` the ``[n, k]`` weight is ``[gate; up]`` and ``out`` is
-    ``[M, n / 2]`` (the SwiGLU epilogue, :class:`~warpsplitk.kernel.WarpSplitKKernel`).
+    ``[M, n / 2]`` (the SwiGLU epilogue, :class:`~warpsplitk.kernel.warp_splitk.WarpSplitKKernel`).
     """
     n, k = _checked(tactic, n, k, swiglu)
     with _lock:
@@ -114,7 +114,7 @@ def _launcher_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu):
 
 def launcher(device_index: int, n: int, k: int, tactic: WarpSplitKTactic, *,
              has_bias: bool = False, use_pdl: bool = True, swiglu: bool = False):
-    """A :class:`~warpsplitk.launch.Launcher` of :func:`compile_warp_splitk`'s
+    """A :class:`~warpsplitk.runtime.launch.Launcher` of :func:`compile_warp_splitk`'s
     code on ``device_index``: called with plain addresses, M and a stream
     handle, at a few microseconds of host time. Cached like the code."""
     n, k = _checked(tactic, n, k, swiglu)
@@ -374,7 +374,7 @@ def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None 
     """With an activation ring refilled by the async proxy (TMA or bulk
     copies), each release of a stage that a copy refills must follow a
     cross-proxy fence issued after the stage's last ldmatrix read (else the
-    refill can land before the reads: kernel.py, compute). The K loop is
+    refill can land before the reads: warp_splitk.py, compute). The K loop is
     unrolled, so the releases appear in K tile order (a mixed grid traces it
     twice); given ``k_tiles`` and ``stages``, the last ``stages`` tiles of
     each loop, never refilled, must come without a fence (it only costs).

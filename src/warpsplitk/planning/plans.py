@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
-from .tactics import MAX_M, WarpSplitKTactic, _integer, check_ms, check_tactic, default_tactic
+from ..tactics import MAX_M, WarpSplitKTactic, _integer, check_ms, check_tactic, default_tactic
 
 PLAN_FORMAT = "warpsplitk-plan"
 PLAN_VERSION = 1
@@ -83,7 +83,7 @@ def default_choice(m: int, n: int, k: int, sm_count: int | None = None) -> WarpS
     ``default_tactic``, or ``CUBLAS`` where the cost model predicts
     ``torch.matmul`` faster than that tactic (M = 32 on some large weights)."""
     from . import cost_model
-    from .tactics import _sm_count
+    from ..tactics import _sm_count
     sm_count = _sm_count(sm_count)
     tactic = default_tactic(m, n, k, sm_count)
     return CUBLAS if cost_model.prefers_cublas(m, n, k, sm_count) else tactic
@@ -185,7 +185,7 @@ def plan_from_json(data, source="plan") -> DecodePlan:
 def load_plan(path) -> DecodePlan:
     """Read and validate a plan file; every problem (no such file, not
     JSON, not a plan, a bad entry) is a ``ValueError`` naming the file."""
-    from .jsonfile import read_json
+    from ..jsonfile import read_json
     return plan_from_json(read_json(path, "plan file"), str(path))
 
 
@@ -224,18 +224,18 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
     on cuBLAS, a ``PreparedDecode`` with the same interface. With ``swiglu``
     (``weight`` is ``[gate; up]``): a ``PreparedWarpSplitK`` with the SwiGLU
     epilogue, every M on the kernel (:func:`swiglu_tactic`)."""
-    from .prepared import _matrix_shape
+    from ..runtime.prepared import _matrix_shape
     n, k = _matrix_shape("weight", weight, "[N, K]")
     ms = _check_prepare_ms(ms)
     import torch
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise ValueError(f"bias must be None or a torch.Tensor [N], got {type(bias).__name__}")
     # a weight the kernel cannot take is refused by PreparedWarpSplitK, before any tuning
-    from .linear import ineligibility
+    from ..nn.linear import ineligibility
     plan = resolve_plan(plan, [(n, k)] if ineligibility(weight, bias, ms) is None else [], ms)
     plan = plan if plan is not None else DecodePlan()
     if swiglu:
-        from .prepared import PreparedWarpSplitK
+        from ..runtime.prepared import PreparedWarpSplitK
         return PreparedWarpSplitK(weight, {m: swiglu_tactic(plan, m, n, k) for m in ms},
                                   bias=bias, swiglu=True)
     return prepare_choices(weight, {m: plan.tactic_for(n, k, m) for m in ms}, bias)
@@ -246,7 +246,7 @@ def swiglu_tactic(plan: DecodePlan | None, m: int, n: int, k: int,
     """The tactic M tokens run on a ``[gate; up]`` weight with the SwiGLU
     epilogue: the plan's, where it has one the epilogue takes (not cuBLAS,
     not a mixed grid), else ``default_tactic``."""
-    from .tactics import is_legal
+    from ..tactics import is_legal
     choice = plan.lookup(n, k, m) if plan is not None else None
     if choice is None or choice == CUBLAS or not is_legal(choice, n, k, swiglu=True):
         choice = default_tactic(m, n, k, sm_count)
@@ -256,7 +256,7 @@ def swiglu_tactic(plan: DecodePlan | None, m: int, n: int, k: int,
 def prepare_choices(weight, choices, bias=None):
     """``weight`` prepared for ``{M: tactic or CUBLAS}``: a ``PreparedWarpSplitK``
     when every M runs the kernel, else a ``PreparedDecode``."""
-    from .prepared import PreparedDecode, PreparedWarpSplitK
+    from ..runtime.prepared import PreparedDecode, PreparedWarpSplitK
     cublas_ms = [m for m, t in choices.items() if t == CUBLAS]
     if not cublas_ms:
         return PreparedWarpSplitK(weight, choices, bias=bias)
@@ -273,8 +273,8 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
     errors)."""
     import torch
 
-    from .compile import device_arch
-    from .precompile import precompile
+    from ..runtime.compile import device_arch
+    from ..runtime.precompile import precompile
     weights = list(weights)
     plan = resolve_plan(plan, [tuple(w.shape) for w in weights if isinstance(w, torch.Tensor)
                                and w.is_cuda and w.dim() == 2], ms, progress=progress,
@@ -315,13 +315,13 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     (default: ``precompile.default_jobs()``) into the
     disk cache, from which each weight's preparation then loads them.
 
-    ``plan="auto"``: the plan for this GPU (``warpsplitk.plan_cache``), tuning
+    ``plan="auto"``: the plan for this GPU (``warpsplitk.planning.plan_cache``), tuning
     first the weights' shapes it lacks and keeping them for the next process."""
     start = time.perf_counter()
     if not isinstance(weights, Mapping):
         raise ValueError(f"weights must be a mapping {{name: torch.Tensor}}, got "
                          f"{type(weights).__name__}")
-    from .prepared import _matrix_shape
+    from ..runtime.prepared import _matrix_shape
     for name, weight in weights.items():
         _matrix_shape(f"weights[{name!r}]", weight, "[N, K]")
     ms = _check_prepare_ms(ms)

@@ -6,8 +6,9 @@ import warnings
 
 import pytest
 
-from warpsplitk import shapes, timing
-from warpsplitk.decode import (
+from warpsplitk import shapes
+from warpsplitk.measure import timing
+from warpsplitk.planning.plans import (
     PLAN_FORMAT,
     PLAN_VERSION,
     DecodePlan,
@@ -17,8 +18,8 @@ from warpsplitk.decode import (
 )
 from warpsplitk.tactics import (WarpSplitKTactic, check_tactic, ctas_per_sm, default_tactic, grid_ctas,
                                 is_legal)
-from warpsplitk.space import base_candidates
-from warpsplitk.tune import REPRESENTATIVE_MS, candidates, representative
+from warpsplitk.planning.space import base_candidates
+from warpsplitk.planning.tune import REPRESENTATIVE_MS, candidates, representative
 
 T = WarpSplitKTactic
 
@@ -121,7 +122,7 @@ def test_set_refuses_what_the_file_could_not_hold(args, match):
 
 
 def test_every_plan_argument_is_a_plan_none_or_auto():
-    from warpsplitk.decode import check_plan, prepare, resolve_plan
+    from warpsplitk.planning.plans import check_plan, prepare, resolve_plan
     plan = small_plan()
     assert check_plan(plan) is plan and check_plan(None) is None and check_plan("auto") == "auto"
     assert resolve_plan(plan, [(4224, 7168)]) is plan
@@ -147,7 +148,7 @@ def test_prepare_and_prepare_model_refuse_bad_ms_and_weights_by_name():
     import numpy as np
     import torch
 
-    from warpsplitk.decode import prepare, prepare_model
+    from warpsplitk.planning.plans import prepare, prepare_model
     weight = torch.zeros(256, 1024, dtype=torch.bfloat16)
     # as DecodeLinear and patch_model word them (check_ms)
     for call in (lambda ms: prepare(weight, None, ms=ms),
@@ -330,7 +331,7 @@ def test_plan_view_compiles_registers(tmp_path, capsys):
 
 
 def test_choose_tactics_reuses_within_tolerance():
-    from warpsplitk.tune import choose_tactics
+    from warpsplitk.planning.tune import choose_tactics
     a, b, c = T(16, 8, 256, 9, 1), T(32, 8, 256, 11, 1), T(32, 32, 256, 6, 2)
     times = {32: {c: 15.6, a: 18.0}, 8: {a: 14.0, b: 13.8, c: 14.05}, 1: {a: 13.9, b: 13.7}}
     picks = choose_tactics(times, tolerance=0.02)
@@ -342,7 +343,7 @@ def test_choose_tactics_reuses_within_tolerance():
 
 
 def test_choose_tactics_takes_the_early_trigger_only_when_clearly_faster():
-    from warpsplitk.tune import choose_tactics
+    from warpsplitk.planning.tune import choose_tactics
     a = T(16, 8, 256, 9, 1)
     early = dataclasses.replace(a, early_launch=True)
     b = T(32, 8, 256, 11, 1)
@@ -363,7 +364,7 @@ def test_choose_tactics_takes_the_early_trigger_only_when_clearly_faster():
 
 
 def test_choose_tactics_takes_a_mixed_grid_only_when_clearly_faster():
-    from warpsplitk.tune import choose_tactics
+    from warpsplitk.planning.tune import choose_tactics
     uniform = T(32, 32, 128, 3, 1, early_launch=True, tma_x=True)
     late = dataclasses.replace(uniform, early_launch=False)
     mixed = T(64, 32, 128, 3, 1, tma_x=True, half_tiles=40)
@@ -379,7 +380,7 @@ def test_choose_tactics_takes_a_mixed_grid_only_when_clearly_faster():
 def test_choose_tactics_never_picks_outside_tolerance():
     import random
 
-    from warpsplitk.tune import choose_tactics
+    from warpsplitk.planning.tune import choose_tactics
     rng = random.Random(0)
     tactics = [T(16, 8, 256, s, 1) for s in range(2, 12)]
     for _ in range(200):
@@ -392,7 +393,7 @@ def test_choose_tactics_never_picks_outside_tolerance():
 def _log(path, records):
     """A tuner log of ``(n, k, m, tactic, us or None)``; a K split's records
     carry the current kernel revision (the others none: revision 1)."""
-    from warpsplitk.tune import KERNEL_REVISION
+    from warpsplitk.planning.tune import KERNEL_REVISION
     with open(path, "w") as f:
         for n, k, m, tactic, us in records:
             rec = {"key": f"{n},{k},{m},{tactic}", "n": n, "k": k, "m": m, "tactic": tactic}
@@ -404,7 +405,7 @@ def _log(path, records):
 
 
 def test_plan_from_log_makes_the_tuners_choices(tmp_path):
-    from warpsplitk.tune import plan_from_log
+    from warpsplitk.planning.tune import plan_from_log
     a, b = "16,8,256,4,1", "32,8,256,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
     records += [(1024, 4096, r, b, 4.0) for r in (1, 8)]          # faster at small M
@@ -428,7 +429,7 @@ def test_shipped_plan_is_what_its_log_gives():
     over the default space."""
     from pathlib import Path
 
-    from warpsplitk.tune import plan_from_log
+    from warpsplitk.planning.tune import plan_from_log
     log = Path(__file__).resolve().parent.parent / "bench/results/h200-tune-log.jsonl"
     if not log.exists():
         pytest.skip("the tuner log is not in this checkout")
@@ -479,7 +480,7 @@ def test_k_split_candidates_only_where_the_grid_leaves_sms_idle():
 
 
 def test_plan_from_log_counts_confirmations_with_the_median(tmp_path):
-    from warpsplitk.tune import plan_from_log
+    from warpsplitk.planning.tune import plan_from_log
     a, b, c = "16,8,256,4,1", "32,8,256,4,1+early", "64,8,128,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
     records += [(1024, 4096, r, b, 4.0) for r in REPRESENTATIVE_MS]
@@ -509,7 +510,7 @@ def test_plan_from_log_counts_confirmations_with_the_median(tmp_path):
 
 
 def test_confirmation_helpers():
-    from warpsplitk.tune import CONFIRM_ROUNDS, _cell_times, _confirm_candidates, _confirm_key
+    from warpsplitk.planning.tune import CONFIRM_ROUNDS, _cell_times, _confirm_candidates, _confirm_key
     a, b, c = T(16, 8, 256, 4, 1), T(32, 8, 256, 4, 1), T(32, 8, 256, 4, 1, early_launch=True)
     cell = {a: [5.0], b: [4.0, 4.4], c: [3.0]}
     assert _confirm_candidates(cell, 2) == [c, b]
@@ -532,7 +533,7 @@ def test_confirmations_alternate_round_by_round():
     """The tuner's confirmation timings of a cell: every candidate once per
     round, round after round (as the benchmark alternates), the default
     heuristic's tactic among them; none without ``confirm``."""
-    from warpsplitk.tune import CONFIRM_ROUNDS, _confirmations
+    from warpsplitk.planning.tune import CONFIRM_ROUNDS, _confirmations
     a, b, c = T(16, 8, 256, 4, 1), T(32, 8, 256, 4, 1), T(32, 8, 256, 4, 1, early_launch=True)
     cell = {a: [5.0], b: [4.0], c: [3.0]}
     assert _confirmations(cell, 1, default=a, rounds=2) == [(1, c), (1, a), (2, c), (2, a)]
@@ -556,7 +557,7 @@ def test_candidates_for_shapes_outside_the_table(n, k):
 
 
 def test_prefetch_twins_of_the_fastest_small_weights_only():
-    from warpsplitk.space import PREFETCH_MAX_BYTES, PREFETCH_TOP, prefetch_twins
+    from warpsplitk.planning.space import PREFETCH_MAX_BYTES, PREFETCH_TOP, prefetch_twins
     n, k = 768, 7168  # 11 MB, 28 K tiles of 256
     times = {WarpSplitKTactic(32, 8, 256, s, 1): 4.0 + s / 100 for s in (4, 6, 8, 10, 12)}
     times[WarpSplitKTactic(32, 8, 256, 28, 1)] = 1.0  # fastest, but its ring holds all of K
@@ -577,7 +578,7 @@ def test_bounded_prefetch_twins_of_the_fastest_any_size():
     """Each cell's two fastest without a prefetch, with the prefetch bounded
     to 1-4 tiles past the ring where that leaves part of the K share out;
     any weight size (2-6% on the 22-61 MB weights)."""
-    from warpsplitk.space import BOUNDED_PREFETCH_DEPTHS, BOUNDED_PREFETCH_TOP, bounded_prefetch_twins
+    from warpsplitk.planning.space import BOUNDED_PREFETCH_DEPTHS, BOUNDED_PREFETCH_TOP, bounded_prefetch_twins
     n, k = 4224, 2048  # 8 K tiles of 256
     a, b = WarpSplitKTactic(32, 8, 256, 3, 1, early_launch=True), WarpSplitKTactic(32, 8, 256, 6, 1)
     times = {a: 13.0, b: 13.1, WarpSplitKTactic(32, 8, 256, 2, 1): 14.0,
@@ -592,7 +593,7 @@ def test_bounded_prefetch_twins_of_the_fastest_any_size():
 
 
 def test_tma_twins_of_the_fastest():
-    from warpsplitk.space import TMA_TOP, tma_twins
+    from warpsplitk.planning.space import TMA_TOP, tma_twins
     n, k = 4224, 7168
     times = {WarpSplitKTactic(16, 32, 256, s, 2): 15.0 + s / 10 for s in (2, 3, 4, 5)}
     times[WarpSplitKTactic(32, 32, 256, 4, 1, tma_x=True)] = 1.0  # boxes already: never a source
@@ -612,7 +613,7 @@ def test_tma_twins_of_the_fastest():
 
 
 def test_mixed_twins_balance_uneven_grids_only():
-    from warpsplitk.space import balanced_half_tiles, mixed_twins
+    from warpsplitk.planning.space import balanced_half_tiles, mixed_twins
     assert balanced_half_tiles(3216, 32, 132) == 63      # 69 x 32 + 63 x 16
     assert balanced_half_tiles(3216, 64, 132) is None    # 100.5 64-row tiles
     assert balanced_half_tiles(2048, 32, 132) is None    # 128 tiles: no half tile fits
@@ -649,7 +650,7 @@ def test_mixed_twins_balance_uneven_grids_only():
 
 
 def test_narrow_twins_give_rows_past_m_to_ring_depth():
-    from warpsplitk.space import NARROW_TOP, narrow_twins
+    from warpsplitk.planning.space import NARROW_TOP, narrow_twins
     n, k = 2112, 7168  # 132 CTAs of 16 rows: one per SM
     parent = WarpSplitKTactic(16, 8, 256, 16, 1)
     times = {parent: 7.4, WarpSplitKTactic(32, 8, 256, 10, 2, 2, tma_x=False): 7.5,
@@ -689,7 +690,7 @@ def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
     """A log from before M = 4 was measured (or a shape whose M = 4 cell
     failed): M 2-4 take the M = 8 winner, as they did then, and the plan
     says so; a shape missing its largest M is still left out."""
-    from warpsplitk.tune import plan_from_log
+    from warpsplitk.planning.tune import plan_from_log
     a, b = "16,8,256,4,1", "32,8,256,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in (1, 16, 24, 32)] + [(1024, 4096, 8, b, 4.0)]
     records += [(2048, 4096, r, a, 6.0) for r in (1, 4, 8, 16, 24)]
@@ -706,7 +707,7 @@ def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     """A log holds what any run measured; the plan counts narrow token tiles
     (and rings past 16 stages) unless told not to, and never the retired
     split of K in four, however fast it was."""
-    from warpsplitk.tune import in_default_space, plan_from_log
+    from warpsplitk.planning.tune import in_default_space, plan_from_log
     wide, narrow, deep, four = ("32,8,256,4,1", "32,1,256,13,1", "16,8,256,18,1",
                                 "32,8,256,4,1,4")
     assert in_default_space(WarpSplitKTactic.parse(wide))
@@ -741,7 +742,7 @@ def test_plan_from_log_skips_tactics_this_version_refuses(tmp_path):
     one, as narrow tiles with bulk rows once were): a plan
     from that log never picks them, however fast they were."""
     from warpsplitk.tactics import is_legal
-    from warpsplitk.tune import plan_from_log
+    from warpsplitk.planning.tune import plan_from_log
     # a 1 x 256 stage is 32 copies: too few for two loader warps
     refused, ok = "32,1,256,13,2+early", "32,1,256,13,1+early"
     assert not is_legal(WarpSplitKTactic.parse(refused), 2624, 6144)
@@ -757,7 +758,7 @@ def test_timings_of_changed_kernels_are_stale(tmp_path):
     (no ``rev``) are stale: left out of a plan unless asked for, and of the
     tuner's resume set (so it measures them again); a newer record of the
     same key wins; records of cp.async tactics stay valid."""
-    from warpsplitk.tune import (ASYNC_RING_REVISION, _read_log, is_stale, plan_from_log,
+    from warpsplitk.planning.tune import (ASYNC_RING_REVISION, _read_log, is_stale, plan_from_log,
                                  stale_records)
     plain, tma, bulk = "16,8,256,4,1", "16,8,256,4,1+tma", "16,8,256,4,1+bulk"
     assert not is_stale({"tactic": plain})
@@ -809,7 +810,7 @@ def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp
     cell's best valid timing is skipped on resume; a faster one is measured
     again; stale confirmations and failures are judged by nothing (their
     cell's candidates decide)."""
-    from warpsplitk.tune import dominated_stale_keys
+    from warpsplitk.planning.tune import dominated_stale_keys
     log = tmp_path / "log.jsonl"
     plain, tma, bulk = "16,8,256,4,1", "16,8,256,4,1+tma", "16,8,256,4,1+bulk"
     _log(log, [(1024, 4096, 1, plain, 5.0), (1024, 4096, 1, tma, 6.0),
@@ -830,7 +831,7 @@ def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
     comma field: the retired activation multicast) are skipped by
     ``_read_log`` and so by plans and resumes, however fast they were; a new
     record carries the kernel revision and no ``variant``."""
-    from warpsplitk.tune import KERNEL_REVISION, _read_log, _record, plan_from_log
+    from warpsplitk.planning.tune import KERNEL_REVISION, _read_log, _record, plan_from_log
     fresh = _record(key="a")
     assert fresh["rev"] == KERNEL_REVISION and "variant" not in fresh
     split, multicast = "32,8,256,4,1,2", "16,16,256,4,1,1,2"
@@ -858,7 +859,7 @@ def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
 
 
 def test_tuning_order_is_largest_weight_first():
-    from warpsplitk.tune import tuning_order
+    from warpsplitk.planning.tune import tuning_order
     assert tuning_order([(1024, 4096), (4096, 14336), (4096, 1024), (14336, 4096),
                          (1024, 4096)]) == [(4096, 14336), (14336, 4096), (1024, 4096),
                                             (4096, 1024)]

@@ -3,7 +3,7 @@
 ``plan="auto"`` (``prepare_model``, ``patch_model``) resolves to the plan for
 the current GPU: the built-in plan where one was measured on this GPU model,
 then this GPU's cached plan file, and every shape neither covers is tuned
-first (``warpsplitk.tune.tune``, with progress) and merged into the file, so
+first (``warpsplitk.planning.tune.tune``, with progress) and merged into the file, so
 the next process starts with nothing to tune. Tuning happens at preparation,
 never inside a CUDA-graph capture (refused with a ``ValueError``).
 
@@ -22,9 +22,9 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import disk_cache
-from .decode import DecodePlan, builtin_plan, load_plan
-from .tactics import MAX_M
+from ..runtime import disk_cache
+from .plans import DecodePlan, builtin_plan, load_plan
+from ..tactics import MAX_M
 
 #: the built-in plans and the GPU (name, SM count) each was measured on
 _BUILTIN_GPUS = {"h200": ("NVIDIA H200", 132)}
@@ -129,7 +129,7 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
     does not take are left out (they run on cuBLAS)."""
     import torch
 
-    from .tactics import shape_refusal
+    from ..tactics import shape_refusal
     ms = tuple(ms)
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise ValueError("plan='auto' tunes the shapes its plan lacks before preparing; "

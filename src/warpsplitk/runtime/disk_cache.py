@@ -44,7 +44,8 @@ from pathlib import Path
 FORMAT = 1
 
 #: The modules whose text decides the compiled code.
-_SOURCES = ("kernel.py", "layout.py", "ptx.py", "tactics.py", "compile.py")
+_SOURCES = ("kernel/warp_splitk.py", "kernel/layout.py", "kernel/ptx.py", "tactics.py",
+            "runtime/compile.py")
 
 _warned = set()
 _warn_lock = threading.Lock()
@@ -77,11 +78,11 @@ def cache_dir() -> Path:
 
 @functools.cache
 def _sources_digest() -> str:
-    here = Path(__file__).parent
+    package = Path(__file__).parents[1]
     h = hashlib.sha256()
     for name in _SOURCES:
         h.update(name.encode())
-        h.update((here / name).read_bytes())
+        h.update((package / name).read_bytes())
     return h.hexdigest()
 
 
@@ -89,7 +90,7 @@ def _sources_digest() -> str:
 def _versions() -> dict:
     from importlib import metadata
 
-    from . import __version__
+    from .. import __version__
     try:
         dsl = metadata.version("nvidia-cutlass-dsl")
     except metadata.PackageNotFoundError:
@@ -291,7 +292,7 @@ def arch_resources(n: int, k: int, tactic, arch: str = "sm_90a", has_bias: bool 
     ``[n, k]`` with ``tactic``, compiled for ``arch`` (no GPU needed):
     ``{"registers", "spill_bytes", "local_bytes"}``. From the disk cache
     when it has the record (the CuTe DSL is then not imported), else
-    compiled with ``warpsplitk.compile.compile_for_arch`` and stored."""
+    compiled with ``warpsplitk.runtime.compile.compile_for_arch`` and stored."""
     stem = key(arch, n, k, tactic, has_bias, use_pdl)
     found = load_resources(stem)
     if found is not None:

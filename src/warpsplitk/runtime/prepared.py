@@ -4,7 +4,7 @@ Everything slow happens in ``__init__`` (validation, one compile per distinct
 tactic); ``run`` checks its arguments cheaply and launches once, with no
 allocation, no host synchronisation and no compilation, so it is safe inside
 CUDA graph capture. ``PreparedDecode`` is the same for a plan that runs some
-Ms on cuBLAS (``decode.CUBLAS``).
+Ms on cuBLAS (``plans.CUBLAS``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .compile import compile_warp_splitk, launcher
-from .tactics import MAX_M, WarpSplitKTactic, _integer, check_tactic
+from ..tactics import MAX_M, WarpSplitKTactic, _integer, check_tactic
 
 ALIGN_BYTES = 32
 #: The device type a prepared weight lives on (a module constant so that CPU
@@ -211,7 +211,7 @@ class PreparedWarpSplitK:
 
 
 class PreparedDecode:
-    """What ``decode.prepare`` returns when a plan runs some Ms on cuBLAS:
+    """What ``plans.prepare`` returns when a plan runs some Ms on cuBLAS:
     ``torch.matmul`` (``torch.addmm`` with a bias) into ``out`` for
     ``cublas_ms``, the warp split-K kernel (a ``PreparedWarpSplitK``) for the
     Ms of ``tactics``. The same interface and checks as

@@ -10,7 +10,7 @@ storage and returns a :class:`MergedPart` per linear, each a drop-in for its
 linear: the same ``weight`` and ``bias`` names, now views into the merged
 storage, so ``state_dict`` keeps its keys and ``load_state_dict`` writes
 through into what the kernel reads. The first part called with an input
-runs the merged weight once (a :class:`~warpsplitk.linear.DecodeLinear`)
+runs the merged weight once (a :class:`~warpsplitk.nn.linear.DecodeLinear`)
 and the others called with the same input tensor take their columns of that
 output: transformers' Llama attention calls ``q_proj``, ``k_proj`` and
 ``v_proj`` on one ``hidden_states``. A part called with another input, or a
@@ -139,7 +139,7 @@ class MergedGroup:
         self.linear = DecodeLinear(self.weight, self.bias, self.plan, self.ms)
         self._release_swiglu()
         if self.swiglu and ineligibility(self.weight, self.bias, self.ms) is None:
-            from .decode import prepare
+            from ..planning.plans import prepare
             self.swiglu_prepared = prepare(self.weight, self.plan, self.ms, self.bias,
                                            swiglu=True)
             self._swiglu_handle = ops.register(self.swiglu_prepared)
@@ -282,8 +282,8 @@ def merge_linears(linears, plan=None, ms=None, prepare=True) -> list[MergedPart]
     in order; ``ValueError`` (:func:`merge_refusal`) when they cannot be.
     With ``prepare=False`` the kernel is left to ``parts[0].group.prepare()``
     (``patch_model`` compiles every group's kernels in parallel first)."""
-    from .decode import check_plan
-    from .tactics import MAX_M, check_ms
+    from ..planning.plans import check_plan
+    from ..tactics import MAX_M, check_ms
     check_plan(plan)
     ms = check_ms(range(1, MAX_M + 1) if ms is None else ms)
     linears = list(linears)
