@@ -260,7 +260,7 @@ class WarpSplitKTactic:
                    prefetch_tiles=prefetch_tiles)
 
 
-def _integer(value, otherwise=None):
+def as_integer(value, otherwise=None):
     """``value`` as an int where it is integral (``operator.index``: Python,
     NumPy and torch integer scalars), else ``otherwise``. A bool is no size."""
     # torch.tensor(True) indexes as 1
@@ -355,8 +355,8 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = Fal
         raise ValueError(f"warp split-K tactic: output_tile {tactic.output_tile} needs k_tile "
                          f"128 (got k_tile {tactic.k_tile}: the compiled kernel spills or "
                          "holds 150+ registers)")
-    n = _integer(n, n)
-    k = _integer(k, k)
+    n = as_integer(n, n)
+    k = as_integer(k, k)
     if tactic.half_tiles:
         if tactic.output_tile not in HALF_TILE_SOURCES:
             raise ValueError(f"warp split-K tactic: half_tiles needs output_tile in "
@@ -458,7 +458,7 @@ def legal_tactics(m: int, n: int, k: int, k_splits=(1,), early_launches=(False,)
 
 def _check_m(m) -> int:
     """``m`` as an int; ``ValueError`` unless it is an integer in 1..32."""
-    value = _integer(m)
+    value = as_integer(m)
     if value is None or not 1 <= value <= MAX_M:
         raise ValueError(f"warp split-K: M must be in 1..{MAX_M}, "
                          f"got {m if value is None else value!r}")
@@ -615,7 +615,7 @@ def _check_below_max_n(n):
 
 def _size(value):
     """``value`` as an int where it is a positive integer, else None."""
-    value = _integer(value)
+    value = as_integer(value)
     return value if value is not None and value > 0 else None
 
 
@@ -626,7 +626,7 @@ def shape_refusal(n, k) -> str | None:
     statement of these rules: ``default_tactic`` raises it, the model tables
     and the CLI leave such a weight to cuBLAS with it. N and K may be any
     integral type."""
-    n, k = _integer(n, n), _integer(k, k)
+    n, k = as_integer(n, n), as_integer(k, k)
     if _size(n) is None or n % 16:
         return f"N must be a positive multiple of 16, got {n!r}"
     if n >= MAX_N:

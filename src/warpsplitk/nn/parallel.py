@@ -45,7 +45,7 @@ from torch import nn
 
 from ..planning.plans import check_plan
 from .linear import DecodeLinear, _shape_reason
-from ..tactics import MAX_M, _integer, check_ms
+from ..tactics import MAX_M, as_integer, check_ms
 
 # ------------------------------------------------------ NVLink multicast off
 
@@ -124,10 +124,10 @@ def check_backend_multicast(backend, environ=None) -> None:
 def check_world(rank: int, world: int) -> tuple[int, int]:
     """``(rank, world)`` as ints (any integral type); ValueError unless
     ``0 <= rank < world``."""
-    world_size = _integer(world)
+    world_size = as_integer(world)
     if world_size is None or world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world!r}")
-    this_rank = _integer(rank)
+    this_rank = as_integer(rank)
     if this_rank is None or not 0 <= this_rank < world_size:
         raise ValueError(f"rank must be in 0..{world_size - 1} for world size {world_size}, "
                          f"got {rank!r}")
@@ -135,7 +135,7 @@ def check_world(rank: int, world: int) -> tuple[int, int]:
 
 
 def _positive(what, value) -> int:
-    size = _integer(value)
+    size = as_integer(value)
     if size is None or size <= 0:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
     return size

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
-from ..tactics import MAX_M, WarpSplitKTactic, _integer, check_ms, check_tactic, default_tactic
+from ..tactics import MAX_M, WarpSplitKTactic, as_integer, check_ms, check_tactic, default_tactic
 
 PLAN_FORMAT = "warpsplitk-plan"
 PLAN_VERSION = 1
@@ -45,7 +45,7 @@ def _check_entry(n, k, m, us, where):
     of microseconds."""
     sizes = []
     for name, value in (("N", n), ("K", k), ("M", m)):
-        size = _integer(value)
+        size = as_integer(value)
         if size is None or size < 1:
             raise ValueError(f"{where}: {name} must be a positive integer, got {value!r}")
         sizes.append(size)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .compile import compile_warp_splitk, launcher
-from ..tactics import MAX_M, WarpSplitKTactic, _integer, check_tactic
+from ..tactics import MAX_M, WarpSplitKTactic, as_integer, check_tactic
 
 ALIGN_BYTES = 32
 #: The device type a prepared weight lives on (a module constant so that CPU
@@ -106,7 +106,7 @@ def _check_tactics(tactics, n, k, swiglu=False) -> dict:
                          f"{tactics!r}")
     checked = {}
     for key, tactic in tactics.items():
-        m = _integer(key)
+        m = as_integer(key)
         if m is None or not 1 <= m <= MAX_M:
             raise ValueError(f"tactics are keyed by M in 1..{MAX_M}, got key {key!r}")
         try:
