@@ -1,0 +1,440 @@
+"""The tuner (planning/tune.py): candidates, choices within tolerance, plans from logs, confirmations, stale records."""
+
+import dataclasses
+import json
+
+import pytest
+
+from warpsplitk import shapes
+from warpsplitk.measure import timing
+from warpsplitk.planning.plans import builtin_plan, load_plan
+from warpsplitk.planning.space import base_candidates
+from warpsplitk.planning.tune import REPRESENTATIVE_MS, candidates, representative
+from warpsplitk.tactics import WarpSplitKTactic, default_tactic, is_legal
+
+T = WarpSplitKTactic
+
+
+def test_representative_buckets():
+    assert representative(1) == 1
+    # 2..4 take the M = 4 winner: the Ms a 4-row narrow token tile covers
+    assert [representative(m) for m in (2, 3, 4, 5, 8, 9, 16, 17, 24, 25, 32)] == [
+        4, 4, 4, 8, 8, 16, 16, 24, 24, 32, 32]
+    # a plan tuned with other representatives is rebuilt with them
+    assert [representative(m, (1, 8, 16, 24, 32)) for m in (2, 4, 9)] == [8, 8, 16]
+    for m in range(1, 33):
+        assert representative(m) >= m
+
+
+@pytest.mark.parametrize("m", [1, 8, 16, 24, 32])
+@pytest.mark.parametrize("n,k", [(s["n"], s["k"]) for s in shapes.load()["shapes"]])
+def test_candidates_are_legal_small_and_include_default(m, n, k):
+    found = candidates(m, n, k, 132)
+    late = [t for t in found if not t.early_launch]
+    # a measurement is ~50 ms, a compile ~1 s of one core: the set stays small
+    assert late and len([t for t in late if t.k_split == 1]) <= 32 and len(late) <= 64
+    # every candidate is measured with both PDL trigger points, by default
+    assert sorted(dataclasses.replace(t, early_launch=True) for t in late) == \
+        [t for t in found if t.early_launch]
+    assert late == candidates(m, n, k, 132, early_launches=(False,))
+    assert found == candidates(m, n, k, 132, k_splits=(1, 2))  # the split of K: on by default
+    assert not [t for t in found if t.k_split == 4]  # in four only on request
+    default = default_tactic(m, n, k, 132)
+    assert default in found
+    assert all(is_legal(t, n, k) for t in found)
+    cover = min(t for t in (8, 16, 32) if t >= m)
+    # the rules of the pruned space (the default tactic is added as it is)
+    late_default = dataclasses.replace(default, early_launch=False)
+    for t in (t for t in found if dataclasses.replace(t, early_launch=False) != late_default):
+        assert t.token_tile in (cover, cover // 2)
+        # 8-token tiles: one activation-loader warp, or two when x has
+        # real rows past the first (its copies follow the dependency wait)
+        assert t.b_loader_warps in ((1, 2) if t.token_tile == 8 and m > 1 else
+                                    (1,) if t.token_tile == 8 or t.bulk_x else (2,))
+    # bulk activation copies at M = 1 only, every candidate family also so;
+    # the L2 prefetch is never a candidate of its own (prefetch_twins)
+    bulk = [t for t in found if t.bulk_x]
+    assert bool(bulk) == (m == 1)
+    assert not any(t.l2_prefetch for t in found
+                   if dataclasses.replace(t, early_launch=False) != late_default)
+    assert [t for t in found if not t.bulk_x] == candidates(m, n, k, 132, bulk_xs=(False,))
+    assert set(found) - {late_default, dataclasses.replace(default, early_launch=True)} <= {
+        dataclasses.replace(t, early_launch=e) for t in base_candidates(m, n, k, 132)
+        for e in (False, True)}
+
+
+def test_choose_tactics_reuses_within_tolerance():
+    from warpsplitk.planning.tune import choose_tactics
+    a, b, c = T(16, 8, 256, 9, 1), T(32, 8, 256, 11, 1), T(32, 32, 256, 6, 2)
+    times = {32: {c: 15.6, a: 18.0}, 8: {a: 14.0, b: 13.8, c: 14.05}, 1: {a: 13.9, b: 13.7}}
+    picks = choose_tactics(times, tolerance=0.02)
+    assert picks[32] == (c, 15.6)
+    assert picks[8] == (c, 14.05)      # c is within 2% of b's 13.8: reused
+    assert picks[1] == (b, 13.7)       # c not measured at M=1: the fastest
+    strict = choose_tactics(times, tolerance=0.0)
+    assert strict[8] == (b, 13.8)
+
+
+def test_choose_tactics_takes_the_early_trigger_only_when_clearly_faster():
+    from warpsplitk.planning.tune import choose_tactics
+    a = T(16, 8, 256, 9, 1)
+    early = dataclasses.replace(a, early_launch=True)
+    b = T(32, 8, 256, 11, 1)
+    # 1.5% faster: within the tolerance, the late trigger stays
+    assert choose_tactics({1: {a: 10.0, early: 9.85, b: 10.1}})[1] == (a, 10.0)
+    # 5% faster: the early trigger wins
+    assert choose_tactics({1: {a: 10.0, early: 9.5, b: 10.1}})[1] == (early, 9.5)
+    # nothing else measured: it is the only choice
+    assert choose_tactics({1: {early: 9.9}})[1] == (early, 9.9)
+    # chosen for M=32 does not make it a candidate for reuse where it is not
+    # clearly faster; where it is, it is reused
+    picks = choose_tactics({32: {early: 9.0, a: 10.0}, 8: {early: 9.6, a: 9.5, b: 9.45}})
+    assert picks[32] == (early, 9.0) and picks[8] == (b, 9.45)
+    b_early = dataclasses.replace(b, early_launch=True)
+    picks = choose_tactics({32: {early: 9.0, a: 10.0},
+                            8: {early: 8.8, b_early: 8.7, a: 9.5, b: 9.1}})
+    assert picks[8] == (early, 8.8)
+
+
+def test_choose_tactics_takes_a_mixed_grid_only_when_clearly_faster():
+    from warpsplitk.planning.tune import choose_tactics
+    uniform = T(32, 32, 128, 3, 1, early_launch=True, tma_x=True)
+    late = dataclasses.replace(uniform, early_launch=False)
+    mixed = T(64, 32, 128, 3, 1, tma_x=True, half_tiles=40)
+    # 1.4% faster than the early uniform grid (7168x384 M = 32): the
+    # uniform one stays, and as the early trigger beats the late uniform grid
+    # clearly, it is the early one
+    assert choose_tactics({32: {mixed: 2.694, uniform: 2.733, late: 2.86}})[32] == (uniform, 2.733)
+    # 10% faster: the mixed grid wins
+    assert choose_tactics({32: {mixed: 9.14, uniform: 10.0, late: 10.1}})[32] == (mixed, 9.14)
+    assert choose_tactics({32: {mixed: 9.14}})[32] == (mixed, 9.14)
+
+
+def test_choose_tactics_never_picks_outside_tolerance():
+    import random
+
+    from warpsplitk.planning.tune import choose_tactics
+    rng = random.Random(0)
+    tactics = [T(16, 8, 256, s, 1) for s in range(2, 12)]
+    for _ in range(200):
+        times = {m: {t: rng.uniform(10, 12) for t in rng.sample(tactics, 4)} for m in (1, 8, 16, 32)}
+        for m, (tactic, us) in choose_tactics(times, 0.02).items():
+            assert us == times[m][tactic]
+            assert us <= min(times[m].values()) * 1.02
+
+
+def _log(path, records):
+    """A tuner log of ``(n, k, m, tactic, us or None)``; a K split's records
+    carry the current kernel revision (the others none: revision 1)."""
+    from warpsplitk.planning.tune import KERNEL_REVISION
+    with open(path, "w") as f:
+        for n, k, m, tactic, us in records:
+            rec = {"key": f"{n},{k},{m},{tactic}", "n": n, "k": k, "m": m, "tactic": tactic}
+            if WarpSplitKTactic.parse(tactic).k_split > 1:
+                rec["rev"] = KERNEL_REVISION
+            rec.update({"ok": True, "us": us} if us is not None else
+                       {"ok": False, "error": "relative error 0.5"})
+            f.write(json.dumps(rec) + "\n")
+
+
+def test_plan_from_log_makes_the_tuners_choices(tmp_path):
+    from warpsplitk.planning.tune import plan_from_log
+    a, b = "16,8,256,4,1", "32,8,256,4,1"
+    records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
+    records += [(1024, 4096, r, b, 4.0) for r in (1, 8)]          # faster at small M
+    records += [(1024, 4096, 32, b, 1.0)]                         # ... but wrong: ignored
+    records[-1] = (1024, 4096, 32, b, None)
+    records += [(2048, 4096, r, a, 6.0) for r in (1, 8, 16)]      # stopped mid-shape
+    _log(tmp_path / "log.jsonl", records)
+    plan, partial = plan_from_log(str(tmp_path / "log.jsonl"), meta={"gpu": "test"})
+    assert partial == {(2048, 4096): [4, 24, 32]}
+    assert sorted(plan.entries) == [(1024, 4096)]
+    by_m = plan.entries[(1024, 4096)]
+    assert sorted(by_m) == list(range(1, 33))
+    assert by_m[1] == (WarpSplitKTactic.parse(b), 4.0) and by_m[5][0].short() == b
+    assert by_m[32] == (WarpSplitKTactic.parse(a), 5.0) and by_m[20] == (WarpSplitKTactic.parse(a), None)
+    assert plan.meta["gpu"] == "test" and plan.meta["source"] == "log log.jsonl"
+
+
+def test_shipped_plan_is_what_its_log_gives():
+    """The built-in H200 plan is the tuner's choice from the committed log
+    as it stood when the plan was made (its first ``log_records`` lines),
+    over the default space."""
+    from pathlib import Path
+
+    from warpsplitk.planning.tune import plan_from_log
+    log = Path(__file__).resolve().parent.parent / "bench/results/h200-tune-log.jsonl"
+    if not log.exists():
+        pytest.skip("the tuner log is not in this checkout")
+    shipped = builtin_plan("h200")
+    narrow = shipped.meta.get("narrow_tiles", False)  # older plans: none
+    plan, _ = plan_from_log(str(log), reps=tuple(shipped.meta["representative_ms"]),
+                            records=shipped.meta["log_records"], narrow=narrow,
+                            stale=shipped.meta.get("async_ring_revision", 1) == 1,
+                            revision=shipped.meta.get("kernel_revision",
+                                                      shipped.meta.get("async_ring_revision", 1)))
+    if not narrow:
+        assert not any(t.token_tile < 8 for e in shipped.entries.values() for t, _ in e.values())
+    assert {nk: {m: t for m, (t, _) in e.items()} for nk, e in plan.entries.items()} == \
+        {nk: {m: t for m, (t, _) in e.items()} for nk, e in shipped.entries.items()}
+
+
+def test_cli_tune_from_log_without_gpu(tmp_path, capsys):
+    """``tune --from-log``: the plan of the whole log; a shape stopped short
+    of its larger Ms is left out and said so. (The log-prefix and stale
+    options are plan_from_log's ``records`` and ``stale``, tested above.)"""
+    from warpsplitk.cli import main
+    log = tmp_path / "log.jsonl"
+    _log(log, [(1024, 4096, r, "16,8,256,4,1", 5.0) for r in REPRESENTATIVE_MS]
+         + [(2048, 4096, r, "16,8,256,4,1", 6.0) for r in REPRESENTATIVE_MS[:2]])
+    out = tmp_path / "plan.json"
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 0
+    plan = load_plan(out)
+    assert sorted(plan.entries) == [(1024, 4096)] and plan.meta["sm_count"] == 132
+    printed = capsys.readouterr().out
+    assert "plan for 1 shapes" in printed and "N=2048 K=4096: left out" in printed
+    assert plan.meta["log_records"] == len(REPRESENTATIVE_MS) + 2
+    assert main(["tune", "--from-log", "--log", str(tmp_path / "none.jsonl"), "-o", str(out)]) == 2
+
+
+def test_plan_from_log_counts_confirmations_with_the_median(tmp_path):
+    from warpsplitk.planning.tune import plan_from_log
+    a, b, c = "16,8,256,4,1", "32,8,256,4,1+early", "64,8,128,4,1"
+    records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
+    records += [(1024, 4096, r, b, 4.0) for r in REPRESENTATIVE_MS]
+    _log(tmp_path / "log.jsonl", records)
+    with open(tmp_path / "log.jsonl", "a") as f:
+        # b's second timing at M = 1 is much slower: the mean (6.0) loses to a
+        for tactic, us in ((b, 8.0), (a, 5.0)):
+            f.write(json.dumps({"key": f"confirm:1024,4096,1,{tactic}", "n": 1024, "k": 4096,
+                                "m": 1, "tactic": tactic, "confirm": True, "ok": True,
+                                "us": us}) + "\n")
+        # at M = 4, c's first graph was lucky and its two confirmations are
+        # not: the median (4.2) loses to b (the mean, 3.17, would not)
+        for key, us in (("", 1.0), ("confirm:", 4.2), ("confirm2:", 4.3)):
+            f.write(json.dumps({"key": f"{key}1024,4096,4,{c}", "n": 1024, "k": 4096,
+                                "m": 4, "tactic": c, "confirm": bool(key), "ok": True,
+                                "us": us}) + "\n")
+        # a confirmation without a first timing of its own is ignored
+        f.write(json.dumps({"key": "confirm:1024,4096,8,64,8,128,4,1", "n": 1024, "k": 4096,
+                            "m": 8, "tactic": "64,8,128,4,1", "confirm": True, "ok": True,
+                            "us": 1.0}) + "\n")
+    plan, partial = plan_from_log(str(tmp_path / "log.jsonl"))
+    assert not partial
+    by_m = plan.entries[(1024, 4096)]
+    assert by_m[1] == (WarpSplitKTactic.parse(a), 5.0)
+    assert by_m[4] == (WarpSplitKTactic.parse(b), 4.0)
+    assert by_m[8] == (WarpSplitKTactic.parse(b), 4.0)
+
+
+def test_confirmation_helpers():
+    from warpsplitk.planning.tune import CONFIRM_ROUNDS, _cell_times, _confirm_candidates, _confirm_key
+    a, b, c = T(16, 8, 256, 4, 1), T(32, 8, 256, 4, 1), T(32, 8, 256, 4, 1, early_launch=True)
+    cell = {a: [5.0], b: [4.0, 4.4], c: [3.0]}
+    assert _confirm_candidates(cell, 2) == [c, b]
+    assert _confirm_candidates(cell, 0) == []
+    # the default heuristic's tactic is confirmed too, if it was measured
+    assert _confirm_candidates(cell, 2, default=a) == [c, b, a]
+    assert _confirm_candidates(cell, 2, default=b) == [c, b]
+    assert _confirm_candidates(cell, 2, default=T(64, 8, 256, 4, 1)) == [c, b]
+    assert _confirm_candidates(cell, 0, default=a) == []
+    # two timings: their mean (as older logs were ranked); three:
+    # the median, as the benchmark counts its graphs
+    assert _cell_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
+    assert _cell_times({a: [1.24, 1.48, 1.47], b: []}) == {a: 1.47}
+    assert _confirm_key(1, 2, 8, c) == "confirm:1,2,8,32,8,256,4,1+early"
+    assert _confirm_key(1, 2, 8, c, 2) == "confirm2:1,2,8,32,8,256,4,1+early"
+    assert CONFIRM_ROUNDS + 1 == timing.ROUNDS
+
+
+def test_confirmations_alternate_round_by_round():
+    """The tuner's confirmation timings of a cell: every candidate once per
+    round, round after round (as the benchmark alternates), the default
+    heuristic's tactic among them; none without ``confirm``."""
+    from warpsplitk.planning.tune import CONFIRM_ROUNDS, _confirmations
+    a, b, c = T(16, 8, 256, 4, 1), T(32, 8, 256, 4, 1), T(32, 8, 256, 4, 1, early_launch=True)
+    cell = {a: [5.0], b: [4.0], c: [3.0]}
+    assert _confirmations(cell, 1, default=a, rounds=2) == [(1, c), (1, a), (2, c), (2, a)]
+    assert _confirmations(cell, 2, rounds=3) == [(1, c), (1, b), (2, c), (2, b), (3, c), (3, b)]
+    assert len(_confirmations(cell, 3)) == 3 * CONFIRM_ROUNDS
+    assert _confirmations(cell, 0, default=a) == []
+
+
+def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
+    """A log from before M = 4 was measured (or a shape whose M = 4 cell
+    failed): M 2-4 take the M = 8 winner, as they did then, and the plan
+    says so; a shape missing its largest M is still left out."""
+    from warpsplitk.planning.tune import plan_from_log
+    a, b = "16,8,256,4,1", "32,8,256,4,1"
+    records = [(1024, 4096, r, a, 5.0) for r in (1, 16, 24, 32)] + [(1024, 4096, 8, b, 4.0)]
+    records += [(2048, 4096, r, a, 6.0) for r in (1, 4, 8, 16, 24)]
+    _log(tmp_path / "log.jsonl", records)
+    plan, partial = plan_from_log(str(tmp_path / "log.jsonl"))
+    assert partial == {(2048, 4096): [32]}
+    by_m = plan.entries[(1024, 4096)]
+    assert [by_m[m][0].short() for m in (1, 2, 4, 5, 8, 9)] == [a, b, b, b, b, a]
+    assert by_m[4][1] is None and by_m[8][1] == 4.0  # only measured Ms carry a time
+    assert plan.meta["inherited_ms"] == {"1024,4096": [4]}
+
+
+def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
+    """A log holds what any run measured; the plan counts narrow token tiles
+    (and rings past 16 stages) unless told not to, and never the retired
+    split of K in four, however fast it was."""
+    from warpsplitk.planning.tune import in_default_space, plan_from_log
+    wide, narrow, deep, four = ("32,8,256,4,1", "32,1,256,13,1", "16,8,256,18,1",
+                                "32,8,256,4,1,4")
+    assert in_default_space(WarpSplitKTactic.parse(wide))
+    assert in_default_space(WarpSplitKTactic.parse(wide), narrow=False)
+    assert in_default_space(WarpSplitKTactic.parse(narrow))
+    assert not in_default_space(WarpSplitKTactic.parse(narrow), narrow=False)
+    assert in_default_space(WarpSplitKTactic.parse(deep))
+    assert not in_default_space(WarpSplitKTactic.parse(deep), narrow=False)
+    assert not in_default_space(WarpSplitKTactic.parse(four))
+    assert not in_default_space(WarpSplitKTactic.parse(four), narrow=False)
+    records = [(2112, 7168, r, wide, 9.0) for r in REPRESENTATIVE_MS]
+    records += [(2112, 7168, 1, narrow, 7.0), (2112, 7168, 4, deep, 7.0),
+                (2112, 7168, 8, four, 7.0)]
+    _log(tmp_path / "log.jsonl", records)
+    plain, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=False)
+    assert {t.short() for t, _ in plain.entries[(2112, 7168)].values()} == {wide}
+    assert plain.meta["log_records"] == len(records) and plain.meta["narrow_tiles"] is False
+    default, _ = plan_from_log(str(tmp_path / "log.jsonl"))
+    assert default.meta["narrow_tiles"] is True
+    by_m = default.entries[(2112, 7168)]
+    assert (by_m[1][0].short(), by_m[4][0].short(), by_m[8][0].short()) == (narrow, deep, wide)
+    assert by_m[8][1] == 9.0  # the faster split in four does not count
+    # the log as it stood before its last three lines: the wide tactic everywhere
+    early, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True,
+                             records=len(REPRESENTATIVE_MS))
+    assert {t.short() for t, _ in early.entries[(2112, 7168)].values()} == {wide}
+    assert early.meta["log_records"] == len(REPRESENTATIVE_MS)
+
+
+def test_plan_from_log_skips_tactics_this_version_refuses(tmp_path):
+    """A log can hold tactics this version refuses (measured by an older
+    one, as narrow tiles with bulk rows once were): a plan
+    from that log never picks them, however fast they were."""
+    from warpsplitk.tactics import is_legal
+    from warpsplitk.planning.tune import plan_from_log
+    # a 1 x 256 stage is 32 copies: too few for two loader warps
+    refused, ok = "32,1,256,13,2+early", "32,1,256,13,1+early"
+    assert not is_legal(WarpSplitKTactic.parse(refused), 2624, 6144)
+    records = [(2624, 6144, r, "32,8,256,11,1", 9.0) for r in REPRESENTATIVE_MS]
+    records += [(2624, 6144, 1, refused, 7.0), (2624, 6144, 1, ok, 8.0)]
+    _log(tmp_path / "log.jsonl", records)
+    plan, _ = plan_from_log(str(tmp_path / "log.jsonl"), narrow=True)
+    assert plan.entries[(2624, 6144)][1][0].short() == ok
+
+
+def test_timings_of_changed_kernels_are_stale(tmp_path):
+    """Records of TMA and bulk-copy tactics made before the release fence
+    (no ``rev``) are stale: left out of a plan unless asked for, and of the
+    tuner's resume set (so it measures them again); a newer record of the
+    same key wins; records of cp.async tactics stay valid."""
+    from warpsplitk.planning.tune import (ASYNC_RING_REVISION, _read_log, is_stale, plan_from_log,
+                                 stale_records)
+    plain, tma, bulk = "16,8,256,4,1", "16,8,256,4,1+tma", "16,8,256,4,1+bulk"
+    assert not is_stale({"tactic": plain})
+    assert is_stale({"tactic": tma}) and is_stale({"tactic": bulk, "rev": 1})
+    assert not is_stale({"tactic": tma, "rev": ASYNC_RING_REVISION})
+    # a K split's kernel changed at revision 3 (the mbarrier hand-over)
+    split = "32,8,256,4,1,2"
+    assert is_stale({"tactic": split, "rev": 2}) and not is_stale({"tactic": split, "rev": 3})
+    assert not is_stale({"tactic": split, "rev": 2}, revision=2)
+    assert is_stale({"tactic": split + "+tma", "rev": 1}, revision=2)
+    log = tmp_path / "log.jsonl"
+    _log(log, [(1024, 4096, r, plain, 5.0) for r in REPRESENTATIVE_MS]
+         + [(1024, 4096, r, tma, 4.0) for r in REPRESENTATIVE_MS])
+    assert stale_records(str(log)) == len(REPRESENTATIVE_MS)
+    assert len(_read_log(str(log))) == len(REPRESENTATIVE_MS)
+    assert len(_read_log(str(log), stale=True)) == 2 * len(REPRESENTATIVE_MS)
+
+    def picks(**kw):
+        plan, _ = plan_from_log(str(log), **kw)
+        return {t.short() for e in plan.entries.values() for t, _ in e.values()}, plan.meta
+    fresh, meta = picks()
+    assert fresh == {plain} and meta["async_ring_revision"] == ASYNC_RING_REVISION
+    old, meta = picks(stale=True)
+    assert old == {tma} and meta["async_ring_revision"] == 1
+    # measured again with the fence: slower now, and counted
+    with open(log, "a") as f:
+        for r in REPRESENTATIVE_MS:
+            f.write(json.dumps({"key": f"1024,4096,{r},{tma}", "n": 1024, "k": 4096, "m": r,
+                                "tactic": tma, "ok": True, "us": 5.5,
+                                "rev": ASYNC_RING_REVISION}) + "\n")
+    assert stale_records(str(log)) == 0
+    assert _read_log(str(log))[f"1024,4096,1,{tma}"]["us"] == 5.5
+    assert picks()[0] == {plain}
+
+
+def test_cli_tune_from_log_stale_records(tmp_path, capsys):
+    from warpsplitk.cli import main
+    log = tmp_path / "log.jsonl"
+    _log(log, [(1024, 4096, r, "16,8,256,4,1+tma", 4.0) for r in REPRESENTATIVE_MS])
+    out = tmp_path / "plan.json"
+    # timings of kernels changed since are left out of the plan
+    assert main(["tune", "--from-log", "--log", str(log), "-o", str(out)]) == 0
+    assert load_plan(out).entries == {}
+    assert "plan for 0 shapes" in capsys.readouterr().out
+
+
+def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp_path):
+    """The fence only adds work: a stale timing already slower than its
+    cell's best valid timing is skipped on resume; a faster one is measured
+    again; stale confirmations and failures are judged by nothing (their
+    cell's candidates decide)."""
+    from warpsplitk.planning.tune import dominated_stale_keys
+    log = tmp_path / "log.jsonl"
+    plain, tma, bulk = "16,8,256,4,1", "16,8,256,4,1+tma", "16,8,256,4,1+bulk"
+    _log(log, [(1024, 4096, 1, plain, 5.0), (1024, 4096, 1, tma, 6.0),
+               (1024, 4096, 1, bulk, 4.5), (1024, 4096, 4, tma, 3.0),
+               (1024, 4096, 8, bulk, None)])
+    assert dominated_stale_keys(str(log)) == {f"1024,4096,1,{tma}"}
+    # a K split logged before the mbarrier hand-over is faster since: never skipped
+    split = "32,8,256,4,1,2"
+    with open(log, "a") as f:
+        f.write(json.dumps({"key": f"1024,4096,1,{split}", "n": 1024, "k": 4096, "m": 1,
+                            "tactic": split, "ok": True, "us": 9.0, "rev": 2}) + "\n")
+    assert dominated_stale_keys(str(log)) == {f"1024,4096,1,{tma}"}
+
+
+def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
+    """Records of an experimental build (stamped ``variant`` by versions that
+    built them) and of tactics this version no longer parses (a seventh
+    comma field: the retired activation multicast) are skipped by
+    ``_read_log`` and so by plans and resumes, however fast they were; a new
+    record carries the kernel revision and no ``variant``."""
+    from warpsplitk.planning.tune import KERNEL_REVISION, _read_log, _record, plan_from_log
+    fresh = _record(key="a")
+    assert fresh["rev"] == KERNEL_REVISION and "variant" not in fresh
+    split, multicast = "32,8,256,4,1,2", "16,16,256,4,1,1,2"
+    with pytest.raises(ValueError, match=f"a tactic is five integers .*, got '{multicast}'$"):
+        WarpSplitKTactic.parse(multicast)
+    log = tmp_path / "log.jsonl"
+    _log(log, [(1024, 4096, r, split, 5.0) for r in REPRESENTATIVE_MS])
+    with open(log, "a") as f:
+        # the same key, later in the log (it would win) but from a variant build
+        f.write(json.dumps({"key": f"1024,4096,1,{split}", "n": 1024, "k": 4096, "m": 1,
+                            "tactic": split, "ok": True, "us": 3.0, "rev": KERNEL_REVISION,
+                            "variant": {"split_reduce": "vector"}}) + "\n")
+        for r in REPRESENTATIVE_MS:
+            f.write(json.dumps({"key": f"1024,4096,{r},{multicast}", "n": 1024, "k": 4096,
+                                "m": r, "tactic": multicast, "ok": True, "us": 1.0,
+                                "rev": KERNEL_REVISION}) + "\n")
+    logged = _read_log(str(log))
+    assert sorted(logged) == sorted(f"1024,4096,{r},{split}" for r in REPRESENTATIVE_MS)
+    assert logged[f"1024,4096,1,{split}"]["us"] == 5.0
+    assert len(_read_log(str(log), stale=True)) == len(REPRESENTATIVE_MS)
+    plan, partial = plan_from_log(str(log))
+    assert partial == {}
+    assert {(t.short(), us) for t, us in
+            (plan.entries[(1024, 4096)][r] for r in REPRESENTATIVE_MS)} == {(split, 5.0)}
+
+
+def test_tuning_order_is_largest_weight_first():
+    from warpsplitk.planning.tune import tuning_order
+    assert tuning_order([(1024, 4096), (4096, 14336), (4096, 1024), (14336, 4096),
+                         (1024, 4096)]) == [(4096, 14336), (14336, 4096), (1024, 4096),
+                                            (4096, 1024)]
+    assert tuning_order([]) == []
