@@ -79,7 +79,7 @@ for name in ("PreparedWarpSplitK", "compile_warp_splitk", "prepare", "prepare_mo
              "ColumnParallelDecodeLinear", "RowParallelDecodeLinear", "ensure_no_multicast",
              "shard_plan", "column_shard", "row_shard"):
     assert callable(getattr(warpsplitk, name)), name
-for name in ("PreparedWarpSplitK", "DecodeLinear", "ColumnParallelDecodeLinear",
+for name in ("PreparedWarpSplitK", "PreparedDecode", "DecodeLinear", "ColumnParallelDecodeLinear",
              "RowParallelDecodeLinear", "WarpSplitKTactic", "DecodePlan"):
     assert inspect.isclass(getattr(warpsplitk, name)), name
 assert issubclass(warpsplitk.MulticastEnabledError, Exception)

@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "PreparedWarpSplitK": ("runtime.prepared", "PreparedWarpSplitK"),
+    "PreparedDecode": ("runtime.prepared", "PreparedDecode"),
     "compile_warp_splitk": ("runtime.compile", "compile_warp_splitk"),
     "compile_for_arch": ("runtime.compile", "compile_for_arch"),
     "emulate": ("kernel.emulator", "emulate"),
@@ -57,8 +58,9 @@ def __dir__():
 
 
 __all__ = ["WarpSplitKTactic", "check_tactic", "default_tactic", "legal_tactics", "all_tactics",
-           "ctas_per_sm", "PreparedWarpSplitK", "compile_warp_splitk", "compile_for_arch",
-           "emulate", "DecodePlan", "load_plan", "builtin_plan", "prepare", "prepare_model",
-           "DecodeLinear", "PatchReport", "patch_model", "unpatch", "merge_linears",
-           "ColumnParallelDecodeLinear", "RowParallelDecodeLinear", "ensure_no_multicast",
-           "MulticastEnabledError", "shard_plan", "column_shard", "row_shard", "__version__"]
+           "ctas_per_sm", "PreparedWarpSplitK", "PreparedDecode", "compile_warp_splitk",
+           "compile_for_arch", "emulate", "DecodePlan", "load_plan", "builtin_plan", "prepare",
+           "prepare_model", "DecodeLinear", "PatchReport", "patch_model", "unpatch",
+           "merge_linears", "ColumnParallelDecodeLinear", "RowParallelDecodeLinear",
+           "ensure_no_multicast", "MulticastEnabledError", "shard_plan", "column_shard",
+           "row_shard", "__version__"]

@@ -20,7 +20,7 @@ import shlex
 import sys
 
 from . import shapes as shape_table
-from .measure.timing import DATASHEET_TBPS
+from .measure.timing import DATASHEET_TBPS, ROUNDS
 
 ARCHS = ("sm_90a", "sm_100a")
 #: the GPU (name, SMs) an --arch stands for where --sm-count and --tbps are not given
@@ -636,7 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot here")
     p.add_argument("--rounds", type=_int, default=None,
                    help="graphs per configuration, alternating; the median one counts "
-                        "(default: timing.ROUNDS = 3)")
+                        f"(default {ROUNDS})")
     p.add_argument("--chain", action="store_true",
                    help="dependent chains (each output feeds the next input): table shape pairs, "
                         "or with --model one layer's projections in order, against the reference "

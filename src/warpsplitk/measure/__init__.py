@@ -1,3 +1,3 @@
 """Measurement: the timing method shared by ``bench`` and ``tune``
-(``timing``), the benchmark (``bench``), the layer benchmark
-(``layer_bench``) and its plot (``plot``)."""
+(``timing``), the benchmark and its plot (``bench``, ``plot``), and the
+layer benchmark (``layer_bench``)."""

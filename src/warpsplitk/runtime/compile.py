@@ -374,7 +374,7 @@ def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None 
     """With an activation ring refilled by the async proxy (TMA or bulk
     copies), each release of a stage that a copy refills must follow a
     cross-proxy fence issued after the stage's last ldmatrix read (else the
-    refill can land before the reads: warp_splitk.py, compute). The K loop is
+    refill can land before the reads: kernel/warp_splitk.py, mma_mainloop). The K loop is
     unrolled, so the releases appear in K tile order (a mixed grid traces it
     twice); given ``k_tiles`` and ``stages``, the last ``stages`` tiles of
     each loop, never refilled, must come without a fence (it only costs).
