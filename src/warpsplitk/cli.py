@@ -1,17 +1,17 @@
-"""``warpsplitk`` command line: plan | compile | bench | tune | cache.
+"""warpsplitk command line: plan | compile | bench | tune | cache.
 
 Every argument is checked before anything heavy (torch, the CuTe DSL)
 loads; a bad one ends the command with exit status 2 and one line on
-stderr, ``warpsplitk <command>: error: ...``, naming the argument, what was
+stderr, "warpsplitk <command>: error: ...", naming the argument, what was
 given and what is allowed. The same flag means the same in every command:
 
-``--plan``   ``h200``: the built-in H200 plan (the default); ``none``: the
-             default (cost model); else a plan JSON file.
-``--m``      Ms in 1..32, e.g. ``8``, ``1,4,8``, ``1-32`` (default: the plan's
-             M buckets, 1,4,8,16,24,32); ``compile --m`` is one M.
-``--shapes`` N,K pairs and .json shape tables (default: the built-in table).
+--plan    h200: the built-in H200 plan; none: the default (cost model);
+          else a plan JSON file (default: the built-in plan of the target
+          GPU model where one was measured on it, else none).
+--m       Ms in 1..32, e.g. 8, 1,4,8, 1-32 (default: the plan's M
+          buckets, 1,4,8,16,24,32); compile --m is one M.
+--shapes  N,K pairs and .json shape tables (default: the built-in table).
 """
-
 from __future__ import annotations
 
 import argparse
