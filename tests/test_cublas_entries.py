@@ -1,4 +1,5 @@
-"""Plan entries that run cuBLAS (plans.CUBLAS): plans, prepare, PreparedDecode, the plan view (CPU)."""
+"""Plan entries that run cuBLAS (plans.CUBLAS): plans, prepare, PreparedDecode,
+the plan view (CPU)."""
 
 import json
 

@@ -1,4 +1,5 @@
-"""Decode plans (planning/plans.py): file round trip, validation, lookup and fallback, the plan view."""
+"""Decode plans (planning/plans.py): file round trip, validation, lookup and
+fallback, the plan view."""
 
 import json
 import warnings

@@ -61,7 +61,8 @@ def test_bounded_prefetch_twins_of_the_fastest_any_size():
     """Each cell's two fastest without a prefetch, with the prefetch bounded
     to 1-4 tiles past the ring where that leaves part of the K share out;
     any weight size (2-6% on the 22-61 MB weights)."""
-    from warpsplitk.planning.space import BOUNDED_PREFETCH_DEPTHS, BOUNDED_PREFETCH_TOP, bounded_prefetch_twins
+    from warpsplitk.planning.space import (BOUNDED_PREFETCH_DEPTHS, BOUNDED_PREFETCH_TOP,
+                                           bounded_prefetch_twins)
     n, k = 4224, 2048  # 8 K tiles of 256
     a, b = WarpSplitKTactic(32, 8, 256, 3, 1, early_launch=True), WarpSplitKTactic(32, 8, 256, 6, 1)
     times = {a: 13.0, b: 13.1, WarpSplitKTactic(32, 8, 256, 2, 1): 14.0,

@@ -1,4 +1,5 @@
-"""The tuner (planning/tune.py): candidates, choices within tolerance, plans from logs, confirmations, stale records."""
+"""The tuner (planning/tune.py): candidates, choices within tolerance, plans from
+logs, confirmations, stale records."""
 
 import dataclasses
 import json

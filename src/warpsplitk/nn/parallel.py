@@ -113,8 +113,8 @@ def check_backend_multicast(backend, environ=None) -> None:
     set_now = ensure_no_multicast(environ)
     if set_now:
         warnings.warn("warpsplitk.nn.parallel: NCCL group with NVLink multicast variables unset; "
-                      f"set {set_now} now. Call warpsplitk.nn.parallel.ensure_no_multicast() before "
-                      "init_process_group: a communicator built before this may use NVLS.",
+                      f"set {set_now} now. Call warpsplitk.nn.parallel.ensure_no_multicast() "
+                      "before init_process_group: a communicator built before this may use NVLS.",
                       RuntimeWarning, stacklevel=3)
 
 
