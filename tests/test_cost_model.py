@@ -106,7 +106,7 @@ def test_fit_recovers_a_model_from_its_own_timings():
     for n, k in shapes:
         for m in (1, 4, 8, 16, 32):
             ranked = cost_model.ranked(m, n, k, model=truth)
-            cells[(n, k, m)] = {t: us for t, us in ranked if us > 0}
+            cells[(n, k, m)] = {t: truth.predict_us(t, m, n, k) for t, _ in ranked}
             cublas[(n, k, m)] = truth.predict_cublas_us(m, n, k)
     fitted = cost_model.fit(cells, cublas)
     errors = [fitted.predict_us(t, m, n, k) / us - 1
@@ -178,15 +178,16 @@ def test_choices_are_legal_ranked_and_stable(n, k):
         # its nearest measured pairs accept
         first, first_us = cost_model.ranked(m, n, k, 132)[0]
         reference = reference_tactic(m, n, k, 132)
-        reference_us = model.predict_us(reference, m, n, k)
+        reference_us = cost_model.rank_us(model, reference, m, n, k)
         start = first if first_us <= reference_us * (1 - cost_model.REFERENCE_MARGIN) \
             else reference
         optioned, factor = neighbours.apply_options(start, m, n, k, model.option_pairs, 132)
         # and the early trigger where the grid pipelines with the next call's
-        assert chosen.early_launch == cost_model.early_trigger_pays(optioned, m, n, 132)
+        assert chosen.early_launch == (cost_model.early_trigger_pays(optioned, m, n, 132)
+                                       or cost_model.short_wave(optioned, m, n, k, 132))
         assert (tactic, pytest.approx(us)) == (
             dataclasses.replace(optioned, early_launch=chosen.early_launch),
-            model.predict_us(start, m, n, k) * factor)
+            cost_model.rank_us(model, start, m, n, k) * factor)
         # what the default leaves to measurement
         assert not (chosen.bulk_x or chosen.half_tiles)
         # never predicted slower than the reference heuristic's tactic
@@ -195,6 +196,37 @@ def test_choices_are_legal_ranked_and_stable(n, k):
         prefers = (k <= cost_model.CUBLAS_MAX_K and model.predict_cublas_us(m, n, k)
                    < us * (1 - cost_model.CUBLAS_MARGIN))
         assert choice == (CUBLAS if prefers else chosen)
+
+
+def test_k_split_candidates_are_ranked_only_where_they_pay():
+    # (M, N, K, whether some split fits one wave with >= 8 K tiles per CTA)
+    for m, n, k, expected in ((8, 1536, 7168, True), (16, 768, 7168, True),
+                              (32, 1536, 7168, False),  # M above K_SPLIT_BASE_MAX_M
+                              (8, 4096, 4096, True),  # 32-row tiles: 256 CTAs, 2 per SM
+                              (1, 4224, 7168, False),  # 264 CTAs of one per SM
+                              (4, 256, 2048, False)):  # 4 K tiles per CTA
+        splits = [t for t, _ in cost_model.ranked(m, n, k, 132) if t.k_split > 1]
+        for t in splits:
+            assert t.output_tile <= cost_model.K_SPLIT_BASE_MAX_TILE
+            assert m <= cost_model.K_SPLIT_BASE_MAX_M
+            assert neighbours.k_split_pays(t, m, n, k, 132)
+        assert bool(splits) == expected, (m, n, k)
+
+
+def test_short_wave_class_ranks_with_the_early_gain():
+    # 7168 x 384: 32-row tiles make 224 CTAs of 3 K tiles, two per SM (a
+    # short wave); 64-row tiles make 112, fewer than the SMs
+    short, wide = T(32, 8, 128, 3, 1), T(64, 8, 128, 3, 1)
+    assert cost_model.short_wave(short, 4, 7168, 384, 132)
+    assert not cost_model.short_wave(wide, 4, 7168, 384, 132)
+    assert not cost_model.short_wave(T(16, 8, 128, 3, 1), 4, 7168, 384, 132)  # 16-row tiles
+    assert not cost_model.short_wave(short, 4, 7168, 4096, 132)  # 32 K tiles: a long call
+    model = cost_model.shipped_model()
+    assert cost_model.rank_us(model, short, 4, 7168, 384) == pytest.approx(
+        model.predict_us(short, 4, 7168, 384) * cost_model.SHORT_WAVE_EARLY_GAIN)
+    assert cost_model.rank_us(model, wide, 4, 7168, 384) == model.predict_us(wide, 4, 7168, 384)
+    chosen = default_tactic(4, 7168, 384, 132)
+    assert chosen.output_tile == 32 and chosen.early_launch
 
 
 def test_cublas_rule_is_what_the_records_measure():

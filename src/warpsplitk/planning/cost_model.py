@@ -57,7 +57,8 @@ on a weight of K <= ``CUBLAS_MAX_K`` (:func:`prefers_cublas`).
 
 :func:`choose_tactic` (what ``default_tactic`` returns, :func:`choose`)
 ranks by predicted time the tuner's candidates of the cell with one CTA per
-tile along K, 16-byte activation copies and the late PDL trigger
+tile along K (two for tiles of up to 32 rows at M <= 16, where the split
+fits one wave), 16-byte activation copies and the late PDL trigger
 (``space.base_candidates``) and the reference wave heuristic's tactic, and
 keeps the reference's unless another is predicted ``REFERENCE_MARGIN``
 faster. The options (K split, narrow token tiles, TMA boxes, bounded L2
@@ -66,7 +67,8 @@ prefetch) are then applied where the nearest measured pairs say they gain
 the few regimes where the tuner found them winning, and ranked freely they
 were picked far outside those regimes (docs/design-notes.md). The early
 PDL trigger is taken where the grid's shape says it pipelines
-(:func:`early_trigger_pays`). Bulk activation rows and mixed grids are left
+(:func:`early_trigger_pays`), and on a short wave (:func:`short_wave`),
+whose measured gain ranking counts (:func:`rank_us`). Bulk activation rows and mixed grids are left
 to the tuner.
 
 Pure Python (no numpy): importable and usable where the package is.
@@ -265,31 +267,76 @@ def shipped_model(name: str = DEFAULT_MODEL) -> CostModel:
 TWIN_PARENTS = 3
 
 
+#: K splits ranked as candidates of their own (not only as a twin of the
+#: fastest, ``neighbours``): of tiles of at most this many rows, at M up to
+#: ``K_SPLIT_BASE_MAX_M``, where the split fits one wave
+#: (``neighbours.k_split_pays``). A/B on the H200 against the default without
+#: them: 10 cells changed, a median 0.944 of its time (768 x 7168 M = 16:
+#: 0.78); with 48- and 64-row tiles or at M = 32 too, a median 1.112 over
+#: 66 cells (docs/design-notes.md).
+K_SPLIT_BASE_MAX_TILE = 32
+K_SPLIT_BASE_MAX_M = 16
+
+
 def ranked(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
            model: CostModel | None = None) -> list[tuple[WarpSplitKTactic, float]]:
     """The cell's tactics without options, fastest predicted first:
     ``[(tactic, predicted us)]``. The tuner's candidates with one CTA per
     tile along K, 16-byte activation copies and the late trigger
-    (``space.base_candidates``), the reference heuristic's tactic, and the
-    narrow-token-tile twins of the ``TWIN_PARENTS`` predicted fastest."""
+    (``space.base_candidates``), those with two CTAs per tile along K where
+    ``K_SPLIT_BASE_MAX_TILE`` and ``K_SPLIT_BASE_MAX_M`` allow, and the
+    reference heuristic's tactic."""
     from . import space
     from ..tactics import reference_tactic
     base = set(space.base_candidates(m, n, k, sm_count, k_splits=(1,), early_launches=(False,),
                                      bulk_xs=(False,)))
+    if m <= K_SPLIT_BASE_MAX_M:
+        base.update(t for t in space.base_candidates(m, n, k, sm_count, k_splits=(2,),
+                                                     early_launches=(False,), bulk_xs=(False,))
+                    if t.output_tile <= K_SPLIT_BASE_MAX_TILE
+                    and neighbours.k_split_pays(t, m, n, k, sm_count))
     base.add(reference_tactic(m, n, k, sm_count))
     return _rank(m, n, k, sm_count, model or shipped_model(), base, ())
+
+
+#: What the early trigger makes of a short-wave grid's time
+#: (:func:`short_wave`): the records' near-best early/late pairs of the
+#: class, a median 0.88-0.90 (52 pairs); 7168 x 384 in 32-row tiles with it,
+#: 0.86-0.88 of 64-row tiles without.
+SHORT_WAVE_EARLY_GAIN = 0.89
+
+
+def short_wave(tactic: WarpSplitKTactic, m: int, n: int, k: int,
+               sm_count: int = DEFAULT_SM_COUNT) -> bool:
+    """Whether ``tactic``'s grid is a short wave: tiles of 32 rows or more,
+    more CTAs than SMs but one wave of resident CTAs, each streaming 2 to 7
+    K tiles. Such a call is short beside its launch; with the early trigger
+    the next call's CTAs take each SM slot as this call's retire."""
+    grid = grid_ctas(tactic, m, n)
+    tiles = k // tactic.k_split // tactic.k_tile
+    return (tactic.output_tile >= 32 and 2 <= tiles < 8
+            and sm_count < grid <= sm_count * max(1, ctas_per_sm(tactic)))
+
+
+def rank_us(model: "CostModel", tactic: WarpSplitKTactic, m: int, n: int, k: int,
+            sm_count: int = DEFAULT_SM_COUNT) -> float:
+    """The time ranking uses: the predicted time, times
+    ``SHORT_WAVE_EARLY_GAIN`` for a short wave (which :func:`choose` gives
+    the early trigger)."""
+    us = model.predict_us(tactic, m, n, k, sm_count)
+    return us * SHORT_WAVE_EARLY_GAIN if short_wave(tactic, m, n, k, sm_count) else us
 
 
 def _rank(m, n, k, sm_count, model, base, twin_rules) -> list[tuple[WarpSplitKTactic, float]]:
     """``base`` and what each of ``twin_rules`` (``{tactic: us}`` -> twins)
     makes of its ``TWIN_PARENTS`` predicted fastest, by predicted time; ties
     broken by the tactic's own order (the same answer in every process)."""
-    predicted = {t: model.predict_us(t, m, n, k, sm_count) for t in base}
+    predicted = {t: rank_us(model, t, m, n, k, sm_count) for t in base}
     parents = dict(sorted(predicted.items(), key=lambda item: (item[1], item[0]))[:TWIN_PARENTS])
     for rule in twin_rules:
         for twin in rule(parents):
             if twin not in predicted:
-                predicted[twin] = model.predict_us(twin, m, n, k, sm_count)
+                predicted[twin] = rank_us(model, twin, m, n, k, sm_count)
     return sorted(predicted.items(), key=lambda item: (item[1], item[0]))
 
 
@@ -316,8 +363,9 @@ def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     if us > reference_us * (1.0 - REFERENCE_MARGIN):
         tactic, us = reference, reference_us
     tactic, factor = neighbours.apply_options(tactic, m, n, k, model.option_pairs, sm_count)
-    if early_trigger_pays(tactic, m, n, sm_count):
-        # its gain is not counted: it depends on the next kernel's grid
+    if early_trigger_pays(tactic, m, n, sm_count) or short_wave(tactic, m, n, k, sm_count):
+        # (a short wave's gain is counted in ranking; the other's is not: it
+        # depends on the next kernel's grid)
         tactic = dataclasses.replace(tactic, early_launch=True)
     return tactic, us * factor
 

@@ -50,11 +50,20 @@ MARGIN = 0.02
 K_SPLIT_MIN_TILES = 8
 
 
+def k_split_pays(t: WarpSplitKTactic, m: int, n: int, k: int,
+                 sm_count: int = DEFAULT_SM_COUNT) -> bool:
+    """Whether ``t``, a tactic with two CTAs per tile along K, is in the
+    regime where the measured pairs gain from the split: each CTA streams at
+    least ``K_SPLIT_MIN_TILES`` K tiles and the grid fits in one wave of
+    resident CTAs (it fills SM slots the unsplit grid leaves idle; past one
+    wave the split adds a partial wave: measured pairs a median ratio of
+    0.82 where it fits, 1.07 where it does not)."""
+    return (k // t.k_split // t.k_tile >= K_SPLIT_MIN_TILES
+            and grid_ctas(t, m, n) <= sm_count * max(1, ctas_per_sm(t)))
+
+
 def _k_split(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
-    # Two CTAs per tile along K pay only while the doubled grid still fits in
-    # one wave of resident CTAs: they fill SM slots the grid leaves idle.
-    # Past that they add a partial wave (measured pairs: a median ratio of
-    # 0.82 where the doubled grid fits, 1.07 where it does not).
+    # the rule of k_split_pays, the doubled grid against t's own residency
     if t.k_split != 1 or t.half_tiles or k // 2 // t.k_tile < K_SPLIT_MIN_TILES:
         return None
     if 2 * grid_ctas(t, m, n) > sm_count * max(1, ctas_per_sm(t)):
