@@ -164,7 +164,7 @@ def test_model_file_errors_are_clear():
 
 
 @pytest.mark.parametrize("n,k", [(4096, 4096), (4608, 1536), (1024, 4096), (48, 16384),
-                                 (128256, 4096), (16, 128)])
+                                 (128256, 4096), (16, 128), (5120, 7168)])
 def test_choices_are_legal_ranked_and_stable(n, k):
     model = cost_model.shipped_model()
     for m in (1, 3, 8, 13, 32):
@@ -181,7 +181,9 @@ def test_choices_are_legal_ranked_and_stable(n, k):
         reference_us = cost_model.rank_us(model, reference, m, n, k)
         start = first if first_us <= reference_us * (1 - cost_model.REFERENCE_MARGIN) \
             else reference
-        optioned, factor = neighbours.apply_options(start, m, n, k, model.option_pairs, 132)
+        # (as its mixed grid where the grid leaves a third of the SMs idle)
+        balanced = cost_model.balanced_grid(start, m, n, k, 132, model)
+        optioned, factor = neighbours.apply_options(balanced, m, n, k, model.option_pairs, 132)
         # and the early trigger where the grid pipelines with the next call's
         assert chosen.early_launch == (cost_model.early_trigger_pays(optioned, m, n, 132)
                                        or cost_model.short_wave(optioned, m, n, k, 132))
@@ -189,7 +191,12 @@ def test_choices_are_legal_ranked_and_stable(n, k):
             dataclasses.replace(optioned, early_launch=chosen.early_launch),
             cost_model.rank_us(model, start, m, n, k) * factor)
         # what the default leaves to measurement
-        assert not (chosen.bulk_x or chosen.half_tiles)
+        assert not chosen.bulk_x
+        # with the SwiGLU epilogue: the same without the mixed grid
+        unbalanced = default_tactic(m, n, k, sm_count=132, swiglu=True)
+        check_tactic(unbalanced, n, k, swiglu=True)
+        if balanced == start:
+            assert unbalanced == chosen
         # never predicted slower than the reference heuristic's tactic
         assert us <= reference_us
         choice = default_choice(m, n, k, sm_count=132)
@@ -227,6 +234,60 @@ def test_short_wave_class_ranks_with_the_early_gain():
     assert cost_model.rank_us(model, wide, 4, 7168, 384) == model.predict_us(wide, 4, 7168, 384)
     chosen = default_tactic(4, 7168, 384, 132)
     assert chosen.output_tile == 32 and chosen.early_launch
+
+
+def test_balanced_grid_where_the_grid_leaves_a_third_of_the_sms_idle():
+    from warpsplitk.tactics import grid_ctas, sm_balance
+    model = cost_model.shipped_model()
+    # 5120 x 7168 (73 MB) in 64-row tiles: 80 CTAs on 132 SMs
+    wide = T(64, 8, 128, 12, 2)
+    mixed = cost_model.balanced_grid(wide, 8, 5120, 7168, 132, model)
+    check_tactic(mixed, 5120, 7168)
+    assert mixed.half_tiles and grid_ctas(mixed, 8, 5120) == 132
+    assert sm_balance(mixed, 8, 5120) < sm_balance(wide, 8, 5120)
+    assert not mixed.tma_x  # row copies below BALANCE_BOXES_MIN_M...
+    assert cost_model.balanced_grid(T(64, 32, 128, 9, 2), 32, 5120, 7168, 132, model).tma_x
+    # the default takes it; with the SwiGLU epilogue (no mixed grids) not
+    assert default_tactic(8, 5120, 7168, 132).half_tiles
+    assert not default_tactic(8, 5120, 7168, 132, swiglu=True).half_tiles
+    # a 48-row parent's 32-row mixed grid may take 256-wide K tiles
+    assert cost_model.balanced_grid(T(48, 32, 128, 11, 2), 32, 3216, 7168, 132,
+                                    model).k_tile == 256
+    for tactic, m, n, k in (
+            (T(32, 8, 256, 6, 1), 8, 2304, 1536),  # 72 CTAs, but a 7 MB weight
+            (T(32, 16, 256, 9, 2), 16, 3584, 7168),  # 112 CTAs: 85% of the SMs
+            (T(32, 8, 256, 11, 2, k_split=2), 8, 2560, 8192),  # a K split fills them
+            (T(16, 8, 256, 9, 2), 8, 3216, 7168),  # 201 CTAs
+            (T(64, 8, 128, 12, 2, half_tiles=104), 8, 5120, 7168)):  # mixed already
+        assert cost_model.balanced_grid(tactic, m, n, k, 132, model) == tactic, (n, k)
+
+
+def _measured(tactic, timings):
+    """A tactic's recorded time, or its form with fewer options' (no L2
+    prefetch, then no TMA boxes, the other trigger) where it was not timed."""
+    plain = dataclasses.replace(tactic, l2_prefetch=False, prefetch_tiles=0)
+    for form in (tactic, plain, dataclasses.replace(plain, tma_x=False),
+                 dataclasses.replace(plain, early_launch=not tactic.early_launch),
+                 dataclasses.replace(plain, tma_x=False, early_launch=not tactic.early_launch)):
+        if form in timings:
+            return timings[form]
+    return None
+
+
+def test_balanced_grid_is_what_the_records_measure():
+    # the calibration cells where the default is a mixed grid and both it and
+    # the tactic it replaces (the SwiGLU epilogue's default) were timed
+    cells, _ = fit_script.load_records()
+    ratios = []
+    for (n, k, m), timings in cells.items():
+        mixed = default_tactic(m, n, k, 132)
+        if mixed.half_tiles:
+            before = default_tactic(m, n, k, 132, swiglu=True)
+            if _measured(mixed, timings) and _measured(before, timings):
+                ratios.append(_measured(mixed, timings) / _measured(before, timings))
+    ratios.sort()
+    assert len(ratios) >= 20
+    assert ratios[len(ratios) // 2] < 0.9 and ratios[-1] < 1.0
 
 
 def test_cublas_rule_is_what_the_records_measure():

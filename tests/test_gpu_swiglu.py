@@ -49,9 +49,10 @@ def rel_err(out, ref):
 
 
 def tactics_for(n, k):
-    """The default tactic of each M, where the SwiGLU epilogue takes it."""
-    found = {m: default_tactic(m, n, k) for m in MS}
-    return {m: t for m, t in found.items() if is_legal(t, n, k, swiglu=True)}
+    """The SwiGLU epilogue's default tactic of each M."""
+    found = {m: default_tactic(m, n, k, swiglu=True) for m in MS}
+    assert all(is_legal(t, n, k, swiglu=True) for t in found.values())
+    return found
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
@@ -95,7 +96,7 @@ def test_option_families(text):
 def test_graph_capture_and_replay_with_new_values():
     n, k, m = 2 * 1792, 4096, 8
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-    prepared = PreparedWarpSplitK(w, {m: default_tactic(m, n, k)}, swiglu=True)
+    prepared = PreparedWarpSplitK(w, {m: default_tactic(m, n, k, swiglu=True)}, swiglu=True)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = torch.full((m, n // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
     out2 = torch.full_like(out, float("nan"))
@@ -115,7 +116,7 @@ def test_refuses_a_mixed_grid_and_a_full_width_output():
     with pytest.raises(ValueError, match="SwiGLU epilogue pairs"):
         PreparedWarpSplitK(w, {1: WarpSplitKTactic(32, 8, 256, 4, 1, half_tiles=2)},
                            swiglu=True)
-    prepared = PreparedWarpSplitK(w, {1: default_tactic(1, n, k)}, swiglu=True)
+    prepared = PreparedWarpSplitK(w, {1: default_tactic(1, n, k, swiglu=True)}, swiglu=True)
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"out must have shape \(1, 1792\)"):
         prepared.run(x, torch.empty(1, n, device="cuda", dtype=torch.bfloat16))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from warpsplitk.kernel import emulator, layout
-from warpsplitk.tactics import WarpSplitKTactic as T, check_tactic, is_legal
+from warpsplitk.tactics import WarpSplitKTactic as T, check_tactic, default_tactic, is_legal
 
 
 @pytest.mark.parametrize("output_tile", [16, 32, 48, 64])
@@ -176,6 +176,10 @@ def test_prepare_picks_tactics_the_epilogue_takes():
     n, k = 2 * 14336, 4096
     for m in (1, 8, 32):
         check_tactic(swiglu_tactic(None, m, n, k, 132), n, k, swiglu=True)
+    # where the default is a mixed grid (5120 x 7168 at M = 8; a merged
+    # [gate; up] of 2560-row halves), the epilogue's default is not
+    assert default_tactic(8, 5120, 7168, 132).half_tiles
+    check_tactic(swiglu_tactic(None, 8, 5120, 7168, 132), 5120, 7168, swiglu=True)
     # a plan's mixed grid or cuBLAS entry cannot carry the epilogue: the
     # default replaces it; a tactic it takes is kept
     n, k = 32 * 10 + 16 * 2, 1024

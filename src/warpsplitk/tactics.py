@@ -646,20 +646,21 @@ def _check_shape(n, k) -> tuple[int, int]:
     return operator.index(n), operator.index(k)
 
 
-def default_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
+def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
+                   swiglu: bool = False) -> WarpSplitKTactic:
     """The tactic the cost model predicts fastest for M tokens on an
     ``[n, k]`` weight (:func:`warpsplitk.planning.cost_model.choose_tactic`): the
     tuner's candidates and the reference heuristic's tactic, ranked by the
     model fitted to the tuner's measurements, then the twins of the
     predicted fastest. Legal for every M in 1..32, N a multiple of 16 and K a
-    multiple of 128 up to 64 * 128 (of 256 up to 64 * 256); the same answer
-    on every call.
+    multiple of 128 up to 64 * 128 (of 256 up to 64 * 256), with ``swiglu``
+    for the SwiGLU epilogue (no mixed grid); the same answer on every call.
     """
     m = _check_m(m)
     sm_count = _sm_count(sm_count)
     n, k = _check_shape(n, k)
     from .planning.cost_model import choose_tactic
-    return choose_tactic(m, n, k, sm_count)
+    return choose_tactic(m, n, k, sm_count, swiglu=swiglu)
 
 
 def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:

@@ -68,8 +68,9 @@ the few regimes where the tuner found them winning, and ranked freely they
 were picked far outside those regimes (docs/design-notes.md). The early
 PDL trigger is taken where the grid's shape says it pipelines
 (:func:`early_trigger_pays`), and on a short wave (:func:`short_wave`),
-whose measured gain ranking counts (:func:`rank_us`). Bulk activation rows and mixed grids are left
-to the tuner.
+whose measured gain ranking counts (:func:`rank_us`). A grid that leaves a
+third of the SMs idle on a large weight is first replaced by its mixed
+grid (:func:`balanced_grid`). Bulk activation rows are left to the tuner.
 
 Pure Python (no numpy): importable and usable where the package is.
 """
@@ -348,12 +349,15 @@ REFERENCE_MARGIN = 0.01
 
 
 def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
-           model: CostModel | None = None) -> tuple[WarpSplitKTactic, float]:
+           model: CostModel | None = None, *, swiglu: bool = False
+           ) -> tuple[WarpSplitKTactic, float]:
     """The fastest-predicted tactic of :func:`ranked` (the reference
     heuristic's unless another is predicted ``REFERENCE_MARGIN`` faster),
-    with the options its nearest measured pairs say gain
-    (``neighbours.apply_options``); and its predicted time (the ranked time
-    times the options' measured ratios)."""
+    as its mixed grid where :func:`balanced_grid` says so (not with
+    ``swiglu``, for the SwiGLU epilogue), with the options its nearest
+    measured pairs say gain (``neighbours.apply_options``); and its predicted
+    time (the ranked time times the options' measured ratios: a mixed grid
+    is counted at its parent's, which it measured no slower)."""
     from ..tactics import reference_tactic
     model = model or shipped_model()
     order = ranked(m, n, k, sm_count, model)
@@ -362,12 +366,53 @@ def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     reference_us = dict(order)[reference]  # ranked holds the reference's prediction
     if us > reference_us * (1.0 - REFERENCE_MARGIN):
         tactic, us = reference, reference_us
+    if not swiglu:  # the SwiGLU epilogue takes no mixed grid (check_tactic)
+        tactic = balanced_grid(tactic, m, n, k, sm_count, model)
     tactic, factor = neighbours.apply_options(tactic, m, n, k, model.option_pairs, sm_count)
     if early_trigger_pays(tactic, m, n, sm_count) or short_wave(tactic, m, n, k, sm_count):
         # (a short wave's gain is counted in ranking; the other's is not: it
         # depends on the next kernel's grid)
         tactic = dataclasses.replace(tactic, early_launch=True)
     return tactic, us * factor
+
+
+#: A grid that keeps at most this share of the SMs busy, on a weight of
+#: ``BALANCE_MIN_BYTES`` or more, takes its mixed grid instead
+#: (:func:`balanced_grid`): tiles and their halves, one CTA per SM, so every
+#: SM streams its share. In the calibration records' 20 cells of that class
+#: where both were measured, the mixed grid ran a median 0.87 of the
+#: chosen tactic's time (0.78-0.94, none slower; 5120 x 7168 at M = 8: 80
+#: CTAs, 0.81). With more SMs busy they gain nothing (3584-row weights, 112
+#: CTAs: 0.97-1.15), nor on weights of 7 MB (2304 x 1536, 72 CTAs:
+#: 1.16-1.20), whose CTAs stream a few K tiles each.
+BALANCE_MAX_FILL = 2 / 3
+BALANCE_MIN_BYTES = 16 << 20
+#: ...with TMA activation boxes from this M on: the records' mixed grids
+#: with boxes over row copies, a median 0.82 at M = 24 and 0.94 at M = 32,
+#: 0.99-1.03 below (where :mod:`neighbours` decides the boxes).
+BALANCE_BOXES_MIN_M = 24
+
+
+def balanced_grid(tactic: WarpSplitKTactic, m: int, n: int, k: int,
+                  sm_count: int = DEFAULT_SM_COUNT, model: CostModel | None = None
+                  ) -> WarpSplitKTactic:
+    """``tactic``, or where its grid (one CTA per tile along K) keeps at most
+    ``BALANCE_MAX_FILL`` of the SMs busy on a weight of
+    ``BALANCE_MIN_BYTES`` or more, the fastest-predicted of its mixed grids
+    (``space.mixed_grids``, 32-row tiles with either K tile) with row copies,
+    or TMA boxes from M = ``BALANCE_BOXES_MIN_M`` on."""
+    from . import space
+    if (tactic.k_split > 1 or tactic.half_tiles
+            or n * k * layout.ELEMENT_BYTES < BALANCE_MIN_BYTES
+            or grid_ctas(tactic, m, n) > BALANCE_MAX_FILL * sm_count):
+        return tactic
+    boxes = m >= BALANCE_BOXES_MIN_M
+    grids = [grid for grid in space.mixed_grids(tactic, n, k, m, sm_count, k_tiles=(128, 256))
+             if grid.tma_x == boxes]
+    if not grids:
+        return tactic
+    model = model or shipped_model()
+    return min(grids, key=lambda grid: (model.predict_us(grid, m, n, k, sm_count), grid))
 
 
 def early_trigger_pays(tactic: WarpSplitKTactic, m: int, n: int,
@@ -386,13 +431,14 @@ def early_trigger_pays(tactic: WarpSplitKTactic, m: int, n: int,
 
 
 @functools.lru_cache(maxsize=8192)
-def _shipped_choice(m, n, k, sm_count) -> tuple[WarpSplitKTactic, float]:
-    return choose(m, n, k, sm_count)
+def _shipped_choice(m, n, k, sm_count, swiglu=False) -> tuple[WarpSplitKTactic, float]:
+    return choose(m, n, k, sm_count, swiglu=swiglu)
 
 
-def choose_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> WarpSplitKTactic:
+def choose_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, *,
+                  swiglu: bool = False) -> WarpSplitKTactic:
     """The shipped model's choice (:func:`choose`): ``default_tactic``."""
-    return _shipped_choice(m, n, k, sm_count)[0]
+    return _shipped_choice(m, n, k, sm_count, swiglu)[0]
 
 
 #: cuBLAS runs an M without a plan entry only where predicted this much

@@ -245,11 +245,11 @@ def swiglu_tactic(plan: DecodePlan | None, m: int, n: int, k: int,
                   sm_count: int | None = None) -> WarpSplitKTactic:
     """The tactic M tokens run on a ``[gate; up]`` weight with the SwiGLU
     epilogue: the plan's, where it has one the epilogue takes (not cuBLAS,
-    not a mixed grid), else ``default_tactic``."""
+    not a mixed grid), else ``default_tactic``'s for the epilogue."""
     from ..tactics import is_legal
     choice = plan.lookup(n, k, m) if plan is not None else None
     if choice is None or choice == CUBLAS or not is_legal(choice, n, k, swiglu=True):
-        choice = default_tactic(m, n, k, sm_count)
+        choice = default_tactic(m, n, k, sm_count, swiglu=True)
     return choice
 
 

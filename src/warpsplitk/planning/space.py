@@ -217,45 +217,53 @@ def balanced_half_tiles(n, output_tile, ctas):
     return half if full >= 1 and half >= 1 else None
 
 
-def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> list[WarpSplitKTactic]:
-    """``{tactic: us}`` of one cell -> for its ``top`` fastest whose grid
-    leaves SMs unevenly loaded (more CTAs than SMs but not a whole number of
-    waves, or fewer CTAs than SMs), the mixed grid of 32- or 64-row tiles and
-    their halves with one CTA per SM per token tile (``half_tiles``), at the
-    deepest ring one CTA per SM holds, where that lowers the busiest SM's L2
-    bytes against the mean by 5% or more (``sm_balance``), for weights of
-    ``MIXED_MIN_BYTES`` or more; each also with its activations as TMA boxes
-    (2624x6144 at M = 32 mixed, 9.13 µs with the boxes, 11.9
-    without). None already in ``times``, all legal."""
-    if n * k * 2 < MIXED_MIN_BYTES:
+def mixed_grids(tactic, n, k, m, sm_count=DEFAULT_SM_COUNT,
+                k_tiles=None) -> list[WarpSplitKTactic]:
+    """Where ``tactic``'s grid leaves SMs unevenly loaded (more CTAs than
+    SMs but not a whole number of waves, or fewer CTAs than SMs), its mixed
+    grids: 32- or 64-row tiles and their halves with one CTA per SM per
+    token tile (``half_tiles``), at the deepest ring one CTA per SM holds,
+    where that lowers the busiest SM's L2 bytes against the mean by 5% or
+    more (``sm_balance``); each with ``tactic``'s activation path and with
+    TMA boxes. 64-row tiles take 128-wide K tiles; 32-row tiles
+    ``tactic``'s, or each of ``k_tiles``. All legal."""
+    token_tiles = -(-m // tactic.token_tile)
+    if grid_ctas(tactic, m, n) % sm_count == 0 or sm_count % token_tiles:
         return []
+    per_row = sm_count // token_tiles
     found = []
-    plain = sorted((t for t in times if t.k_split == 1 and not t.half_tiles), key=times.get)
-    for t in plain[:top]:
-        token_tiles = -(-m // t.token_tile)
-        ctas = grid_ctas(t, m, n)
-        if ctas % sm_count == 0 or sm_count % token_tiles:
+    for output_tile in (32, 64):
+        half = balanced_half_tiles(n, output_tile, per_row)
+        if half is None:
             continue
-        per_row = sm_count // token_tiles
-        for output_tile in (32, 64):
-            half = balanced_half_tiles(n, output_tile, per_row)
-            if half is None:
-                continue
-            # 64-row tiles take 128-wide K tiles (``check_tactic``)
-            k_tile = 128 if output_tile >= WIDE_TILE else t.k_tile
-            twin = dataclasses.replace(t, output_tile=output_tile, k_tile=k_tile, half_tiles=half)
-            boxes = with_tma_boxes(twin)
-            for variant in dict.fromkeys((twin, boxes)):
+        # 64-row tiles take 128-wide K tiles (``check_tactic``)
+        widths = (128,) if output_tile >= WIDE_TILE else (k_tiles or (tactic.k_tile,))
+        for k_tile in widths:
+            grid = dataclasses.replace(tactic, output_tile=output_tile, k_tile=k_tile,
+                                       half_tiles=half)
+            for variant in dict.fromkeys((grid, with_tma_boxes(grid))):
                 family = [dataclasses.replace(variant, stages=s)
                           for s in range(1, DEFAULT_MAX_STAGES + 1)]
                 family = [f for f in family if is_legal(f, n, k) and ctas_per_sm(f) >= 1]
                 # only where the busiest SM reads measurably less (at M = 1 the
                 # 32-row CTAs carry as much weight as two 16-row ones did)
                 if family and sm_balance(family[-1], m, n, sm_count) < 0.95 * sm_balance(
-                        t, m, n, sm_count):
+                        tactic, m, n, sm_count):
                     found.append(family[-1])
-    unique = list(dict.fromkeys(found))
-    return [t for t in unique if t not in times]
+    return list(dict.fromkeys(found))
+
+
+def mixed_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT, top=MIXED_TOP) -> list[WarpSplitKTactic]:
+    """``{tactic: us}`` of one cell -> the mixed grids (:func:`mixed_grids`)
+    of its ``top`` fastest without a K split, for weights of
+    ``MIXED_MIN_BYTES`` or more; the TMA boxes matter (2624x6144 at M = 32
+    mixed, 9.13 µs with the boxes, 11.9 without). None already in
+    ``times``."""
+    if n * k * 2 < MIXED_MIN_BYTES:
+        return []
+    plain = sorted((t for t in times if t.k_split == 1 and not t.half_tiles), key=times.get)
+    found = [grid for t in plain[:top] for grid in mixed_grids(t, n, k, m, sm_count)]
+    return [t for t in dict.fromkeys(found) if t not in times]
 
 
 #: the narrow token tiles' measured-neighbour rule (module docstring)
