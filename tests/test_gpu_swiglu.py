@@ -110,6 +110,23 @@ def test_graph_capture_and_replay_with_new_values():
     assert rel_err(out, swiglu_reference(x, w)) < 1e-2 and torch.equal(out, out2)
 
 
+def test_prepare_where_the_default_is_a_mixed_grid():
+    """A [gate; up] weight whose plain default at M = 8 is a mixed grid
+    (2560-row halves, 80 CTAs of 64 rows): prepare(swiglu=True) takes the
+    epilogue's default instead, and computes."""
+    from warpsplitk import prepare
+    n, k, m = 2 * 2560, 7168, 8
+    if not default_tactic(m, n, k).half_tiles:  # (132 or 148 SMs; 114: 70% busy, no)
+        pytest.skip("on this GPU's SM count the default here is no mixed grid")
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    prepared = prepare(w, None, ms=[m], swiglu=True)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+    prepared.run(x, out)
+    torch.cuda.synchronize()
+    assert rel_err(out, swiglu_reference(x, w)) < 1e-2
+
+
 def test_refuses_a_mixed_grid_and_a_full_width_output():
     n, k = 2 * 1792, 4096
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)

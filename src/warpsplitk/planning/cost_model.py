@@ -58,19 +58,20 @@ on a weight of K <= ``CUBLAS_MAX_K`` (:func:`prefers_cublas`).
 :func:`choose_tactic` (what ``default_tactic`` returns, :func:`choose`)
 ranks by predicted time the tuner's candidates of the cell with one CTA per
 tile along K (two for tiles of up to 32 rows at M <= 16, where the split
-fits one wave), 16-byte activation copies and the late PDL trigger
-(``space.base_candidates``) and the reference wave heuristic's tactic, and
-keeps the reference's unless another is predicted ``REFERENCE_MARGIN``
-faster. The options (K split, narrow token tiles, TMA boxes, bounded L2
-prefetch) are then applied where the nearest measured pairs say they gain
-(:mod:`warpsplitk.planning.neighbours`): the linear terms for options are fitted on
-the few regimes where the tuner found them winning, and ranked freely they
-were picked far outside those regimes (docs/design-notes.md). The early
-PDL trigger is taken where the grid's shape says it pipelines
-(:func:`early_trigger_pays`), and on a short wave (:func:`short_wave`),
-whose measured gain ranking counts (:func:`rank_us`). A grid that leaves a
-third of the SMs idle on a large weight is first replaced by its mixed
-grid (:func:`balanced_grid`). Bulk activation rows are left to the tuner.
+fits one wave and each CTA streams 8 K tiles or more), 16-byte activation
+copies and the late PDL trigger (``space.base_candidates``) and the
+reference wave heuristic's tactic, and keeps the reference's unless another
+is predicted ``REFERENCE_MARGIN`` faster. Where that grid leaves a third of
+the SMs idle on a large weight, its mixed grid replaces it
+(:func:`balanced_grid`). The options (K split, narrow token tiles, TMA
+boxes, bounded L2 prefetch) are then applied where the nearest measured
+pairs say they gain (:mod:`warpsplitk.planning.neighbours`): the linear terms for
+options are fitted on the few regimes where the tuner found them winning,
+and ranked freely they were picked far outside those regimes
+(docs/design-notes.md). The early PDL trigger is taken where the grid's
+shape says it pipelines (:func:`early_trigger_pays`), and on a short wave
+(:func:`short_wave`), whose measured gain ranking counts (:func:`rank_us`).
+Bulk activation rows are left to the tuner.
 
 Pure Python (no numpy): importable and usable where the package is.
 """
@@ -281,8 +282,8 @@ K_SPLIT_BASE_MAX_M = 16
 
 def ranked(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
            model: CostModel | None = None) -> list[tuple[WarpSplitKTactic, float]]:
-    """The cell's tactics without options, fastest predicted first:
-    ``[(tactic, predicted us)]``. The tuner's candidates with one CTA per
+    """The cell's tactics without options, fastest first by
+    :func:`rank_us`: ``[(tactic, us)]``. The tuner's candidates with one CTA per
     tile along K, 16-byte activation copies and the late trigger
     (``space.base_candidates``), those with two CTAs per tile along K where
     ``K_SPLIT_BASE_MAX_TILE`` and ``K_SPLIT_BASE_MAX_M`` allow, and the
@@ -301,9 +302,11 @@ def ranked(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
 
 
 #: What the early trigger makes of a short-wave grid's time
-#: (:func:`short_wave`): the records' near-best early/late pairs of the
-#: class, a median 0.88-0.90 (52 pairs); 7168 x 384 in 32-row tiles with it,
-#: 0.86-0.88 of 64-row tiles without.
+#: (:func:`short_wave`): the records' early/late pairs of the class whose
+#: faster one is within 5-20% of its cell's fastest tactic, a median
+#: 0.883-0.890 (29-49 pairs; all 111, with slow tactics no ranking picks,
+#: 0.957); 7168 x 384 in 32-row tiles with it, 0.86-0.88 of 64-row tiles
+#: without.
 SHORT_WAVE_EARLY_GAIN = 0.89
 
 
@@ -330,7 +333,7 @@ def rank_us(model: "CostModel", tactic: WarpSplitKTactic, m: int, n: int, k: int
 
 def _rank(m, n, k, sm_count, model, base, twin_rules) -> list[tuple[WarpSplitKTactic, float]]:
     """``base`` and what each of ``twin_rules`` (``{tactic: us}`` -> twins)
-    makes of its ``TWIN_PARENTS`` predicted fastest, by predicted time; ties
+    makes of its ``TWIN_PARENTS`` fastest, by :func:`rank_us`; ties
     broken by the tactic's own order (the same answer in every process)."""
     predicted = {t: rank_us(model, t, m, n, k, sm_count) for t in base}
     parents = dict(sorted(predicted.items(), key=lambda item: (item[1], item[0]))[:TWIN_PARENTS])
@@ -380,11 +383,13 @@ def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
 #: ``BALANCE_MIN_BYTES`` or more, takes its mixed grid instead
 #: (:func:`balanced_grid`): tiles and their halves, one CTA per SM, so every
 #: SM streams its share. In the calibration records' 20 cells of that class
-#: where both were measured, the mixed grid ran a median 0.87 of the
-#: chosen tactic's time (0.78-0.94, none slower; 5120 x 7168 at M = 8: 80
-#: CTAs, 0.81). With more SMs busy they gain nothing (3584-row weights, 112
-#: CTAs: 0.97-1.15), nor on weights of 7 MB (2304 x 1536, 72 CTAs:
-#: 1.16-1.20), whose CTAs stream a few K tiles each.
+#: the mixed grid timed a median 0.87 of the tactic it replaces (0.79-0.97,
+#: none slower; 5120 x 7168 at M = 8: 80 CTAs, 0.81), the two compared in
+#: the same form (mostly the late trigger without the L2 prefetch: what the
+#: tuner timed of both). With more SMs busy it gains nothing (3584-row
+#: weights, 112 CTAs: 0.97-1.15), nor on weights of 7 MB (2304 x 1536, 72
+#: CTAs: 1.16-1.20), whose CTAs stream a few K tiles each. Measured on the
+#: H200's 132 SMs; the share applies to any SM count.
 BALANCE_MAX_FILL = 2 / 3
 BALANCE_MIN_BYTES = 16 << 20
 #: ...with TMA activation boxes from this M on: the records' mixed grids
@@ -399,16 +404,18 @@ def balanced_grid(tactic: WarpSplitKTactic, m: int, n: int, k: int,
     """``tactic``, or where its grid (one CTA per tile along K) keeps at most
     ``BALANCE_MAX_FILL`` of the SMs busy on a weight of
     ``BALANCE_MIN_BYTES`` or more, the fastest-predicted of its mixed grids
-    (``space.mixed_grids``, 32-row tiles with either K tile) with row copies,
-    or TMA boxes from M = ``BALANCE_BOXES_MIN_M`` on."""
+    (``space.mixed_grids``: 32- or 64-row tiles, the 32-row ones with either
+    K tile) with row copies, or TMA boxes from M = ``BALANCE_BOXES_MIN_M``
+    on. (A tactic with TMA boxes below that M is kept: the ranked bases
+    have none.)"""
     from . import space
     if (tactic.k_split > 1 or tactic.half_tiles
             or n * k * layout.ELEMENT_BYTES < BALANCE_MIN_BYTES
             or grid_ctas(tactic, m, n) > BALANCE_MAX_FILL * sm_count):
         return tactic
     boxes = m >= BALANCE_BOXES_MIN_M
-    grids = [grid for grid in space.mixed_grids(tactic, n, k, m, sm_count, k_tiles=(128, 256))
-             if grid.tma_x == boxes]
+    grids = space.mixed_grids(tactic, n, k, m, sm_count, k_tile_widths=(128, 256))
+    grids = [grid for grid in grids if grid.tma_x == boxes]
     if not grids:
         return tactic
     model = model or shipped_model()
@@ -438,7 +445,7 @@ def _shipped_choice(m, n, k, sm_count, swiglu=False) -> tuple[WarpSplitKTactic, 
 def choose_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, *,
                   swiglu: bool = False) -> WarpSplitKTactic:
     """The shipped model's choice (:func:`choose`): ``default_tactic``."""
-    return _shipped_choice(m, n, k, sm_count, swiglu)[0]
+    return _shipped_choice(m, n, k, sm_count, bool(swiglu))[0]
 
 
 #: cuBLAS runs an M without a plan entry only where predicted this much
@@ -460,14 +467,15 @@ def prefers_cublas(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> 
     """Whether the shipped model predicts cuBLAS ``CUBLAS_MARGIN`` faster
     than its choice, on a weight of K <= ``CUBLAS_MAX_K``."""
     return k <= CUBLAS_MAX_K and (shipped_model().predict_cublas_us(m, n, k)
-                                  < _shipped_choice(m, n, k, sm_count)[1] * (1.0 - CUBLAS_MARGIN))
+                                  < _shipped_choice(m, n, k, sm_count, False)[1]
+                                  * (1.0 - CUBLAS_MARGIN))
 
 
-#: Tactics the quick tuner measures per cell, by predicted time (beside the
+#: Tactics the quick tuner measures per cell, by :func:`rank_us` (beside the
 #: early-trigger twin of each, the bounded-prefetch twins of the predicted
 #: fastest, and the default and reference tactics). Replayed on the
 #: exhaustive tune's log of the shape table, the quick plan's median cell is
-#: 1.034 of the exhaustive one's time at 3 (8 tactics a cell), 1.017 at 6
+#: 1.031 of the exhaustive one's time at 3 (8 tactics a cell), 1.016 at 6
 #: (13 a cell); timed side by side on the GPU: BENCHMARKS.md.
 SHORTLIST = 6
 

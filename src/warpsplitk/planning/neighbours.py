@@ -57,7 +57,9 @@ def k_split_pays(t: WarpSplitKTactic, m: int, n: int, k: int,
     least ``K_SPLIT_MIN_TILES`` K tiles and the grid fits in one wave of
     resident CTAs (it fills SM slots the unsplit grid leaves idle; past one
     wave the split adds a partial wave: measured pairs a median ratio of
-    0.82 where it fits, 1.07 where it does not)."""
+    0.82 where it fits, 1.07 where it does not). Residency here is ``t``'s
+    own; the option (``_k_split``) counts its parent's, whose ring may be
+    deeper."""
     return (k // t.k_split // t.k_tile >= K_SPLIT_MIN_TILES
             and grid_ctas(t, m, n) <= sm_count * max(1, ctas_per_sm(t)))
 

@@ -218,7 +218,7 @@ def balanced_half_tiles(n, output_tile, ctas):
 
 
 def mixed_grids(tactic, n, k, m, sm_count=DEFAULT_SM_COUNT,
-                k_tiles=None) -> list[WarpSplitKTactic]:
+                k_tile_widths=None) -> list[WarpSplitKTactic]:
     """Where ``tactic``'s grid leaves SMs unevenly loaded (more CTAs than
     SMs but not a whole number of waves, or fewer CTAs than SMs), its mixed
     grids: 32- or 64-row tiles and their halves with one CTA per SM per
@@ -226,7 +226,7 @@ def mixed_grids(tactic, n, k, m, sm_count=DEFAULT_SM_COUNT,
     where that lowers the busiest SM's L2 bytes against the mean by 5% or
     more (``sm_balance``); each with ``tactic``'s activation path and with
     TMA boxes. 64-row tiles take 128-wide K tiles; 32-row tiles
-    ``tactic``'s, or each of ``k_tiles``. All legal."""
+    ``tactic``'s, or each of ``k_tile_widths``. All legal."""
     token_tiles = -(-m // tactic.token_tile)
     if grid_ctas(tactic, m, n) % sm_count == 0 or sm_count % token_tiles:
         return []
@@ -237,7 +237,7 @@ def mixed_grids(tactic, n, k, m, sm_count=DEFAULT_SM_COUNT,
         if half is None:
             continue
         # 64-row tiles take 128-wide K tiles (``check_tactic``)
-        widths = (128,) if output_tile >= WIDE_TILE else (k_tiles or (tactic.k_tile,))
+        widths = (128,) if output_tile >= WIDE_TILE else (k_tile_widths or (tactic.k_tile,))
         for k_tile in widths:
             grid = dataclasses.replace(tactic, output_tile=output_tile, k_tile=k_tile,
                                        half_tiles=half)
