@@ -668,7 +668,8 @@ def test_weight_on_explicit_cuda0_keys_its_code_to_device_0():
 _DISK_PROBE = """
 import hashlib, json, sys, torch
 import warpsplitk.runtime.compile as c
-from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, disk_cache
+from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic
+from warpsplitk.runtime import disk_cache
 builds = []
 real = c._build
 c._build = lambda *a, **k: builds.append(a[:3]) or real(*a, **k)

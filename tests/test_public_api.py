@@ -7,6 +7,7 @@ classes.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,12 +123,28 @@ def test_import_stays_light():
     assert done.stdout.strip() == "[]"
 
 
+def _code_trees(source):
+    """The module's syntax tree, then that of every string constant in it
+    that is Python code importing warpsplitk (the probes tests run in a
+    subprocess with ``python -c``)."""
+    import ast
+    tree = ast.parse(source)
+    yield tree
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and re.search(r"^\s*(from|import) warpsplitk", node.value, re.MULTILINE):
+            try:
+                yield ast.parse(node.value)
+            except SyntaxError:
+                continue  # text about imports, not code
+
+
 def _warpsplitk_imports(path, package):
     """``(line, module, name)`` of every import of warpsplitk code in ``path``,
-    at any depth (imports inside functions included)."""
+    at any depth (imports inside functions and in subprocess probes included)."""
     import ast
     import importlib.util
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in (node for tree in _code_trees(path.read_text()) for node in ast.walk(tree)):
         if isinstance(node, ast.ImportFrom):
             module = (importlib.util.resolve_name("." * node.level + (node.module or ""), package)
                       if node.level else node.module)
