@@ -51,28 +51,27 @@ K_SPLIT_MIN_TILES = 8
 
 
 def k_split_pays(t: WarpSplitKTactic, m: int, n: int, k: int,
-                 sm_count: int = DEFAULT_SM_COUNT) -> bool:
+                 sm_count: int = DEFAULT_SM_COUNT, resident: int | None = None) -> bool:
     """Whether ``t``, a tactic with two CTAs per tile along K, is in the
     regime where the measured pairs gain from the split: each CTA streams at
     least ``K_SPLIT_MIN_TILES`` K tiles and the grid fits in one wave of
     resident CTAs (it fills SM slots the unsplit grid leaves idle; past one
     wave the split adds a partial wave: measured pairs a median ratio of
-    0.82 where it fits, 1.07 where it does not). Residency here is ``t``'s
-    own; the option (``_k_split``) counts its parent's, whose ring may be
-    deeper."""
+    0.82 where it fits, 1.07 where it does not). ``resident``: CTAs per SM
+    to count, ``t``'s own by default; the option (``_k_split``) counts its
+    parent's, whose ring may be deeper."""
+    per_sm = ctas_per_sm(t) if resident is None else resident
     return (k // t.k_split // t.k_tile >= K_SPLIT_MIN_TILES
-            and grid_ctas(t, m, n) <= sm_count * max(1, ctas_per_sm(t)))
+            and grid_ctas(t, m, n) <= sm_count * max(1, per_sm))
 
 
 def _k_split(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
-    # the rule of k_split_pays, the doubled grid against t's own residency
-    if t.k_split != 1 or t.half_tiles or k // 2 // t.k_tile < K_SPLIT_MIN_TILES:
-        return None
-    if 2 * grid_ctas(t, m, n) > sm_count * max(1, ctas_per_sm(t)):
+    if t.k_split != 1 or t.half_tiles:
         return None
     # each CTA holds half of K: a ring deeper than its K tiles shrinks to them
     # (768x7168 at M = 8: 18 stages against 14 tiles per CTA)
-    return dataclasses.replace(t, k_split=2, stages=min(t.stages, k // 2 // t.k_tile))
+    split = dataclasses.replace(t, k_split=2, stages=min(t.stages, k // 2 // t.k_tile))
+    return split if k_split_pays(split, m, n, k, sm_count, resident=ctas_per_sm(t)) else None
 
 
 def _narrow(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
