@@ -578,3 +578,39 @@ def test_a_file_system_refusal_is_one_line(capsys, monkeypatch):
     assert main(["cache"]) == 1
     captured = capsys.readouterr()
     assert captured.err == "warpsplitk cache: error: [Errno 13] Permission denied: '/cache/plans'\n"
+
+
+def test_a_missing_dependency_is_one_line_naming_what_to_install(capsys, monkeypatch):
+    """A source checkout without the CuTe DSL: the command that needs it says
+    what to install in one line (exit 1), no traceback."""
+    import sys as _sys
+    from warpsplitk.runtime import compile as compile_module
+    monkeypatch.setitem(_sys.modules, "cutlass", None)  # import cutlass -> ImportError
+    with pytest.raises(ModuleNotFoundError, match=r"nvidia-cutlass-dsl\[cu13\]==4\.8\.1"):
+        compile_module._cute()
+    monkeypatch.setattr(compile_module, "compile_for_arch",
+                        lambda *a, **k: compile_module._cute())
+    assert main(["compile", "--n", "256", "--k", "1024"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("warpsplitk compile: error: compiling a kernel needs the CuTe DSL")
+    assert err.count("\n") == 1 and "pip install 'nvidia-cutlass-dsl[cu13]==4.8.1'" in err
+
+
+def test_a_missing_module_of_the_package_itself_is_a_traceback(monkeypatch):
+    """Only a dependency's absence is the user's set-up; one of warpsplitk's
+    own modules missing is a bug and keeps its traceback."""
+    from warpsplitk.planning import plan_cache
+
+    def broken():
+        raise ModuleNotFoundError("No module named 'warpsplitk.gone'", name="warpsplitk.gone")
+    monkeypatch.setattr(plan_cache, "entries", broken)
+    with pytest.raises(ModuleNotFoundError):
+        main(["cache"])
+
+
+def test_the_dsl_requirement_named_in_errors_is_the_one_installed():
+    import tomllib
+    from pathlib import Path
+    from warpsplitk.runtime.compile import DSL_REQUIREMENT
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert DSL_REQUIREMENT in project["dependencies"]

@@ -709,6 +709,11 @@ def main(argv=None) -> int:
     except OSError as error:  # the file system said no: one line, not a traceback
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] == __package__:
+            raise  # a module of this package missing is a bug, not the user's set-up
+        print(f"{prog}: error: {error}", file=sys.stderr)  # a dependency not installed
+        return 1
 
 
 if __name__ == "__main__":

@@ -23,9 +23,18 @@ SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
 _lock = threading.Lock()
 
 
+#: What compiles the kernels (a dependency of the package; named when missing).
+DSL_REQUIREMENT = "nvidia-cutlass-dsl[cu13]==4.8.1"
+
+
 def _cute():
-    import cutlass
-    import cutlass.cute as cute
+    try:
+        import cutlass
+        import cutlass.cute as cute
+    except ImportError as error:  # a source checkout without its dependencies
+        raise ModuleNotFoundError(
+            f"compiling a kernel needs the CuTe DSL, which is not installed ({error}); "
+            f"pip install '{DSL_REQUIREMENT}'", name="cutlass") from error
     return cutlass, cute
 
 
