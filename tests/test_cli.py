@@ -614,3 +614,17 @@ def test_the_dsl_requirement_named_in_errors_is_the_one_installed():
     from warpsplitk.runtime.compile import DSL_REQUIREMENT
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
     assert DSL_REQUIREMENT in project["dependencies"]
+
+
+def test_a_missing_dsl_is_said_before_any_compile_starts(capsys, monkeypatch, tmp_path):
+    """`warpsplitk plan` (which compiles for registers) without the CuTe DSL:
+    the one line comes before any progress, and no worker is started."""
+    import sys as _sys
+    from warpsplitk.runtime import precompile
+    monkeypatch.setenv("WARPSPLITK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(_sys.modules, "cutlass", None)
+    monkeypatch.setattr(precompile, "_run_workers", lambda *a, **k: pytest.fail("started"))
+    assert main(["plan", "--shapes", "4096,4096", "--m", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "compiled" not in captured.out and "compiling" not in captured.out
+    assert captured.err.startswith("warpsplitk plan: error: compiling a kernel needs the CuTe DSL")

@@ -27,14 +27,31 @@ _lock = threading.Lock()
 DSL_REQUIREMENT = "nvidia-cutlass-dsl[cu13]==4.8.1"
 
 
+def _missing_dsl(error) -> ModuleNotFoundError:
+    return ModuleNotFoundError(
+        f"compiling a kernel needs the CuTe DSL, which is not installed ({error}); "
+        f"pip install '{DSL_REQUIREMENT}'", name="cutlass")
+
+
+def require_dsl() -> None:
+    """Raise ``ModuleNotFoundError`` naming ``DSL_REQUIREMENT`` unless the
+    CuTe DSL can be imported (looked up, not imported: worker processes
+    compile, and a missing DSL is said once, before any of them starts)."""
+    import importlib.util
+    try:
+        found = importlib.util.find_spec("cutlass") is not None
+    except (ImportError, ValueError) as error:  # a broken or stubbed-out entry
+        raise _missing_dsl(error) from error
+    if not found:
+        raise _missing_dsl("No module named 'cutlass'")
+
+
 def _cute():
     try:
         import cutlass
         import cutlass.cute as cute
     except ImportError as error:  # a source checkout without its dependencies
-        raise ModuleNotFoundError(
-            f"compiling a kernel needs the CuTe DSL, which is not installed ({error}); "
-            f"pip install '{DSL_REQUIREMENT}'", name="cutlass") from error
+        raise _missing_dsl(error) from error
     return cutlass, cute
 
 

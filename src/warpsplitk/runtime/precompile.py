@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from . import disk_cache
+from .compile import require_dsl
 from ..tactics import WarpSplitKTactic, check_tactic
 
 
@@ -152,6 +153,7 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
         todo.append(item)
     if len(todo) < 2:
         return {}
+    require_dsl()  # once here, not as every worker's failure
     started = time.perf_counter()
     workers = min(jobs, len(todo))
 
@@ -182,6 +184,7 @@ def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
                 todo.append(item)
     if not todo:
         return {}
+    require_dsl()
     jobs = max(1, default_jobs() if jobs is None else int(jobs))
     workers = min(jobs, len(todo))
     if workers > 1:
