@@ -14,6 +14,11 @@ def pytest_configure(config):
     global _cache_dir
     _cache_dir = tempfile.mkdtemp(prefix="warpsplitk-test-cache-")
     os.environ["WARPSPLITK_CACHE_DIR"] = _cache_dir
+    # The CuTe DSL fixes its process's arch when first imported (without a GPU
+    # its default is sm_100a): set before any test module imports it, so a
+    # kernel compiled for sm_90a in this process can be stored whatever test
+    # ran first (test_disk_cache after test_precompile failed to export one).
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
 def pytest_unconfigure(config):

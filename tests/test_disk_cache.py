@@ -34,7 +34,6 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def compiled():
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     from warpsplitk.runtime.compile import _build
     return _build(N, K, TACTIC, False, True, "sm_90a")
 

@@ -2,13 +2,11 @@
 
 import ctypes
 import importlib.util
-import os
 
 import pytest
 
 if importlib.util.find_spec("cutlass") is None:
     pytest.skip("needs the CuTe DSL (nvidia-cutlass-dsl)", allow_module_level=True)
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before the DSL loads (test_compile.py)
 
 from warpsplitk.runtime import launch  # noqa: E402
 
