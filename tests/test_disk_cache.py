@@ -116,6 +116,18 @@ def test_unreadable_file_is_removed_and_reported(cache, compiled):
     assert not (cache / f"{stem}.o").exists()
 
 
+def test_a_missing_dsl_keeps_the_stored_file(cache, compiled, monkeypatch):
+    # without the DSL nothing can load the file: say so, and never remove it
+    import sys
+    stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
+    path = disk_cache.store(stem, compiled)
+    monkeypatch.setitem(sys.modules, "cutlass", None)
+    monkeypatch.setitem(sys.modules, "cutlass.cute", None)
+    with pytest.raises(ModuleNotFoundError, match="needs the CuTe DSL"):
+        disk_cache.load(stem)
+    assert path.is_file()
+
+
 def test_switched_off(cache, compiled, monkeypatch):
     monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "0")
     stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)

@@ -140,8 +140,9 @@ def load(stem: str):
     path = path_for(stem)
     if not path.is_file():
         return None
+    from .compile import _cute
+    _, cute = _cute()  # a missing DSL is said, and the file kept: it is not the file's fault
     try:
-        import cutlass.cute as cute
         module = cute.runtime.load_module(str(path))
         return module[_symbol(stem)]
     except Exception as exc:  # a truncated, foreign or stale file: compile again
