@@ -176,17 +176,26 @@ def test_choices_are_legal_ranked_and_stable(n, k):
         # the ranked first, or the reference heuristic's tactic where the
         # first is not predicted REFERENCE_MARGIN faster; then the options
         # its nearest measured pairs accept
-        first, first_us = cost_model.ranked(m, n, k, 132)[0]
+        # (an HBM-bound cell: of rings HBM_BOUND_MIN_STAGES deep or more)
+        streaming = cost_model.hbm_bound(m, n, k)
         reference = reference_tactic(m, n, k, 132)
+        first, first_us = next((t, t_us) for t, t_us in cost_model.ranked(m, n, k, 132)
+                               if not streaming or t == reference
+                               or t.stages >= cost_model.HBM_BOUND_MIN_STAGES)
         reference_us = cost_model.rank_us(model, reference, m, n, k)
         start = first if first_us <= reference_us * (1 - cost_model.REFERENCE_MARGIN) \
             else reference
         # (as its mixed grid where the grid leaves a third of the SMs idle)
         balanced = cost_model.balanced_grid(start, m, n, k, 132, model)
-        optioned, factor = neighbours.apply_options(balanced, m, n, k, model.option_pairs, 132)
+        steps = [s for s in neighbours.OPTION_STEPS if not streaming or "prefetch2" not in s]
+        optioned, factor = neighbours.apply_options(balanced, m, n, k, model.option_pairs, 132,
+                                                    steps)
         # and the early trigger where the grid pipelines with the next call's
-        assert chosen.early_launch == (cost_model.early_trigger_pays(optioned, m, n, 132)
-                                       or cost_model.short_wave(optioned, m, n, k, 132))
+        # (an HBM-bound cell takes neither it nor the L2 prefetch)
+        assert chosen.early_launch == (not streaming and (
+            cost_model.early_trigger_pays(optioned, m, n, 132)
+            or cost_model.short_wave(optioned, m, n, k, 132)))
+        assert not (streaming and (chosen.l2_prefetch or chosen.stages < 4 and chosen != reference))
         assert (tactic, pytest.approx(us)) == (
             dataclasses.replace(optioned, early_launch=chosen.early_launch),
             cost_model.rank_us(model, start, m, n, k) * factor)
@@ -346,3 +355,47 @@ def test_early_trigger_where_the_grid_holds_one_cta_per_sm_on_most_sms():
     shallow = T(32, 8, 256, 2, 1)  # several resident CTAs: room for the next grid
     assert cost_model.ctas_per_sm(shallow) > 1
     assert not cost_model.early_trigger_pays(shallow, 8, 4224, 132)
+
+
+def test_hbm_bound_cells_stream_in_deep_rings_without_overlap_devices():
+    # from 64 MiB of weight at M <= 8
+    assert cost_model.hbm_bound(8, 4096, 8192) and cost_model.hbm_bound(1, 4096, 8192)
+    assert not cost_model.hbm_bound(9, 4096, 8192) and not cost_model.hbm_bound(8, 4096, 8190)
+    for n, k in ((30720, 3840), (3840, 15360), (28672, 4096), (262208, 3840), (5120, 7168)):
+        for m in (1, 4, 8):
+            chosen = default_tactic(m, n, k, 132)
+            assert not chosen.early_launch and not chosen.l2_prefetch, (n, k, m)
+            assert chosen.stages >= cost_model.HBM_BOUND_MIN_STAGES, (n, k, m)
+    # the reference heuristic's deep ring where the model ranked a 2-stage one first
+    assert default_tactic(8, 30720, 3840, 132) == reference_tactic(8, 30720, 3840, 132)
+    assert cost_model.ranked(8, 30720, 3840, 132)[0][0].stages == 2
+    # the options that are no overlap device stay (3840 x 15360 at M = 1: narrow rows;
+    # 5120 x 7168 at M = 8: the mixed grid)
+    assert default_tactic(1, 3840, 15360, 132).token_tile == 1
+    assert default_tactic(8, 5120, 7168, 132).half_tiles
+    # past M = 8 the default is the model's as anywhere
+    assert default_tactic(16, 3840, 15360, 132).early_launch
+
+
+def test_shallow_rings_of_hbm_bound_cells_are_what_the_records_measure():
+    # the calibration timings of 2- and 3-stage rings (one CTA per tile along
+    # K, no option) that the model ranks above the reference heuristic's
+    # tactic on an HBM-bound cell, over the reference's time in that cell
+    cells, _ = fit_script.load_records()
+    model = cost_model.shipped_model()
+    ratios = []
+    for (n, k, m), timings in cells.items():
+        reference = reference_tactic(m, n, k, 132)
+        if not cost_model.hbm_bound(m, n, k) or reference not in timings:
+            continue
+        for tactic, us in timings.items():
+            plain = dataclasses.replace(tactic, stages=reference.stages, output_tile=16,
+                                        token_tile=8, k_tile=256, b_loader_warps=1)
+            if (tactic.stages < cost_model.HBM_BOUND_MIN_STAGES and tactic.token_tile >= 8
+                    and plain == T(16, 8, 256, reference.stages, 1)
+                    and cost_model.rank_us(model, tactic, m, n, k)
+                    < cost_model.rank_us(model, reference, m, n, k)):
+                ratios.append(us / timings[reference])
+    ratios.sort()
+    assert len(ratios) >= 30
+    assert ratios[len(ratios) // 2] > 1.01 and sum(r > 1.0 for r in ratios) > 0.7 * len(ratios)

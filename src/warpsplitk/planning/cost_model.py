@@ -71,6 +71,9 @@ and ranked freely they were picked far outside those regimes
 (docs/design-notes.md). The early PDL trigger is taken where the grid's
 shape says it pipelines (:func:`early_trigger_pays`), and on a short wave
 (:func:`short_wave`), whose measured gain ranking counts (:func:`rank_us`).
+On a weight that streams at the HBM rate whatever the tactic
+(:func:`hbm_bound`) the default takes a ring of ``HBM_BOUND_MIN_STAGES``
+or more and neither the early trigger nor the L2 prefetch.
 Bulk activation rows are left to the tuner.
 
 Pure Python (no numpy): importable and usable where the package is.
@@ -351,6 +354,33 @@ def _rank(m, n, k, sm_count, model, base, twin_rules) -> list[tuple[WarpSplitKTa
 REFERENCE_MARGIN = 0.01
 
 
+#: A weight of this many bytes or more at M <= ``HBM_BOUND_MAX_M`` is
+#: streamed with no overlap device (:func:`hbm_bound`): such a call is 15 us
+#: or more at the HBM rate, and in a layer the next call is another
+#: projection's. The early trigger and the L2 prefetch gain in independent
+#: timings only by overlapping the next call of the same weight (held-out
+#: 3840 x 15360 at M <= 8: 0.95-0.97 of the reference's time). In
+#: gemma-3-12b's TP1 layer chain on the H200, gate_up and down with them
+#: (and 2-stage rings) ran 0.9 us (M = 1) and 2.0 us (M = 8) behind the
+#: reference heuristic's chain; without, 0.4 us ahead and level (within
+#: 0.1-0.7 us over three runs). Rings shallower than
+#: ``HBM_BOUND_MIN_STAGES`` are not taken there: of the calibration
+#: records' 2- and 3-stage rings on such cells that the model ranks above
+#: the reference heuristic's deeper ring, 28 of 37 measured slower than it
+#: (a median 1.017; 28672 x 4096 at M = 1: 1.039).
+HBM_BOUND_MIN_BYTES = 64 << 20
+HBM_BOUND_MAX_M = 8
+HBM_BOUND_MIN_STAGES = 4
+
+
+def hbm_bound(m: int, n: int, k: int) -> bool:
+    """Whether the default streams ``[n, k]`` at M = ``m`` without the early
+    trigger or the L2 prefetch, in a ring of ``HBM_BOUND_MIN_STAGES`` or
+    more: a weight of ``HBM_BOUND_MIN_BYTES`` or more at M <=
+    ``HBM_BOUND_MAX_M``."""
+    return m <= HBM_BOUND_MAX_M and n * k * layout.ELEMENT_BYTES >= HBM_BOUND_MIN_BYTES
+
+
 def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
            model: CostModel | None = None, *, swiglu: bool = False
            ) -> tuple[WarpSplitKTactic, float]:
@@ -364,14 +394,22 @@ def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     from ..tactics import reference_tactic
     model = model or shipped_model()
     order = ranked(m, n, k, sm_count, model)
-    tactic, us = order[0]
     reference = reference_tactic(m, n, k, sm_count)
     reference_us = dict(order)[reference]  # ranked holds the reference's prediction
+    streaming = hbm_bound(m, n, k)
+    if streaming:
+        order = [(t, t_us) for t, t_us in order if t.stages >= HBM_BOUND_MIN_STAGES or t == reference]
+    tactic, us = order[0]
     if us > reference_us * (1.0 - REFERENCE_MARGIN):
         tactic, us = reference, reference_us
     if not swiglu:  # the SwiGLU epilogue takes no mixed grid (check_tactic)
         tactic = balanced_grid(tactic, m, n, k, sm_count, model)
-    tactic, factor = neighbours.apply_options(tactic, m, n, k, model.option_pairs, sm_count)
+    steps = neighbours.OPTION_STEPS
+    if streaming:  # no L2 prefetch (nor, below, the early trigger)
+        steps = tuple(s for s in steps if not any(name.startswith("prefetch") for name in s))
+    tactic, factor = neighbours.apply_options(tactic, m, n, k, model.option_pairs, sm_count, steps)
+    if streaming:
+        return tactic, us * factor
     if early_trigger_pays(tactic, m, n, sm_count) or short_wave(tactic, m, n, k, sm_count):
         # (a short wave's gain is counted in ranking; the other's is not: it
         # depends on the next kernel's grid)

@@ -165,14 +165,14 @@ def estimate(rows, descriptor) -> float | None:
 
 
 def apply_options(tactic: WarpSplitKTactic, m: int, n: int, k: int, option_pairs,
-                  sm_count: int = DEFAULT_SM_COUNT) -> tuple[WarpSplitKTactic, float]:
+                  sm_count: int = DEFAULT_SM_COUNT, steps=OPTION_STEPS
+                  ) -> tuple[WarpSplitKTactic, float]:
     """``tactic`` with every option its nearest measured pairs say gains
-    more than ``MARGIN`` (``OPTION_STEPS`` in order, each decided on the
-    tactic the steps before it made), and the product of the accepted time
-    ratios."""
+    more than ``MARGIN`` (``steps`` in order, each decided on the tactic the
+    steps before it made), and the product of the accepted time ratios."""
     factor = 1.0
     threshold = math.log(1.0 - MARGIN)
-    for step in OPTION_STEPS:
+    for step in steps:
         best = None
         for name in step:
             twin = TWINS[name](tactic, m, n, k, sm_count)
