@@ -187,7 +187,7 @@ def test_choices_are_legal_ranked_and_stable(n, k):
             else reference
         # (as its mixed grid where the grid leaves a third of the SMs idle)
         balanced = cost_model.balanced_grid(start, m, n, k, 132, model)
-        steps = [s for s in neighbours.OPTION_STEPS if not streaming or "prefetch2" not in s]
+        steps = neighbours.STEPS_WITHOUT_PREFETCH if streaming else neighbours.OPTION_STEPS
         optioned, factor = neighbours.apply_options(balanced, m, n, k, model.option_pairs, 132,
                                                     steps)
         # and the early trigger where the grid pipelines with the next call's
@@ -195,7 +195,7 @@ def test_choices_are_legal_ranked_and_stable(n, k):
         assert chosen.early_launch == (not streaming and (
             cost_model.early_trigger_pays(optioned, m, n, 132)
             or cost_model.short_wave(optioned, m, n, k, 132)))
-        assert not (streaming and (chosen.l2_prefetch or chosen.stages < 4 and chosen != reference))
+        assert not (streaming and (chosen.l2_prefetch or chosen.stages < cost_model.HBM_BOUND_MIN_STAGES and chosen != reference))
         assert (tactic, pytest.approx(us)) == (
             dataclasses.replace(optioned, early_launch=chosen.early_launch),
             cost_model.rank_us(model, start, m, n, k) * factor)
@@ -361,6 +361,7 @@ def test_hbm_bound_cells_stream_in_deep_rings_without_overlap_devices():
     # from 64 MiB of weight at M <= 8
     assert cost_model.hbm_bound(8, 4096, 8192) and cost_model.hbm_bound(1, 4096, 8192)
     assert not cost_model.hbm_bound(9, 4096, 8192) and not cost_model.hbm_bound(8, 4096, 8190)
+    assert neighbours.STEPS_WITHOUT_PREFETCH == (("k_split", "narrow"), ("tma",))
     for n, k in ((30720, 3840), (3840, 15360), (28672, 4096), (262208, 3840), (5120, 7168)):
         for m in (1, 4, 8):
             chosen = default_tactic(m, n, k, 132)

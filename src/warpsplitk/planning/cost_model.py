@@ -362,8 +362,8 @@ REFERENCE_MARGIN = 0.01
 #: 3840 x 15360 at M <= 8: 0.95-0.97 of the reference's time). In
 #: gemma-3-12b's TP1 layer chain on the H200, gate_up and down with them
 #: (and 2-stage rings) ran 0.9 us (M = 1) and 2.0 us (M = 8) behind the
-#: reference heuristic's chain; without, 0.4 us ahead and level (within
-#: 0.1-0.7 us over three runs). Rings shallower than
+#: reference heuristic's chain; without, 0.4 us ahead (M = 1) and
+#: 0.1-0.7 us behind over three runs (M = 8). Rings shallower than
 #: ``HBM_BOUND_MIN_STAGES`` are not taken there: of the calibration
 #: records' 2- and 3-stage rings on such cells that the model ranks above
 #: the reference heuristic's deeper ring, 28 of 37 measured slower than it
@@ -404,9 +404,8 @@ def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         tactic, us = reference, reference_us
     if not swiglu:  # the SwiGLU epilogue takes no mixed grid (check_tactic)
         tactic = balanced_grid(tactic, m, n, k, sm_count, model)
-    steps = neighbours.OPTION_STEPS
-    if streaming:  # no L2 prefetch (nor, below, the early trigger)
-        steps = tuple(s for s in steps if not any(name.startswith("prefetch") for name in s))
+    # streaming: no L2 prefetch (nor, below, the early trigger)
+    steps = neighbours.STEPS_WITHOUT_PREFETCH if streaming else neighbours.OPTION_STEPS
     tactic, factor = neighbours.apply_options(tactic, m, n, k, model.option_pairs, sm_count, steps)
     if streaming:
         return tactic, us * factor

@@ -110,6 +110,9 @@ TWINS = {
 #: a split of a short K loses). A TMA box has 8 rows or more: no box on a
 #: narrow tile.
 OPTION_STEPS = (("k_split", "narrow"), ("tma",), ("prefetch2", "prefetch3", "prefetch4"))
+#: The steps of a call that streams with no overlap device (``cost_model.hbm_bound``).
+STEPS_WITHOUT_PREFETCH = tuple(step for step in OPTION_STEPS
+                               if not any(name.startswith("prefetch") for name in step))
 
 
 def describe(t: WarpSplitKTactic, m: int, n: int, k: int,
