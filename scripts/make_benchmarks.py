@@ -476,10 +476,8 @@ def default_md(held: dict, quick: dict | None, model: dict,
         "",
         "## Without a plan: the cost model's default",
         "",
-        "`default_tactic` ranks a cell's tactics by the time the cost model",
-        "(`warpsplitk.planning.cost_model`) predicts, then applies the options its nearest measured",
-        "pairs gain from (`warpsplitk.planning.neighbours`) and `+early` where one CTA fills each of",
-        "more than half the SMs; `python scripts/fit_cost_model.py` fits it to",
+        "The cost model behind `default_tactic` (README.md \"Tactics\") is fitted by",
+        "`python scripts/fit_cost_model.py` to",
         f"{meta['timings']} timings of {meta['cells']} cells on {meta['shapes']} shapes: "
         + ", ".join(f"`{name}`" for name in meta["inputs"]) + ". "
         f"Shape-grouped five-fold cross-validation: the tactic it ranks first among a cell's "

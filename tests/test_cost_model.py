@@ -327,6 +327,37 @@ def test_cublas_rule_is_what_the_records_measure():
     assert len(above) >= 3 and not any(above)
 
 
+def test_a_chained_call_takes_cublas_only_past_the_pdl_overlap_it_forfeits():
+    model = cost_model.shipped_model()
+    # the model tables' cells the default gives cuBLAS: each predicted less
+    # than CHAIN_CUBLAS_US faster, so between kernel calls the kernel runs
+    for n, k in ((9728, 2560), (10240, 2560), (9472, 3584), (8704, 5120), (10240, 5120)):
+        assert default_choice(32, n, k, 132) == CUBLAS
+        assert default_choice(32, n, k, 132, chained=True) == default_tactic(32, n, k, sm_count=132)
+    checked = 0
+    for name in models.model_names():
+        for tp in (1, 2, 4, 8):
+            try:
+                chain = models.layer_chain(name, tp)
+            except ValueError:
+                continue
+            for p in chain:
+                n, k = p["n"], p["k"]
+                for m in (8, 24, 32):
+                    try:
+                        plain = default_choice(m, n, k, 132)
+                    except ValueError:  # a shape the kernel refuses
+                        continue
+                    chained = default_choice(m, n, k, 132, chained=True)
+                    _, us = cost_model.choose(m, n, k, 132, model)
+                    expected = (k <= cost_model.CUBLAS_MAX_K and model.predict_cublas_us(m, n, k)
+                                + cost_model.CHAIN_CUBLAS_US < us * (1 - cost_model.CUBLAS_MARGIN))
+                    assert (chained == CUBLAS) == expected, (name, tp, n, k, m)
+                    assert chained == plain or (plain == CUBLAS and chained != CUBLAS)
+                    checked += 1
+    assert checked > 500
+
+
 def test_shortlist_holds_the_default_the_reference_and_early_twins():
     for m, n, k in ((1, 2048, 2048), (8, 4096, 4096), (32, 7168, 384), (4, 3216, 7168)):
         short = cost_model.shortlist(m, n, k, 132)

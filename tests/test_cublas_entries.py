@@ -49,6 +49,17 @@ def _weights(bias=False):
     b = torch.randn(N, dtype=torch.bfloat16) if bias else None
     return w, b
 
+def test_a_chained_lookup_keeps_the_plans_cublas_and_falls_back_to_the_chained_default():
+    from warpsplitk.planning.plans import default_choice
+    plan = mixed_plan()
+    # a plan entry is a measurement: kept in a chain too
+    assert plan.tactic_for(N, K, 8, chained=True) == CUBLAS
+    # 9728 x 2560 at M = 32: cuBLAS without a plan, the kernel between kernel calls
+    assert DecodePlan().tactic_for(9728, 2560, 32, 132) == CUBLAS
+    chained = DecodePlan().tactic_for(9728, 2560, 32, 132, chained=True)
+    assert chained != CUBLAS and chained == default_choice(32, 9728, 2560, 132, chained=True)
+
+
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_all_cublas_plan_prepares_without_a_kernel(bias):

@@ -107,7 +107,7 @@ def test_records_measured_what_the_package_chooses_today():
     stale += [r for r in table if r["tactic"] != _short(plan.tactic_for(r["n"], r["k"], r["m"], 132))]
     for r in json.loads((RESULTS / "h200-bench-layers.json").read_text())["rows"]:
         steps = [tuple(map(int, s.split("x"))) for s in r["projections"].split(" -> ")]
-        now = " -> ".join(_short(default_choice(r["m"], n, k, 132))
+        now = " -> ".join(_short(default_choice(r["m"], n, k, 132, chained=True))
                           if shape_refusal(n, k) is None else "cublas" for n, k in steps)
         if now != r["tactics"]:
             stale.append(r)

@@ -344,8 +344,8 @@ def layer_reference(buffers, weights, m):
 def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, rounds=None):
     """One decode layer's projections (``models.layer_chain``) as a dependent
     chain, back to back in one CUDA graph over rotating copies of the layer's
-    weights (>= 3x L2): ours (the plan, else the default; cuBLAS for a shape
-    the kernel refuses), the reference heuristic's tactics, and cuBLAS for
+    weights (>= 3x L2): ours (the plan, else the default for a chained call;
+    cuBLAS for a shape the kernel refuses), the reference heuristic's tactics, and cuBLAS for
     every projection. Attention and the activation between projections are
     left out; the dependency is kept through memory (``layer_buffers``)."""
     import torch
@@ -380,7 +380,7 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
                         for w in layer_weights])
         return out
 
-    ours = prepared(lambda m, n, k: plan.tactic_for(n, k, m))
+    ours = prepared(lambda m, n, k: plan.tactic_for(n, k, m, chained=True))
     reference = prepared(lambda m, n, k: reference_tactic(m, n, k))
     rows = []
     for m in ms:

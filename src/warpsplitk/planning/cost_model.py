@@ -53,7 +53,9 @@ cuBLAS's time is a second linear model of the shape alone
 (``CUBLAS_FEATURES``), fitted to the cuBLAS timings of the same records:
 where no plan entry exists, ``plans.default_choice`` runs cuBLAS for an M
 whose predicted cuBLAS time is ``CUBLAS_MARGIN`` below the chosen tactic's,
-on a weight of K <= ``CUBLAS_MAX_K`` (:func:`prefers_cublas`).
+on a weight of K <= ``CUBLAS_MAX_K`` (:func:`prefers_cublas`); between
+kernel calls of a dependent chain only where it also makes up the PDL
+overlap it forfeits (``CHAIN_CUBLAS_US``).
 
 :func:`choose_tactic` (what ``default_tactic`` returns, :func:`choose`)
 ranks by predicted time the tuner's candidates of the cell with one CTA per
@@ -497,13 +499,29 @@ CUBLAS_MARGIN = 0.02
 #: (measured over predicted, the default's tactic at M = 32: a median 0.87
 #: for K > 7168, 1.02 for K <= 4096).
 CUBLAS_MAX_K = 6144
+#: In a dependent chain of kernel calls (a layer's projections back to back,
+#: ``bench --chain --model``), cuBLAS takes no part in PDL: the call before it
+#: cannot launch it early, and it does not launch the call after it early, so
+#: a cuBLAS call forfeits both overlaps. A chained call runs cuBLAS only
+#: where predicted this much faster than the kernel besides ``CUBLAS_MARGIN``.
+#: Measured on qwen3-4b TP2's layer at M = 32, whose gate_up (9728 x 2560)
+#: the model gives cuBLAS: on the H200 that chain took 4.1 us more than
+#: the sum of its calls' independent times (the reference heuristic's chain,
+#: every call a kernel, within 0.1 us of its sum); on an H100, where cuBLAS
+#: and the reference's kernel time alike on that weight in independent calls,
+#: running the kernel there took 5.0 us off the chain.
+CHAIN_CUBLAS_US = 4.0
 
 
 @functools.lru_cache(maxsize=8192)
-def prefers_cublas(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> bool:
+def prefers_cublas(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, *,
+                   chained: bool = False) -> bool:
     """Whether the shipped model predicts cuBLAS ``CUBLAS_MARGIN`` faster
-    than its choice, on a weight of K <= ``CUBLAS_MAX_K``."""
-    return k <= CUBLAS_MAX_K and (shipped_model().predict_cublas_us(m, n, k)
+    than its choice, on a weight of K <= ``CUBLAS_MAX_K``; ``chained``: a call
+    between kernel calls of a dependent chain, where cuBLAS must also make up
+    the PDL overlap it forfeits (``CHAIN_CUBLAS_US``)."""
+    penalty = CHAIN_CUBLAS_US if chained else 0.0
+    return k <= CUBLAS_MAX_K and (shipped_model().predict_cublas_us(m, n, k) + penalty
                                   < _shipped_choice(m, n, k, sm_count, False)[1]
                                   * (1.0 - CUBLAS_MARGIN))
 

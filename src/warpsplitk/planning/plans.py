@@ -78,15 +78,19 @@ def resolve_plan(plan, shapes, ms=range(1, MAX_M + 1), *, progress=print, jobs=N
     return auto_plan(shapes, ms, progress=progress, jobs=jobs)
 
 
-def default_choice(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic | str:
+def default_choice(m: int, n: int, k: int, sm_count: int | None = None, *,
+                   chained: bool = False) -> WarpSplitKTactic | str:
     """What runs M tokens on an ``[n, k]`` weight without a plan entry:
     ``default_tactic``, or ``CUBLAS`` where the cost model predicts
-    ``torch.matmul`` faster than that tactic (M = 32 on some large weights)."""
+    ``torch.matmul`` faster than that tactic (M = 32 on some large weights).
+    ``chained``: the call sits between kernel calls of a dependent chain
+    (``bench --chain --model``), where cuBLAS must also make up the PDL
+    overlap it forfeits (``cost_model.CHAIN_CUBLAS_US``)."""
     from . import cost_model
     from ..tactics import _sm_count
     sm_count = _sm_count(sm_count)
     tactic = default_tactic(m, n, k, sm_count)
-    return CUBLAS if cost_model.prefers_cublas(m, n, k, sm_count) else tactic
+    return CUBLAS if cost_model.prefers_cublas(m, n, k, sm_count, chained=bool(chained)) else tactic
 
 
 @dataclass
@@ -101,10 +105,11 @@ class DecodePlan:
         hit = self.entries.get((n, k), {}).get(m)
         return None if hit is None else hit[0]
 
-    def tactic_for(self, n: int, k: int, m: int,
-                   sm_count: int | None = None) -> WarpSplitKTactic | str:
+    def tactic_for(self, n: int, k: int, m: int, sm_count: int | None = None, *,
+                   chained: bool = False) -> WarpSplitKTactic | str:
         """The plan's choice (a tactic or ``CUBLAS``), else ``default_choice``
-        (said once per shape, unless the plan is empty: no plan at all)."""
+        (``chained`` as there; said once per shape, unless the plan is empty:
+        no plan at all)."""
         tactic = self.lookup(n, k, m)
         if tactic is not None:
             return tactic
@@ -113,7 +118,7 @@ class DecodePlan:
             have = "no entry" if (n, k) not in self.entries else f"no entry for M={m}"
             warnings.warn(f"decode plan has {have} for N={n}, K={k}: using the cost model's "
                           "choice (default_choice)", stacklevel=2)
-        return default_choice(m, n, k, sm_count)
+        return default_choice(m, n, k, sm_count, chained=chained)
 
     def set(self, n, k, m, tactic, us=None):
         """Choose ``tactic`` (or ``CUBLAS``) for (N, K, M), measured at ``us``
