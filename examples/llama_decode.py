@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import json
 import statistics
 import sys
@@ -109,12 +110,19 @@ def load_plan(spec):
     return warpsplitk.builtin_plan("h200") if spec == "h200" else warpsplitk.load_plan(spec)
 
 
+def cache_name(model):
+    """The KV cache's name as ``forward`` argument and output field: ``cache``
+    in newer transformers, ``past_key_values`` (deprecated there) before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def greedy(torch, model, prompt, steps, forced=None):
     """Greedy decoding with a dynamic KV cache; with ``forced`` [B, steps] the
     inputs after the prompt are those tokens instead of the model's picks.
     Returns (tokens [B, steps], float32 logits [steps, B, V])."""
+    name = cache_name(model)
     out = model(input_ids=prompt, use_cache=True, logits_to_keep=1)
-    cache, tokens, logits = out.past_key_values, [], []
+    cache, tokens, logits = getattr(out, name), [], []
     for i in range(steps):
         step_logits = out.logits[:, -1].float()
         logits.append(step_logits)
@@ -122,8 +130,7 @@ def greedy(torch, model, prompt, steps, forced=None):
         if i + 1 == steps:
             break
         nxt = tokens[-1] if forced is None else forced[:, i]
-        out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True,
-                    logits_to_keep=1)
+        out = model(input_ids=nxt[:, None], **{name: cache}, use_cache=True, logits_to_keep=1)
     return torch.stack(tokens, 1), torch.stack(logits)
 
 
@@ -222,12 +229,13 @@ def make_decode_step(torch, model, config, batch, args, device):
     calls = 3 + 2 + args.iters * args.reps  # warm-up, capture + first replay, timed
     cache = StaticCache(config=config, max_cache_len=args.prompt_len + calls + 8)
     prompt = torch.randint(config.vocab_size, (batch, args.prompt_len), device=device)
+    name = cache_name(model)
     with torch.no_grad():
-        out = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=prompt, **{name: cache}, use_cache=True, logits_to_keep=1)
     ids = out.logits[:, -1].argmax(-1, keepdim=True)
 
     def step():
-        return model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        return model(input_ids=ids, **{name: cache}, use_cache=True, logits_to_keep=1).logits
     return step
 
 

@@ -587,9 +587,9 @@ def test_a_missing_dependency_is_one_line_naming_what_to_install(capsys, monkeyp
     from warpsplitk.runtime import compile as compile_module
     monkeypatch.setitem(_sys.modules, "cutlass", None)  # import cutlass -> ImportError
     with pytest.raises(ModuleNotFoundError, match=r"nvidia-cutlass-dsl\[cu13\]==4\.8\.1"):
-        compile_module._cute()
+        compile_module.import_dsl()
     monkeypatch.setattr(compile_module, "compile_for_arch",
-                        lambda *a, **k: compile_module._cute())
+                        lambda *a, **k: compile_module.import_dsl())
     assert main(["compile", "--n", "256", "--k", "1024"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("warpsplitk compile: error: compiling a kernel needs the CuTe DSL")

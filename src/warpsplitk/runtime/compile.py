@@ -46,7 +46,9 @@ def require_dsl() -> None:
         raise _missing_dsl("No module named 'cutlass'")
 
 
-def _cute():
+def import_dsl():
+    """The CuTe DSL modules (cutlass, cutlass.cute); a missing DSL raises
+    the install hint (``_missing_dsl``) instead of a bare ImportError."""
     try:
         import cutlass
         import cutlass.cute as cute
@@ -57,7 +59,7 @@ def _cute():
 
 def gmem_pointer(address: int):
     """A CuTe global-memory BF16 pointer argument for compiled code (32 B aligned)."""
-    cutlass, cute = _cute()
+    cutlass, cute = import_dsl()
     from cutlass.cute.runtime import make_ptr
     return make_ptr(cutlass.BFloat16, address, cute.AddressSpace.gmem, assumed_align=32)
 
@@ -65,7 +67,7 @@ def gmem_pointer(address: int):
 def _fake_args():
     """Stand-ins of the compiled signature: four 32 B aligned pointers, a
     run-time M and a stream. The addresses are never dereferenced."""
-    cutlass, _ = _cute()
+    cutlass, _ = import_dsl()
     from cutlass.cute.runtime import make_fake_stream
     pointers = [gmem_pointer(0x1000 * (i + 1)) for i in range(4)]
     return (*pointers, cutlass.Int32(1), make_fake_stream())
@@ -79,7 +81,7 @@ def _checked(tactic, n, k, swiglu):
 
 def _build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False):
     n, k = _checked(tactic, n, k, swiglu)
-    _, cute = _cute()
+    _, cute = import_dsl()
     from ..kernel.warp_splitk import WarpSplitKKernel
     kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl, swiglu=swiglu)
     # the target goes in the options: CUTE_DSL_ARCH is read once per process

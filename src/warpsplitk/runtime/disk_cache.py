@@ -140,8 +140,8 @@ def load(stem: str):
     path = path_for(stem)
     if not path.is_file():
         return None
-    from .compile import _cute
-    _, cute = _cute()  # a missing DSL is said, and the file kept: it is not the file's fault
+    from .compile import import_dsl
+    _, cute = import_dsl()  # a missing DSL is said, and the file kept: it is not the file's fault
     try:
         module = cute.runtime.load_module(str(path))
         return module[_symbol(stem)]
