@@ -324,3 +324,23 @@ def test_measuring_needs_a_gpu(monkeypatch):
             call()
     with pytest.raises(ValueError, match="unknown model 'bogus'"):  # its arguments first
         bench.bench_layer("bogus")
+
+
+def test_chain_choices_take_the_chained_default_and_keep_the_plan():
+    from warpsplitk.planning.plans import CUBLAS, DecodePlan, default_choice
+    from warpsplitk.tactics import WarpSplitKTactic
+    # 9728 x 2560 at M = 32: cuBLAS as an independent call, the kernel in a chain;
+    # 100 x 128: a shape the kernel refuses
+    chosen = bench.chain_choices(DecodePlan(), [(9728, 2560), (2560, 9728), (100, 128)], (1, 32))
+    assert default_choice(32, 9728, 2560) == CUBLAS
+    assert chosen[(9728, 2560)][32] == default_choice(32, 9728, 2560, chained=True) != CUBLAS
+    assert chosen[(100, 128)] == {1: CUBLAS, 32: CUBLAS}
+    kernels = bench.chain_kernels(chosen)
+    assert (9728, 2560, chosen[(9728, 2560)][32], False, True) in kernels
+    assert all(n != 100 for n, *_ in kernels)
+    # a plan's entries, cuBLAS included, are kept
+    plan = DecodePlan()
+    tactic = WarpSplitKTactic(16, 8, 256, 2, 1)
+    plan.set(2560, 9728, 1, tactic)
+    plan.set(2560, 9728, 32, CUBLAS)
+    assert bench.chain_choices(plan, [(2560, 9728)], (1, 32)) == {(2560, 9728): {1: tactic, 32: CUBLAS}}

@@ -58,3 +58,14 @@ def test_layer_chain_of_a_small_model_is_checked_and_timed():
         assert r.projections.count("->") == 3  # qkv -> o -> gate_up -> down
         assert r.ours_us > 0 and r.reference_us > 0 and r.cublas_us > 0
         assert r.floor_us < r.ours_us
+
+
+def test_a_chain_runs_the_kernel_where_an_independent_call_runs_cublas():
+    # 9728 x 2560 at M = 32: cuBLAS on its own, the kernel between kernel calls
+    first, second = (9728, 2560), (2560, 9728)
+    assert default_choice(32, *first) == CUBLAS
+    rows = bench.bench_chain([(first, second)], (1, 32), progress=lambda line: None, rounds=1)
+    assert [r.m for r in rows] == [1, 32]
+    for r in rows:
+        assert CUBLAS not in r.tactics.split(" -> ")
+        assert r.ours_us > 0 and r.cublas_us > 0 and r.floor_us < r.ours_us

@@ -230,6 +230,22 @@ def chain_floor_us(first, second, tbps):
     return 2 * (n1 * k1 + n2 * k2) / (tbps * 1e12) * 1e6
 
 
+def chain_choices(plan, shapes, ms):
+    """What each call of a dependent chain runs, ``{(n, k): {m: tactic or
+    CUBLAS}}``: the plan's choice, else the default of a call between kernel
+    calls (``default_choice(..., chained=True)``); cuBLAS for a shape the
+    kernel refuses."""
+    from ..planning.plans import CUBLAS
+    return {(n, k): {m: plan.tactic_for(n, k, m, chained=True) if shape_refusal(n, k) is None
+                     else CUBLAS for m in ms} for n, k in shapes}
+
+
+def chain_kernels(chosen):
+    """The kernels ``chain_choices`` runs, as ``precompile`` takes them."""
+    return {(n, k, t, False, True) for (n, k), by_m in chosen.items()
+            for t in by_m.values() if not isinstance(t, str)}
+
+
 def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=print, rounds=None):
     """Dependent chains: y = (x @ W1^T) @ W2^T, back to back over rotating weight
     pairs; with PDL the second kernel's weight stream starts before the first ends.
@@ -239,12 +255,14 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
     rounds = timing.resolve_rounds(rounds)
     timing.require_cuda("bench_chain")
 
-    from ..planning.plans import DecodePlan, precompile_for, prepare
+    from ..planning.plans import DecodePlan, prepare_choices
+    from ..runtime.compile import device_arch
+    from ..runtime.precompile import precompile
     plan = plan if plan is not None else DecodePlan()
     sheet = timing.datasheet_tbps(torch.cuda.get_device_name())
-    shapes = {shape for pair in pairs for shape in pair}
-    precompile_for([torch.empty(n, k, device="cuda", dtype=torch.bfloat16) for n, k in shapes],
-                   plan, ms, progress=progress)
+    chosen = chain_choices(plan, [shape for pair in pairs for shape in pair], ms)
+    precompile(sorted(chain_kernels(chosen)), device_arch(torch.cuda.current_device()), None,
+               progress)
     rows = []
     for (n1, k1), (n2, k2) in pairs:
         if n1 != k2:
@@ -256,8 +274,8 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
         w2 = timing.random_weights(n2, k2, copies, "cuda", seed=2)
         for w in w1 + w2:
             w.mul_(w.shape[1] ** -0.5)  # keep the chained activations O(1)
-        p1 = [prepare(w, plan, ms) for w in w1]
-        p2 = [prepare(w, plan, ms) for w in w2]
+        p1 = [prepare_choices(w, chosen[(n1, k1)]) for w in w1]
+        p2 = [prepare_choices(w, chosen[(n2, k2)]) for w in w2]
         for m in ms:
             x = torch.randn(m, k1, device="cuda", dtype=torch.bfloat16)
             h = torch.empty(m, n1, device="cuda", dtype=torch.bfloat16)
@@ -351,7 +369,7 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     import torch
 
     from .. import models
-    from ..planning.plans import CUBLAS, DecodePlan, precompile_for, prepare_choices
+    from ..planning.plans import CUBLAS, DecodePlan, prepare_choices
     rounds = timing.resolve_rounds(rounds)
     plan = plan if plan is not None else DecodePlan()
     layer = models.layer_chain(model_name, tp)
@@ -359,13 +377,12 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     steps = [(p["n"], p["k"]) for p in layer]
     sheet = timing.datasheet_tbps(torch.cuda.get_device_name())
     takes = {s: shape_refusal(*s) is None for s in steps}
-    precompile_for([torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
-                    for n, k in steps if takes[(n, k)]], plan, ms, progress=progress)
+    chosen = chain_choices(plan, steps, ms)
     from ..runtime.compile import device_arch
     from ..runtime.precompile import precompile
-    precompile(sorted({(n, k, reference_tactic(m, n, k), False, True)
-                       for n, k in steps if takes[(n, k)] for m in ms}),
-               device_arch(torch.cuda.current_device()), None, progress)
+    kernels = chain_kernels(chosen) | {(n, k, reference_tactic(m, n, k), False, True)
+                                       for n, k in steps if takes[(n, k)] for m in ms}
+    precompile(sorted(kernels), device_arch(torch.cuda.current_device()), None, progress)
     layer_bytes = sum(2 * n * k for n, k in steps)
     copies = timing.copies_for(layer_bytes)
     weights = [[w.mul_(w.shape[1] ** -0.5) for w in
@@ -380,7 +397,7 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
                         for w in layer_weights])
         return out
 
-    ours = prepared(lambda m, n, k: plan.tactic_for(n, k, m, chained=True))
+    ours = prepared(lambda m, n, k: chosen[(n, k)][m])
     reference = prepared(lambda m, n, k: reference_tactic(m, n, k))
     rows = []
     for m in ms:
