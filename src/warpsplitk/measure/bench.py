@@ -242,8 +242,9 @@ def chain_choices(plan, shapes, ms):
 
 def chain_kernels(chosen):
     """The kernels ``chain_choices`` runs, as ``precompile`` takes them."""
+    from ..planning.plans import CUBLAS
     return {(n, k, t, False, True) for (n, k), by_m in chosen.items()
-            for t in by_m.values() if not isinstance(t, str)}
+            for t in by_m.values() if t != CUBLAS}
 
 
 def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=print, rounds=None):
