@@ -344,3 +344,31 @@ def test_chain_choices_take_the_chained_default_and_keep_the_plan():
     plan.set(2560, 9728, 1, tactic)
     plan.set(2560, 9728, 32, CUBLAS)
     assert bench.chain_choices(plan, [(2560, 9728)], (1, 32)) == {(2560, 9728): {1: tactic, 32: CUBLAS}}
+
+
+def test_a_layer_chain_runs_gate_up_with_the_early_trigger():
+    """layer_choices: the chained choices, gate/up (the call before down)
+    with the early PDL trigger at M <= 8, plan entries included; the rest
+    as chained."""
+    from dataclasses import replace
+    from warpsplitk import models
+    from warpsplitk.planning.plans import CUBLAS, DecodePlan
+    from warpsplitk.tactics import WarpSplitKTactic
+    layer = models.layer_chain("gemma-3-12b", 1)
+    shapes = [(p["n"], p["k"]) for p in layer]
+    ms = (1, 8, 32)
+    plain = bench.chain_choices(DecodePlan(), shapes, ms)
+    chosen = bench.layer_choices(DecodePlan(), layer, ms)
+    gate_up = shapes[[p["projection"] for p in layer].index("gate_up")]
+    assert not any(t.early_launch for t in plain[gate_up].values())  # 236 MB: not alone
+    assert chosen[gate_up] == {1: replace(plain[gate_up][1], early_launch=True),
+                               8: replace(plain[gate_up][8], early_launch=True),
+                               32: plain[gate_up][32]}  # M > 8: as chained
+    assert {s: c for s, c in chosen.items() if s != gate_up} == \
+        {s: c for s, c in plain.items() if s != gate_up}
+    plan = DecodePlan()
+    plan.set(*gate_up, 1, WarpSplitKTactic(48, 8, 128, 7, 2))
+    plan.set(*gate_up, 8, CUBLAS)
+    with pytest.warns(UserWarning, match="no entry"):  # the other shapes: not in the plan
+        chosen = bench.layer_choices(plan, layer, (1, 8))
+    assert chosen[gate_up] == {1: WarpSplitKTactic(48, 8, 128, 7, 2, early_launch=True), 8: CUBLAS}

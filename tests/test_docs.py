@@ -96,8 +96,9 @@ def test_records_measured_what_the_package_chooses_today():
     default's choices (or to the built-in plan) fails here until the records
     it touches are measured again (scripts/gpu_check.sh)."""
     from warpsplitk import builtin_plan
-    from warpsplitk.tactics import shape_refusal
-    from warpsplitk.planning.plans import default_choice
+    from warpsplitk import models
+    from warpsplitk.measure.bench import layer_choices
+    from warpsplitk.planning.plans import DecodePlan, default_choice
     stale = []
     held = json.loads((RESULTS / "h200-bench-heldout.json").read_text())["rows"]
     assert held and all(r["source"] == "default" for r in held)
@@ -106,10 +107,11 @@ def test_records_measured_what_the_package_chooses_today():
     table = json.loads((RESULTS / "h200-bench-plan.json").read_text())["rows"]
     stale += [r for r in table if r["tactic"] != _short(plan.tactic_for(r["n"], r["k"], r["m"], 132))]
     for r in json.loads((RESULTS / "h200-bench-layers.json").read_text())["rows"]:
-        steps = [tuple(map(int, s.split("x"))) for s in r["projections"].split(" -> ")]
-        now = " -> ".join(_short(default_choice(r["m"], n, k, 132, chained=True))
-                          if shape_refusal(n, k) is None else "cublas" for n, k in steps)
-        if now != r["tactics"]:
+        layer = models.layer_chain(r["model"], r["tp"])
+        chosen = layer_choices(DecodePlan(), layer, [r["m"]])
+        now = " -> ".join(_short(chosen[(p["n"], p["k"])][r["m"]]) for p in layer)
+        if now != r["tactics"] or r["projections"] != " -> ".join(f"{p['n']}x{p['k']}"
+                                                                  for p in layer):
             stale.append(r)
     assert stale == []
 

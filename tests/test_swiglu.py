@@ -190,3 +190,25 @@ def test_prepare_picks_tactics_the_epilogue_takes():
     assert not swiglu_tactic(plan, 1, n, k, 132).half_tiles
     assert swiglu_tactic(plan, 8, n, k, 132) != CUBLAS
     assert swiglu_tactic(plan, 16, n, k, 132) == T(16, 16, 256, 4, 2)
+
+
+def test_the_call_before_down_triggers_early():
+    """gate/up's output feeds down's kernel: the SwiGLU call takes the
+    early PDL trigger at M <= 8, whatever chose its tactic; cuBLAS stays
+    cuBLAS."""
+    from dataclasses import replace
+    from warpsplitk.planning.plans import (BEFORE_DOWN_MAX_M, CUBLAS, DecodePlan, before_down,
+                                           swiglu_tactic)
+    n, k = 2 * 14336, 4096  # a 235 MB weight: no early trigger as an independent call
+    for m in (1, 8, 32):
+        assert not default_tactic(m, n, k, 132, swiglu=True).early_launch
+        chosen = swiglu_tactic(None, m, n, k, 132)
+        assert chosen.early_launch == (m <= BEFORE_DOWN_MAX_M)
+        assert chosen == replace(default_tactic(m, n, k, 132, swiglu=True),
+                                 early_launch=chosen.early_launch)
+    plan = DecodePlan()
+    plan.set(n, k, 8, T(32, 8, 256, 4, 1))
+    assert swiglu_tactic(plan, 8, n, k, 132) == T(32, 8, 256, 4, 1, early_launch=True)
+    assert before_down(CUBLAS, 1) == CUBLAS
+    early = T(16, 8, 256, 4, 1, early_launch=True)
+    assert before_down(early, 1) == early and before_down(early, 32) == early

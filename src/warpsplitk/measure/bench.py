@@ -230,14 +230,25 @@ def chain_floor_us(first, second, tbps):
     return 2 * (n1 * k1 + n2 * k2) / (tbps * 1e12) * 1e6
 
 
-def chain_choices(plan, shapes, ms):
+def chain_choices(plan, shapes, ms, *, gate_up=()):
     """What each call of a dependent chain runs, ``{(n, k): {m: tactic or
     CUBLAS}}``: the plan's choice, else the default of a call between kernel
     calls (``default_choice(..., chained=True)``); cuBLAS for a shape the
-    kernel refuses."""
-    from ..planning.plans import CUBLAS
-    return {(n, k): {m: plan.tactic_for(n, k, m, chained=True) if shape_refusal(n, k) is None
-                     else CUBLAS for m in ms} for n, k in shapes}
+    kernel refuses. The shapes in ``gate_up`` (an MLP's gate/up, followed by
+    down) take the early PDL trigger (``plans.before_down``)."""
+    from ..planning.plans import CUBLAS, before_down
+    chosen = {(n, k): {m: plan.tactic_for(n, k, m, chained=True) if shape_refusal(n, k) is None
+                       else CUBLAS for m in ms} for n, k in shapes}
+    for shape in set(gate_up) & set(chosen):
+        chosen[shape] = {m: before_down(t, m) for m, t in chosen[shape].items()}
+    return chosen
+
+
+def layer_choices(plan, layer, ms):
+    """``chain_choices`` for a layer's projections (``models.layer_chain``),
+    gate/up taking the early trigger."""
+    return chain_choices(plan, [(p["n"], p["k"]) for p in layer], ms,
+                         gate_up=[(p["n"], p["k"]) for p in layer if p["projection"] == "gate_up"])
 
 
 def chain_kernels(chosen):
@@ -363,9 +374,8 @@ def layer_reference(buffers, weights, m):
 def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, rounds=None):
     """One decode layer's projections (``models.layer_chain``) as a dependent
     chain, back to back in one CUDA graph over rotating copies of the layer's
-    weights (>= 3x L2): ours (the plan, else the default for a chained call;
-    cuBLAS for a shape the kernel refuses), the reference heuristic's tactics, and cuBLAS for
-    every projection. Attention and the activation between projections are
+    weights (>= 3x L2): ours (``layer_choices``), the reference heuristic's
+    tactics, and cuBLAS for every projection. Attention and the activation between projections are
     left out; the dependency is kept through memory (``layer_buffers``)."""
     import torch
 
@@ -378,7 +388,7 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     steps = [(p["n"], p["k"]) for p in layer]
     sheet = timing.datasheet_tbps(torch.cuda.get_device_name())
     takes = {s: shape_refusal(*s) is None for s in steps}
-    chosen = chain_choices(plan, steps, ms)
+    chosen = layer_choices(plan, layer, ms)
     from ..runtime.compile import device_arch
     from ..runtime.precompile import precompile
     kernels = chain_kernels(chosen) | {(n, k, reference_tactic(m, n, k), False, True)

@@ -246,16 +246,39 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
     return prepare_choices(weight, {m: plan.tactic_for(n, k, m) for m in ms}, bias)
 
 
+#: ``before_down`` applies up to this M. Layers chained on the H200
+#: (``bench --chain --model``, 6 shards): at M = 1 and 8 every gate/up it
+#: changed gained (1.5-2.0 us per layer); at M = 32 gemma-2-27b TP4's,
+#: two CTAs per SM with down's grid fitting beside them, lost 5.6 us.
+BEFORE_DOWN_MAX_M = 8
+
+
 def swiglu_tactic(plan: DecodePlan | None, m: int, n: int, k: int,
                   sm_count: int | None = None) -> WarpSplitKTactic:
     """The tactic M tokens run on a ``[gate; up]`` weight with the SwiGLU
     epilogue: the plan's, where it has one the epilogue takes (not cuBLAS,
-    not a mixed grid), else ``default_tactic``'s for the epilogue."""
+    not a mixed grid), else ``default_tactic``'s for the epilogue; with the
+    early PDL trigger, as the call before down (:func:`before_down`)."""
     from ..tactics import is_legal
     choice = plan.lookup(n, k, m) if plan is not None else None
     if choice is None or choice == CUBLAS or not is_legal(choice, n, k, swiglu=True):
         choice = default_tactic(m, n, k, sm_count, swiglu=True)
-    return choice
+    return before_down(choice, m)
+
+
+def before_down(choice, m: int):
+    """``choice`` for M tokens of an MLP's gate/up call, whose output the
+    down projection's kernel reads next: with the early PDL trigger at
+    M <= ``BEFORE_DOWN_MAX_M`` (cuBLAS as it is). Down's CTAs then become
+    resident as gate/up's last CTAs leave their SMs and fill their rings
+    from HBM during gate/up's tail; with the late trigger they launch only
+    when gate/up's last CTAs are nearly done. The cost model and the tuner
+    choose for independent calls, whose next call is the same shape, and
+    leave the trigger off on large weights (``cost_model.early_trigger_pays``)."""
+    from dataclasses import replace
+    if choice == CUBLAS or m > BEFORE_DOWN_MAX_M:
+        return choice
+    return replace(choice, early_launch=True)
 
 
 def prepare_choices(weight, choices, bias=None):
