@@ -235,7 +235,7 @@ def chain_choices(plan, shapes, ms, *, gate_up=()):
     CUBLAS}}``: the plan's choice, else the default of a call between kernel
     calls (``default_choice(..., chained=True)``); cuBLAS for a shape the
     kernel refuses. The shapes in ``gate_up`` (an MLP's gate/up, followed by
-    down) take the early PDL trigger (``plans.before_down``)."""
+    down) take the early PDL trigger at M <= 8 (``plans.before_down``)."""
     from ..planning.plans import CUBLAS, before_down
     chosen = {(n, k): {m: plan.tactic_for(n, k, m, chained=True) if shape_refusal(n, k) is None
                        else CUBLAS for m in ms} for n, k in shapes}
@@ -246,7 +246,7 @@ def chain_choices(plan, shapes, ms, *, gate_up=()):
 
 def layer_choices(plan, layer, ms):
     """``chain_choices`` for a layer's projections (``models.layer_chain``),
-    gate/up taking the early trigger."""
+    gate/up taking the early trigger at M <= 8."""
     return chain_choices(plan, [(p["n"], p["k"]) for p in layer], ms,
                          gate_up=[(p["n"], p["k"]) for p in layer if p["projection"] == "gate_up"])
 
