@@ -375,8 +375,9 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     """One decode layer's projections (``models.layer_chain``) as a dependent
     chain, back to back in one CUDA graph over rotating copies of the layer's
     weights (>= 3x L2): ours (``layer_choices``), the reference heuristic's
-    tactics, and cuBLAS for every projection. Attention and the activation between projections are
-    left out; the dependency is kept through memory (``layer_buffers``)."""
+    tactics, and cuBLAS for every projection. Attention and the activation
+    between projections are left out; the dependency is kept through memory
+    (``layer_buffers``)."""
     import torch
 
     from .. import models

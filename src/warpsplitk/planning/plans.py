@@ -246,10 +246,11 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
     return prepare_choices(weight, {m: plan.tactic_for(n, k, m) for m in ms}, bias)
 
 
-#: ``before_down`` applies up to this M. Layers chained on the H200
-#: (``bench --chain --model``, 6 shards): at M = 1 and 8 every gate/up it
-#: changed gained (1.5-2.0 us per layer); at M = 32 gemma-2-27b TP4's,
-#: two CTAs per SM with down's grid fitting beside them, lost 5.6 us.
+#: ``before_down`` applies up to this M. Layers chained (``bench --chain
+#: --model``): at M = 1 and 8 every gate/up it changed gained, 1.1-2.6 us
+#: per layer against the same chain without it (H100, same process) and
+#: 1.3-2.2 us on the H200's layers record; at M = 32 gemma-2-27b TP4's,
+#: two CTAs per SM with down's grid fitting beside them, lost 5.6 us (H200).
 BEFORE_DOWN_MAX_M = 8
 
 
@@ -257,8 +258,8 @@ def swiglu_tactic(plan: DecodePlan | None, m: int, n: int, k: int,
                   sm_count: int | None = None) -> WarpSplitKTactic:
     """The tactic M tokens run on a ``[gate; up]`` weight with the SwiGLU
     epilogue: the plan's, where it has one the epilogue takes (not cuBLAS,
-    not a mixed grid), else ``default_tactic``'s for the epilogue; with the
-    early PDL trigger, as the call before down (:func:`before_down`)."""
+    not a mixed grid), else ``default_tactic``'s for the epilogue; as the
+    call before down (:func:`before_down`: the early PDL trigger at M <= 8)."""
     from ..tactics import is_legal
     choice = plan.lookup(n, k, m) if plan is not None else None
     if choice is None or choice == CUBLAS or not is_legal(choice, n, k, swiglu=True):
@@ -274,7 +275,7 @@ def before_down(choice, m: int):
     from HBM during gate/up's tail; with the late trigger they launch only
     when gate/up's last CTAs are nearly done. The cost model and the tuner
     choose for independent calls, whose next call is the same shape, and
-    leave the trigger off on large weights (``cost_model.early_trigger_pays``)."""
+    leave the trigger off on large weights (``cost_model.hbm_bound``)."""
     from dataclasses import replace
     if choice == CUBLAS or m > BEFORE_DOWN_MAX_M:
         return choice
