@@ -155,3 +155,30 @@ def test_docs_code_imports_resolve():
                             count += 1
                             importlib.import_module(alias.name)
     assert count > 5 and missing == []
+
+
+def _environment_table() -> set:
+    """The variables named in the first column of reliability.md's table of
+    environment variables."""
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    table = text[text.index("Every environment variable the package reads"):]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    return {name for row in rows[2:] for name in re.findall(r"`([A-Z][A-Z0-9_]+)`",
+                                                             row.split("|")[1])}
+
+
+def _environment_read() -> set:
+    """Every environment variable the package's code reads: by name through
+    os.environ/getenv, and the multicast settings the parallel modules check."""
+    found = set()
+    pattern = re.compile(r"""(?:environ(?:\.get)?|getenv)\s*[\(\[]\s*["']([A-Z][A-Z0-9_]+)["']""")
+    for path in (ROOT / "src" / "warpsplitk").rglob("*.py"):
+        found |= set(pattern.findall(path.read_text()))
+    from warpsplitk.nn.parallel import MULTICAST_OFF
+    return found | set(MULTICAST_OFF)
+
+
+def test_every_environment_variable_read_is_documented():
+    read = _environment_read()
+    assert {"WARPSPLITK_CACHE_DIR", "WARPSPLITK_CACHE_MAX_SIZE", "HF_HOME"} <= read
+    assert _environment_table() == read

@@ -349,3 +349,179 @@ def test_a_config_json_leaving_out_class_defaults_is_completed(tmp_path):
     with pytest.raises(ValueError, match="'num_attention_heads' must be a positive integer "
                                          r"\(missing\)"):
         models.projections(str(path))
+
+
+# ------------------------------------------- a hostile or broken config.json
+
+
+def _llama(**changes):
+    """A small Llama-like decoder config (no model_type: read as it is),
+    with ``changes`` (a None value drops that key)."""
+    config = {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "num_hidden_layers": 16, "vocab_size": 128256, "intermediate_size": 8192}
+    config.update(changes)
+    return {key: value for key, value in config.items() if value is not None}
+
+
+def _moe(**changes):
+    return _llama(**{"num_experts": 64, **changes})
+
+
+def _mla(**changes):
+    return _llama(**{"num_key_value_heads": None, "kv_lora_rank": 512, "q_lora_rank": 1536,
+                     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                     **changes})
+
+
+@pytest.mark.parametrize("config,key,problem", [
+    # every size: a positive integer (a bool, a float, text or a list is none)
+    (_llama(num_hidden_layers=1e9), "num_hidden_layers", "at most 1024"),
+    (_llama(num_hidden_layers=10**9), "num_hidden_layers", r"at most 1024, several times "
+                                                           r"the largest open model's \(got "
+                                                           r"1000000000\)"),
+    (_llama(num_hidden_layers=2.0), "num_hidden_layers", r"positive integer \(got 2\.0\)"),
+    (_llama(hidden_size=1 << 20), "hidden_size", "at most 131072"),
+    (_llama(hidden_size="2048"), "hidden_size", "positive integer .got '2048'"),
+    (_llama(vocab_size=1 << 30), "vocab_size", "at most 4194304"),
+    (_llama(vocab_size=0), "vocab_size", r"positive integer \(got 0\)"),
+    (_llama(intermediate_size=1 << 21), "intermediate_size", "at most 1048576"),
+    (_llama(intermediate_size=[8192, 8192]), "intermediate_size", "positive integer"),
+    (_llama(num_attention_heads=True), "num_attention_heads", r"positive integer \(got True\)"),
+    (_llama(num_attention_heads=2048, hidden_size=2048 * 64), "num_attention_heads",
+     "at most 1024"),
+    (_llama(head_dim=8192), "head_dim", "at most 4096"),
+    (_llama(head_dim=-64), "head_dim", "positive integer"),
+    (_llama(num_key_value_heads="8"), "num_key_value_heads", "positive integer"),
+    # grouped-query attention: key/value heads at most the heads, and dividing them
+    (_llama(num_key_value_heads=64), "num_key_value_heads",
+     r"at most num_attention_heads 32 and divide it \(got 64\)"),
+    (_llama(num_key_value_heads=12), "num_key_value_heads",
+     r"at most num_attention_heads 32 and divide it \(got 12\)"),
+    # latent attention's ranks and head widths
+    (_mla(kv_lora_rank=1 << 16), "kv_lora_rank", "at most 32768"),
+    (_mla(q_lora_rank="1536"), "q_lora_rank", "positive integer"),
+    (_mla(qk_rope_head_dim=1 << 13), "qk_rope_head_dim", "at most 4096"),
+    (_mla(v_head_dim=None), "v_head_dim", r"positive integer \(missing\)"),
+    # the expert counts
+    (_llama(num_experts="64"), "num_experts", r"integer in 0\.\.16384 \(routed experts\) "
+                                              r"\(got '64'\)"),
+    (_llama(n_routed_experts=1 << 20), "n_routed_experts", "at most 16384"),
+    (_llama(num_local_experts=-1), "num_local_experts", r"integer in 0\.\.16384"),
+    (_llama(num_local_experts=8, num_experts=True), "num_experts", "got True"),
+    # which layers are dense
+    (_moe(first_k_dense_replace=17), "first_k_dense_replace",
+     r"integer in 0\.\.16 \(the leading dense layers of 16\) \(got 17\)"),
+    (_moe(first_k_dense_replace="3"), "first_k_dense_replace", "got '3'"),
+    (_moe(first_k_dense_replace=10**9), "first_k_dense_replace", "at most 1024"),
+    (_moe(decoder_sparse_step="2"), "decoder_sparse_step", r"integer in 1 or more .* "
+                                                           r"\(got '2'\)"),
+    (_moe(decoder_sparse_step=0), "decoder_sparse_step", r"\(got 0\)"),
+    (_moe(mlp_only_layers=5), "mlp_only_layers", r"list of layer indices in 0\.\.15 "
+                                                 r"\(got 5\)"),
+    (_moe(mlp_only_layers=[1, 16]), "mlp_only_layers", r"0\.\.15 \(got \[1, 16\]\)"),
+    (_moe(mlp_only_layers=[1, "2"]), "mlp_only_layers", "got"),
+    (_moe(mlp_only_layers=[True]), "mlp_only_layers", r"got \[True\]"),
+    (_moe(interleave_moe_layer_step=0), "interleave_moe_layer_step", r"\(got 0\)"),
+    (_moe(interleave_moe_layer_step=2.5), "interleave_moe_layer_step", r"\(got 2\.5\)"),
+    # a multimodal config's decoder is an object
+    (_llama(text_config="llama"), "text_config", r"be an object .*\(got 'llama'\)"),
+    (_llama(text_config=[1]), "text_config", r"be an object"),
+    (_llama(text_config=_llama(num_hidden_layers=1 << 20)), "text_config.num_hidden_layers",
+     "at most 1024"),
+])
+def test_config_json_values_are_checked_by_name(config, key, problem, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: {re.escape(repr(key))} "
+                                         f"must .*{problem}") as refused:
+        models.projections(str(path))
+    assert "\n" not in str(refused.value)
+
+
+def test_a_billion_layers_are_refused_before_anything_counts_them(tmp_path, monkeypatch):
+    """Refused by the bound, before transformers' config classes (which
+    build a list per layer) or the dense-layer count see the file."""
+    def no_class_defaults(data):
+        raise AssertionError("transformers was given an absurd config")
+    monkeypatch.setattr(models, "_with_class_defaults", no_class_defaults)
+    path = tmp_path / "config.json"
+    for config in (_moe(num_hidden_layers=10**9, decoder_sparse_step=2),
+                   _moe(num_hidden_layers=10**9, model_type="qwen3_moe"),
+                   {"model_type": "gemma3", "text_config": _llama(num_hidden_layers=10**9)},
+                   {"model_type": "gemma3", "vision_config": {"num_hidden_layers": 10**9}}):
+        path.write_text(json.dumps(config))
+        with pytest.raises(ValueError, match="num_hidden_layers' must be at most 1024"):
+            models.hf_config(path)
+
+
+def test_a_hostile_value_is_shown_short(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_llama(hidden_size="x" * 100_000)))
+    with pytest.raises(ValueError, match=r"got 'xxx+\.\.\.\)") as refused:
+        models.hf_config(path)
+    assert len(str(refused.value)) < 400
+
+
+def test_dense_layers_are_counted_without_a_loop(tmp_path):
+    path = tmp_path / "config.json"
+
+    def dense(**changes):
+        path.write_text(json.dumps(_moe(**changes)))
+        entry = models.hf_config(path)
+        assert ("intermediate" in entry) != (entry.get("mlp") == "moe")
+        return entry.get("dense_layers", entry["layers"] if "intermediate" in entry else 0)
+    # 16 layers: every 2nd routed, 8 dense, plus listed routed layers 1 and 3 (0 is dense)
+    assert dense(decoder_sparse_step=2) == 8
+    assert dense(decoder_sparse_step=2, mlp_only_layers=[0, 1, 3, 3]) == 10
+    assert dense(decoder_sparse_step=3, mlp_only_layers=[]) == 11
+    assert dense(decoder_sparse_step=1) == 0
+    assert dense(decoder_sparse_step=None, mlp_only_layers=[15]) == 1
+    assert dense(decoder_sparse_step=100) == 16  # a step past the last layer routes none
+    assert dense(first_k_dense_replace=0) == 0
+    assert dense(first_k_dense_replace=16) == 16
+    assert dense(interleave_moe_layer_step=4, intermediate_size_mlp=16384) == 12
+    assert dense() == 0  # experts and no rule: every MLP routed
+    # the counts agree with walking the layers
+    for step in range(1, 6):
+        for only in ([], [0], [4, 9, 15], list(range(16))):
+            walked = sum(1 for i in range(16) if i in only or (i + 1) % step)
+            assert dense(decoder_sparse_step=step, mlp_only_layers=only) == walked
+
+
+def test_plan_refuses_a_hostile_config_in_one_line(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    for config, problem in ((_llama(num_hidden_layers=10**9), "'num_hidden_layers' must be at "
+                                                              "most 1024"),
+                            (_moe(mlp_only_layers=5), "'mlp_only_layers' must be a list"),
+                            (_moe(decoder_sparse_step="2"), "'decoder_sparse_step' must be"),
+                            (_llama(num_key_value_heads=64), "'num_key_value_heads' must be"),
+                            (_llama(text_config=3), "'text_config' must be an object")):
+        path.write_text(json.dumps(config))
+        assert main(["plan", "--model", str(path), "--m", "1", "--no-compile"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and problem in err[0] and str(path) in err[0], err
+    path.write_text('{"hidden_size": 2048, "hidden_size": 4096}')
+    assert main(["plan", "--model", str(path), "--m", "1", "--no-compile"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "duplicate key 'hidden_size'" in err[0]
+
+
+def test_every_table_model_is_within_the_config_bounds():
+    """The bounds are generous: every model of the table passes them, as do
+    its key/value heads (at most the heads, dividing them)."""
+    bounds = {"layers": models.MAX_LAYERS, "hidden": models.MAX_HIDDEN,
+              "intermediate": models.MAX_INTERMEDIATE, "vocab": models.MAX_VOCAB,
+              "heads": models.MAX_HEADS, "kv_heads": models.MAX_HEADS,
+              "head_dim": models.MAX_HEAD_DIM, "qk_nope_head_dim": models.MAX_HEAD_DIM,
+              "qk_rope_head_dim": models.MAX_HEAD_DIM, "v_head_dim": models.MAX_HEAD_DIM,
+              "q_lora_rank": models.MAX_LORA_RANK, "kv_lora_rank": models.MAX_LORA_RANK}
+    for name in models.model_names():
+        entry = models.config(name)
+        sizes = {key: entry[key] for key in bounds if key in entry}
+        assert {"layers", "hidden", "vocab", "heads"} <= set(sizes), name
+        for key, value in sizes.items():
+            # at most a quarter of the bound: the bounds leave room for bigger models
+            assert type(value) is int and 1 <= value <= bounds[key] // 4, (name, key, value)
+        if "kv_heads" in entry:
+            assert entry["heads"] % entry["kv_heads"] == 0, name
+        assert 0 <= entry.get("dense_layers", 0) <= entry["layers"], name

@@ -147,8 +147,8 @@ def test_auto_needs_a_gpu_to_name(cache, tuner, monkeypatch):
 def test_a_plan_the_cache_cannot_keep_still_serves(cache, tuner, tmp_path, monkeypatch):
     cache.mkdir(parents=True)
     (cache / "plans").write_text("a file where the plans folder goes")
-    with pytest.warns(RuntimeWarning, match="cannot keep the tuned plan in .*plans .*serves this "
-                                            "process only"):
+    with pytest.warns(RuntimeWarning, match="not using the plan cache .*plans: not a folder.*"
+                                            "serves this process only"):
         plan = plan_cache.auto_plan([(4096, 4096)], (1,), gpu=OTHER, progress=None)
     assert plan.lookup(4096, 4096, 1) is not None and tuner[0][2]["log_path"] is None
     # the folder is writable but the write fails: the same, after tuning
@@ -174,3 +174,178 @@ def test_cache_command_lists_plans(cache, capsys):
     out = capsys.readouterr().out
     assert "plan     nvidia-h100-80gb-hbm3-132sm.json  1 shapes" in out
     assert "1 GPU plans" in out
+
+
+# ------------------------------------------------ trust: what another user could have written
+
+
+def _one_plan(n=256):
+    plan = DecodePlan()
+    plan.set(n, 512, 1, WarpSplitKTactic(16, 8, 128, 2, 1), 2.0)
+    return plan
+
+
+def _only_warning(record, *words):
+    """The one warning of ``record`` (``warnings.catch_warnings(record=True)``),
+    a RuntimeWarning naming ``words``."""
+    assert len(record) == 1, [str(w.message) for w in record]
+    message = str(record[0].message)
+    assert record[0].category is RuntimeWarning
+    for word in words:
+        assert str(word) in message, (word, message)
+    return message
+
+
+def test_the_plans_folder_is_private_whatever_the_umask(cache):
+    import os
+    import stat
+    old = os.umask(0)
+    try:
+        path = plan_cache.store(plan_cache.gpu_key(*OTHER), _one_plan())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(plan_cache.plan_dir()).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700  # made here: made private too
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    lock = plan_cache.plan_dir() / f"{plan_cache.gpu_key(*OTHER)}.lock"
+    assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+
+
+def _untrusted_folder(how, monkeypatch):
+    """Make the (existing) plans folder one this process must not trust;
+    the reason the warning gives."""
+    import os
+    folder = plan_cache.plan_dir()
+    if how == "world-writable":
+        os.chmod(folder, 0o777)
+        return "writable by group and others (mode 0777"
+    if how == "chown":
+        if os.geteuid() != 0:
+            pytest.skip("giving a folder to another user needs root")
+        os.chown(folder, 12345, -1)
+        return "owned by uid 12345, not by this user"
+    # as any user: this process is someone else than the folder's owner
+    me = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: me + 1)
+    return f"owned by uid {me}, not by this user (uid {me + 1})"
+
+
+@pytest.mark.parametrize("how", ["world-writable", "chown", "another-euid"])
+def test_a_folder_another_user_could_write_is_not_used(cache, tuner, monkeypatch, how):
+    import warnings
+    key = plan_cache.gpu_key(*OTHER)
+    kept = DecodePlan()
+    kept.set(4096, 4096, 1, default_tactic(1, 4096, 4096, 132), 1.0)
+    path = plan_cache.store(key, kept)
+    before = path.read_bytes()
+    reason = _untrusted_folder(how, monkeypatch)
+    # plan='auto': one warning naming the folder and why; the cached plan is
+    # not read (the shape is tuned), the tuned plan not written, no log
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        plan = plan_cache.auto_plan([(4096, 4096)], (1,), gpu=OTHER, progress=None)
+    _only_warning(record, "not using the plan cache", plan_cache.plan_dir(), reason,
+                  "serves this process only")
+    assert len(tuner) == 1 and tuner[0][2]["log_path"] is None
+    assert plan.lookup(4096, 4096, 1) is not None
+    assert path.read_bytes() == before
+    # the module's own calls: load warns and is empty, store refuses
+    with pytest.warns(RuntimeWarning, match="not using the plan cache"):
+        assert plan_cache.load(key).entries == {}
+    from warpsplitk.runtime.private_files import UntrustedPath
+    import re
+    with pytest.raises(UntrustedPath, match=re.escape(reason)):
+        plan_cache.store(key, _one_plan())
+    assert path.read_bytes() == before
+
+
+def test_a_lock_file_linked_to_another_file_leaves_it_alone(cache, tuner, tmp_path):
+    import warnings
+    key = plan_cache.gpu_key(*OTHER)
+    plan_cache.store(key, _one_plan())
+    victim = tmp_path / "victim.txt"
+    victim.write_text("another user's file")
+    lock = plan_cache.plan_dir() / f"{key}.lock"
+    lock.unlink()
+    lock.symlink_to(victim)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        plan = plan_cache.auto_plan([(4096, 4096)], (1,), gpu=OTHER, progress=None)
+    _only_warning(record, "cannot keep the tuned plan", lock, "symbolic link")
+    assert victim.read_text() == "another user's file"
+    assert plan.lookup(4096, 4096, 1) is not None
+    assert (4096, 4096) not in plan_cache.load(key).entries  # not stored
+    # a link to a file yet to be: never created through it
+    victim.unlink()
+    with pytest.warns(RuntimeWarning, match="symbolic link"):
+        plan_cache.auto_plan([(2048, 2048)], (1,), gpu=OTHER, progress=None)
+    assert not victim.exists()
+
+
+def test_a_linked_plan_file_is_not_read_nor_written_through(cache, tuner, tmp_path):
+    import warnings
+    key = plan_cache.gpu_key(*OTHER)
+    planted = tmp_path / "planted.json"
+    rigged = DecodePlan()
+    rigged.set(4096, 4096, 1, WarpSplitKTactic(16, 8, 128, 2, 1), 0.1)
+    rigged.save(planted)
+    before = planted.read_bytes()
+    plan_cache.plan_dir().mkdir(mode=0o700, parents=True)
+    plan_cache.plan_path(key).symlink_to(planted)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        plan = plan_cache.auto_plan([(4096, 4096)], (1,), gpu=OTHER, progress=None)
+    _only_warning(record, "not using the plan cache", plan_cache.plan_path(key), "symbolic link")
+    assert len(tuner) == 1  # the planted plan was not taken
+    assert plan.lookup(4096, 4096, 1) == default_tactic(1, 4096, 4096, 132)
+    assert planted.read_bytes() == before
+    assert plan_cache.plan_path(key).is_symlink()
+
+
+def _unknown_version_plan():
+    plan = DecodePlan()
+    for i in range(50):
+        plan.set(16 * (i + 1), 512, 1, WarpSplitKTactic(16, 8, 128, 2, 1), 2.0)
+    data = plan.to_json()
+    data["version"] = 999  # a later warpsplitk's
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize("contents", [_unknown_version_plan(), b'{"format": "warpsplitk-pl',
+                                      b"\xff\xfe not text"],
+                         ids=["unknown-version", "not-json", "not-utf8"])
+def test_an_unreadable_plan_is_moved_aside_never_overwritten(cache, contents):
+    import warnings
+    key = plan_cache.gpu_key(*OTHER)
+    path = plan_cache.plan_path(key)
+    plan_cache.plan_dir().mkdir(mode=0o700, parents=True)
+    path.write_bytes(contents)
+    # reading only: ignored, with the promise of what the next store does
+    with pytest.warns(RuntimeWarning, match="ignoring the cached plan .*moves it aside"):
+        assert plan_cache.load(key).entries == {}
+    assert path.read_bytes() == contents
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        plan_cache.store(key, _one_plan())
+    aside = [p for p in plan_cache.plan_dir().iterdir() if ".unreadable-" in p.name]
+    assert len(aside) == 1 and aside[0].read_bytes() == contents
+    assert aside[0].name.startswith(f"{key}.json.unreadable-") and aside[0].name.endswith("Z")
+    _only_warning(record, path, aside[0])
+    assert sorted(plan_cache.load(key).entries) == [(256, 512)]
+    assert plan_cache.entries() == [path]  # the copy is not a plan to list
+
+
+def test_stale_temporaries_are_removed_on_store(cache):
+    import os
+    import time
+    folder = plan_cache.plan_dir()
+    folder.mkdir(mode=0o700, parents=True)
+    names = ["old.json.tmp", ".tmp-old.tmp", "fresh.json.tmp", ".tmp-fresh.tmp", "other.txt"]
+    for name in names:
+        (folder / name).write_text("left by a killed process")
+    two_hours_ago = time.time() - 7200
+    for name in ("old.json.tmp", ".tmp-old.tmp", "other.txt"):
+        os.utime(folder / name, (two_hours_ago, two_hours_ago))
+    plan_cache.store(plan_cache.gpu_key(*OTHER), _one_plan())
+    assert sorted(p.name for p in folder.iterdir() if p.suffix in (".tmp", ".txt")) == \
+        [".tmp-fresh.tmp", "fresh.json.tmp", "other.txt"]

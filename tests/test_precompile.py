@@ -43,7 +43,7 @@ def test_fills_the_cache_under_the_in_process_keys(cache):
 
 def test_missing_dedups_and_skips_stored(cache):
     assert precompile.missing(KERNELS + KERNELS, "sm_90a") == KERNELS
-    (cache / f"{disk_cache.key('sm_90a', *KERNELS[0])}.o").write_bytes(b"stored")
+    disk_cache.path_for(disk_cache.key("sm_90a", *KERNELS[0])).write_bytes(b"stored")
     assert precompile.missing(KERNELS, "sm_90a") == KERNELS[1:]
     # another architecture's kernels are other files
     assert precompile.missing(KERNELS, "sm_100a") == KERNELS
@@ -172,3 +172,91 @@ def test_swiglu_kernels_go_under_their_own_keys(cache):
     with pytest.raises(ValueError, match="SwiGLU epilogue pairs"):
         precompile.precompile([(352, 1024, WarpSplitKTactic(32, 8, 256, 4, 1, half_tiles=2),
                                 False, True, True)] + KERNELS, "sm_90a", jobs=2)
+
+
+def test_workers_never_import_from_the_callers_folder(cache, tmp_path, monkeypatch):
+    """A module planted in the folder the user runs from (a `queue.py`, which
+    the worker imports) is not imported by the workers: they run isolated
+    from the current folder, in the package's own parent."""
+    import os
+    from pathlib import Path
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    marker = tmp_path / "planted-code-ran"
+    for name in ("queue", "json", "select", "warpsplitk_probe"):
+        (planted / f"{name}.py").write_text(
+            f"open({str(marker)!r}, 'a').write('{name} ')\nraise SystemExit(3)\n")
+    monkeypatch.chdir(planted)
+    command, folder = precompile.worker_command()
+    assert folder == str(Path(precompile.__file__).resolve().parents[2])
+    assert "-P" in command or os.sys.version_info < (3, 11)
+    assert precompile.precompile(KERNELS[:2], "sm_90a", jobs=2) == {}
+    assert not marker.exists()
+    assert {p.stem for p in disk_cache.entries()} == stems(KERNELS[:2])
+
+
+def test_a_relative_cache_folder_is_the_callers(tmp_path, monkeypatch):
+    """Workers run in another folder: they get the folder as this process
+    resolved it, so their kernels land where this process looks."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WARPSPLITK_CACHE_DIR", "rel-cache")
+    monkeypatch.delenv("WARPSPLITK_DISK_CACHE", raising=False)
+    assert precompile.precompile(KERNELS[:2], "sm_90a", jobs=2) == {}
+    assert len(list((tmp_path / "rel-cache").glob("*.kernel"))) == 2
+
+
+def test_an_interrupt_stops_and_reaps_every_worker(cache, monkeypatch):
+    """A KeyboardInterrupt while workers compile kills them and waits for
+    each before it propagates: no worker is left compiling."""
+    import os
+    import signal
+    import subprocess
+    started = []
+    real_popen = subprocess.Popen
+
+    class Recorded(real_popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(precompile.subprocess, "Popen", Recorded)
+    many = [(256, 2048, WarpSplitKTactic(16, 8, 128, s, 1), False, True) for s in range(2, 8)]
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)  # mid-compile: a kernel takes ~1 s
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            precompile.precompile(many, "sm_90a", jobs=2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(started) == 2
+    for worker in started:
+        assert worker.returncode is not None  # reaped: waited for, not left running
+        assert not os.path.exists(f"/proc/{worker.pid}") or \
+            open(f"/proc/{worker.pid}/stat").read().split()[2] == "Z"
+    assert len(disk_cache.entries()) < len(many)
+
+
+def test_no_workers_where_they_could_not_store(cache, monkeypatch):
+    """An untrusted (or unwritable) cache: the workers' kernels could not
+    reach this process, so none start and the caller compiles in-process."""
+    import subprocess
+    monkeypatch.setattr(disk_cache, "_warned", set())
+    cache.chmod(0o777)
+    monkeypatch.setattr(precompile.subprocess, "Popen",
+                        lambda *a, **k: pytest.fail("started a worker"))
+    with pytest.warns(RuntimeWarning, match="writable by"):
+        assert precompile.precompile(KERNELS, "sm_90a", jobs=2) == {}
+    assert subprocess.Popen is not None
+
+
+def test_a_worker_that_could_not_store_says_so(cache, monkeypatch):
+    monkeypatch.setattr(disk_cache, "store", lambda stem, compiled: None)
+    n, k, tactic, bias, pdl = KERNELS[0]
+    error = precompile._compile_job({"arch": "sm_90a", "n": n, "k": k, "tactic": tactic.short(),
+                                     "bias": bias, "pdl": pdl})
+    assert error.startswith("could not store it in the disk cache")

@@ -439,3 +439,115 @@ def test_tuning_order_is_largest_weight_first():
                          (1024, 4096)]) == [(4096, 14336), (14336, 4096), (1024, 4096),
                                             (4096, 1024)]
     assert tuning_order([]) == []
+
+
+# ------------------------------------------------ a log a crash or a full disk cut short
+
+
+def _records(n=3):
+    return [{"key": f"1024,4096,{m},16,8,256,4,1", "n": 1024, "k": 4096, "m": m,
+             "tactic": "16,8,256,4,1", "ok": True, "us": 5.0} for m in REPRESENTATIVE_MS[:n]]
+
+
+def _write_log(path, records, tail=b""):
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records) + tail)
+
+
+HALF = b'{"key": "1024,4096,24,16,8,256,4,1", "n": 1024, "k": 40'
+
+
+def test_a_half_written_last_line_is_ignored_on_resume(tmp_path):
+    import warnings
+
+    from warpsplitk.planning.tune import _read_log, plan_from_log, read_log_records
+    log = tmp_path / "log.jsonl"
+    _write_log(log, _records(), HALF)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert sorted(_read_log(str(log))) == sorted(r["key"] for r in _records())
+    assert len(record) == 1 and record[0].category is RuntimeWarning
+    assert f"{log} line 4: ignoring the unfinished last line" in str(record[0].message)
+    with pytest.warns(RuntimeWarning, match="line 4"):
+        assert [n for n, _ in read_log_records(log)] == [1, 2, 3]
+    # a plan made from it counts the lines it read, not the half one
+    with pytest.warns(RuntimeWarning, match="line 4"):
+        plan, _ = plan_from_log(str(log))
+    assert plan.meta["log_records"] == 3
+    # a last line without a newline that parses is a whole record
+    _write_log(log, _records(2))
+    log.write_bytes(log.read_bytes() + json.dumps(_records(3)[2]).encode())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(_read_log(str(log))) == 3
+
+
+@pytest.mark.parametrize("text,line", [
+    (b"\n".join([json.dumps(_records()[0]).encode(), HALF, json.dumps(_records()[1]).encode()])
+     + b"\n", 2),  # a broken line in the middle
+    (json.dumps(_records()[0]).encode() + b"\n" + HALF + b"\n", 2),  # ended: not cut short
+])
+def test_a_broken_line_that_is_not_an_unfinished_tail_stays_an_error(tmp_path, text, line):
+    from warpsplitk.planning.tune import _read_log
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(text)
+    with pytest.raises(ValueError, match=f"^{log} line {line}: not valid JSON"):
+        _read_log(str(log))
+
+
+def test_a_key_twice_in_a_log_line_is_an_error_naming_it(tmp_path):
+    from warpsplitk.planning.tune import _read_log
+    log = tmp_path / "log.jsonl"
+    _write_log(log, _records(1))
+    with open(log, "a") as f:
+        f.write('{"key": "a", "n": 1024, "k": 4096, "m": 1, "m": 8, "tactic": "cublas"}\n')
+    with pytest.raises(ValueError, match=f"^{log} line 2: .*duplicate key 'm'"):
+        _read_log(str(log))
+
+
+def _append_all(log, records):
+    from warpsplitk.planning.tune import _append
+    with open(log, "ab+") as f:  # as tune opens its log
+        for record in records:
+            _append(f, record, str(log))
+
+
+def test_appending_after_a_half_line_removes_it(tmp_path):
+    import warnings
+
+    from warpsplitk.planning.tune import read_log_records
+    log = tmp_path / "log.jsonl"
+    _write_log(log, _records(2), HALF)
+    with pytest.warns(RuntimeWarning, match=f"{log} line 3: removed the unfinished last line"):
+        _append_all(log, _records(4)[2:])
+    assert log.read_bytes() == b"".join(json.dumps(r).encode() + b"\n" for r in _records(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a valid log: nothing to warn of
+        assert [r for _, r in read_log_records(log)] == _records(4)
+
+
+def test_appending_after_a_whole_record_without_newline_keeps_it(tmp_path):
+    import warnings
+    log = tmp_path / "log.jsonl"
+    _write_log(log, _records(1), json.dumps(_records(2)[1]).encode())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _append_all(log, _records(3)[2:])
+    assert log.read_bytes() == b"".join(json.dumps(r).encode() + b"\n" for r in _records(3))
+
+
+def test_appends_are_synced(tmp_path, monkeypatch):
+    import os
+    log = tmp_path / "log.jsonl"
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        # what was written is on its way to the disk: flushed before the sync
+        synced.append(os.fstat(fd).st_size)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    _append_all(log, _records(3))
+    sizes = [len(b"".join(json.dumps(r).encode() + b"\n" for r in _records(i + 1)))
+             for i in range(3)]
+    assert synced == sizes

@@ -198,34 +198,21 @@ def _output_folder(flag, path):
 
 
 def _read_log(path, required):
-    """The tuning log's records, checked line by line (``[]`` when it is
-    absent and not ``required``)."""
-    import json
+    """The tuning log's records, checked line by line by the tuner's own
+    reader (``[]`` when it is absent and not ``required``)."""
+    from .planning.tune import read_log_records
     try:
-        with open(path) as f:
-            lines = f.readlines()
+        numbered = read_log_records(path)
     except FileNotFoundError:
         if required:
             raise UsageError(f"argument --log: {path}: no such tuning log (--from-log rebuilds "
                              "a plan from the log a `warpsplitk tune` run wrote)") from None
         return []
-    except (OSError, UnicodeDecodeError) as error:
+    except OSError as error:
         raise UsageError(f"argument --log: {path}: cannot read the tuning log ({error})") from None
-    from .planning.tune import check_log_record
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise UsageError(f"argument --log: {path} line {number}: not JSON ({error.msg}); "
-                             "a tuning log holds one JSON record a line") from None
-        try:
-            check_log_record(record, f"{path} line {number}")
-        except ValueError as error:
-            raise UsageError(f"argument --log: {error}") from None
-        records.append(record)
+    except ValueError as error:  # a broken line: the reader names the file and the line
+        raise UsageError(f"argument --log: {error}") from None
+    records = [record for _, record in numbered]
     if required and not records:
         raise UsageError(f"argument --log: {path}: the tuning log has no records")
     return records
@@ -447,16 +434,16 @@ def _cmd_cache(args, argv):
               f"from {folder}" + (f"; could not remove {len(kept)} (e.g. {kept[0]})" if kept
                                   else ""))
         return 1 if kept else 0
-    kernels, records = disk_cache.entries(), disk_cache.resource_entries()
-    stale = set(disk_cache.stale())
+    kernels = disk_cache.entries() + [p for p in disk_cache.legacy_entries() if p.suffix == ".o"]
+    records = disk_cache.resource_entries()
+    stale = {p for p in disk_cache.stale() if not p.name.endswith(".build.json")}
     from .planning import plan_cache
     plans = plan_cache.entries()
     if args.list:
         for path in plans:
             try:
-                from .planning.plans import load_plan
-                shapes = len(load_plan(path).entries)
-            except ValueError:
+                shapes = len(plan_cache.read_file(path).entries)
+            except (OSError, ValueError):  # not a plan, or not this user's alone
                 shapes = "unreadable"
             print(f"plan     {path.name}  {shapes} shapes")
         for path in kernels:
@@ -465,27 +452,28 @@ def _cmd_cache(args, argv):
         for path in records:
             what = disk_cache.describe_resources(path)
             print(f"registers {what}{'  stale' if path in stale else ''}")
-    size = sum(_size(f) for f in kernels + records)
     state = "on" if disk_cache.enabled() else "off (WARPSPLITK_DISK_CACHE)"
     print(f"{folder}: {len(kernels)} compiled kernels, {len(records)} resource records "
-          f"(registers for `warpsplitk plan`), {size / 1e6:.1f} MB ({len(stale)} stale: other "
-          f"versions or kernel sources, 'warpsplitk cache --prune' removes them); "
-          f"{len(plans)} GPU plans (plan='auto'; --clear and --prune keep them); "
-          f"disk cache {state}")
+          f"(registers for `warpsplitk plan`), {disk_cache.size() / 1e6:.1f} MB of "
+          f"{disk_cache.max_bytes() / (1 << 30):.1f} GiB (WARPSPLITK_CACHE_MAX_SIZE; the least "
+          f"recently used go first) ({len(stale)} stale: other versions, builds or kernel "
+          f"sources, 'warpsplitk cache --prune' removes them); {len(plans)} GPU plans "
+          f"(plan='auto'; --clear and --prune keep them); disk cache {state}")
     return 0
 
 
 def _progress_line(arch):
     tty = sys.stderr.isatty()
+    from .runtime import disk_cache
+    # say where the records go only where they do go
+    where = "kept in the disk cache" if disk_cache.writable() is None else "not kept: no disk cache"
 
     def show(done, total):
+        line = f"compiling {done}/{total} kernels for {arch} (registers; {where})"
         if tty:
-            end = "\n" if done == total else ""
-            print(f"\rcompiling {done}/{total} kernels for {arch} (registers; kept in the disk "
-                  "cache)", end=end, file=sys.stderr, flush=True)
+            print("\r" + line, end="\n" if done == total else "", file=sys.stderr, flush=True)
         elif done == 1 or done == total or done % 10 == 0:
-            print(f"compiling {done}/{total} kernels for {arch} (registers; kept in the disk "
-                  "cache)", file=sys.stderr, flush=True)
+            print(line, file=sys.stderr, flush=True)
     return show
 
 

@@ -33,11 +33,12 @@ Whether the kernel takes a shape is a separate question
 
 from __future__ import annotations
 
-import json
 import os
 from functools import cache
 from importlib import resources
 from pathlib import Path
+
+from .jsonfile import loads, read_json
 
 
 #: vLLM pads the vocabulary of a parallel LM head to a multiple of this.
@@ -49,7 +50,8 @@ LAYER_ORDER = ("qkv_a", "q_b", "qkv", "o", "gate_up", "down")
 
 @cache
 def _table() -> dict:
-    return json.loads(resources.files("warpsplitk").joinpath("data/models.json").read_text())
+    text = resources.files("warpsplitk").joinpath("data/models.json").read_text(encoding="utf-8")
+    return loads(text, "built-in model table")
 
 
 def model_names() -> list[str]:
@@ -115,6 +117,140 @@ def hub_config_path(model_id: str) -> Path | None:
 #: Kimi; Mixtral, gpt-oss, Llama 4 and transformers' Qwen MoE; older Qwen MoE)
 EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 
+# Bounds on the sizes a config.json names. Each is several times the largest
+# open model's today, so no real model meets one; they refuse a broken or
+# hostile file before it asks for absurd work (transformers' config classes
+# build lists per layer) or absurd GEMMs.
+#: Layers: Llama 3.1 405B has 126.
+MAX_LAYERS = 1024
+#: Hidden size: Nemotron-4 340B has 18432, Llama 3.1 405B 16384.
+MAX_HIDDEN = 1 << 17
+#: MLP width: Nemotron-4 340B has 73728, Llama 3.1 405B 53248.
+MAX_INTERMEDIATE = 1 << 20
+#: Vocabulary: Gemma 3 has 262208.
+MAX_VOCAB = 1 << 22
+#: Attention heads (and so key/value heads): Llama 3.1 405B and DeepSeek-V3 have 128.
+MAX_HEADS = 1024
+#: A head's width (any of MLA's parts too): Gemma 2 and 3 have 256.
+MAX_HEAD_DIM = 4096
+#: MLA's LoRA ranks: DeepSeek-V3's q_lora_rank is 1536, its kv_lora_rank 512.
+MAX_LORA_RANK = 1 << 15
+#: Routed experts: Qwen3-Next has 512, Kimi K2 384.
+MAX_EXPERTS = 1 << 14
+
+#: Each size :func:`hf_config` reads, and its bound.
+SIZE_BOUNDS = {
+    "num_hidden_layers": MAX_LAYERS, "hidden_size": MAX_HIDDEN,
+    "intermediate_size": MAX_INTERMEDIATE, "intermediate_size_mlp": MAX_INTERMEDIATE,
+    "vocab_size": MAX_VOCAB, "num_attention_heads": MAX_HEADS, "num_key_value_heads": MAX_HEADS,
+    "head_dim": MAX_HEAD_DIM, "qk_nope_head_dim": MAX_HEAD_DIM,
+    "qk_rope_head_dim": MAX_HEAD_DIM, "v_head_dim": MAX_HEAD_DIM,
+    "q_lora_rank": MAX_LORA_RANK, "kv_lora_rank": MAX_LORA_RANK,
+    **{key: MAX_EXPERTS for key in EXPERT_KEYS},
+}
+#: What is held to a bound before transformers sees the file, wherever it
+#: sits: its config classes also loop over the dense layers DeepSeek-style
+#: configs name.
+_EARLY_BOUNDS = {**SIZE_BOUNDS, "first_k_dense_replace": MAX_LAYERS}
+
+
+def _given(value) -> str:
+    """``value`` for a message: its repr, cut short (a hostile file's value
+    may be megabytes)."""
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _too_big(file, key: str, value, bound: int) -> ValueError:
+    return ValueError(f"{file}: {key!r} must be at most {bound}, several times the largest "
+                      f"open model's (got {_given(value)})")
+
+
+def _refuse_absurd_sizes(data, file) -> None:
+    """Every size in ``data``, nested objects included, at most its bound: run
+    before transformers' config classes, which build a list per layer (a
+    billion layers would take most of an hour and gigabytes)."""
+    stack = [("", data)]
+    while stack:  # no recursion: the parser took nesting deeper than Python's stack
+        path, node = stack.pop()
+        if isinstance(node, dict):  # (where, key, value); where: e.g. text_config.head_dim
+            items = [(f"{path}.{key}" if path else key, key, value) for key, value in node.items()]
+        else:
+            items = [(f"{path}[{i}]", None, value) for i, value in enumerate(node)]
+        for where, key, value in items:
+            if isinstance(value, (dict, list)):
+                stack.append((where, value))
+            elif (key in _EARLY_BOUNDS and type(value) in (int, float)
+                  and value > _EARLY_BOUNDS[key]):
+                raise _too_big(file, where, value, _EARLY_BOUNDS[key])
+
+
+def _size(file, key: str, value) -> int:
+    """``value`` of ``key``, checked to be a positive integer within its bound."""
+    if type(value) is not int or value < 1:  # not bool: True is no size
+        what = "missing" if value is None else f"got {_given(value)}"
+        raise ValueError(f"{file}: {key!r} must be a positive integer ({what}); a decoder "
+                         "config names hidden_size, num_attention_heads, "
+                         "num_hidden_layers, vocab_size and intermediate_size")
+    if value > SIZE_BOUNDS[key]:
+        raise _too_big(file, key, value, SIZE_BOUNDS[key])
+    return value
+
+
+def _optional_int(text: dict, key: str, file, low: int, high: int | None, meaning: str):
+    """``text[key]``, an integer in ``low..high`` (no upper end for None);
+    None where it is absent or null."""
+    value = text.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < low or (high is not None and value > high):
+        span = f"{low}..{high}" if high is not None else f"{low} or more"
+        raise ValueError(f"{file}: {key!r} must be an integer in {span} ({meaning}) "
+                         f"(got {_given(value)})")
+    return value
+
+
+def _expert_count(text: dict, file) -> int:
+    """The routed experts ``text`` names (the first of ``EXPERT_KEYS`` that is
+    not 0), every one of those keys checked; 0 for a dense model."""
+    counts = [_optional_int(text, key, file, 0, MAX_EXPERTS, "routed experts")
+              for key in EXPERT_KEYS]
+    return next((count for count in counts if count), 0)
+
+
+def _mlp_only_layers(text: dict, file, layers: int) -> set[int]:
+    """Qwen MoE's ``mlp_only_layers``: indices of layers in ``0..layers-1``."""
+    value = text.get("mlp_only_layers")
+    if value is None:
+        return set()
+    if not isinstance(value, list) or not all(
+            type(i) is int and 0 <= i < layers for i in value):
+        raise ValueError(f"{file}: 'mlp_only_layers' must be a list of layer indices in "
+                         f"0..{layers - 1} (got {_given(value)})")
+    return set(value)
+
+
+def _dense_layers(text: dict, file, layers: int) -> tuple[int, str]:
+    """How many of a mixture of experts' ``layers`` have a dense MLP, and the
+    key of that MLP's width. Counted by arithmetic, not by a loop over the
+    layers, so the work does not grow with the layer count."""
+    first = _optional_int(text, "first_k_dense_replace", file, 0, layers,
+                          f"the leading dense layers of {layers}")
+    if first is not None:
+        return first, "intermediate_size"
+    if "decoder_sparse_step" in text or "mlp_only_layers" in text:
+        step = _optional_int(text, "decoder_sparse_step", file, 1, None,
+                             "every step-th layer is routed") or 1
+        only = _mlp_only_layers(text, file, layers)
+        # layer i is routed where (i + 1) % step == 0, unless mlp_only_layers lists it
+        routed = layers // step - sum(1 for i in only if (i + 1) % step == 0)
+        return layers - routed, "intermediate_size"
+    step = _optional_int(text, "interleave_moe_layer_step", file, 1, None,
+                         "every step-th layer is routed") or 1
+    if step > 1:
+        return layers - layers // step, "intermediate_size_mlp"
+    return 0, "intermediate_size"
+
 
 def _with_class_defaults(data: dict) -> dict:
     """``data`` completed by its transformers config class: a config.json
@@ -139,12 +275,15 @@ def hf_config(path, name: str | None = None) -> dict:
     (DeepSeek's ``first_k_dense_replace``, Qwen's ``decoder_sparse_step`` and
     ``mlp_only_layers``, Llama 4's ``interleave_moe_layer_step``; else none);
     experts, shared ones included, are not projections of this table."""
-    from .jsonfile import read_json
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     data = read_json(file, "Hugging Face config.json")
     if not isinstance(data, dict):
         raise ValueError(f"{file}: a config.json holds a JSON object, got {type(data).__name__}")
+    if not isinstance(data.get("text_config"), (dict, type(None))):
+        raise ValueError(f"{file}: 'text_config' must be an object (the decoder's config) "
+                         f"(got {_given(data['text_config'])})")
+    _refuse_absurd_sizes(data, file)
     data = _with_class_defaults(data)
     text = data["text_config"] if isinstance(data.get("text_config"), dict) else data
 
@@ -152,12 +291,7 @@ def hf_config(path, name: str | None = None) -> dict:
         value = text.get(key, data.get(key))
         if value is None and not required:
             return default
-        if type(value) is not int or value < 1:
-            what = "missing" if value is None else f"got {value!r}"
-            raise ValueError(f"{file}: {key!r} must be a positive integer ({what}); a decoder "
-                             "config names hidden_size, num_attention_heads, "
-                             "num_hidden_layers, vocab_size and intermediate_size")
-        return value
+        return _size(file, key, value)
 
     hidden, heads, layers = get("hidden_size"), get("num_attention_heads"), get("num_hidden_layers")
     if name is None:
@@ -175,24 +309,16 @@ def hf_config(path, name: str | None = None) -> dict:
         if get("head_dim", required=False) is None and hidden % heads:
             raise ValueError(f"{file}: no 'head_dim', and hidden_size {hidden} is not a multiple "
                              f"of num_attention_heads {heads}")
-        entry.update(attention="gqa", kv_heads=get("num_key_value_heads", heads, required=False),
+        kv_heads = get("num_key_value_heads", heads, required=False)
+        if kv_heads > heads or heads % kv_heads:
+            # grouped-query attention: each key/value head serves a whole group of query heads
+            raise ValueError(f"{file}: 'num_key_value_heads' must be at most "
+                             f"num_attention_heads {heads} and divide it (got {kv_heads})")
+        entry.update(attention="gqa", kv_heads=kv_heads,
                      head_dim=get("head_dim", hidden // heads, required=False))
-    experts = next((text[key] for key in EXPERT_KEYS if text.get(key)), 0)
     dense, key = layers, "intermediate_size"
-    if experts:
-        if "first_k_dense_replace" in text:
-            dense = text["first_k_dense_replace"]
-        elif "decoder_sparse_step" in text or "mlp_only_layers" in text:
-            step = text.get("decoder_sparse_step") or 1
-            only = set(text.get("mlp_only_layers") or ())
-            dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
-        elif (text.get("interleave_moe_layer_step") or 1) > 1:
-            dense = layers - layers // text["interleave_moe_layer_step"]
-            key = "intermediate_size_mlp"
-        else:
-            dense = 0
-        if type(dense) is not int or not 0 <= dense <= layers:
-            raise ValueError(f"{file}: the dense MLP layers come to {dense!r} of {layers}")
+    if _expert_count(text, file):
+        dense, key = _dense_layers(text, file, layers)
     if dense:
         entry["intermediate"] = get(key)
         if dense < layers:

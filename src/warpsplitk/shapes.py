@@ -6,8 +6,9 @@ given and what it takes (the command line prints it as its one error line).
 
 from __future__ import annotations
 
-import json
 from importlib import resources
+
+from .jsonfile import loads, read_json
 
 #: The M buckets of a decode plan (the Ms the tuner measures): the default
 #: ``--m`` of ``warpsplitk plan``, ``bench`` and ``tune``.
@@ -20,10 +21,9 @@ def load(path=None) -> dict:
     """The shape table: ``{"shapes": [{"n", "k", "model", "projection"}, ...], "m_values": [...]}``."""
     where = str(path) if path is not None else "built-in shape table"
     if path is None:
-        table = json.loads(resources.files("warpsplitk").joinpath("data/decode-shapes.json")
-                           .read_text())
+        table = loads(resources.files("warpsplitk").joinpath("data/decode-shapes.json")
+                      .read_text(encoding="utf-8"), where)
     else:
-        from .jsonfile import read_json
         table = read_json(path, "shape table")
     if not isinstance(table, dict) or not isinstance(table.get("shapes"), list):
         raise ValueError(f"{where}: a shape table needs a 'shapes' list "

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-import json
+from ..jsonfile import read_json
 
 
 def _rows(source):
     if isinstance(source, str):
-        with open(source) as f:
-            data = json.load(f)
+        data = read_json(source, "bench JSON")
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            raise ValueError(f"{source}: a bench JSON holds an object with a 'rows' list")
         return data["rows"], data.get("environment", {})
     return source, {}
 
@@ -58,7 +59,10 @@ def main(argv=None):
     p.add_argument("json")
     p.add_argument("png")
     args = p.parse_args(argv)
-    rows, env = _rows(args.json)
+    try:
+        rows, env = _rows(args.json)
+    except ValueError as error:  # a missing, broken or foreign file: one line, no traceback
+        p.error(str(error))
     plot_rows(rows, env, args.png)
 
 

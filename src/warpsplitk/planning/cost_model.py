@@ -85,11 +85,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 from dataclasses import dataclass, field
 from importlib import resources
 
+from ..jsonfile import loads
 from ..kernel import layout
 from . import neighbours
 from ..tactics import (
@@ -263,8 +263,10 @@ def shipped_model(name: str = DEFAULT_MODEL) -> CostModel:
     """The cost model shipped in the package for GPU ``name``."""
     if name not in MODEL_FILES:
         raise ValueError(f"no cost model {name!r}: shipped are {sorted(MODEL_FILES)}")
-    text = resources.files("warpsplitk").joinpath("data", MODEL_FILES[name]).read_text()
-    return CostModel.from_json(json.loads(text), f"cost model {name!r}")
+    file = resources.files("warpsplitk").joinpath("data", MODEL_FILES[name])
+    text = file.read_text(encoding="utf-8")
+    where = f"cost model {name!r}"
+    return CostModel.from_json(loads(text, where), where)
 
 
 # ------------------------------------------------------------------ choice

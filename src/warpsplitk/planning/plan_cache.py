@@ -12,18 +12,28 @@ The file is ``plans/<gpu>.json`` in the disk cache's folder
 tuner's log sits beside it (``<gpu>-log.jsonl``), so an interrupted tune
 resumes. Writers merge under a file lock and replace the file atomically:
 several processes may tune different shapes at once.
+
+A plan decides which kernels run, so the folder and its files follow
+:mod:`warpsplitk.runtime.private_files`: a folder or file another user could
+have written (or a link planted in place of one) is not used, with one
+warning, and a plan tuned meanwhile serves its process only. A plan file
+this version cannot read is never overwritten: the next store moves it
+aside (``<gpu>.json.unreadable-<UTC time>``) before writing its own.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import tempfile
+import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..runtime import disk_cache
-from .plans import DecodePlan, builtin_plan, load_plan
+from .. import jsonfile
+from ..runtime import disk_cache, private_files
+from .plans import DecodePlan, builtin_plan, plan_from_json
 from ..tactics import MAX_M
 
 #: the built-in plans and the GPU (name, SM count) each was measured on
@@ -54,59 +64,126 @@ def log_path(key: str) -> Path:
     return plan_dir() / f"{key}-log.jsonl"
 
 
-def load(key: str) -> DecodePlan:
-    """This GPU's cached plan (empty when there is none or the cache is off;
-    an unreadable file is reported and ignored)."""
-    path = plan_path(key)
-    if not disk_cache.enabled() or not path.is_file():
+def read_file(path: Path) -> DecodePlan:
+    """The plan file ``path``, opened without following a link and only if
+    this user alone could have written it (``UntrustedPath`` otherwise,
+    ``FileNotFoundError`` when absent); a file that is not a plan this
+    version reads is a ``ValueError`` naming it."""
+    data = private_files.read_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not a plan file: not UTF-8 text ({error.reason} at byte "
+                         f"{error.start})") from None
+    return plan_from_json(jsonfile.loads(text, str(path)), str(path))
+
+
+def _load(key: str) -> DecodePlan:
+    """``load`` without its warnings for the folder or file: an untrusted or
+    unreadable folder or file is an ``OSError`` (``UntrustedPath`` for
+    one another user could have written)."""
+    if not disk_cache.enabled():
         return DecodePlan()
     try:
-        return load_plan(path)
+        private_files.check_dir(plan_dir())  # read-only: a missing folder is not made here
+        return read_file(plan_path(key))
+    except FileNotFoundError:
+        return DecodePlan()
     except ValueError as error:
-        import warnings
-        warnings.warn(f"warpsplitk: ignoring the cached plan {error}", stacklevel=2)
+        warnings.warn(f"warpsplitk: ignoring the cached plan {error}; the next tuned plan "
+                      "stored moves it aside", RuntimeWarning, stacklevel=3)
+        return DecodePlan()
+
+
+def load(key: str) -> DecodePlan:
+    """This GPU's cached plan (empty when there is none or the cache is off;
+    an unreadable file, or a folder or file another user could have
+    written, is reported and ignored)."""
+    try:
+        return _load(key)
+    except OSError as error:
+        _not_used(error)
         return DecodePlan()
 
 
 @contextmanager
 def _locked(key: str):
-    """An exclusive lock on this GPU's plan file, across processes."""
+    """An exclusive lock on this GPU's plan file, across processes (in a
+    folder ``private_files.private_dir`` made or checked)."""
     import fcntl
-    plan_dir().mkdir(parents=True, exist_ok=True)
-    with open(plan_dir() / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    # no truncation and no link followed: a link planted in place of the
+    # lock file must not make this process empty (or create) the file it
+    # points at
+    fd = private_files.open_file(plan_dir() / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _aside_path(path: Path) -> Path:
+    """A free name beside ``path`` for an unreadable copy of it, stamped
+    with the UTC time it was moved aside."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}.unreadable-{stamp}")
+    number = 1
+    while aside.exists():  # two moved aside within one second: keep both
+        number += 1
+        aside = path.with_name(f"{path.name}.unreadable-{stamp}-{number}")
+    return aside
+
+
+def _move_aside(path: Path, error: ValueError) -> Path:
+    """Rename the unreadable plan file ``path`` out of the way (under the
+    lock): what a newer version, or a person, wrote there is kept, never
+    overwritten by the plan of a few shapes."""
+    aside = _aside_path(path)
+    os.replace(path, aside)
+    warnings.warn(f"warpsplitk: {error}; moved aside to {aside} (its bytes unchanged) and a "
+                  f"new plan written to {path}", RuntimeWarning, stacklevel=3)
+    return aside
+
+
+#: Temporary names in the plans folder: this version's (``write_atomic``)
+#: and earlier versions'; one a killed process left is removed after an hour.
+_SCRATCH = [".tmp-*.tmp", "*.json.tmp"]
 
 
 def store(key: str, plan: DecodePlan) -> Path | None:
     """Merge ``plan``'s entries into this GPU's plan file (``plan`` wins where
-    both have an M), atomically and under the lock; None with the cache off."""
+    both have an M), atomically and under the lock; None with the cache off.
+    A folder or file another user could have written is an ``UntrustedPath``
+    (an ``OSError``); an unreadable plan file is moved aside first."""
     if not disk_cache.enabled():
         return None
+    folder = private_files.private_dir(plan_dir())
     with _locked(key):
-        merged = load(key)
+        path = plan_path(key)
+        try:
+            merged = read_file(path)
+        except FileNotFoundError:
+            merged = DecodePlan()
+        except ValueError as error:
+            _move_aside(path, error)
+            merged = DecodePlan()
         merged.meta.update(plan.meta)
         for shape, by_m in plan.entries.items():
             merged.entries.setdefault(shape, {}).update(by_m)
-        path = plan_path(key)
-        handle, scratch = tempfile.mkstemp(dir=plan_dir(), suffix=".json.tmp")
-        os.close(handle)
-        try:
-            merged.save(scratch)
-            os.replace(scratch, path)
-        except BaseException:
-            Path(scratch).unlink(missing_ok=True)
-            raise
+        private_files.write_atomic(path, json.dumps(merged.to_json(), indent=1).encode())
+    private_files.remove_stale_scratch(folder, _SCRATCH)
     return path
 
 
 def _not_kept(error):
-    import warnings
     warnings.warn(f"warpsplitk: cannot keep the tuned plan in {plan_dir()} ({error}); it "
                   "serves this process only", RuntimeWarning, stacklevel=3)
+
+
+def _not_used(error):
+    # an UntrustedPath reads "<path>: <reason>"; other OSErrors name their path too
+    warnings.warn(f"warpsplitk: not using the plan cache ({error}); a plan tuned now serves "
+                  "this process only", RuntimeWarning, stacklevel=3)
 
 
 def entries() -> list[Path]:
@@ -145,7 +222,13 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
     builtin = builtin_plan_for(*gpu)
     if builtin is not None:
         plan.entries.update(builtin_plan(builtin).entries)
-    for shape, by_m in load(key).entries.items():
+    keep = disk_cache.enabled()
+    try:
+        cached = _load(key)
+    except OSError as error:  # the folder or file cannot be trusted: one warning
+        _not_used(error)
+        cached, keep = DecodePlan(), False
+    for shape, by_m in cached.entries.items():
         plan.entries.setdefault(shape, {}).update(by_m)
     todo = list(dict.fromkeys((int(n), int(k)) for n, k in shapes
                               if shape_refusal(n, k) is None
@@ -153,12 +236,13 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
     if todo:
         from .tune import tune
         if progress:
-            progress(f"warpsplitk: tuning {len(todo)} shape(s) this {gpu[0]} has no plan for; "
-                     f"kept in {plan_path(key)}")
-        log = str(log_path(key)) if disk_cache.enabled() else None
+            progress(f"warpsplitk: tuning {len(todo)} shape(s) this {gpu[0]} has no plan for"
+                     + (f"; kept in {plan_path(key)}" if keep else ""))
+        log = str(log_path(key)) if keep else None
         if log:
             try:
-                plan_dir().mkdir(parents=True, exist_ok=True)
+                # the tuner appends its log here: a folder only this user writes
+                private_files.private_dir(plan_dir())
             except OSError as error:
                 _not_kept(error)
                 log = None
@@ -175,4 +259,4 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
     return plan
 
 
-__all__ = ["auto_plan", "gpu_key", "plan_path", "log_path", "load", "store", "entries"]
+__all__ = ["auto_plan", "gpu_key", "plan_path", "log_path", "load", "read_file", "store", "entries"]

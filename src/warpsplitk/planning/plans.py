@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
+from ..jsonfile import loads, read_json
 from ..tactics import MAX_M, WarpSplitKTactic, as_integer, check_ms, check_tactic, default_tactic
 
 PLAN_FORMAT = "warpsplitk-plan"
@@ -190,7 +191,6 @@ def plan_from_json(data, source="plan") -> DecodePlan:
 def load_plan(path) -> DecodePlan:
     """Read and validate a plan file; every problem (no such file, not
     JSON, not a plan, a bad entry) is a ``ValueError`` naming the file."""
-    from ..jsonfile import read_json
     return plan_from_json(read_json(path, "plan file"), str(path))
 
 
@@ -208,8 +208,10 @@ def builtin_plan(name: str = "h200") -> DecodePlan:
     if name not in available:
         raise ValueError(f"no built-in plan {name!r}: the built-in plans are "
                          f"{', '.join(map(repr, available))}")
-    text = resources.files("warpsplitk").joinpath(f"data/plan-{name}.json").read_text()
-    return plan_from_json(json.loads(text), f"built-in plan {name!r}")
+    file = resources.files("warpsplitk").joinpath(f"data/plan-{name}.json")
+    text = file.read_text(encoding="utf-8")
+    where = f"built-in plan {name!r}"
+    return plan_from_json(loads(text, where), where)
 
 
 def _check_prepare_ms(ms) -> tuple[int, ...]:

@@ -32,7 +32,10 @@ With ``cublas`` (the default) each cell also times ``torch.matmul``
 M where it beats the chosen tactic by more than ``TOLERANCE``
 (``prefer_cublas``; ``plans.prepare`` then runs cuBLAS for it).
 Every measurement is appended to a JSON-lines log; with ``resume`` a rerun
-skips what the log already holds.
+skips what the log already holds. Each record is one write, synced before
+the next measurement, so a crash or a full disk costs at most the record
+being written: a last line left unfinished is ignored by the readers
+(``read_log_records``) and cut off before the next append.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ import json
 import os
 import statistics
 import time
+import warnings
 
+from .. import jsonfile
 from ..kernel import layout
 from ..measure import timing
 from .cost_model import SHORTLIST
@@ -147,8 +152,9 @@ def _confirmations(samples, confirm, default=None, rounds=None):
 
 
 def _count_lines(path):
-    with open(path) as f:
-        return sum(1 for _ in f)
+    """How many lines of the log count (``read_log_records``): an
+    unfinished last line does not, and is cut off before the next append."""
+    return len(_log_lines(path, warn=False))
 
 
 #: Kernel revisions. A log record carries the revision its kernel had
@@ -222,6 +228,69 @@ def check_log_record(rec, where="tuning log record"):
         raise ValueError(f"{where}: 'us' must be a positive number of microseconds, got {us!r}")
 
 
+#: A log line ends with a newline (this writer's) or a carriage return (a
+#: file edited elsewhere: the readers split lines as text mode does).
+_LINE_ENDS = (b"\n", b"\r")
+
+
+def _unfinished(raw: bytes, where: str) -> bool:
+    """Whether ``raw``, a log's last line, is a write cut short (a full disk,
+    a process killed mid-record): no line end, and not JSON. One without a
+    line end that parses is a whole record."""
+    if raw.endswith(_LINE_ENDS):
+        return False
+    try:
+        jsonfile.loads(raw.decode("utf-8"), where)
+    except ValueError:  # UnicodeDecodeError too: a character cut in two
+        return True
+    return False
+
+
+def _log_lines(path, records=None, warn=True) -> list[tuple[int, bytes]]:
+    """``[(line number, line)]`` of the log (its first ``records`` lines
+    only, when given), less an unfinished last line (``_unfinished``), with a
+    warning: the records before it stand, and a resume or ``plan="auto"``
+    must not stop at the one record a crash cut short."""
+    with open(path, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    if records is not None:
+        lines = lines[:records]
+    numbered = list(enumerate(lines, 1))
+    if numbered and _unfinished(lines[-1], f"{path} line {len(lines)}"):
+        numbered.pop()
+        if warn:
+            warnings.warn(f"{path} line {len(lines)}: ignoring the unfinished last line (no "
+                          "newline, not JSON: a write cut short); the next tune appending to "
+                          "the log removes it", RuntimeWarning, stacklevel=2)
+    return numbered
+
+
+def read_log_records(path, records=None) -> list[tuple[int, dict]]:
+    """``[(line number, record)]`` of the tuning log ``path`` (its first
+    ``records`` lines only, when given): each non-blank line one strict JSON
+    object (``jsonfile.loads``: a key named twice is an error) that
+    ``check_log_record`` accepts. An unfinished last line is left out with a
+    warning (``_log_lines``); any other broken line is a ``ValueError``
+    naming the file and the line. Reading the file may raise ``OSError``."""
+    found = []
+    for number, raw in _log_lines(path, records):
+        where = f"{path} line {number}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{where}: not UTF-8 text ({error.reason} at byte {error.start}); "
+                             "a tuning log holds one JSON record a line") from None
+        if not text.strip():
+            continue
+        try:
+            record = jsonfile.loads(text, where)
+        except ValueError as error:
+            raise ValueError(f"{error}; a tuning log holds one JSON record a line") from None
+        check_log_record(record, where)
+        found.append((number, record))
+    return found
+
+
 def _read_log(path, records=None, stale=False, revision=KERNEL_REVISION):
     """``{key: record}`` of a tuning log (its first ``records`` lines only,
     when given: the log as it stood when a plan was made from it), the last
@@ -230,24 +299,55 @@ def _read_log(path, records=None, stale=False, revision=KERNEL_REVISION):
     version does not build (``_current``)."""
     done = {}
     if path and os.path.exists(path):
-        with open(path) as f:
-            for index, line in enumerate(f):
-                if records is not None and index >= records:
-                    break
-                if line.strip():
-                    where = f"{path} line {index + 1}"
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as error:
-                        raise ValueError(f"{where}: not JSON ({error.msg})") from None
-                    check_log_record(rec, where)
-                    if "key" not in rec:
-                        continue  # a provenance line ({"meta": ...})
-                    if not _current(rec):
-                        continue
-                    if stale or not is_stale(rec, revision):
-                        done[rec["key"]] = rec
+        for _, rec in read_log_records(path, records):
+            if "key" not in rec:
+                continue  # a provenance line ({"meta": ...})
+            if not _current(rec):
+                continue
+            if stale or not is_stale(rec, revision):
+                done[rec["key"]] = rec
     return done
+
+
+def _end_at_line(fd: int, path) -> None:
+    """Make the log open as ``fd`` (read and append, its lock held) end at a
+    line's end: a tail without a newline that parses is a whole record and
+    gets its newline; one that does not is a write cut short, and is cut
+    off with a warning naming it. A record appended after a half line would
+    be glued to it, and the log broken at that line for good."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) in _LINE_ENDS:
+        return
+    data = os.pread(fd, size, 0)
+    cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+    number = len(data[:cut].splitlines()) + 1
+    tail = data[cut:]
+    if not _unfinished(tail, f"{path} line {number}"):
+        os.write(fd, b"\n")
+        return
+    os.ftruncate(fd, cut)
+    warnings.warn(f"{path} line {number}: removed the unfinished last line before appending "
+                  f"({len(tail)} bytes, no newline, not JSON: a write cut short): "
+                  f"{tail[:80]!r}{'...' if len(tail) > 80 else ''}", RuntimeWarning,
+                  stacklevel=3)
+
+
+def _append(log, record, path) -> None:
+    """Append ``record`` to the log open as ``log`` (``open(path, "ab+")``):
+    under the log's lock (tunes in several processes share a GPU's log),
+    after ``_end_at_line``, in one write, then synced: a crash or power loss
+    keeps every record measured before it (each cost a compile and a
+    timing), and can leave at most this one unfinished."""
+    import fcntl
+    fd = log.fileno()
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        _end_at_line(fd, path)
+        log.write((json.dumps(record) + "\n").encode())
+        log.flush()
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.fsync(fd)
 
 
 def _stale_split(path):
@@ -456,11 +556,11 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                      if _confirm_key(n, k, r, t, j) not in done}
     precompile([(n, k, t, False, True) for n, k, t in sorted(to_build)], device_arch(device),
                jobs, progress)
-    log = open(log_path, "a") if log_path else None
+    # read and append: _append looks at the log's tail before each record
+    log = open(log_path, "ab+") if log_path else None
     if log:
         # the run's provenance: `tune --from-log` names this GPU in the plan it rebuilds
-        log.write(json.dumps({"meta": plan_meta(gpu, sm_count, torch.__version__)}) + "\n")
-        log.flush()
+        _append(log, {"meta": plan_meta(gpu, sm_count, torch.__version__)}, log_path)
     cuda_device = torch.device("cuda", device)
     samples = {}  # {(n, k): {rep: {tactic: [us, ...]}}}
     measured = {}  # {(n, k): {rep: {tactic: median us}}}
@@ -520,8 +620,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                                     rec.update(ok=True, us=round(t.median_us, 3),
                                                spread=round(t.spread, 3), rel_err=err)
                         if log:
-                            log.write(json.dumps(rec) + "\n")
-                            log.flush()
+                            _append(log, rec, log_path)
                     if not rec.get("ok"):
                         if not rec.get("dominated"):
                             progress(f"dropped {key}: {rec.get('error')}")
@@ -544,8 +643,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                         if t.median_us < timing.physical_floor_us(n * k * 2, gpu):
                             rec.update(ok=False, error="under the HBM floor: measurement broken")
                         if log:
-                            log.write(json.dumps(rec) + "\n")
-                            log.flush()
+                            _append(log, rec, log_path)
                     if rec.get("ok"):
                         cell[tactic].append(rec["us"])
                 if cublas:
@@ -560,8 +658,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
                         rec = _record(key=key, n=n, k=k, m=r, tactic=CUBLAS, ok=True,
                                       us=round(t.median_us, 3), spread=round(t.spread, 3))
                         if log:
-                            log.write(json.dumps(rec) + "\n")
-                            log.flush()
+                            _append(log, rec, log_path)
                     if rec.get("ok"):
                         cublas_us[(n, k, r)] = rec["us"]
                 times = measured.setdefault((n, k), {})[r] = _cell_times(cell)

@@ -97,10 +97,27 @@ def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu=False)
     stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, swiglu)
     with torch.cuda.device(device_index):
         compiled = disk_cache.load(stem)
+        if compiled is not None and not _initialises(compiled, device_index, stem):
+            compiled = None
         if compiled is None:
             compiled = _build(n, k, tactic, has_bias, use_pdl, arch, swiglu=swiglu)
             disk_cache.store(stem, compiled)
         return compiled
+
+
+def _initialises(compiled, device_index, stem) -> bool:
+    """Whether a kernel loaded from the disk cache sets itself up on the
+    device (its module init loads the embedded GPU code): a failure here is
+    a failed load, the file is removed and the kernel compiled again, rather
+    than an error out of the first ``run``."""
+    from . import disk_cache
+    try:
+        compiled.to(device_index)
+    except Exception as exc:
+        disk_cache.discard(stem, f"the kernel loaded from {disk_cache.path_for(stem)} failed to "
+                                 f"initialise ({type(exc).__name__}: {exc})")
+        return False
+    return True
 
 
 def device_arch(device_index: int) -> str:

@@ -87,7 +87,7 @@ def _compile_job(job: dict):
     compiled = _build(job["n"], job["k"], tactic, job["bias"], job["pdl"], job["arch"],
                       swiglu=swiglu)
     if disk_cache.store(stem, compiled) is None:
-        return "could not write the disk cache"
+        return f"could not store it in the disk cache ({disk_cache.writable() or 'write failed'})"
     return None
 
 
@@ -154,6 +154,8 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
     if len(todo) < 2:
         return {}
     require_dsl()  # once here, not as every worker's failure
+    if disk_cache.writable() is not None:  # workers could not hand their kernels over
+        return {}
     started = time.perf_counter()
     workers = min(jobs, len(todo))
 
@@ -186,6 +188,8 @@ def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
         return {}
     require_dsl()
     jobs = max(1, default_jobs() if jobs is None else int(jobs))
+    if disk_cache.writable() is not None:
+        jobs = 1  # a worker's record could not reach this process: compile here
     workers = min(jobs, len(todo))
     if workers > 1:
         return _run_workers(todo, arch, "resources", workers,
@@ -201,26 +205,54 @@ def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
     return failures
 
 
+def worker_command() -> tuple[list[str], str]:
+    """The command line of a compile worker and the folder it runs in.
+
+    A worker imports only from the package's own parent folder and the
+    interpreter's paths: it runs in that folder, with the safe-path flag
+    (``-P``, Python 3.11+: no current folder on ``sys.path``), so a
+    ``queue.py`` in the folder the user happened to start from is never
+    imported by a process compiling their kernels."""
+    package_parent = str(Path(__file__).resolve().parents[2])
+    flags = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *flags, "-m", "warpsplitk.runtime.precompile"], package_parent
+
+
+def _worker_env(arch: str) -> dict:
+    package_parent = worker_command()[1]
+    env = dict(os.environ, CUTE_DSL_ARCH=arch)  # the DSL exports code only with a target set
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    # the folder as this process resolved it (a relative one would move with the cwd)
+    env["WARPSPLITK_CACHE_DIR"] = str(disk_cache.cache_dir())
+    return env
+
+
 def _run_workers(todo, arch, kind, workers, report) -> dict:
     """Hand the ``(n, k, tactic, has_bias, use_pdl)`` items of ``todo`` to
     ``workers`` worker processes, one ``kind`` job at a time
     (``_JOBS``); ``report(done, total)`` after each. Returns ``{item: error}``
-    of those that failed."""
+    of those that failed. An exception in this process (KeyboardInterrupt
+    included) kills and reaps every worker before it propagates."""
     timeout = compile_timeout()
     pending = queue.Queue()
     for item in todo:
         pending.put(item)
     failures, done = {}, [0]
     lock = threading.Lock()
-    env = dict(os.environ, CUTE_DSL_ARCH=arch)  # the DSL exports code only with a target set
-    package_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    command, folder = worker_command()
+    env = _worker_env(arch)
+    running = []  # every worker started, so a stop can reap them all
+    stopping = threading.Event()
 
     def feed(log):
-        with subprocess.Popen([sys.executable, "-m", "warpsplitk.runtime.precompile"], env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                              text=True) as worker:
-            while True:
+        with lock:
+            if stopping.is_set():
+                return
+            worker = subprocess.Popen(command, env=env, cwd=folder, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=log, text=True)
+            running.append(worker)
+        with worker:
+            while not stopping.is_set():
                 try:
                     item = pending.get_nowait()
                 except queue.Empty:
@@ -256,16 +288,40 @@ def _run_workers(todo, arch, kind, workers, report) -> dict:
 
     with tempfile.TemporaryFile("w+") as log:
         threads = [threading.Thread(target=feed, args=(log,), daemon=True) for _ in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        except BaseException:
+            _stop(running, threads, stopping, lock)
+            raise
         while not pending.empty():  # every worker died: nothing more will be compiled here
             failures[pending.get_nowait()] = "no worker left"
     return failures
 
 
-__all__ = ["precompile", "precompile_resources", "missing", "default_jobs"]
+def _stop(running, threads, stopping, lock) -> None:
+    """Kill every worker, wait for each to exit, and let the feeding threads
+    finish (their pipes are closed by the kills)."""
+    with lock:
+        stopping.set()
+        workers = list(running)
+    for worker in workers:
+        try:
+            worker.kill()
+        except OSError:
+            pass
+    for worker in workers:
+        try:
+            worker.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # not seen: a killed process exits at once
+            pass
+    for t in threads:
+        t.join(timeout=10)
+
+
+__all__ = ["precompile", "precompile_resources", "missing", "default_jobs", "worker_command"]
 
 
 if __name__ == "__main__":
