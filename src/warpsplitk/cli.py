@@ -22,9 +22,7 @@ import sys
 from . import shapes as shape_table
 from .measure.timing import DATASHEET_TBPS, ROUNDS
 
-ARCHS = ("sm_90a", "sm_100a")
-#: the GPU (name, SMs) an --arch stands for where --sm-count and --tbps are not given
-ARCH_GPUS = {"sm_90a": ("NVIDIA H200", 132), "sm_100a": ("NVIDIA B200", 148)}
+from .contract import ARCH_GPUS, SUPPORTED_ARCHS as ARCHS
 DEFAULT_M_TEXT = ",".join(map(str, shape_table.DEFAULT_MS))
 M_HELP = (f"Ms in 1..32, e.g. 8, 1,4,8, 1-32 or 1-8,16 (default: the plan's M buckets, "
           f"{DEFAULT_M_TEXT})")

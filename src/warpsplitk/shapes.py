@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from importlib import resources
 
+from .contract import MAX_M
 from .jsonfile import loads, read_json
 
 #: The M buckets of a decode plan (the Ms the tuner measures): the default
 #: ``--m`` of ``warpsplitk plan``, ``bench`` and ``tune``.
 DEFAULT_MS = (1, 4, 8, 16, 24, 32)
-MAX_M = 32
 M_SYNTAX = "Ms in 1..32 as e.g. 8, 1,4,8, 1-32 or 1-8,16"
 
 

@@ -11,6 +11,7 @@ import itertools
 import operator
 from dataclasses import dataclass
 
+from .contract import MAX_M
 from .kernel import layout
 
 OUTPUT_TILES = (16, 32, 48, 64)
@@ -75,7 +76,6 @@ MAX_K_TILES = 64
 #: Weight rows at most, exclusive: the epilogue's byte offsets of output
 #: columns (and the bias's) are 32-bit.
 MAX_N = 2 ** 30
-MAX_M = 32
 #: Dynamic shared memory a block may opt into on sm_90 and sm_100.
 SMEM_PER_BLOCK = layout.SMEM_PER_BLOCK
 #: Shared memory of one SM, and what the driver reserves per resident block.

@@ -31,9 +31,8 @@ from typing import Optional
 
 import torch
 
-#: Bytes of alignment the kernel needs (``prepared.ALIGN_BYTES``; not imported
-#: from there because that module loads the CuTe DSL).
-ALIGN_BYTES = 32
+from ..contract import ALIGN_BYTES
+
 
 _registry: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _handles = itertools.count(1)

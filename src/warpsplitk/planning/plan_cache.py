@@ -32,18 +32,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import jsonfile
+from ..contract import BUILTIN_PLAN_GPUS, MAX_M
 from ..runtime import disk_cache, private_files
 from .plans import DecodePlan, builtin_plan, plan_from_json
-from ..tactics import MAX_M
 
-#: the built-in plans and the GPU (name, SM count) each was measured on
-_BUILTIN_GPUS = {"h200": ("NVIDIA H200", 132)}
 
 
 def builtin_plan_for(name: str, sm_count: int) -> str | None:
     """The built-in plan measured on this GPU model (``builtin_plan``'s
     name), or None: a plan is this GPU's only where it was measured on it."""
-    return next((plan for plan, gpu in _BUILTIN_GPUS.items() if gpu == (name, sm_count)), None)
+    return next((plan for plan, gpu in BUILTIN_PLAN_GPUS.items() if gpu == (name, sm_count)), None)
 
 
 def gpu_key(name: str, sm_count: int) -> str:

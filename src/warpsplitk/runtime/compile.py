@@ -16,10 +16,10 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
+from ..contract import SUPPORTED_ARCHS
 from ..kernel import layout
 from ..tactics import MAX_M, WarpSplitKTactic, check_tactic
 
-SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
 _lock = threading.Lock()
 
 

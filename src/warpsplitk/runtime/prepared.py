@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..contract import ALIGN_BYTES
 from .compile import compile_warp_splitk, launcher
 from ..tactics import MAX_M, WarpSplitKTactic, as_integer, check_tactic
 
-ALIGN_BYTES = 32
 #: The device type a prepared weight lives on (a module constant so that CPU
 #: tests can prepare cuBLAS entries and fake kernels on CPU tensors).
 _DEVICE_TYPE = "cuda"
