@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from warpsplitk import models
-from warpsplitk.measure import timing
+from warpsplitk.runtime import timing
 from warpsplitk.planning import cost_model, neighbours, space, tune  # noqa: E402
 from warpsplitk.tactics import default_tactic, is_legal, reference_tactic, shape_refusal  # noqa: E402
 

@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh [tests] [sanitize] [bench] [default] [layer]   (default: all)
 #   (or any of default's stages: heldout, layers, tuned, quick)
 # writes its records into $RESULTS (default bench/results), named for the GPU
-# ($GPU_NAME, default its model: h200, h100, b200; warpsplitk.measure.timing.record_name):
+# ($GPU_NAME, default its model: h200, h100, b200; warpsplitk.runtime.timing.record_name):
 #   tests     every GPU test module (pytest -m gpu), side by side, each in its
 #             own process with its own time limit ($TEST_LIMIT s, default 600: test_gpu_kernel alone takes 5-6 min on an H200);
 #             $TESTS names a subset of the modules (default: all)
@@ -34,7 +34,7 @@ set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 # every stage needs the GPU, and an H100's or B200's records must not replace the H200's
-gpu=$(python3 -c 'import torch, warpsplitk.measure.timing as t
+gpu=$(python3 -c 'import torch, warpsplitk.runtime.timing as t
 print(t.record_name(torch.cuda.get_device_name()) if torch.cuda.is_available() else "")' \
   2>/dev/null)
 if [ -z "$gpu" ]; then

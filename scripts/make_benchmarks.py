@@ -212,7 +212,7 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
         "",
         "## Method",
         "",
-        "`src/warpsplitk/measure/timing.py`, shared by `warpsplitk bench` and `warpsplitk tune`:",
+        "`src/warpsplitk/runtime/timing.py`, shared by `warpsplitk bench` and `warpsplitk tune`:",
         "calls run back to back in one CUDA graph, each on its own random BF16 copy",
         "of the weight, the copies together at least 3× the L2, so every call reads",
         "its weight from HBM. Each graph is replayed 7 times and the median replay",
@@ -295,7 +295,7 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
 def datasheet_tbps(record: dict) -> float:
     """The datasheet HBM bandwidth (TB/s) of the GPU a record ran on: its
     environment's, else ``timing.datasheet_tbps`` of the GPU's name."""
-    from warpsplitk.measure.timing import datasheet_tbps as of_gpu
+    from warpsplitk.runtime.timing import datasheet_tbps as of_gpu
     env = record.get("environment", {})
     return env.get("datasheet_TBps") or of_gpu(env.get("gpu"))
 

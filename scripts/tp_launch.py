@@ -20,7 +20,7 @@ run at this world size (others are skipped with the reason), and every M:
 * CUDA only: each of those forwards is captured in a CUDA graph (NCCL calls
   included), replayed with new x values copied into the static input, and
   re-checked;
-* CUDA only: per rank, with the benchmark's method (``warpsplitk.measure.timing``:
+* CUDA only: per rank, with the benchmark's method (``warpsplitk.runtime.timing``:
   calls back to back in one graph over weight copies, median of replays):
   the local kernel alone, the collective alone (all-gather or all-reduce of
   the same sizes) and the whole forward.
@@ -193,7 +193,7 @@ def graph_check(forward, static_x, new_x, ref_of):
 
 
 def timed(calls, replays):
-    from warpsplitk.measure import timing
+    from warpsplitk.runtime import timing
     return round(timing.time_calls(calls, replays=replays).median_us, 3)
 
 
@@ -257,7 +257,7 @@ def run_case(args, mode, module, copies, n, k, m, rank, world, device, weight, b
             fwd = [lambda c=c: c(x_local, input_is_parallel=True) for c in copies]
             alt = [lambda c=c: c(x, input_is_parallel=False) for c in copies]
             names = ("all_reduce", "forward (x sharded)", "forward (x full)")
-        from warpsplitk.measure import timing
+        from warpsplitk.runtime import timing
         weight_bytes = part[0] * part[1] * weight.element_size()
         row["timing"] = {
             "kernel_us": timed([lambda c=c: c.local(x_local) for c in copies], args.replays),
@@ -290,7 +290,7 @@ def build(mode, weight, bias, plan, ms, device, copies_wanted):
 def copies_for(mode, n, k, world, element_size, args, cuda):
     if not cuda or args.no_timing:
         return 1
-    from warpsplitk.measure import timing
+    from warpsplitk.runtime import timing
     sn, sk = (n // world, k) if mode == "column" else (n, k // world)
     return max(1, min(args.max_copies, timing.copies_for(sn * sk * element_size)))
 

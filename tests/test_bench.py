@@ -6,7 +6,8 @@ import re
 import pytest
 
 from warpsplitk import shapes
-from warpsplitk.measure import bench, timing
+from warpsplitk.measure import bench
+from warpsplitk.runtime import timing
 from warpsplitk.measure.plot import main as plot_main
 
 
@@ -105,7 +106,7 @@ def test_environment_names_the_versions_and_no_build_variant(monkeypatch):
 
 
 def test_rounds_combine_to_the_median_graph():
-    from warpsplitk.measure import timing
+    from warpsplitk.runtime import timing
     graphs = [timing.Timing(1.24, 1.23, 1.26, 64), timing.Timing(1.48, 1.47, 1.50, 64),
               timing.Timing(1.47, 1.46, 1.49, 64)]
     combined = timing.combine(graphs)
@@ -143,7 +144,7 @@ def test_rounds_is_an_integer(rounds):
 def test_time_rounds_alternates_and_checks_after_the_first_graph(monkeypatch):
     """Configurations timed round by round; the check runs right after the
     first configuration's first graph, before any other's calls."""
-    from warpsplitk.measure import timing
+    from warpsplitk.runtime import timing
     order = []
 
     def fake_time_calls(calls):

@@ -1,8 +1,8 @@
-"""The timing method's GPU facts (warpsplitk.measure.timing), on a CPU."""
+"""The timing method's GPU facts (warpsplitk.runtime.timing), on a CPU."""
 
 import pytest
 
-from warpsplitk.measure import timing
+from warpsplitk.runtime import timing
 
 
 def test_a_timing_under_the_gpus_hbm_peak_is_believed():
@@ -32,7 +32,7 @@ def test_records_are_named_for_the_gpu_model(name, key):
 
 
 def test_floors_are_at_the_datasheet_bandwidth_of_the_gpu():
-    from warpsplitk.measure import timing
+    from warpsplitk.runtime import timing
     assert timing.datasheet_tbps("NVIDIA H200") == 4.8
     assert timing.datasheet_tbps("NVIDIA B200") == 8.0
     # a GPU the table lacks: the H200's, as a stated assumption

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from warpsplitk import shapes
-from warpsplitk.measure import timing
+from warpsplitk.runtime import timing
 from warpsplitk.planning.plans import builtin_plan, load_plan
 from warpsplitk.planning.space import base_candidates
 from warpsplitk.planning.tune import REPRESENTATIVE_MS, candidates, representative

@@ -20,7 +20,7 @@ import shlex
 import sys
 
 from . import shapes as shape_table
-from .measure.timing import DATASHEET_TBPS, ROUNDS
+from .runtime.timing import DATASHEET_TBPS, ROUNDS
 
 from .contract import ARCH_GPUS, SUPPORTED_ARCHS as ARCHS
 DEFAULT_M_TEXT = ",".join(map(str, shape_table.DEFAULT_MS))

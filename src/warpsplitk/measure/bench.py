@@ -15,7 +15,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 
-from . import timing
+from ..runtime import timing
 from ..tactics import reference_tactic, shape_refusal
 
 DEFAULT_MS = (1, 4, 8, 16, 32)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import timing
+from ..runtime import timing
 from ..tactics import shape_refusal
 
 

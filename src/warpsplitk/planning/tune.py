@@ -49,7 +49,7 @@ import warnings
 
 from .. import jsonfile
 from ..kernel import layout
-from ..measure import timing
+from ..runtime import timing
 from .cost_model import SHORTLIST
 from .plans import CUBLAS, DecodePlan, is_time
 from .space import (
