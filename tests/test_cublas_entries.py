@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from warpsplitk import contract
 from warpsplitk.runtime import prepared as prepared_module
 from warpsplitk.cli import main
 from warpsplitk.planning.plans import CUBLAS, DecodePlan, load_plan, plan_from_json, prepare
@@ -20,7 +21,7 @@ TACTIC = WarpSplitKTactic(16, 8, 128, 2, 1)
 @pytest.fixture(autouse=True)
 def cpu_weights(monkeypatch):
     """cuBLAS entries and the fake kernel run on CPU tensors here."""
-    monkeypatch.setattr(prepared_module, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
 
 
 def mixed_plan():
@@ -122,7 +123,7 @@ def test_prepared_decode_refuses_what_it_cannot_run():
 
 def test_prepared_decode_needs_a_weight_the_kernel_could_take(monkeypatch):
     # cuBLAS alone would run on the CPU; a prepared weight still lives on the GPU
-    monkeypatch.setattr(prepared_module, "_DEVICE_TYPE", "cuda")
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cuda")
     w, _ = _weights()
     with pytest.raises(ValueError, match="weight must be on a CUDA device, got cpu"):
         PreparedDecode(w, {}, [1])

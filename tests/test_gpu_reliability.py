@@ -263,8 +263,8 @@ PREPARE_CASES = [
     # (id, build() -> (weight, tactics, bias), substrings of the ValueError's message)
     ("weight float32", lambda: (_w().float(), {1: T128}, None), ["weight must be bfloat16"]),
     ("weight float16", lambda: (_w().half(), {1: T128}, None), ["weight must be bfloat16"]),
-    ("weight 1-D", lambda: (randn(N * KP), {1: T128}, None), ["weight must be 2-D [N, K]"]),
-    ("weight 3-D", lambda: (randn(2, N // 2, KP), {1: T128}, None), ["weight must be 2-D [N, K]"]),
+    ("weight 1-D", lambda: (randn(N * KP), {1: T128}, None), ["weight must be a 2-D torch.Tensor [N, K]"]),
+    ("weight 3-D", lambda: (randn(2, N // 2, KP), {1: T128}, None), ["weight must be a 2-D torch.Tensor [N, K]"]),
     ("weight transposed", lambda: (randn(KP, N).t(), {1: T128}, None),
      ["weight must be packed row-major"]),
     ("weight row stride 2K", lambda: (randn(N, 2 * KP)[:, :KP], {1: T128}, None),

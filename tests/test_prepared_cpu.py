@@ -16,7 +16,7 @@ TACTICS = {1: WarpSplitKTactic(16, 8, 128, 2, 1)}
 
 @pytest.mark.parametrize("weight", [None, [[1.0, 2.0]], 3.0, "weight"])
 def test_refuses_a_non_tensor_weight(weight):
-    with pytest.raises(ValueError, match=r"weight must be a torch\.Tensor"):
+    with pytest.raises(ValueError, match=r"weight must be a 2-D torch\.Tensor \[N, K\], got "):
         PreparedWarpSplitK(weight, TACTICS)
 
 

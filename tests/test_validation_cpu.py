@@ -23,7 +23,8 @@ torch = pytest.importorskip("torch")
 
 import warpsplitk.runtime.prepared as prepared_module  # noqa: E402
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic  # noqa: E402
-from warpsplitk.runtime.prepared import ALIGN_BYTES, _check_packed, _overlap, _span  # noqa: E402
+from warpsplitk.contract import ALIGN_BYTES  # noqa: E402
+from warpsplitk.runtime.prepared import _check_packed, _overlap, _span  # noqa: E402
 
 CPU = torch.device("cpu")
 BF16 = torch.bfloat16

@@ -1,11 +1,15 @@
-"""What the kernel takes, stated once: the token rows, the operand
-alignment, the target archs and the GPUs the package's data was measured on.
+"""What the kernel takes, stated once: the token rows, the operands, the
+target archs and the GPUs the package's data was measured on.
 
-Everything that validates an operand, picks an arch or names a GPU reads
-these constants instead of restating them. No torch, no CuTe DSL.
+Everything that validates an operand, picks an arch or names a GPU asks
+this module instead of restating its rules: ``operand_refusal`` for one
+tensor, ``weight_refusal`` for a weight (and bias) a module or plan might
+prepare. No torch at import, no CuTe DSL.
 """
 
 from __future__ import annotations
+
+import operator
 
 #: Token rows (M) a call takes at most: the largest token tile, so one
 #: weight tile is streamed once per call.
@@ -26,4 +30,127 @@ ARCH_GPUS = {"sm_90a": ("NVIDIA H200", 132), "sm_100a": ("NVIDIA B200", 148)}
 #: The built-in plans and the GPU (name, SM count) each was measured on.
 BUILTIN_PLAN_GPUS = {"h200": ("NVIDIA H200", 132)}
 
-__all__ = ["MAX_M", "ALIGN_BYTES", "SUPPORTED_ARCHS", "ARCH_GPUS", "BUILTIN_PLAN_GPUS"]
+#: K tiles per CTA at most: the compute loop is fully unrolled over them.
+MAX_K_TILES = 64
+#: Weight rows at most, exclusive: the epilogue's byte offsets of output
+#: columns (and the bias's) are 32-bit.
+MAX_N = 2 ** 30
+
+#: The one element type of every operand.
+DTYPE_NAME = "bfloat16"
+
+#: The device type the kernel runs on. Read at call time, so CPU tests can
+#: set it to "cpu" and exercise the kernel paths on CPU tensors.
+DEVICE_TYPE = "cuda"
+
+
+def as_integer(value, otherwise=None):
+    """``value`` as an int where it is integral (``operator.index``: Python,
+    NumPy and torch integer scalars), else ``otherwise``. A bool is no size."""
+    # torch.tensor(True) indexes as 1
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) == "torch.bool":
+        return otherwise
+    try:
+        return operator.index(value)
+    except TypeError:
+        return otherwise
+
+
+def n_bound_refusal(n):
+    return f"N must be below {MAX_N} (32-bit output offsets), got N={n}"
+
+
+def _size(value):
+    """``value`` as an int where it is a positive integer, else None."""
+    value = as_integer(value)
+    return value if value is not None and value > 0 else None
+
+
+def shape_refusal(n, k) -> str | None:
+    """Why no tactic takes an ``[n, k]`` weight, or None when some does: N a
+    positive multiple of 16 below ``MAX_N``; K a positive multiple of 128 up
+    to ``MAX_K_TILES`` tiles of 128, or of 256 up to as many of 256. The one
+    statement of these rules: ``default_tactic`` raises it, the model tables
+    and the CLI leave such a weight to cuBLAS with it. N and K may be any
+    integral type."""
+    n, k = as_integer(n, n), as_integer(k, k)
+    if _size(n) is None or n % 16:
+        return f"N must be a positive multiple of 16, got {n!r}"
+    if n >= MAX_N:
+        return n_bound_refusal(n)
+    if (_size(k) is None or k % 128 or k > MAX_K_TILES * 256
+            or (k > MAX_K_TILES * 128 and k % 256)):
+        return (f"K must be a positive multiple of 128 up to {MAX_K_TILES * 128}, "
+                f"or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
+    return None
+
+
+def describe(t) -> str:
+    """A tensor's shape, dtype, device and strides, for error messages."""
+    return (f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device} "
+            f"strides {tuple(t.stride())}")
+
+
+def _packed(t, shape) -> bool:
+    if len(shape) == 2 and shape[0] == 1:
+        return t.stride()[1] == 1  # a single row: its row stride is irrelevant
+    return tuple(t.stride()) == ((1,) if len(shape) == 1 else (shape[1], 1))
+
+
+def operand_refusal(name, t, shape=None, device=None) -> str | None:
+    """Why ``t`` cannot be the kernel's operand ``name`` (weight, x, out,
+    bias), or None: a packed row-major bfloat16 tensor on ``device`` (default:
+    any device of ``DEVICE_TYPE``), of ``shape`` (default: any 2-D ``[N,
+    K]``), its address a multiple of ``ALIGN_BYTES``. The device is checked
+    first, the most common mistake. The reason reads ``"<name> must ...,
+    got ..."``."""
+    import torch  # only callers holding tensors get here; importing contract stays torch-free
+
+    if not isinstance(t, torch.Tensor):
+        return matrix_refusal(name, t) if shape is None else (
+            f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if device is None and t.device.type != DEVICE_TYPE:
+        return f"{name} must be on a {DEVICE_TYPE.upper()} device, got {t.device}"
+    if device is not None and t.device != device:
+        return f"{name} must be on {device}, got {t.device}"
+    if shape is None:
+        reason = matrix_refusal(name, t)
+        if reason is not None:
+            return reason
+        shape = tuple(t.shape)
+    if t.dtype != torch.bfloat16:
+        return f"{name} must be {DTYPE_NAME}, got {t.dtype}"
+    if tuple(t.shape) != tuple(shape):
+        return f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}"
+    if not _packed(t, shape):
+        packed = (1,) if len(shape) == 1 else (shape[1], 1)
+        return f"{name} must be packed row-major (strides {packed}), got {describe(t)}"
+    if t.data_ptr() % ALIGN_BYTES:
+        return (f"{name} must be {ALIGN_BYTES}-byte aligned, its address is "
+                f"{t.data_ptr() % ALIGN_BYTES} bytes past a boundary")
+    return None
+
+
+def matrix_refusal(name, t, dims="[N, K]") -> str | None:
+    """Why ``t`` is not a 2-D tensor (``dims`` names its axes), or None."""
+    import torch  # as operand_refusal
+
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        given = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        return f"{name} must be a 2-D torch.Tensor {dims}, got {given}"
+    return None
+
+
+def weight_refusal(weight, bias=None) -> str | None:
+    """Why no tactic can run ``weight`` (with ``bias``), or None: an operand
+    refusal of either, or the weight's shape (``shape_refusal``)."""
+    reason = operand_refusal("weight", weight)
+    if reason is None and bias is not None:
+        reason = operand_refusal("bias", bias, (weight.shape[0],), weight.device)
+    return reason or shape_refusal(*weight.shape)
+
+
+__all__ = ["MAX_M", "ALIGN_BYTES", "SUPPORTED_ARCHS", "ARCH_GPUS", "BUILTIN_PLAN_GPUS",
+           "MAX_K_TILES", "MAX_N", "DTYPE_NAME", "as_integer", "shape_refusal",
+           "n_bound_refusal", "DEVICE_TYPE", "describe", "operand_refusal", "matrix_refusal",
+           "weight_refusal"]

@@ -11,7 +11,7 @@ import itertools
 import operator
 from dataclasses import dataclass
 
-from .contract import MAX_M
+from .contract import MAX_K_TILES, MAX_M, MAX_N, as_integer, n_bound_refusal, shape_refusal
 from .kernel import layout
 
 OUTPUT_TILES = (16, 32, 48, 64)
@@ -71,11 +71,6 @@ HALF_SUFFIX = "+half"
 #: Output tiles that may be mixed with tiles of half their rows (a half
 #: tile must still be a whole number of 16-row mma blocks).
 HALF_TILE_SOURCES = (32, 64)
-#: K tiles per CTA at most: the compute loop is fully unrolled over them.
-MAX_K_TILES = 64
-#: Weight rows at most, exclusive: the epilogue's byte offsets of output
-#: columns (and the bias's) are 32-bit.
-MAX_N = 2 ** 30
 #: Dynamic shared memory a block may opt into on sm_90 and sm_100.
 SMEM_PER_BLOCK = layout.SMEM_PER_BLOCK
 #: Shared memory of one SM, and what the driver reserves per resident block.
@@ -258,18 +253,6 @@ class WarpSplitKTactic:
         return cls(*fields, early_launch=flags[EARLY_SUFFIX], l2_prefetch=flags[PREFETCH_SUFFIX],
                    bulk_x=flags[BULK_SUFFIX], tma_x=flags[TMA_SUFFIX], half_tiles=half,
                    prefetch_tiles=prefetch_tiles)
-
-
-def as_integer(value, otherwise=None):
-    """``value`` as an int where it is integral (``operator.index``: Python,
-    NumPy and torch integer scalars), else ``otherwise``. A bool is no size."""
-    # torch.tensor(True) indexes as 1
-    if isinstance(value, bool) or str(getattr(value, "dtype", "")) == "torch.bool":
-        return otherwise
-    try:
-        return operator.index(value)
-    except TypeError:
-        return otherwise
 
 
 def _member(value, allowed) -> bool:
@@ -604,38 +587,9 @@ def _sm_count(sm_count):
     return sm_count
 
 
-def _n_bound_refusal(n):
-    return f"N must be below {MAX_N} (32-bit output offsets), got N={n}"
-
-
 def _check_below_max_n(n):
     if n >= MAX_N:
-        raise ValueError(f"warp split-K: {_n_bound_refusal(n)}")
-
-
-def _size(value):
-    """``value`` as an int where it is a positive integer, else None."""
-    value = as_integer(value)
-    return value if value is not None and value > 0 else None
-
-
-def shape_refusal(n, k) -> str | None:
-    """Why no tactic takes an ``[n, k]`` weight, or None when some does: N a
-    positive multiple of 16 below ``MAX_N``; K a positive multiple of 128 up
-    to ``MAX_K_TILES`` tiles of 128, or of 256 up to as many of 256. The one
-    statement of these rules: ``default_tactic`` raises it, the model tables
-    and the CLI leave such a weight to cuBLAS with it. N and K may be any
-    integral type."""
-    n, k = as_integer(n, n), as_integer(k, k)
-    if _size(n) is None or n % 16:
-        return f"N must be a positive multiple of 16, got {n!r}"
-    if n >= MAX_N:
-        return _n_bound_refusal(n)
-    if (_size(k) is None or k % 128 or k > MAX_K_TILES * 256
-            or (k > MAX_K_TILES * 128 and k % 256)):
-        return (f"K must be a positive multiple of 128 up to {MAX_K_TILES * 128}, "
-                f"or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
-    return None
+        raise ValueError(f"warp split-K: {n_bound_refusal(n)}")
 
 
 def _check_shape(n, k) -> tuple[int, int]:

@@ -11,14 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..contract import ALIGN_BYTES
+from .. import contract
 from .compile import compile_warp_splitk, launcher
 from ..tactics import MAX_M, WarpSplitKTactic, as_integer, check_tactic
-
-#: The device type a prepared weight lives on (a module constant so that CPU
-#: tests can prepare cuBLAS entries and fake kernels on CPU tensors).
-_DEVICE_TYPE = "cuda"
-
 
 def _torch():
     import torch
@@ -39,33 +34,22 @@ def _stream_handle(device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _describe(t):
-    return (f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device} "
-            f"strides {tuple(t.stride())}")
-
-
 def _check_packed(name, t, shape, device):
-    """ValueError unless ``t`` is a packed row-major BF16 CUDA tensor of ``shape``
-    on ``device``, 32-byte aligned."""
-    torch = _torch()
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on {device}, got {t.device}")
-    if t.dtype != torch.bfloat16:
-        raise ValueError(f"{name} must be bfloat16, got {t.dtype}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
-    packed = (1,) if len(shape) == 1 else (shape[1], 1)
-    if len(shape) == 2 and shape[0] == 1:
-        ok = t.stride()[1] == 1  # a single row: its row stride is irrelevant
-    else:
-        ok = tuple(t.stride()) == packed
-    if not ok:
-        raise ValueError(f"{name} must be packed row-major (strides {packed}), got {_describe(t)}")
-    if t.data_ptr() % ALIGN_BYTES:
-        raise ValueError(f"{name} must be {ALIGN_BYTES}-byte aligned, its address is "
-                         f"{t.data_ptr() % ALIGN_BYTES} bytes past a boundary")
+    """``ValueError`` with ``contract.operand_refusal``'s reason, if any."""
+    reason = contract.operand_refusal(name, t, shape, device)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def _check_weight(weight, bias):
+    """``(N, K)`` of a weight the kernel can take with ``bias``: ``ValueError``
+    with the contract's reason otherwise (its shape rules are the tactics')."""
+    reason = contract.operand_refusal("weight", weight)
+    if reason is None and bias is not None:
+        reason = contract.operand_refusal("bias", bias, (weight.shape[0],), weight.device)
+    if reason is not None:
+        raise ValueError(reason)
+    return weight.shape
 
 
 def _check_run(prepared, x, out):
@@ -75,11 +59,11 @@ def _check_run(prepared, x, out):
     torch = _torch()
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D torch.Tensor [M, K], got "
-                         f"{_describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
+                         f"{contract.describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}")
     m = x.shape[0]
     if m not in prepared.tactics:
         if not 1 <= m <= MAX_M:
-            raise ValueError(f"x must have 1..{MAX_M} rows (M tokens), got {_describe(x)}")
+            raise ValueError(f"x must have 1..{MAX_M} rows (M tokens), got {contract.describe(x)}")
         raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(prepared.tactics)}")
     _check_packed("x", x, (m, prepared.k), prepared.device)
     _check_packed("out", out, (m, prepared.out_columns), prepared.device)
@@ -90,10 +74,9 @@ def _check_run(prepared, x, out):
 
 def _matrix_shape(name, t, dims):
     """``t``'s shape, unless it is not a 2-D tensor (``dims`` names its axes)."""
-    torch = _torch()
-    if not isinstance(t, torch.Tensor) or t.dim() != 2:
-        given = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name} must be a 2-D torch.Tensor {dims}, got {given}")
+    reason = contract.matrix_refusal(name, t, dims)
+    if reason is not None:
+        raise ValueError(reason)
     return t.shape
 
 
@@ -146,17 +129,8 @@ class PreparedWarpSplitK:
     def __init__(self, weight, tactics: Mapping[int, WarpSplitKTactic], bias=None, *,
                  swiglu: bool = False):
         torch = _torch()
-        if not isinstance(weight, torch.Tensor):
-            raise ValueError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
-        if weight.device.type != _DEVICE_TYPE:
-            raise ValueError(f"weight must be on a CUDA device, got {weight.device}")
-        if weight.dim() != 2:
-            raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
-        n, k = weight.shape
-        _check_packed("weight", weight, (n, k), weight.device)
+        n, k = _check_weight(weight, bias)
         tactics = _check_tactics(tactics, n, k, bool(swiglu))
-        if bias is not None:
-            _check_packed("bias", bias, (n,), weight.device)
         self.weight = weight
         self.bias = bias
         self.n, self.k = n, k
@@ -221,15 +195,9 @@ class PreparedDecode:
 
     def __init__(self, weight, tactics: Mapping[int, WarpSplitKTactic], cublas_ms, bias=None):
         torch = _torch()
-        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-            raise ValueError("weight must be a 2-D torch.Tensor [N, K], got "
-                             f"{_describe(weight) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-        if weight.device.type != _DEVICE_TYPE:
-            # as the kernel's: the cuBLAS Ms alone would run anywhere, but a
-            # prepared weight is one the kernel path could take
-            raise ValueError(f"weight must be on a CUDA device, got {weight.device}")
-        n, k = weight.shape
-        _check_packed("weight", weight, (n, k), weight.device)
+        # as the kernel's rules: the cuBLAS Ms alone would run anywhere, but a
+        # prepared weight is one the kernel path could take
+        n, k = _check_weight(weight, bias)
         cublas_ms = tuple(sorted(set(cublas_ms)))
         for m in cublas_ms:
             if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= MAX_M:
@@ -239,8 +207,6 @@ class PreparedDecode:
         if not cublas_ms:
             raise ValueError("a PreparedDecode has at least one cuBLAS M "
                              "(else use PreparedWarpSplitK)")
-        if bias is not None:
-            _check_packed("bias", bias, (n,), weight.device)
         self.kernel = PreparedWarpSplitK(weight, tactics, bias=bias) if tactics else None
         self.weight, self.bias = weight, bias
         self.n, self.k = n, k

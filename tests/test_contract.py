@@ -1,0 +1,77 @@
+"""contract.py: the one statement of what the kernel takes, on CPU tensors."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from warpsplitk import contract  # noqa: E402
+from warpsplitk.contract import operand_refusal, shape_refusal, weight_refusal  # noqa: E402
+
+
+@pytest.fixture
+def cpu_kernel(monkeypatch):
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
+
+
+def aligned(*shape, dtype=torch.bfloat16):
+    """A packed tensor whose address is a multiple of ALIGN_BYTES."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    pad = contract.ALIGN_BYTES
+    flat = torch.empty(numel + pad, dtype=dtype)
+    skip = (-flat.data_ptr() % contract.ALIGN_BYTES) // flat.element_size()
+    return flat[skip:skip + numel].view(*shape).normal_()
+
+
+def test_a_good_operand_has_no_refusal(cpu_kernel):
+    assert operand_refusal("x", aligned(8, 256), (8, 256)) is None
+    assert operand_refusal("weight", aligned(64, 256)) is None
+    assert operand_refusal("bias", aligned(64), (64,)) is None
+    assert weight_refusal(aligned(64, 256), aligned(64)) is None
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda: [[1.0]], "weight must be a 2-D torch.Tensor [N, K], got list"),
+    (lambda: aligned(4, 64, 256), "weight must be a 2-D torch.Tensor [N, K], got shape (4, 64, 256)"),
+    (lambda: aligned(64, 256, dtype=torch.float16), "weight must be bfloat16, got torch.float16"),
+    (lambda: aligned(256, 64).t(), "weight must be packed row-major (strides (256, 1))"),
+    (lambda: aligned(64, 257)[:, 1:], "weight must be packed row-major"),
+    (lambda: aligned(64 * 256 + 1)[1:].view(64, 256), "weight must be 32-byte aligned, its address "
+                                                      "is 2 bytes past a boundary"),
+])
+def test_each_weight_rule_names_itself(cpu_kernel, make, expected):
+    reason = operand_refusal("weight", make())
+    assert reason is not None and reason.startswith(expected), reason
+
+
+def test_the_device_is_checked_first():
+    # on this machine the kernel's device type (cuda) is absent: a CPU
+    # tensor is refused for its device before its shape or dtype
+    assert operand_refusal("weight", torch.zeros(3, dtype=torch.float32)) == (
+        "weight must be on a CUDA device, got cpu")
+
+
+def test_x_and_out_are_checked_against_the_expected_shape_and_device(cpu_kernel):
+    cpu = torch.device("cpu")
+    assert operand_refusal("x", aligned(8, 128), (8, 256), cpu) == (
+        "x must have shape (8, 256), got (8, 128)")
+    assert operand_refusal("out", aligned(8, 256), (8, 256), torch.device("meta")) == (
+        "out must be on meta, got cpu")
+    # one row: its row stride does not matter
+    assert operand_refusal("x", aligned(4, 512)[:1, :256], (1, 256), cpu) is None
+
+
+def test_weight_refusal_adds_the_bias_and_the_shape_rules(cpu_kernel):
+    assert weight_refusal(aligned(64, 256), aligned(32)) == "bias must have shape (64,), got (32,)"
+    assert weight_refusal(aligned(24, 256)) == shape_refusal(24, 256)
+    assert weight_refusal(aligned(64, 200)).startswith("K must be a positive multiple of 128")
+
+
+@pytest.mark.parametrize("n, k, ok", [(16, 128, True), (17, 128, False), (0, 128, False),
+                                      (16, 100, False), (16, 64 * 128, True),
+                                      (16, 64 * 128 + 128, False), (16, 64 * 256, True),
+                                      (16, 64 * 256 + 256, False), (2 ** 30, 128, False),
+                                      (True, 128, False)])
+def test_shape_rules(n, k, ok):
+    assert (shape_refusal(n, k) is None) == ok
