@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from warpsplitk import cli
+from warpsplitk.runtime import compile as compile_module
 from warpsplitk.runtime import disk_cache
 from warpsplitk.cli import main
 from warpsplitk.planning.plans import DecodePlan, builtin_plan
@@ -462,7 +463,7 @@ def test_plan_view_compiles_what_the_cache_lacks_and_keeps_it(capsys, monkeypatc
     from warpsplitk.runtime import precompile
     monkeypatch.setattr(precompile, "precompile_resources",
                         lambda kernels, arch, jobs, progress: progress(1, 1) or {})
-    monkeypatch.setattr(disk_cache, "arch_resources", fake_resources)
+    monkeypatch.setattr(compile_module, "arch_resources", fake_resources)
     assert main(["plan", "--shapes", "256,1024", "--m", "1", "--plan", "none",
                  "--arch", "sm_100a"]) == 0
     captured = capsys.readouterr()
@@ -611,11 +612,11 @@ def test_a_missing_dependency_is_one_line_naming_what_to_install(capsys, monkeyp
     what to install in one line (exit 1), no traceback."""
     import sys as _sys
     from warpsplitk.runtime import compile as compile_module
+    from warpsplitk.runtime import dsl
     monkeypatch.setitem(_sys.modules, "cutlass", None)  # import cutlass -> ImportError
     with pytest.raises(ModuleNotFoundError, match=r"nvidia-cutlass-dsl\[cu13\]==4\.8\.1"):
-        compile_module.import_dsl()
-    monkeypatch.setattr(compile_module, "compile_for_arch",
-                        lambda *a, **k: compile_module.import_dsl())
+        dsl.import_dsl()
+    monkeypatch.setattr(compile_module, "compile_for_arch", lambda *a, **k: dsl.import_dsl())
     assert main(["compile", "--n", "256", "--k", "1024"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("warpsplitk compile: error: compiling a kernel needs the CuTe DSL")
@@ -637,7 +638,7 @@ def test_a_missing_module_of_the_package_itself_is_a_traceback(monkeypatch):
 def test_the_dsl_requirement_named_in_errors_is_the_one_installed():
     import tomllib
     from pathlib import Path
-    from warpsplitk.runtime.compile import DSL_REQUIREMENT
+    from warpsplitk.runtime.dsl import DSL_REQUIREMENT
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
     assert DSL_REQUIREMENT in project["dependencies"]
 

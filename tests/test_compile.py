@@ -274,7 +274,7 @@ def test_cli_compile_error_exit_code():
 def test_launcher_slots_match_the_compiled_signature():
     """The fast launch path (warpsplitk.runtime.launch) is taken with this DSL: its
     argument marshalling is what the launcher writes into its slots."""
-    from warpsplitk.runtime.compile import _build
+    from warpsplitk.runtime.dsl import build as _build
     from warpsplitk.runtime.launch import marshals_as_slots
     compiled = _build(64, 256, WarpSplitKTactic(16, 8, 128, 2, 1), False, True, "sm_90a")
     assert marshals_as_slots(compiled)

@@ -34,7 +34,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def compiled():
-    from warpsplitk.runtime.compile import _build
+    from warpsplitk.runtime.dsl import build as _build
     return _build(N, K, TACTIC, False, True, "sm_90a")
 
 
@@ -100,7 +100,7 @@ def test_key_covers_every_setting_the_dsl_says_changes_code():
 
 _KEY_PROBE = (
     "from warpsplitk.runtime import disk_cache\n"
-    "from warpsplitk.runtime.compile import _build\n"
+    "from warpsplitk.runtime.dsl import build as _build\n"
     "from warpsplitk.tactics import WarpSplitKTactic\n"
     f"t = WarpSplitKTactic.parse({TACTIC.short()!r})\n"
     f"stem = disk_cache.key('sm_90a', {N}, {K}, t, False, True)\n"
@@ -292,7 +292,7 @@ def test_a_module_that_fails_to_initialise_is_a_failed_load(cache, compiled, mon
 
     builds = []
     monkeypatch.setattr(disk_cache, "load", lambda s: Broken())
-    monkeypatch.setattr(compile_module, "_build", lambda *a, **k: builds.append(a) or compiled)
+    monkeypatch.setattr(compile_module, "build", lambda *a, **k: builds.append(a) or compiled)
     monkeypatch.setattr(compile_module, "device_arch", lambda index: "sm_90a")
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     compile_module._compile_cached.cache_clear()
@@ -418,13 +418,13 @@ def test_compile_cached_compiles_once_across_processes(cache, compiled, monkeypa
 
     from warpsplitk.runtime import compile as compile_module
     builds = []
-    real_build = compile_module._build
+    real_build = compile_module.build
 
     def counting_build(*args, **kwargs):
         builds.append(args[:3])
         return real_build(*args, **kwargs)
 
-    monkeypatch.setattr(compile_module, "_build", counting_build)
+    monkeypatch.setattr(compile_module, "build", counting_build)
     monkeypatch.setattr(compile_module, "device_arch", lambda index: "sm_90a")
     monkeypatch.setattr(compile_module, "_initialises", lambda compiled, index, stem: True)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
@@ -537,14 +537,14 @@ def test_resources_miss_compiles_and_stores(cache, monkeypatch):
 
     monkeypatch.setattr(compile_module, "compile_for_arch", counting)
     assert disk_cache.cached_resources(N, K, TACTIC) is None
-    found = disk_cache.arch_resources(N, K, TACTIC, "sm_90a")
+    found = compile_module.arch_resources(N, K, TACTIC, "sm_90a")
     assert len(calls) == 1 and 16 <= found["registers"] <= 255
     assert found == {"registers": real(N, K, TACTIC, "sm_90a").registers,
                      "spill_bytes": 0, "local_bytes": 0}
     path = disk_cache.resource_path(disk_cache.key("sm_90a", N, K, TACTIC, False, True))
     assert path.is_file() and disk_cache.resource_entries() == [path]
     assert [p.name for p in cache.iterdir()] == [path.name]  # no temporary file left
-    assert disk_cache.arch_resources(N, K, TACTIC, "sm_90a") == found and len(calls) == 1
+    assert compile_module.arch_resources(N, K, TACTIC, "sm_90a") == found and len(calls) == 1
     # another arch, bias or tactic is another record
     assert disk_cache.cached_resources(N, K, TACTIC, "sm_100a") is None
     assert disk_cache.cached_resources(N, K, TACTIC, has_bias=True) is None
@@ -558,7 +558,7 @@ def test_resources_hit_without_compiling_or_torch(cache):
         "from warpsplitk.runtime import compile, disk_cache\n"
         "from warpsplitk.tactics import WarpSplitKTactic\n"
         "compile.compile_for_arch = lambda *a, **k: sys.exit('compiled instead of reading')\n"
-        f"found = disk_cache.arch_resources({N}, {K}, WarpSplitKTactic.parse({TACTIC.short()!r}))\n"
+        f"found = compile.arch_resources({N}, {K}, WarpSplitKTactic.parse({TACTIC.short()!r}))\n"
         "print(found['registers'], found['spill_bytes'], 'torch' in sys.modules)\n"
     )
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -579,8 +579,8 @@ def test_resources_switched_off(cache, monkeypatch):
                         lambda *a, **k: calls.append(a) or Report())
     stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)
     monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "0")
-    assert disk_cache.arch_resources(N, K, TACTIC)["registers"] == 40
-    assert disk_cache.arch_resources(N, K, TACTIC)["registers"] == 40
+    assert compile_module.arch_resources(N, K, TACTIC)["registers"] == 40
+    assert compile_module.arch_resources(N, K, TACTIC)["registers"] == 40
     assert len(calls) == 2 and not cache.exists()
     assert disk_cache.store_resources(stem, {"registers": 1}) is None
     from warpsplitk.runtime.precompile import precompile_resources
@@ -589,7 +589,7 @@ def test_resources_switched_off(cache, monkeypatch):
     disk_cache.store_resources(stem, {"registers": 50, "spill_bytes": 0, "local_bytes": 0})
     monkeypatch.setenv("WARPSPLITK_DISK_CACHE", "off")
     assert disk_cache.load_resources(stem) is None
-    assert disk_cache.arch_resources(N, K, TACTIC)["registers"] == 40
+    assert compile_module.arch_resources(N, K, TACTIC)["registers"] == 40
 
 
 def test_resources_of_another_version_or_unreadable_are_not_used(cache, monkeypatch):

@@ -175,3 +175,12 @@ def test_every_import_of_the_package_resolves():
                 except ImportError:
                     missing.append(f"{path.relative_to(root)}:{line}: {module}.{name}")
     assert count > 200 and missing == []
+
+
+def test_the_package_version_is_pyprojects():
+    import tomllib
+    from pathlib import Path
+
+    import warpsplitk
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert warpsplitk.__version__ == project["version"]

@@ -418,7 +418,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # compile arch (see tests/test_compile.py).
 _POINTER_PROBE = r"""
 import json, torch
-from warpsplitk.runtime.compile import gmem_pointer
+from warpsplitk.runtime.dsl import gmem_pointer
 bf16 = torch.bfloat16
 cases = {
     "packed rows": torch.zeros(8, 256, dtype=bf16),

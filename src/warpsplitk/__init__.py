@@ -16,7 +16,7 @@ from .tactics import (
     legal_tactics,
 )
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _LAZY = {
     "PreparedWarpSplitK": ("runtime.prepared", "PreparedWarpSplitK"),

@@ -505,15 +505,15 @@ def _cmd_plan(args, argv):
             rows.append((shape, m, tactic, origin))
     registers = {}
     if args.compile:
-        from .runtime import disk_cache
+        from .runtime import compile as compiler
         kernels = [(s["n"], s["k"], t, False, True) for s, _, t, _ in rows
                    if t is not None and t != CUBLAS]
         from .runtime.precompile import precompile_resources
         precompile_resources(kernels, args.arch, args.jobs, _progress_line(args.arch))
         for n, k, tactic, _, _ in kernels:
             if (n, k, tactic) not in registers:
-                registers[(n, k, tactic)] = disk_cache.arch_resources(n, k, tactic,
-                                                                      args.arch)["registers"]
+                registers[(n, k, tactic)] = compiler.arch_resources(n, k, tactic,
+                                                                       args.arch)["registers"]
     from_plan = sum(1 for *_, origin in rows if origin == "plan")
     where = " where the plan has none" if plan.entries else ""
     print(f"# tactics from {source} ({from_plan} of {len(rows)} rows; 'default': the cost "

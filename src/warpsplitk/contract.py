@@ -16,7 +16,7 @@ import operator
 MAX_M = 32
 
 #: Bytes every operand's address must be a multiple of: the compiled code
-#: is told its pointers are this aligned (``runtime.compile.gmem_pointer``)
+#: is told its pointers are this aligned (``runtime.dsl.gmem_pointer``)
 #: and vectorises its loads and stores on that promise.
 ALIGN_BYTES = 32
 

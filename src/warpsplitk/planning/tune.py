@@ -475,7 +475,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
         confirm = CONFIRM
     shapes = tuning_order(shapes)
 
-    from ..runtime.compile import compile_warp_splitk, gmem_pointer
+    from ..runtime.compile import compile_warp_splitk
+    from ..runtime.dsl import gmem_pointer
     from ..runtime.prepared import _stream_handle
 
     def stream():

@@ -19,58 +19,12 @@ from dataclasses import dataclass
 from ..contract import SUPPORTED_ARCHS
 from ..kernel import layout
 from ..tactics import MAX_M, WarpSplitKTactic, check_tactic
+from . import disk_cache
+from .dsl import build
+from .elf import read_resources
+from .launch import Launcher
 
 _lock = threading.Lock()
-
-
-#: What compiles the kernels (a dependency of the package; named when missing).
-DSL_REQUIREMENT = "nvidia-cutlass-dsl[cu13]==4.8.1"
-
-
-def _missing_dsl(error) -> ModuleNotFoundError:
-    return ModuleNotFoundError(
-        f"compiling a kernel needs the CuTe DSL, which is not installed ({error}); "
-        f"pip install '{DSL_REQUIREMENT}'", name="cutlass")
-
-
-def require_dsl() -> None:
-    """Raise ``ModuleNotFoundError`` naming ``DSL_REQUIREMENT`` unless the
-    CuTe DSL can be imported (looked up, not imported: worker processes
-    compile, and a missing DSL is said once, before any of them starts)."""
-    import importlib.util
-    try:
-        found = importlib.util.find_spec("cutlass") is not None
-    except (ImportError, ValueError) as error:  # a broken or stubbed-out entry
-        raise _missing_dsl(error) from error
-    if not found:
-        raise _missing_dsl("No module named 'cutlass'")
-
-
-def import_dsl():
-    """The CuTe DSL modules (cutlass, cutlass.cute); a missing DSL raises
-    the install hint (``_missing_dsl``) instead of a bare ImportError."""
-    try:
-        import cutlass
-        import cutlass.cute as cute
-    except ImportError as error:  # a source checkout without its dependencies
-        raise _missing_dsl(error) from error
-    return cutlass, cute
-
-
-def gmem_pointer(address: int):
-    """A CuTe global-memory BF16 pointer argument for compiled code (32 B aligned)."""
-    cutlass, cute = import_dsl()
-    from cutlass.cute.runtime import make_ptr
-    return make_ptr(cutlass.BFloat16, address, cute.AddressSpace.gmem, assumed_align=32)
-
-
-def _fake_args():
-    """Stand-ins of the compiled signature: four 32 B aligned pointers, a
-    run-time M and a stream. The addresses are never dereferenced."""
-    cutlass, _ = import_dsl()
-    from cutlass.cute.runtime import make_fake_stream
-    pointers = [gmem_pointer(0x1000 * (i + 1)) for i in range(4)]
-    return (*pointers, cutlass.Int32(1), make_fake_stream())
 
 
 def _checked(tactic, n, k, swiglu):
@@ -79,20 +33,10 @@ def _checked(tactic, n, k, swiglu):
     return operator.index(n), operator.index(k)
 
 
-def _build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False):
-    n, k = _checked(tactic, n, k, swiglu)
-    _, cute = import_dsl()
-    from ..kernel.warp_splitk import WarpSplitKKernel
-    kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl, swiglu=swiglu)
-    # the target goes in the options: CUTE_DSL_ARCH is read once per process
-    return cute.compile(kernel, *_fake_args(), options=f"--gpu-arch {arch} {options}".strip())
-
-
 @functools.cache
 def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu=False):
     import torch
 
-    from . import disk_cache
     arch = device_arch(device_index)
     stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, swiglu)
     with torch.cuda.device(device_index):
@@ -100,7 +44,7 @@ def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu=False)
         if compiled is not None and not _initialises(compiled, device_index, stem):
             compiled = None
         if compiled is None:
-            compiled = _build(n, k, tactic, has_bias, use_pdl, arch, swiglu=swiglu)
+            compiled = build(n, k, tactic, has_bias, use_pdl, arch, swiglu=swiglu)
             disk_cache.store(stem, compiled)
         return compiled
 
@@ -110,7 +54,6 @@ def _initialises(compiled, device_index, stem) -> bool:
     device (its module init loads the embedded GPU code): a failure here is
     a failed load, the file is removed and the kernel compiled again, rather
     than an error out of the first ``run``."""
-    from . import disk_cache
     try:
         compiled.to(device_index)
     except Exception as exc:
@@ -152,7 +95,6 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
 
 @functools.cache
 def _launcher_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu):
-    from .launch import Launcher
     return Launcher(_compile_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu),
                     device_index)
 
@@ -220,7 +162,7 @@ def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_9
     with _lock:
         # the DSL writes the kept PTX/CUBIN files too: keep them out of the cwd
         with tempfile.TemporaryDirectory(prefix="warpsplitk-") as dump:
-            compiled = _build(n, k, tactic, has_bias, use_pdl, arch,
+            compiled = build(n, k, tactic, has_bias, use_pdl, arch,
                               options=f"--keep-ptx --keep-cubin --dump-dir={dump}", swiglu=swiglu)
     ptx_text = compiled.artifacts.PTX
     if isinstance(ptx_text, bytes):
@@ -231,6 +173,24 @@ def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_9
                          local, ptx_text, cubin, swiglu)
 
 
+def arch_resources(n: int, k: int, tactic, arch: str = "sm_90a", has_bias: bool = False,
+                   use_pdl: bool = True) -> dict:
+    """Registers per thread, spilled and local bytes of the kernel for
+    ``[n, k]`` with ``tactic``, compiled for ``arch`` (no GPU needed):
+    ``{"registers", "spill_bytes", "local_bytes"}``. From the disk cache
+    when it has the record (the CuTe DSL is then not imported), else
+    compiled with :func:`compile_for_arch` and stored."""
+    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl)
+    found = disk_cache.load_resources(stem)
+    if found is not None:
+        return found
+    report = compile_for_arch(n, k, tactic, arch, has_bias=has_bias, use_pdl=use_pdl)
+    found = {"registers": report.registers, "spill_bytes": report.spill_bytes,
+             "local_bytes": report.local_bytes}
+    disk_cache.store_resources(stem, found, describe=(n, k, tactic, arch))
+    return found
+
+
 def cubin_resources(cubin: bytes):
     """(registers per thread, local frame bytes, stack bytes) of the kernel in ``cubin``.
 
@@ -238,7 +198,6 @@ def cubin_resources(cubin: bytes):
     EIATTR_REGCOUNT, local memory from the ``.nv.local`` section size and
     the stack-size attributes (spills land there).
     """
-    from .elf import read_resources
     return read_resources(cubin)
 
 
@@ -463,4 +422,4 @@ def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None 
     return problems
 
 
-__all__ = ["compile_warp_splitk", "compile_for_arch", "gmem_pointer", "CompileReport", "audit_ptx", "MAX_M"]
+__all__ = ["compile_warp_splitk", "compile_for_arch", "arch_resources", "CompileReport", "audit_ptx", "MAX_M"]

@@ -33,7 +33,7 @@ GiB): a store evicts the least recently used kernels past it, and removes
 temporary files and export folders a killed process left over an hour ago.
 
 Beside the kernels, small JSON records of what compiling a kernel for an
-arch without a GPU reports (registers, spills: ``arch_resources``), under
+arch without a GPU reports (registers, spills: ``compile.arch_resources``), under
 the same key, so ``warpsplitk plan`` shows compiled register counts
 without compiling again.
 
@@ -57,7 +57,9 @@ import warnings
 from pathlib import Path
 
 from ..jsonfile import loads
+from ..version import __version__
 from . import private_files
+from .dsl import import_dsl
 from .private_files import UntrustedPath
 
 #: Bump when the key's meaning or the file format changes.
@@ -156,7 +158,6 @@ def _sources_digest() -> str:
 def _versions() -> dict:
     from importlib import metadata
 
-    from .. import __version__
     try:
         dsl = metadata.version("nvidia-cutlass-dsl")
     except metadata.PackageNotFoundError:
@@ -186,7 +187,6 @@ def build_identity() -> dict:
     """What besides the kernel's inputs decides the code this process
     compiles: the DSL's CUDA build and compile settings and the host
     machine (imports the CuTe DSL; computed once per process)."""
-    from .compile import import_dsl
     import_dsl()
     from cutlass.base_dsl.version_info import CUDA_VERSION
     return {"dsl_cuda": f"{CUDA_VERSION.major}.{CUDA_VERSION.minor}",
@@ -268,7 +268,6 @@ def unpack(stem: str, data: bytes, where="kernel file") -> bytes:
 def _load_object(obj: bytes, scratch_dir: Path):
     """The DSL module of object bytes ``obj``, loaded from an anonymous
     in-memory file (never from a path another process could swap)."""
-    from .compile import import_dsl
     _, cute = import_dsl()
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create("warpsplitk-kernel", getattr(os, "MFD_CLOEXEC", 0))
@@ -305,7 +304,6 @@ def load(stem: str):
     except OSError as error:
         _warn_once("read", f"could not read {path} ({error}); compiling instead")
         return None
-    from .compile import import_dsl
     import_dsl()  # a missing DSL is said, and the file kept: it is not the file's fault
     try:
         module = _load_object(unpack(stem, data, path), path.parent)
@@ -536,25 +534,6 @@ def cached_resources(n: int, k: int, tactic, arch: str = "sm_90a", has_bias: boo
     return load_resources(key(arch, n, k, tactic, has_bias, use_pdl))
 
 
-def arch_resources(n: int, k: int, tactic, arch: str = "sm_90a", has_bias: bool = False,
-                   use_pdl: bool = True) -> dict:
-    """Registers per thread, spilled and local bytes of the kernel for
-    ``[n, k]`` with ``tactic``, compiled for ``arch`` (no GPU needed):
-    ``{"registers", "spill_bytes", "local_bytes"}``. From the disk cache
-    when it has the record (the CuTe DSL is then not imported), else
-    compiled with ``warpsplitk.runtime.compile.compile_for_arch`` and stored."""
-    stem = key(arch, n, k, tactic, has_bias, use_pdl)
-    found = load_resources(stem)
-    if found is not None:
-        return found
-    from .compile import compile_for_arch
-    report = compile_for_arch(n, k, tactic, arch, has_bias=has_bias, use_pdl=use_pdl)
-    found = {"registers": report.registers, "spill_bytes": report.spill_bytes,
-             "local_bytes": report.local_bytes}
-    store_resources(stem, found, describe=(n, k, tactic, arch))
-    return found
-
-
 def describe_resources(path: Path) -> str:
     """One line about a resource record: what it is of and what it says."""
     try:
@@ -611,5 +590,5 @@ def clear(detail: bool = False):
 
 __all__ = ["cache_dir", "enabled", "key", "load", "store", "discard", "entries", "stale",
            "prune", "clear", "path_for", "max_bytes", "size", "housekeeping", "writable",
-           "build_identity", "unpack", "arch_resources", "cached_resources", "load_resources",
+           "build_identity", "unpack", "cached_resources", "load_resources",
            "store_resources", "resource_entries", "resource_path", "describe_resources"]

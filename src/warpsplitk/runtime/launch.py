@@ -21,6 +21,8 @@ from __future__ import annotations
 import ctypes
 import threading
 
+from .dsl import gmem_pointer
+
 # probe values: distinct, 32 B aligned, never dereferenced
 _PROBE_ADDRESSES = (0x7E0000001000, 0x7E0000002000, 0x7E0000003000, 0x7E0000004000)
 _PROBE_M = 0x3A5C0B1D  # wider than 16 bits: a narrower slot would not read back
@@ -36,7 +38,6 @@ def marshals_as_slots(compiled) -> bool:
     takes its arguments as addresses of plain value slots."""
     from cuda.bindings import driver
 
-    from .compile import gmem_pointer
     # the slots belong to these objects: keep them alive while reading
     pointers = [gmem_pointer(a) for a in _PROBE_ADDRESSES]
     stream = driver.CUstream(_PROBE_STREAM)
@@ -88,6 +89,5 @@ class Launcher:
     def _generic(self, weight, x, bias, out, m, stream):
         from cuda.bindings import driver
 
-        from .compile import gmem_pointer
         self.compiled(gmem_pointer(weight), gmem_pointer(x), gmem_pointer(bias),
                       gmem_pointer(out), m, driver.CUstream(stream))

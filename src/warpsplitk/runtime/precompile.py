@@ -3,7 +3,7 @@
 Two jobs share one worker pool: ``precompile`` compiles kernels for this
 process's GPU into the disk cache; ``precompile_resources`` compiles them for
 a target arch on any machine and keeps their register counts
-(``disk_cache.arch_resources``, what ``warpsplitk plan`` shows).
+(``compile.arch_resources``, what ``warpsplitk plan`` shows).
 
 Compiling one kernel is ~1 s of single-threaded CPU work (MLIR passes and
 ptxas) and needs no GPU. Preparing a model (tens of kernels) or tuning a
@@ -36,8 +36,8 @@ import threading
 import time
 from pathlib import Path
 
-from . import disk_cache
-from .compile import require_dsl
+from . import compile, disk_cache
+from .dsl import build, require_dsl
 from ..tactics import WarpSplitKTactic, check_tactic
 
 
@@ -77,14 +77,13 @@ def compile_timeout() -> float:
 
 def _compile_job(job: dict):
     """Compile one job (in a worker) into the disk cache; None or an error text."""
-    from .compile import _build
     tactic = WarpSplitKTactic.parse(job["tactic"])
     swiglu = bool(job.get("swiglu", False))
     stem = disk_cache.key(job["arch"], job["n"], job["k"], tactic, job["bias"], job["pdl"],
                           swiglu)
     if disk_cache.path_for(stem).is_file():
         return None
-    compiled = _build(job["n"], job["k"], tactic, job["bias"], job["pdl"], job["arch"],
+    compiled = build(job["n"], job["k"], tactic, job["bias"], job["pdl"], job["arch"],
                       swiglu=swiglu)
     if disk_cache.store(stem, compiled) is None:
         return f"could not store it in the disk cache ({disk_cache.writable() or 'write failed'})"
@@ -93,7 +92,7 @@ def _compile_job(job: dict):
 
 def _resources_job(job: dict):
     """Compile one kernel (in a worker) for its arch and store its resource record."""
-    disk_cache.arch_resources(job["n"], job["k"], WarpSplitKTactic.parse(job["tactic"]),
+    compile.arch_resources(job["n"], job["k"], WarpSplitKTactic.parse(job["tactic"]),
                               job["arch"], job["bias"], job["pdl"])
     return None
 
@@ -171,7 +170,7 @@ def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
     """Compile for ``arch``, ``jobs`` worker processes at a time (default:
     ``default_jobs()``), the kernels of ``kernels`` (``(n, k, tactic, has_bias,
     use_pdl)``) whose resource records the disk cache lacks, storing their
-    records (``disk_cache.arch_resources``). ``progress(done, total)`` after
+    records (``compile.arch_resources``). ``progress(done, total)`` after
     each. Returns ``{kernel: error}`` of those that failed (left to the
     caller's own ``arch_resources``, which raises). Nothing is done with the
     cache off; with one job the kernels are compiled in this process."""
@@ -197,7 +196,7 @@ def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
     failures = {}
     for count, item in enumerate(todo, 1):
         try:
-            disk_cache.arch_resources(item[0], item[1], item[2], arch, item[3], item[4])
+            compile.arch_resources(item[0], item[1], item[2], arch, item[3], item[4])
         except Exception as exc:  # the caller's own arch_resources raises it again
             failures[item] = f"{type(exc).__name__}: {exc}"
         if progress:
