@@ -232,52 +232,68 @@ def _run_workers(todo, arch, kind, workers, report) -> dict:
     (``_JOBS``); ``report(done, total)`` after each. Returns ``{item: error}``
     of those that failed. An exception in this process (KeyboardInterrupt
     included) kills and reaps every worker before it propagates."""
-    timeout = compile_timeout()
-    pending = queue.Queue()
-    for item in todo:
-        pending.put(item)
-    failures, done = {}, [0]
-    lock = threading.Lock()
-    command, folder = worker_command()
-    env = _worker_env(arch)
-    running = []  # every worker started, so a stop can reap them all
-    stopping = threading.Event()
+    return _WorkerPool(todo, arch, kind, report).run(workers)
 
-    def feed(log):
-        with lock:
-            if stopping.is_set():
-                return
-            worker = subprocess.Popen(command, env=env, cwd=folder, stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=log, text=True)
-            running.append(worker)
+
+class _WorkerPool:
+    """Feeding threads, one per worker process, taking items from one queue."""
+
+    def __init__(self, todo, arch, kind, report):
+        self.total, self.arch, self.kind, self.report = len(todo), arch, kind, report
+        self.timeout = compile_timeout()
+        self.pending = queue.Queue()
+        for item in todo:
+            self.pending.put(item)
+        self.failures, self.done = {}, 0
+        self.lock = threading.Lock()
+        self.command, self.folder = worker_command()
+        self.env = _worker_env(arch)
+        self.running = []  # every worker started, so a stop can reap them all
+        self.stopping = threading.Event()
+
+    def run(self, workers) -> dict:
+        with tempfile.TemporaryFile("w+") as log:
+            threads = [threading.Thread(target=self._feed, args=(log,), daemon=True)
+                       for _ in range(workers)]
+            try:
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            except BaseException:
+                _stop(self.running, threads, self.stopping, self.lock)
+                raise
+        while not self.pending.empty():  # every worker died: nothing more is compiled here
+            self.failures[self.pending.get_nowait()] = "no worker left"
+        return self.failures
+
+    def _start(self, log):
+        with self.lock:
+            if self.stopping.is_set():
+                return None
+            worker = subprocess.Popen(self.command, env=self.env, cwd=self.folder,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=log, text=True)
+            self.running.append(worker)
+            return worker
+
+    def _feed(self, log):
+        worker = self._start(log)
+        if worker is None:
+            return
         with worker:
-            while not stopping.is_set():
+            while not self.stopping.is_set():
                 try:
-                    item = pending.get_nowait()
+                    item = self.pending.get_nowait()
                 except queue.Empty:
                     break
-                n, k, tactic, has_bias, use_pdl, *swiglu = item
-                job = {"kind": kind, "arch": arch, "n": n, "k": k, "tactic": tactic.short(),
-                       "bias": has_bias, "pdl": use_pdl, **({"swiglu": True} if swiglu else {})}
-                try:
-                    worker.stdin.write(json.dumps(job) + "\n")
-                    worker.stdin.flush()
-                    # a worker that hangs is killed: its kernel (and those it
-                    # would have taken) are left to the other workers and the caller
-                    if not select.select([worker.stdout], [], [], timeout)[0]:
-                        worker.kill()
-                        error = f"timed out after {timeout:g} s"
-                    else:
-                        reply = worker.stdout.readline()
-                        error = json.loads(reply)["error"] if reply else "the worker died"
-                except (OSError, ValueError, KeyError) as exc:
-                    error = f"the worker failed: {exc}"
-                with lock:
+                error = self._compile(worker, item)
+                with self.lock:
                     if error:
-                        failures[item] = error
-                    done[0] += 1
-                    count = done[0]
-                report(count, len(todo))
+                        self.failures[item] = error
+                    self.done += 1
+                    count = self.done
+                self.report(count, self.total)
                 if error and (error == "the worker died" or error.startswith("timed out")):
                     break
             try:
@@ -285,19 +301,23 @@ def _run_workers(todo, arch, kind, workers, report) -> dict:
             except OSError:  # a dead worker's pipe: its job is already counted as failed
                 pass
 
-    with tempfile.TemporaryFile("w+") as log:
-        threads = [threading.Thread(target=feed, args=(log,), daemon=True) for _ in range(workers)]
+    def _compile(self, worker, item) -> str | None:
+        """Send one job; its error, or None."""
+        n, k, tactic, has_bias, use_pdl, *swiglu = item
+        job = {"kind": self.kind, "arch": self.arch, "n": n, "k": k, "tactic": tactic.short(),
+               "bias": has_bias, "pdl": use_pdl, **({"swiglu": True} if swiglu else {})}
         try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        except BaseException:
-            _stop(running, threads, stopping, lock)
-            raise
-        while not pending.empty():  # every worker died: nothing more will be compiled here
-            failures[pending.get_nowait()] = "no worker left"
-    return failures
+            worker.stdin.write(json.dumps(job) + "\n")
+            worker.stdin.flush()
+            # a worker that hangs is killed: its kernel (and those it would
+            # have taken) are left to the other workers and the caller
+            if not select.select([worker.stdout], [], [], self.timeout)[0]:
+                worker.kill()
+                return f"timed out after {self.timeout:g} s"
+            reply = worker.stdout.readline()
+            return json.loads(reply)["error"] if reply else "the worker died"
+        except (OSError, ValueError, KeyError) as exc:
+            return f"the worker failed: {exc}"
 
 
 def _stop(running, threads, stopping, lock) -> None:
