@@ -265,6 +265,28 @@ def _with_class_defaults(data: dict) -> dict:
         return data
 
 
+def _attention(text, file, get, hidden, heads) -> dict:
+    """The attention fields of ``hf_config``'s entry: multi-head latent where
+    ``kv_lora_rank`` is set, else grouped-query."""
+    if text.get("kv_lora_rank") is not None:
+        if text.get("q_lora_rank") is None:
+            raise ValueError(f"{file}: multi-head latent attention without a query LoRA rank "
+                             "(q_lora_rank null: one q projection) is not modelled")
+        return dict(attention="mla", **{key: get(key) for key in (
+            "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+            "v_head_dim")})
+    if get("head_dim", required=False) is None and hidden % heads:
+        raise ValueError(f"{file}: no 'head_dim', and hidden_size {hidden} is not a multiple "
+                         f"of num_attention_heads {heads}")
+    kv_heads = get("num_key_value_heads", heads, required=False)
+    if kv_heads > heads or heads % kv_heads:
+        # grouped-query attention: each key/value head serves a whole group of query heads
+        raise ValueError(f"{file}: 'num_key_value_heads' must be at most "
+                         f"num_attention_heads {heads} and divide it (got {kv_heads})")
+    return dict(attention="gqa", kv_heads=kv_heads,
+                head_dim=get("head_dim", hidden // heads, required=False))
+
+
 def hf_config(path, name: str | None = None) -> dict:
     """A table entry (``config``'s form) from a Hugging Face ``config.json``
     (``path``: the file or its folder). A multimodal config's decoder is its
@@ -298,24 +320,7 @@ def hf_config(path, name: str | None = None) -> dict:
         name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
     entry = {"name": name, "source": str(file), "hidden": hidden, "heads": heads,
              "layers": layers, "vocab": get("vocab_size")}
-    if text.get("kv_lora_rank") is not None:
-        if text.get("q_lora_rank") is None:
-            raise ValueError(f"{file}: multi-head latent attention without a query LoRA rank "
-                             "(q_lora_rank null: one q projection) is not modelled")
-        entry.update(attention="mla", **{key: get(key) for key in (
-            "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-            "v_head_dim")})
-    else:
-        if get("head_dim", required=False) is None and hidden % heads:
-            raise ValueError(f"{file}: no 'head_dim', and hidden_size {hidden} is not a multiple "
-                             f"of num_attention_heads {heads}")
-        kv_heads = get("num_key_value_heads", heads, required=False)
-        if kv_heads > heads or heads % kv_heads:
-            # grouped-query attention: each key/value head serves a whole group of query heads
-            raise ValueError(f"{file}: 'num_key_value_heads' must be at most "
-                             f"num_attention_heads {heads} and divide it (got {kv_heads})")
-        entry.update(attention="gqa", kv_heads=kv_heads,
-                     head_dim=get("head_dim", hidden // heads, required=False))
+    entry.update(_attention(text, file, get, hidden, heads))
     dense, key = layers, "intermediate_size"
     if _expert_count(text, file):
         dense, key = _dense_layers(text, file, layers)
