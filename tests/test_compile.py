@@ -597,3 +597,25 @@ def test_shipped_kernels_ptx_is_pinned(text, n, k):
     import hashlib
     ptx = compile_for_arch(n, k, WarpSplitKTactic.parse(text), "sm_90a").ptx
     assert hashlib.sha256(ptx.encode()).hexdigest()[:16] == SHIPPED_PTX[(text, n, k)]
+
+
+def test_compiling_for_a_device_without_a_gpu_is_a_value_error():
+    """A CPU build of torch (or no GPU): the promised one-line ValueError
+    pointing at compile_for_arch, not torch's AssertionError."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    from warpsplitk import compile_warp_splitk
+    from warpsplitk.runtime.compile import launcher
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    for call in (compile_warp_splitk, launcher):
+        with pytest.raises(ValueError, match=r"^no CUDA GPU: torch .* sees none; compile_for_arch"):
+            call(0, 256, 1024, tactic)
+    with pytest.raises(ValueError, match=r"^device_index must be an int"):
+        compile_warp_splitk("cuda:0", 256, 1024, tactic)
+
+
+def test_a_compile_report_prints_in_one_short_line():
+    report = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 128, 2, 1), "sm_90a")
+    assert len(repr(report)) < 400 and "ptx=" not in repr(report)
+    assert len(report.ptx) > 10_000

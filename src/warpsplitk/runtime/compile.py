@@ -14,9 +14,9 @@ import operator
 import re
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..contract import SUPPORTED_ARCHS
+from ..contract import SUPPORTED_ARCHS, as_integer
 from ..kernel import layout
 from ..tactics import MAX_M, WarpSplitKTactic, check_tactic
 from . import disk_cache
@@ -63,6 +63,23 @@ def _initialises(compiled, device_index, stem) -> bool:
     return True
 
 
+def _device_index(device_index) -> int:
+    """``device_index`` as an int naming a CUDA device torch sees, else
+    ``ValueError`` (a CPU build of torch included)."""
+    import torch  # the GPU path only: compile_for_arch needs no torch
+
+    index = as_integer(device_index)
+    if index is None:
+        raise ValueError(f"device_index must be an int (a CUDA device), got {device_index!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"no CUDA GPU: torch {torch.__version__} sees none; compile_for_arch "
+                         "compiles for an arch without one")
+    if not 0 <= index < torch.cuda.device_count():
+        raise ValueError(f"device_index must be in 0..{torch.cuda.device_count() - 1}, "
+                         f"got {index}")
+    return index
+
+
 def device_arch(device_index: int) -> str:
     """The arch the kernel is built for on a CUDA device: sm_90a or sm_100a."""
     import torch
@@ -88,8 +105,9 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
     ``[M, n / 2]`` (the SwiGLU epilogue, :class:`~warpsplitk.kernel.warp_splitk.WarpSplitKKernel`).
     """
     n, k = _checked(tactic, n, k, swiglu)
+    device_index = _device_index(device_index)
     with _lock:
-        return _compile_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl),
+        return _compile_cached(device_index, n, k, tactic, bool(has_bias), bool(use_pdl),
                                bool(swiglu))
 
 
@@ -105,8 +123,9 @@ def launcher(device_index: int, n: int, k: int, tactic: WarpSplitKTactic, *,
     code on ``device_index``: called with plain addresses, M and a stream
     handle, at a few microseconds of host time. Cached like the code."""
     n, k = _checked(tactic, n, k, swiglu)
+    device_index = _device_index(device_index)
     with _lock:
-        return _launcher_cached(int(device_index), n, k, tactic, bool(has_bias), bool(use_pdl),
+        return _launcher_cached(device_index, n, k, tactic, bool(has_bias), bool(use_pdl),
                                 bool(swiglu))
 
 
@@ -124,8 +143,8 @@ class CompileReport:
     registers: int | None
     spill_bytes: int | None
     local_bytes: int | None
-    ptx: str
-    cubin: bytes | None
+    ptx: str = field(repr=False)  # ~300 KB: print .summary() or write .ptx out
+    cubin: bytes | None = field(repr=False)
     swiglu: bool = False
 
     def audit(self) -> list[str]:
