@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import re
 import sys
 from pathlib import Path
 
@@ -173,6 +174,11 @@ def tactic_grid(rows) -> list[str]:
     return out
 
 
+#: The torch release the package's installs pin (.ci/setup-venv's TORCH_PIN).
+TORCH_PIN = re.search(r"^TORCH_PIN=torch==(\S+)$", (ROOT / ".ci" / "setup-venv").read_text(),
+                      re.M).group(1)
+
+
 def environment_lines(env: dict) -> list[str]:
     versions = ", ".join(f"{name} {env[key]}" for name, key in (
         ("driver", "driver"), ("torch", "torch"), ("CUDA", "cuda"), ("Python", "python"),
@@ -181,6 +187,9 @@ def environment_lines(env: dict) -> list[str]:
              f"- Date: {env.get('date', '(not recorded)')}",
              f"- GPU: {env.get('gpu', '(not recorded)')}",
              f"- Versions: {versions}"]
+    if env.get("torch") and not env["torch"].startswith(TORCH_PIN):
+        lines.append(f"- torch {env['torch']}: the GPU machine's build (CPU installs pin "
+                     f"{TORCH_PIN}); the CuTe DSL, not torch, compiles and launches the kernels")
     if env.get("read_TBps"):
         lines.append(f"- Read bandwidth measured in the same process (2 GiB `torch.sum`): "
                      f"{env['read_TBps']} TB/s (datasheet {env.get('datasheet_TBps', '?')} TB/s)")
