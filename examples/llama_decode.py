@@ -307,7 +307,7 @@ def main(argv=None):
         from pathlib import Path
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
         import warpsplitk
-    from warpsplitk.nn.linear import patch_model, unpatch
+    from warpsplitk.nn.patch import patch_model, unpatch
 
     notes = []
     try:

@@ -47,7 +47,7 @@ from warpsplitk import shapes as shape_table
 from warpsplitk.nn.parallel import (
     ColumnParallelDecodeLinear,
     RowParallelDecodeLinear,
-    _all_gather,
+    all_gather,
     ensure_no_multicast,
     multicast_problems,
     shard_plan,
@@ -246,7 +246,7 @@ def run_case(args, mode, module, copies, n, k, m, rank, world, device, weight, b
             x_local = x
             send = torch.zeros(m, part[0], dtype=dtype, device=device)
             recv = torch.empty(world, m, part[0], dtype=dtype, device=device)
-            comm = lambda: _all_gather(recv, send, None)  # noqa: E731
+            comm = lambda: all_gather(recv, send, None)  # noqa: E731
             fwd = [lambda c=c: c(x, gather_output=True) for c in copies]
             alt = [lambda c=c: c(x, gather_output=False) for c in copies]
             names = ("all_gather", "forward (gather)", "forward (no gather)")

@@ -27,4 +27,4 @@ class FakePrepared:
                              * F.linear(x, self.weight[i:], bias[1]))
         return out.copy_(F.linear(x, self.weight, self.bias))
 
-    _launch = run  # DecodeLinear's eager path (checks made by the module)
+    launch_unchecked = run  # the modules' eager path (checks made by the module)

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from warpsplitk.nn import ops
-from warpsplitk.nn.linear import DecodeLinear, patch_model, unpatch
+from warpsplitk.nn.linear import DecodeLinear
+from warpsplitk.nn.patch import patch_model, unpatch
 
 pytestmark = pytest.mark.gpu
 

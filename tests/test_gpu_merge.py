@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from warpsplitk.nn.linear import patch_model, unpatch  # noqa: E402
+from warpsplitk.nn.patch import patch_model, unpatch  # noqa: E402
 from warpsplitk.nn.merge import merge_linears  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -1,6 +1,6 @@
 """DecodeLinear, the custom op and patch_model on a CPU: fallback, tracing, swapping.
 
-The kernel branch is exercised on meta tensors: ``_KERNEL_DEVICE_TYPE`` is
+The kernel branch is exercised on meta tensors: ``contract.DEVICE_TYPE`` is
 pointed at "meta" and ``prepare`` replaced by a stand-in, so the op runs its
 fake implementation (shapes only).
 """
@@ -15,9 +15,11 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F
 from torch import nn
 
+from warpsplitk import contract
 from warpsplitk.nn import linear, ops
 from warpsplitk.planning import plans
-from warpsplitk.nn.linear import DecodeLinear, PatchReport, patch_model, unpatch
+from warpsplitk.nn.linear import DecodeLinear
+from warpsplitk.nn.patch import PatchReport, patch_model, unpatch
 
 from fakes import FakePrepared  # noqa: E402
 
@@ -31,7 +33,7 @@ def meta_kernel(monkeypatch):
         calls.append((tuple(weight.shape), bias is not None))
         return FakePrepared(weight, plan, ms, bias)
 
-    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "meta")
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "meta")
     monkeypatch.setattr(plans, "prepare", fake_prepare)
     torch._dynamo.reset()
     yield calls
@@ -40,8 +42,8 @@ def meta_kernel(monkeypatch):
 
 @pytest.fixture
 def cpu_kernel(meta_kernel, monkeypatch):
-    """As meta_kernel, on CPU tensors (real addresses; only _fallback_reason is safe to call)."""
-    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
+    """As meta_kernel, on CPU tensors (real addresses; only fallback_reason is safe to call)."""
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
     return meta_kernel
 
 
@@ -198,37 +200,87 @@ def test_kernel_branch_on_meta(meta_kernel):
 
 def test_fallback_reasons(meta_kernel):
     mod = DecodeLinear(meta(64, 256), ms=(1, 2, 4))
-    assert mod._fallback_reason(meta(4, 256)) is None
-    assert "not among the prepared Ms 1, 2, 4" in mod._fallback_reason(meta(3, 256))
-    assert "not among" in mod._fallback_reason(meta(33, 256))
-    assert "float32" in mod._fallback_reason(meta(2, 256).float())
-    assert "cpu" in mod._fallback_reason(torch.zeros(2, 256, dtype=torch.bfloat16))
-    assert "expected [..., 256]" in mod._fallback_reason(meta(2, 128))
+    assert mod.unprepared_reason is None
+    assert mod.fallback_reason(meta(4, 256)) is None and mod.accepts(meta(4, 256))
+    assert not mod.accepts(meta(3, 256))
+    assert "not among the prepared Ms 1, 2, 4" in mod.fallback_reason(meta(3, 256))
+    assert "not among" in mod.fallback_reason(meta(33, 256))
+    assert "float32" in mod.fallback_reason(meta(2, 256).float())
+    assert "cpu" in mod.fallback_reason(torch.zeros(2, 256, dtype=torch.bfloat16))
+    assert "expected [..., 256]" in mod.fallback_reason(meta(2, 128))
     mod._ptrs = (1, None)  # as if the weight had been replaced behind the module's back
-    assert "reprepare" in mod._fallback_reason(meta(2, 256))
+    assert "reprepare" in mod.fallback_reason(meta(2, 256))
 
 
 def test_fallback_reasons_layout(cpu_kernel):
     mod = DecodeLinear(torch.zeros(64, 256, dtype=torch.bfloat16))
     assert mod.prepared is not None
     x = torch.zeros(2, 3, 256, dtype=torch.bfloat16)
-    assert mod._fallback_reason(x) is None
-    assert mod._fallback_reason(x.transpose(0, 1)) is None  # reshape copies it: packed
-    assert "packed" in mod._fallback_reason(torch.zeros(2, 512, dtype=torch.bfloat16)[:, :256])
+    assert mod.fallback_reason(x) is None
+    assert mod.fallback_reason(x.transpose(0, 1)) is None  # reshape copies it: packed
+    assert "packed" in mod.fallback_reason(torch.zeros(2, 512, dtype=torch.bfloat16)[:, :256])
     flat = torch.zeros(4 * 256 + 1, dtype=torch.bfloat16)
-    assert "aligned" in mod._fallback_reason(flat[1:].view(4, 256))  # 2 bytes off
+    assert "aligned" in mod.fallback_reason(flat[1:].view(4, 256))  # 2 bytes off
     mod.weight = nn.Parameter(mod.weight.clone())
-    assert "reprepare" in mod._fallback_reason(x)
+    assert "reprepare" in mod.fallback_reason(x)
 
 
 def test_ineligible_weight_falls_back(meta_kernel):
     for weight, words in [(meta(100, 256), "multiple of 16"), (meta(64, 200), "multiple of 128"),
                           (meta(64, 16384 + 256), "16384"), (meta(64, 8192 + 128), "8192"),
                           (meta(64, 256).float(), "float32"),
-                          (meta(64, 512)[:, :256], "not contiguous")]:
+                          (meta(64, 512)[:, :256], "packed row-major")]:
         mod = DecodeLinear(weight)
-        assert mod.prepared is None and words in mod._unprepared, mod._unprepared
+        assert mod.prepared is None and words in mod.unprepared_reason, mod.unprepared_reason
     assert meta_kernel == []
+
+
+def test_eligibility_is_the_contracts_weight_rules(meta_kernel):
+    for weight in (meta(64, 256), meta(100, 256), meta(64, 200), meta(64, 256).float(),
+                   torch.zeros(64, 256, dtype=torch.bfloat16)):
+        assert linear.ineligibility(weight) == contract.weight_refusal(weight)
+    assert linear.ineligibility(meta(64, 256), meta(32)) == contract.weight_refusal(
+        meta(64, 256), meta(32)) == "bias must have shape (64,), got (32,)"
+    assert linear.ineligibility(meta(64, 256), ms=()) == linear.NO_MS
+    assert DecodeLinear(meta(64, 256), ms=()).unprepared_reason == f"not prepared: {linear.NO_MS}"
+
+
+def test_nn_imports_run_one_way_and_name_nothing_private():
+    """nn/ imports its own modules at the top, one way (no loop), and no
+    private name of another module; nothing outside nn/ imports nn/."""
+    import ast
+    from pathlib import Path
+    package = Path(ops.__file__).resolve().parents[1]
+    edges, found = {}, []
+    for path in sorted(package.rglob("*.py")):
+        inside = path.parent.name == "nn"
+        tree = ast.parse(path.read_text())
+        top = set(map(id, tree.body))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            parts = path.relative_to(package).parts[:-1]
+            base = parts[:len(parts) - node.level + 1]
+            module = ".".join(base + tuple((node.module or "").split(".")) if node.module else base)
+            targets = ([f"{module}.{a.name}" for a in node.names] if not node.module
+                       else [module])
+            for target in targets:
+                if not inside and (target == "nn" or target.startswith("nn.")):
+                    found.append(f"{path.name} imports {target}")
+                if inside and target.startswith("nn."):
+                    edges.setdefault(path.stem, set()).add(target[3:])
+                    if id(node) not in top:
+                        found.append(f"{path.name} imports {target} inside a function")
+            if inside and node.module:
+                found += [f"{path.name} imports {module}.{a.name}" for a in node.names
+                          if a.name.startswith("_")]
+
+    def reaches(start, goal, seen=()):
+        return any(m == goal or (m not in seen and reaches(m, goal, seen + (m,)))
+                   for m in edges.get(start, ()))
+    found += [f"{m} is part of an import loop" for m in edges if reaches(m, m)]
+    assert edges["merge"] >= {"linear"} and edges["patch"] >= {"linear", "merge"}
+    assert found == []
 
 
 def test_compile_fullgraph_kernel_branch(meta_kernel):
@@ -287,7 +339,7 @@ def test_reprepare_on_load_and_to(cpu_kernel):
     mod.to(torch.bfloat16)  # a no-op conversion keeps the prepared code
     assert mod._handle == handle and len(cpu_kernel) == 2
     mod.to(torch.float32)  # the kernel cannot take it any more: fall back
-    assert mod.prepared is None and "float32" in mod._unprepared
+    assert mod.prepared is None and "float32" in mod.unprepared_reason
     mod.to(torch.bfloat16)
     assert mod.prepared is not None and len(cpu_kernel) == 3
 

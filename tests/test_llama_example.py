@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from warpsplitk.nn import linear
+from warpsplitk import contract  # noqa: E402
 from warpsplitk.planning import plans  # noqa: E402
 
 from fakes import FakePrepared  # noqa: E402
@@ -31,7 +31,7 @@ def load_example():
 
 
 def test_example_patches_generates_and_agrees(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
     monkeypatch.setattr(plans, "prepare",
                         lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
                         FakePrepared(weight, plan, ms, bias, swiglu))

@@ -6,8 +6,9 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from warpsplitk.nn.linear import patch_model, unpatch  # noqa: E402
-from warpsplitk.nn.merge import MergedPart, merge_linears, merge_refusal  # noqa: E402
+from warpsplitk.nn.patch import patch_model, unpatch  # noqa: E402
+from warpsplitk.nn.merge import (  # noqa: E402
+    MergedPart, MergedWeight, merge_linears, merge_refusal)
 
 
 def same_storage(a, b):
@@ -31,8 +32,10 @@ def test_parts_are_views_of_one_storage_and_compute_as_before(bias):
     values = [lin.weight.detach().clone() for lin in lins]
     parts = merge_linears(lins)
     group = parts[0].group
+    assert isinstance(group.storage, MergedWeight) and group.parts == parts
+    assert group.weight is group.storage.weight and group.bias is group.storage.bias
     assert group.weight.shape == (96, 32) and (group.bias is not None) == bias
-    for part, (start, end), value in zip(parts, group.offsets(), values):
+    for part, (start, end), value in zip(parts, group.storage.offsets(), values):
         assert same_storage(part.weight, group.weight) and torch.equal(part.weight, value)
         assert part.weight.data_ptr() == group.weight[start:end].data_ptr()
     # on a CPU the kernel takes nothing: each part is its own F.linear, bit for bit
@@ -258,9 +261,9 @@ def test_swiglu_output_runs_where_the_merged_linear_would_and_nowhere_else(monke
     would take the kernel (a stand-in for it on the CPU) and returns
     silu(gate(x)) * up(x); elsewhere None, and the MLP runs as before."""
     from fakes import FakePrepared
-    from warpsplitk.nn import linear
+    from warpsplitk import contract
     from warpsplitk.planning import plans
-    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
     monkeypatch.setattr(plans, "prepare",
                         lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
                         FakePrepared(weight, plan, ms, bias, swiglu))
@@ -295,9 +298,10 @@ def cpu_ops(monkeypatch):
     ops get CPU implementations that are their CUDA ones (handle lookup,
     weight checks, then the stand-in's run)."""
     from fakes import FakePrepared
-    from warpsplitk.nn import linear, ops
+    from warpsplitk import contract
+    from warpsplitk.nn import ops
     from warpsplitk.planning import plans
-    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
     monkeypatch.setattr(plans, "prepare",
                         lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
                         FakePrepared(weight, plan, ms, bias, swiglu))
@@ -422,10 +426,10 @@ def test_a_copy_of_a_merged_model_is_merged_in_storage_of_its_own(how, monkeypat
     import copy
     import pickle
 
-    from warpsplitk.nn import linear
+    from warpsplitk import contract
     from warpsplitk.planning import plans
     from fakes import FakePrepared
-    monkeypatch.setattr(linear, "_KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
     monkeypatch.setattr(plans, "prepare", lambda weight, plan=None, ms=range(1, 33), bias=None:
                         FakePrepared(weight, plan, ms, bias))
     torch.manual_seed(0)

@@ -238,7 +238,7 @@ def test_module_refusals():
         ColumnParallelDecodeLinear(full()[0], [0.0] * 64)
     with pytest.raises(ValueError, match=r"row-parallel bias must be the full \[N=64\], got list$"):
         RowParallelDecodeLinear(full()[0], [0.0] * 64)
-    with pytest.raises(ValueError, match="the full weight must be a 2-D tensor"):
+    with pytest.raises(ValueError, match=r"full weight must be a 2-D torch\.Tensor \[N, K\]"):
         ColumnParallelDecodeLinear.from_full_weight(torch.zeros(64), rank=0, world=1)
     with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto', got 'h200'"):
         ColumnParallelDecodeLinear(full()[0], plan="h200")

@@ -123,7 +123,7 @@ def test_auto_refuses_inside_a_graph_capture(cache, tuner, monkeypatch):
 def test_prepare_model_and_patch_model_take_auto_or_refuse_other_strings(cache, tuner):
     from torch import nn
 
-    from warpsplitk.nn.linear import patch_model
+    from warpsplitk.nn.patch import patch_model
     with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto'"):
         prepare_model({"w": torch.empty(16, 128)}, plan="h200")
     with pytest.raises(ValueError, match="plan must be a DecodePlan, None or 'auto'"):

@@ -132,14 +132,14 @@ def test_run_single_row_x_may_have_any_row_stride(prepared, monkeypatch):
 
 
 def test_unchecked_launch_passes_what_run_passes(prepared, monkeypatch):
-    """DecodeLinear's eager path (_launch) launches exactly as run() does."""
+    """DecodeLinear's eager path (launch_unchecked) launches exactly as run() does."""
     import warpsplitk.runtime.prepared as module
     monkeypatch.setattr(module, "_stream_handle", lambda device: 0x5EED)
     prepared._weight_address, prepared._bias_address = 0x1000, 0x2000
     calls = []
     prepared._launchers[8] = lambda *args: calls.append(args)
     x, out = aligned(8, K), aligned(8, N)
-    assert prepared.run(x, out) is out and prepared._launch(x, out) is out
+    assert prepared.run(x, out) is out and prepared.launch_unchecked(x, out) is out
     assert calls[0] == calls[1] == (0x1000, x.data_ptr(), 0x2000, out.data_ptr(), 8, 0x5EED)
 
 

@@ -1,3 +1,3 @@
-"""PyTorch integration: the custom ops (``ops``), ``DecodeLinear`` and
-``patch_model`` (``linear``), merged projections (``merge``) and
-tensor-parallel shards (``parallel``)."""
+"""PyTorch integration: the custom ops (``ops``), ``DecodeLinear``
+(``linear``), merged projections (``merge``), ``patch_model`` and
+``unpatch`` (``patch``) and tensor-parallel shards (``parallel``)."""

@@ -6,22 +6,24 @@ break in the PDL chain; stacked into one ``[sum N, K]`` weight they are one
 (what vLLM does with its ``qkv_proj`` and ``gate_up_proj``).
 
 :func:`merge_linears` stacks the weights of some ``nn.Linear`` into one
-storage and returns a :class:`MergedPart` per linear, each a drop-in for its
-linear: the same ``weight`` and ``bias`` names, now views into the merged
-storage, so ``state_dict`` keeps its keys and ``load_state_dict`` writes
-through into what the kernel reads. The first part called with an input
-runs the merged weight once (a :class:`~warpsplitk.nn.linear.DecodeLinear`)
-and the others called with the same input tensor take their columns of that
-output: transformers' Llama attention calls ``q_proj``, ``k_proj`` and
-``v_proj`` on one ``hidden_states``. A part called with another input, or a
-group whose merged weight the kernel cannot take (on a CPU, say), computes
-its own ``F.linear`` on its view: the result of the unmerged linear, bit for
-bit.
+storage (a :class:`MergedWeight`) and returns a :class:`MergedPart` per
+linear, each a drop-in for its linear: the same ``weight`` and ``bias``
+names, now views into the merged storage, so ``state_dict`` keeps its keys
+and ``load_state_dict`` writes through into what the kernel reads. The
+group's dispatch (a :class:`MergedGroup`) runs the merged weight once for
+the first part called with an input (a
+:class:`~warpsplitk.nn.linear.DecodeLinear`), and the others called with
+the same input tensor take their columns of that output: transformers'
+Llama attention calls ``q_proj``, ``k_proj`` and ``v_proj`` on one
+``hidden_states``. A part called with another input, or a group whose
+merged weight the kernel cannot take (on a CPU, say), computes its own
+``F.linear`` on its view: the result of the unmerged linear, bit for bit.
 
-``patch_model(model, merge=True)`` merges each module's ``q_proj``/
-``k_proj``/``v_proj`` and ``gate_proj``/``up_proj`` (Llama, Mistral, Qwen2
-and Qwen3 name them so); ``unpatch`` gives every part back as an
-``nn.Linear`` holding its current values in its own storage.
+``patch_model(model, merge=True)`` (:mod:`warpsplitk.nn.patch`) merges each
+module's ``q_proj``/``k_proj``/``v_proj`` and ``gate_proj``/``up_proj``
+(Llama, Mistral, Qwen2 and Qwen3 name them so); ``unpatch`` gives every
+part back as an ``nn.Linear`` holding its current values in its own
+storage.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops
+from ..contract import MAX_M
+from ..planning import plans
+from ..tactics import check_ms
+from .linear import DecodeLinear
 
 #: Attribute names of the projections a transformers decoder layer runs on
 #: one input, merged by ``patch_model(merge=True)``, in call order.
@@ -63,40 +69,30 @@ def merge_refusal(linears) -> str | None:
     return None
 
 
-class MergedGroup:
-    """The merged storage of some parts and the module that runs it (not an
-    ``nn.Module``: its tensors belong to the parts' Parameters)."""
+class MergedWeight:
+    """The storage of a merged group: the stacked ``[W_a; W_b; ...]`` (and
+    bias) of its parts, each part's ``weight`` and ``bias`` Parameters views
+    of its rows. Not an ``nn.Module``: its tensors belong to the parts'
+    Parameters, so ``state_dict`` keeps the parts' keys, ``load_state_dict``
+    writes through and ``.to()`` or ``assign=True`` (new tensors) call for
+    ``stack`` again. A copy (deepcopy, pickle) holds no storage until
+    stacked from its parts' copied values."""
 
-    def __init__(self, parts, plan, ms):
+    def __init__(self, parts):
         self.parts = parts
-        self.plan, self.ms = plan, tuple(ms)
-        self.weight = self.bias = self.linear = None
-        #: a [gate; up] group run with the SwiGLU epilogue by a SwiGLUMLP
-        self.swiglu = False
-        self.swiglu_prepared = None
-        self._swiglu_handle = None  # swiglu_prepared's in the custom ops' registry
+        self.weight = self.bias = None
         self.columns = []  # each part's (start, end) rows of the merged weight
         self._views = []  # each part's (weight, bias) Parameters as stack() made them
-        self._stash = None  # (input, merged output, parts served)
 
     def __getstate__(self):
-        # Compiled code and a registry handle neither copy nor pickle, and a
-        # copy's parts get Parameters of their own: the copy holds no storage
-        # and merges again once every part is restored (MergedPart.__setstate__).
-        return {**self.__dict__, "weight": None, "bias": None, "linear": None,
-                "swiglu_prepared": None, "_swiglu_handle": None, "_stash": None,
-                "_views": [], "columns": []}
+        # a copy's parts get Parameters of their own: it stacks them again
+        return {**self.__dict__, "weight": None, "bias": None, "columns": [], "_views": []}
 
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self.merge_when_restored()
-
-    def merge_when_restored(self):
-        """A copy's ``merge``, once the group and every part are restored
-        (their order depends on where the copy started)."""
-        if "weight" in self.__dict__ and self.weight is None and all(
-                "_parameters" in part.__dict__ for part in self.parts):
-            self.merge()
+    def awaits_stack(self) -> bool:
+        """Whether this is a restored copy, every part restored too (their
+        order depends on where the copy started), that has not stacked yet."""
+        return ("weight" in self.__dict__ and self.weight is None
+                and all("_parameters" in part.__dict__ for part in self.parts))
 
     def offsets(self):
         """Each part's ``(start, end)`` rows of the merged weight (``stack`` keeps them)."""
@@ -106,15 +102,15 @@ class MergedGroup:
             start += part.out_features
         return out
 
-    def merge(self):
-        """Stack the parts' current weights (and biases) into new storage,
-        make each part's Parameters views of it, and prepare the kernel for
-        the merged weight (``prepare``)."""
-        self.stack()
-        self.prepare()
+    def can_stack(self) -> bool:
+        """Whether the parts share one device and dtype (not so while a
+        ``.to()`` is half done)."""
+        return (len({p.weight.device for p in self.parts}) == 1
+                and len({p.weight.dtype for p in self.parts}) == 1)
 
     def stack(self):
-        """The storage half of ``merge``: no compiling."""
+        """Stack the parts' current weights (and biases) into new storage and
+        make each part's Parameters views of it."""
         self.columns = self.offsets()
         self.weight = torch.cat([p.weight.detach() for p in self.parts])
         has_bias = self.parts[0].bias is not None
@@ -127,59 +123,11 @@ class MergedGroup:
                                                         requires_grad=part.bias.requires_grad)
         self._views = [(part._parameters["weight"], part._parameters["bias"])
                        for part in self.parts]
-        self.linear = None
-        self._release_swiglu()
-        self._stash = None
-
-    def prepare(self):
-        """The ``DecodeLinear`` of the merged weight (it falls back, and the
-        parts with it, where the kernel cannot take the weight); for a
-        ``swiglu`` group also the kernel with the SwiGLU epilogue."""
-        from .linear import DecodeLinear, ineligibility
-        self.linear = DecodeLinear(self.weight, self.bias, self.plan, self.ms)
-        self._release_swiglu()
-        if self.swiglu and ineligibility(self.weight, self.bias, self.ms) is None:
-            from ..planning.plans import prepare
-            self.swiglu_prepared = prepare(self.weight, self.plan, self.ms, self.bias,
-                                           swiglu=True)
-            self._swiglu_handle = ops.register(self.swiglu_prepared)
-
-    def _release_swiglu(self):
-        if self._swiglu_handle is not None:
-            ops.unregister(self._swiglu_handle)
-        self.swiglu_prepared = None
-        self._swiglu_handle = None
-
-    def swiglu_output(self, x):
-        """``silu(gate(x)) * up(x)`` in one launch of the SwiGLU epilogue, or
-        None where it cannot run (no kernel, the storage replaced, x not a
-        packed 32-byte aligned BF16 tensor on the weight's device with M
-        prepared, or autograd needing a graph: the caller then runs the parts
-        and the activation as the model would). Under torch.compile, the
-        ``warpsplitk::decode_swiglu`` op."""
-        prepared = self.swiglu_prepared
-        if prepared is None or not self.merged():
-            return None
-        if torch.is_grad_enabled() and (x.requires_grad or self.parts[0].weight.requires_grad):
-            return None
-        # the merged weight's DecodeLinear (prepared for the same Ms) says
-        # whether the kernel takes x: device, dtype, K, M, packed, aligned
-        if self.linear._fallback_reason(x) is not None:
-            return None
-        x2d = x.reshape(-1, self.weight.shape[1])
-        if torch.compiler.is_compiling():
-            # the DecodeLinear's Parameters: static addresses for CUDA graph trees
-            out = torch.ops.warpsplitk.decode_swiglu(x2d, self.linear.weight, self.linear.bias,
-                                                     self._swiglu_handle)
-        else:
-            out = x2d.new_empty((x2d.shape[0], prepared.out_columns))
-            prepared._launch(x2d, out)
-        return out.view(*x.shape[:-1], prepared.out_columns)
 
     def merged(self) -> bool:
         """Whether every part's weight (and bias) is still its view of the
-        merged storage (``.to()`` or ``load_state_dict(assign=True)`` give
-        parts tensors of their own)."""
+        storage (``.to()`` or ``load_state_dict(assign=True)`` give parts
+        tensors of their own)."""
         if torch.compiler.is_compiling():
             # fake tensors have no addresses: the Parameters stack() made
             # (Dynamo guards the identities, so a replaced one recompiles)
@@ -196,7 +144,84 @@ class MergedGroup:
                 return False
         return True
 
+
+class MergedGroup:
+    """The dispatch of a merged group: a ``DecodeLinear`` of its
+    :class:`MergedWeight` whose output serves every part called with the same
+    input (the kernel where it accepts x, else ``F.linear`` on the merged
+    weight), each part's own ``F.linear`` where the storage is no longer
+    merged or has no kernel; for a ``[gate; up]`` group also the kernel with
+    the SwiGLU epilogue."""
+
+    def __init__(self, storage: MergedWeight, plan, ms):
+        self.storage = storage
+        self.plan, self.ms = plan, tuple(ms)
+        self.linear = None
+        #: a [gate; up] group run with the SwiGLU epilogue by a SwiGLUMLP
+        self.swiglu = False
+        self.swiglu_prepared = None
+        self._swiglu_handle = None  # swiglu_prepared's in the custom ops' registry
+        self._stash = None  # (input, merged output, parts served)
+
+    @property
+    def parts(self):
+        return self.storage.parts
+
+    @property
+    def weight(self):
+        """The merged ``[sum N, K]`` weight the group runs."""
+        return self.storage.weight
+
+    @property
+    def bias(self):
+        return self.storage.bias
+
+    def merged(self) -> bool:
+        """Whether the parts are still views of the storage (``MergedWeight.merged``)."""
+        return self.storage.merged()
+
+    def __getstate__(self):
+        # compiled code and a registry handle neither copy nor pickle
+        return {**self.__dict__, "linear": None, "swiglu_prepared": None,
+                "_swiglu_handle": None, "_stash": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.merge_when_restored()
+
+    def merge_when_restored(self):
+        """A copy's ``merge``, once the group, its storage and every part are
+        restored (``MergedPart.__setstate__`` calls it too)."""
+        if "storage" in self.__dict__ and self.storage.awaits_stack():
+            self.merge()
+
+    def merge(self):
+        """Stack the storage from the parts' current tensors and prepare the
+        kernels for it."""
+        self.storage.stack()
+        self._stash = None
+        self.prepare()
+
+    def prepare(self):
+        """The ``DecodeLinear`` of the merged weight (it falls back, and the
+        parts with it, where the kernel cannot take the weight); for a
+        ``swiglu`` group also the kernel with the SwiGLU epilogue."""
+        self.linear = DecodeLinear(self.weight, self.bias, self.plan, self.ms)
+        self._release_swiglu()
+        if self.swiglu and self.linear.prepared is not None:
+            self.swiglu_prepared = plans.prepare(self.weight, self.plan, self.ms, self.bias,
+                                                 swiglu=True)
+            self._swiglu_handle = ops.register(self.swiglu_prepared)
+
+    def _release_swiglu(self):
+        if self._swiglu_handle is not None:
+            ops.unregister(self._swiglu_handle)
+        self.swiglu_prepared = None
+        self._swiglu_handle = None
+
     def output(self, part_index, x):
+        """Part ``part_index``'s output for ``x``: its columns of the merged
+        output, computed once for the parts called in turn with one input."""
         part = self.parts[part_index]
         if self.linear is None or self.linear.prepared is None or not self.merged():
             # no kernel for the merged weight (or storage replaced): exactly
@@ -209,8 +234,35 @@ class MergedGroup:
         stash[2].add(part_index)
         if len(stash[2]) == len(self.parts):
             self._stash = None  # every part served: hold no tensors past the call
-        start, end = self.columns[part_index]
+        start, end = self.storage.columns[part_index]
         return stash[1][..., start:end]
+
+    def swiglu_output(self, x):
+        """``silu(gate(x)) * up(x)`` in one launch of the SwiGLU epilogue, or
+        None where it cannot run (no kernel, the storage replaced, x not a
+        packed 32-byte aligned BF16 tensor on the weight's device with M
+        prepared, or autograd needing a graph: the caller then runs the parts
+        and the activation as the model would). Under torch.compile, the
+        ``warpsplitk::decode_swiglu`` op."""
+        prepared = self.swiglu_prepared
+        if prepared is None or not self.merged():
+            return None
+        if torch.is_grad_enabled() and (x.requires_grad or self.parts[0].weight.requires_grad):
+            return None
+        # the merged weight's DecodeLinear (prepared for the same Ms) says
+        # whether the kernel takes x: device, dtype, K, M, packed, aligned
+        if not self.linear.accepts(x):
+            return None
+        x2d = x.reshape(-1, self.weight.shape[1])
+        if torch.compiler.is_compiling():
+            # the DecodeLinear's Parameters: static addresses for CUDA graph trees
+            out = torch.ops.warpsplitk.decode_swiglu(x2d, self.linear.weight, self.linear.bias,
+                                                     self._swiglu_handle)
+        else:
+            # accepts() has made run()'s checks on x, and out is new
+            out = prepared.launch_unchecked(x2d, x2d.new_empty((x2d.shape[0],
+                                                                prepared.out_columns)))
+        return out.view(*x.shape[:-1], prepared.out_columns)
 
 
 class MergedPart(nn.Module):
@@ -242,9 +294,7 @@ class MergedPart(nn.Module):
         """Stack the group again from the parts' current tensors (after
         ``.to()`` or ``load_state_dict(assign=True)``); False while the parts
         are on different devices (a ``.to()`` half done)."""
-        devices = {p.weight.device for p in self.group.parts}
-        dtypes = {p.weight.dtype for p in self.group.parts}
-        if len(devices) != 1 or len(dtypes) != 1:
+        if not self.group.storage.can_stack():
             return False
         self.group.merge()
         return True
@@ -282,24 +332,22 @@ def merge_linears(linears, plan=None, ms=None, prepare=True) -> list[MergedPart]
     in order; ``ValueError`` (:func:`merge_refusal`) when they cannot be.
     With ``prepare=False`` the kernel is left to ``parts[0].group.prepare()``
     (``patch_model`` compiles every group's kernels in parallel first)."""
-    from ..planning.plans import check_plan
-    from ..tactics import MAX_M, check_ms
-    check_plan(plan)
+    plans.check_plan(plan)
     ms = check_ms(range(1, MAX_M + 1) if ms is None else ms)
     linears = list(linears)
     reason = merge_refusal(linears)
     if reason is not None:
         raise ValueError(f"cannot merge these linears: {reason}")
-    group = MergedGroup([], plan, ms)
-    parts = [MergedPart(lin, group, i) for i, lin in enumerate(linears)]
-    group.parts = parts
-    group.stack()
+    storage = MergedWeight([])
+    group = MergedGroup(storage, plan, ms)
+    storage.parts = [MergedPart(lin, group, i) for i, lin in enumerate(linears)]
+    storage.stack()
     if prepare:
         group.prepare()
     for lin in linears:  # the original modules keep no second copy of the weights
         lin._parameters["weight"] = None
         lin._parameters["bias"] = None
-    return parts
+    return list(storage.parts)
 
 
 #: transformers MLP classes whose forward is ``down_proj(act_fn(gate_proj(x)) *

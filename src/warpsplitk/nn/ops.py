@@ -8,9 +8,10 @@
 SwiGLU epilogue, ``out[M, N / 2] = silu(gate) * up`` (what a merged MLP runs
 under torch.compile). A custom op cannot take a ``PreparedWarpSplitK``
 (compiled code, CuTe views) as an argument, so the prepared object lives in
-a registry here and the op gets its integer ``handle``. ``weight`` and ``bias`` are passed as well, although the kernel
-reads them through the prepared object: that way torch.compile sees the op's
-real data dependencies, and the fake implementation knows N without a lookup.
+a registry here and the op gets its integer ``handle``. ``weight`` and
+``bias`` are passed as well, although the kernel reads them through the
+prepared object: that way torch.compile sees the op's real data
+dependencies, and the fake implementation knows N without a lookup.
 
 CUDA-graph capturable: the implementation allocates only the output (from
 the caching allocator, so from the graph's pool while capturing), launches

@@ -15,9 +15,10 @@ its own GPU (``cuda:<local rank>``; kernels are compiled per device index):
   class).
 
 Shards split evenly: N (column) or K (row) must be divisible by the world
-size, and the shard must be a shape the kernel takes (``default_tactic``'s
-rules: N a multiple of 16; K a multiple of 128 up to 8192, or of 256 up to
-16384). Anything else is a ``ValueError`` naming the rule, at construction.
+size, and the shard must be a shape the kernel takes
+(``contract.shape_refusal``: N a multiple of 16; K a multiple of 128 up to
+8192, or of 256 up to 16384). Anything else is a ``ValueError`` naming the
+rule, at construction.
 
 The forwards are CUDA-graph capturable: one kernel launch per rank, the
 collective on the current stream (``torch.distributed`` with NCCL, which may
@@ -41,11 +42,14 @@ import os
 import warnings
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from ..planning.plans import check_plan
-from .linear import DecodeLinear, _shape_reason
-from ..tactics import MAX_M, as_integer, check_ms
+from .. import contract
+from ..contract import MAX_M, as_integer
+from ..planning import plans
+from ..tactics import check_ms
+from .linear import NO_MS, DecodeLinear
 
 # ------------------------------------------------------ NVLink multicast off
 
@@ -154,10 +158,10 @@ def shard_range(size: int, rank: int, world: int, what: str = "size") -> slice:
 
 
 def kernel_shape_reason(n: int, k: int, ms=range(1, MAX_M + 1)) -> str | None:
-    """Why the kernel cannot take an ``[n, k]`` weight for these Ms, or None.
-    The tactic rules decide (``default_tactic``), not a copy of them.
-    ``ValueError`` for Ms ``check_ms`` refuses."""
-    return _shape_reason(n, k, check_ms(ms))
+    """Why the kernel cannot take an ``[n, k]`` weight for these Ms, or None:
+    the contract's shape rules (``contract.shape_refusal``), and at least one
+    M. ``ValueError`` for Ms ``check_ms`` refuses."""
+    return NO_MS if not check_ms(ms) else contract.shape_refusal(n, k)
 
 
 def _check_shard(mode, n, k, world, shard_n, shard_k, ms):
@@ -227,7 +231,6 @@ def _resolve_group(group, rank, world):
     """(rank, world, backend) of this process in ``group``; explicit ``rank`` /
     ``world`` must agree with it. Without an initialized process group only a
     world of one is allowed (no collectives at all)."""
-    import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         g_rank, g_world = dist.get_rank(group), dist.get_world_size(group)
         if g_rank < 0:
@@ -269,11 +272,12 @@ def _resolve_device(device, weight, backend):
     return device
 
 
-def _full_shape(weight):
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError("the full weight must be a 2-D tensor [N, K], got "
-                         f"{getattr(weight, 'shape', type(weight).__name__)}")
-    return weight.shape
+def _matrix_shape(name, t):
+    """``t``'s ``[N, K]``; ``ValueError`` unless it is a 2-D tensor."""
+    reason = contract.matrix_refusal(name, t)
+    if reason is not None:
+        raise ValueError(reason)
+    return t.shape
 
 
 def _check_input(x, mode, rank):
@@ -283,12 +287,12 @@ def _check_input(x, mode, rank):
 
 
 def _place(t, device):
-    """``t`` on ``device``, packed and 32-byte aligned: itself where it is,
+    """``t`` on ``device``, packed and ``ALIGN_BYTES``-aligned: itself where it is,
     else a fresh copy (:func:`_copy`)."""
     if t is None:
         return None
     t = t.detach()
-    if t.device == device and t.is_contiguous() and t.data_ptr() % 32 == 0:
+    if t.device == device and t.is_contiguous() and t.data_ptr() % contract.ALIGN_BYTES == 0:
         return t
     return _copy(t, device)
 
@@ -301,8 +305,9 @@ def _copy(t, device):
     return torch.empty(t.shape, dtype=t.dtype, device=device).copy_(t.detach())
 
 
-def _all_gather(output, tensor, group):
-    import torch.distributed as dist
+def all_gather(output, tensor, group):
+    """Every rank's ``tensor`` into ``output`` (``[p, *tensor.shape]``, or
+    its memory), over ``group`` on the current stream."""
     # all_gather_single is the newer name (all_gather_into_tensor is deprecated there)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     # the concatenated form [p*M, ...] (the same memory as [p, M, ...]): gloo
@@ -321,15 +326,12 @@ class _ParallelDecodeLinear(nn.Module):
     def __init__(self, weight_shard, bias, *, group, rank, world, plan, ms, use_kernel,
                  device):
         super().__init__()
-        if not isinstance(weight_shard, torch.Tensor) or weight_shard.dim() != 2:
-            raise ValueError("weight shard must be a 2-D tensor [N, K], got "
-                             f"{getattr(weight_shard, 'shape', type(weight_shard).__name__)}")
+        shard_n, shard_k = _matrix_shape("weight shard", weight_shard)
         self.rank, self.world, self.backend = _resolve_group(group, rank, world)
         check_backend_multicast(self.backend)
         self.group = group
-        check_plan(plan)
+        plans.check_plan(plan)
         self.ms = check_ms(ms)
-        shard_n, shard_k = weight_shard.shape
         if bias is not None and (not isinstance(bias, torch.Tensor)
                                  or tuple(bias.shape) != (shard_n,)):
             raise ValueError(f"{self.mode}-parallel bias must be a tensor of shape ({shard_n},), "
@@ -354,7 +356,7 @@ class _ParallelDecodeLinear(nn.Module):
         self.local = DecodeLinear(weight, bias, plan, self.ms if self.use_kernel else ())
         if self.use_kernel and self.local.prepared is None:
             raise ValueError(f"{self.mode}-parallel shard on {self.device}: "
-                             f"{self.local._unprepared} (use_kernel=False runs F.linear)")
+                             f"{self.local.unprepared_reason} (use_kernel=False runs F.linear)")
 
     @property
     def kernel_calls(self) -> int:
@@ -413,7 +415,7 @@ class ColumnParallelDecodeLinear(_ParallelDecodeLinear):
         """This rank's shard of a full ``[N, K]`` weight (and ``[N]`` bias), copied
         to the rank's device; rank and world default to the group's."""
         rank, world, backend = _resolve_group(group, rank, world)
-        n, k = _full_shape(weight)
+        n, k = _matrix_shape("full weight", weight)
         rows = column_shard(n, k, rank, world, ms, check_kernel=kwargs.get("use_kernel") is not False)
         device = _resolve_device(kwargs.get("device"), weight, backend)
         return cls(_copy(weight[rows], device), None if bias is None else _copy(bias[rows], device),
@@ -437,13 +439,13 @@ class ColumnParallelDecodeLinear(_ParallelDecodeLinear):
         out = torch.empty((m, part * self.world), dtype=y.dtype, device=y.device)
         if m == 1:
             # [p, 1, N/p] is the memory of [1, N]: gather in place
-            _all_gather(out.view(self.world, 1, part), y, self.group)
+            all_gather(out.view(self.world, 1, part), y, self.group)
             return out
         if m * self.world * part <= self._gather_buffer.numel() and y.dtype == self._gather_buffer.dtype:
             stacked = self._gather_buffer[: self.world * m * part].view(self.world, m, part)
         else:
             stacked = torch.empty((self.world, m, part), dtype=y.dtype, device=y.device)
-        _all_gather(stacked, y, self.group)
+        all_gather(stacked, y, self.group)
         out.view(m, self.world, part).copy_(stacked.transpose(0, 1))
         return out
 
@@ -511,7 +513,7 @@ class RowParallelDecodeLinear(_ParallelDecodeLinear):
         """This rank's shard of a full ``[N, K]`` weight, copied packed to the
         rank's device; ``bias`` is the full ``[N]`` (rank 0 adds it)."""
         rank, world, backend = _resolve_group(group, rank, world)
-        n, k = _full_shape(weight)
+        n, k = _matrix_shape("full weight", weight)
         cols = row_shard(n, k, rank, world, ms, check_kernel=kwargs.get("use_kernel") is not False)
         device = _resolve_device(kwargs.get("device"), weight, backend)
         return cls(_copy(weight[:, cols], device), _copy(bias, device), group=group, rank=rank,
@@ -549,7 +551,6 @@ class RowParallelDecodeLinear(_ParallelDecodeLinear):
     def reduce(self, partial):
         """Sum ``partial`` over the ranks, in place, on the current stream."""
         if self._collective_needed():
-            import torch.distributed as dist
             dist.all_reduce(partial, op=dist.ReduceOp.SUM, group=self.group)
         return partial
 
@@ -562,7 +563,7 @@ class RowParallelDecodeLinear(_ParallelDecodeLinear):
 
 
 __all__ = ["ColumnParallelDecodeLinear", "RowParallelDecodeLinear", "MULTICAST_OFF",
-           "MulticastEnabledError", "check_backend_multicast", "check_world", "column_shard",
-           "ensure_no_multicast", "kernel_shape_reason", "local_cuda_device",
+           "MulticastEnabledError", "all_gather", "check_backend_multicast", "check_world",
+           "column_shard", "ensure_no_multicast", "kernel_shape_reason", "local_cuda_device",
            "multicast_problems", "nccl_env_guard", "row_shard", "shard_plan", "shard_range",
            "shard_shape"]

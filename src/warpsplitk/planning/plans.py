@@ -238,8 +238,8 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise ValueError(f"bias must be None or a torch.Tensor [N], got {type(bias).__name__}")
     # a weight the kernel cannot take is refused by PreparedWarpSplitK, before any tuning
-    from ..nn.linear import ineligibility
-    plan = resolve_plan(plan, [(n, k)] if ineligibility(weight, bias, ms) is None else [], ms)
+    from ..contract import weight_refusal
+    plan = resolve_plan(plan, [(n, k)] if weight_refusal(weight, bias) is None else [], ms)
     plan = plan if plan is not None else DecodePlan()
     if swiglu:
         from ..runtime.prepared import PreparedWarpSplitK

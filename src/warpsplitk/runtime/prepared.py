@@ -175,6 +175,13 @@ class PreparedWarpSplitK:
                            out.data_ptr(), m, _stream_handle(self.device))
         return out
 
+    def launch_unchecked(self, x, out):
+        """``run`` without its checks, for a caller that has made them: x a
+        packed, aligned BF16 ``[M, K]`` on the weight's device with M among
+        ``ms``, ``out`` a packed, aligned ``[M, out_columns]`` overlapping
+        nothing (a fresh allocation). Anything else is undefined on the GPU."""
+        return self._launch(x, out)
+
     __call__ = run
 
     def __repr__(self):
@@ -235,6 +242,11 @@ class PreparedDecode:
                 return torch.matmul(x, self._weight_t, out=out)
             return torch.addmm(self.bias, x, self._weight_t, out=out)
         return self.kernel._launch(x, out)
+
+    def launch_unchecked(self, x, out):
+        """As ``PreparedWarpSplitK.launch_unchecked``: ``run`` without its
+        checks, only for a caller that has made them."""
+        return self._launch(x, out)
 
     __call__ = run
 
