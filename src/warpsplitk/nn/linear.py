@@ -21,7 +21,8 @@ from torch import nn
 from . import ops
 from ..planning.plans import check_plan, resolve_plan
 from ..runtime.prepared import _matrix_shape
-from ..tactics import DEFAULT_SM_COUNT, MAX_M, check_ms, default_tactic
+from ..planning.choose import default_tactic
+from ..tactics import DEFAULT_SM_COUNT, MAX_M, check_ms
 
 logger = logging.getLogger("warpsplitk")
 
