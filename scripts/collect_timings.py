@@ -10,7 +10,7 @@ spent) and each M of ``MS``: the tuner's candidates with the late trigger
 tactics; once those are timed, the TMA, narrow, L2-prefetch, bounded
 prefetch (2 and 4 tiles) and mixed-grid twins of each cell's fastest and the
 early-trigger twins of its two fastest, and the option twins
-(``neighbours.TWINS``) of the default's three best-ranked tactics and of the
+(``measured_options.TWINS``) of the default's three best-ranked tactics and of the
 default's choice; then cuBLAS. Each batch is compiled
 in parallel first. Every tactic is checked against an fp64 reference and
 timed as the tuner times (``timing.time_calls``, weight copies >= 3x L2).
@@ -41,8 +41,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from warpsplitk import models
 from warpsplitk.runtime import timing
-from warpsplitk.planning import cost_model, neighbours, space, tune  # noqa: E402
-from warpsplitk.tactics import default_tactic, is_legal, reference_tactic, shape_refusal  # noqa: E402
+from warpsplitk.planning import choose, measured_options, space, tune  # noqa: E402
+from warpsplitk.planning.choose import default_tactic, reference_tactic  # noqa: E402
+from warpsplitk.tactics import is_legal, shape_refusal  # noqa: E402
 
 MS = (1, 4, 8, 16, 32)
 
@@ -65,10 +66,10 @@ def twin_set(times, m, n, k, sm_count):
              + space.mixed_twins(times, n, k, m, sm_count))
     fastest = sorted((t for t in times if not t.early_launch), key=times.get)[:2]
     found += [dataclasses.replace(t, early_launch=True) for t in fastest]
-    # the option twins of what the default weighs (its pairs: warpsplitk.planning.neighbours)
-    parents = [t for t, _ in cost_model.ranked(m, n, k, sm_count)[:3]]
+    # the option twins of what the default weighs (its pairs: warpsplitk.planning.measured_options)
+    parents = [t for t, _ in choose.ranked(m, n, k, sm_count)[:3]]
     parents.append(default_tactic(m, n, k, sm_count))
-    found += [twin for t in parents for twin_of in neighbours.TWINS.values()
+    found += [twin for t in parents for twin_of in measured_options.TWINS.values()
               if (twin := twin_of(t, m, n, k)) is not None]
     return [t for t in dict.fromkeys(found) if t not in times and is_legal(t, n, k)]
 

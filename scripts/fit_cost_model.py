@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from warpsplitk import models
-from warpsplitk.planning import cost_model, neighbours, tune  # noqa: E402
+from warpsplitk.planning import cost_model, measured_options, tune  # noqa: E402
 from warpsplitk.tactics import WarpSplitKTactic, is_legal, shape_refusal  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -111,16 +111,16 @@ def cross_validate(cells, cublas):
     per option, over the measured (tactic, twin) pairs whose tactic is
     within ``NEAR_BEST`` of its cell's fastest tactic without options, the
     pairs the nearest pairs of the other folds accept and their measured
-    ratio (``neighbours.apply_options``' rule)."""
+    ratio (``measured_options.apply_options``' rule)."""
     shapes = sorted({key[:2] for key in cells})
     random.Random(0).shuffle(shapes)
     regrets, cublas_ratio = [], []
-    options = {name: [] for name in neighbours.TWINS}
+    options = {name: [] for name in measured_options.TWINS}
     for fold in range(FOLDS):
         out = set(shapes[fold::FOLDS])
         model = cost_model.fit({c: v for c, v in cells.items() if c[:2] not in out},
                                {c: v for c, v in cublas.items() if c[:2] not in out})
-        threshold = math.log(1.0 - neighbours.MARGIN)
+        threshold = math.log(1.0 - measured_options.MARGIN)
         for (n, k, m), timings in cells.items():
             if (n, k) not in out:
                 continue
@@ -129,15 +129,16 @@ def cross_validate(cells, cublas):
                 pick = min(late, key=lambda t: model.predict_us(t, m, n, k))
                 regrets.append(late[pick] / min(late.values()))
             plain = [us for t, us in timings.items() if not (
-                t.early_launch or t.l2_prefetch or t.k_split > 1 or t.half_tiles or t.tma_x)]
+                t.early_launch or t.l2_prefetch or t.k_split > 1 or t.half_tiles
+                or t.x_copy == "tma")]
             for tactic, us in timings.items():
                 if not plain or us > NEAR_BEST * min(plain):
                     continue
-                for name, twin_of in neighbours.TWINS.items():
+                for name, twin_of in measured_options.TWINS.items():
                     twin = twin_of(tactic, m, n, k)
                     if twin in timings:
-                        gain = neighbours.estimate(model.option_pairs[name],
-                                                   neighbours.describe(tactic, m, n, k))
+                        gain = measured_options.estimate(model.option_pairs[name],
+                                                   measured_options.describe(tactic, m, n, k))
                         options[name].append((gain is not None and gain < threshold,
                                               timings[twin] / us))
         for (n, k, m), us in cublas.items():

@@ -51,19 +51,24 @@ import torch
 
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic
 from warpsplitk.kernel import layout
-from warpsplitk.tactics import (B_LOADER_WARPS, K_TILES, MAX_STAGES, OUTPUT_TILES, TOKEN_TILES,
-                                is_legal)
+from warpsplitk.tactics import (B_LOADER_WARPS, BULK, CP_ASYNC, K_TILES, MAX_STAGES, OUTPUT_TILES,
+                                PREFETCH_ALL, TMA, TOKEN_TILES, is_legal)
 
 
 def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
+def _x_copy(bulk, tma):
+    """The activation copy of a case family's two flags."""
+    return TMA if tma else BULK if bulk else CP_ASYNC
+
+
 def _deepest_aliased(o, t, kt, b, c, bulk, tma=False):
     """(stages, K) of the deepest legal ring whose reduction buffer lies over
     the rings (layout.smem_plan), with one K tile past the ring; None if none."""
     for stages in range(MAX_STAGES, 1, -1):
-        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, bulk_x=bulk, tma_x=tma)
+        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x_copy=_x_copy(bulk, tma))
         k = c * (stages + 1) * kt
         plan = tactic.smem_plan
         if plan.reduction_aliased and is_legal(tactic, 2 * o, k):
@@ -76,7 +81,7 @@ def _deepest_past_16(o, t, kt, b, c, bulk, tma=False):
     tiles and small stages reach up to MAX_STAGES), with one K tile past
     the ring; None if the family's stages are too large for 17."""
     for stages in range(MAX_STAGES, 16, -1):
-        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, bulk_x=bulk, tma_x=tma)
+        tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x_copy=_x_copy(bulk, tma))
         k = c * (stages + 1) * kt
         if is_legal(tactic, 2 * o, k):
             return stages, k
@@ -105,7 +110,7 @@ def shipped_cases():
         n = (2 * t.output_tile if not t.half_tiles
              else t.output_tile + t.half_tiles * (t.output_tile // 2))
         # a one-stage ring holds exactly one K tile per CTA (check_tactic)
-        tiles = 1 if t.stages == 1 else t.stages + t.prefetch_tiles + 1
+        tiles = 1 if t.stages == 1 else t.stages + max(t.l2_prefetch, 0) + 1
         k = t.k_split * tiles * t.k_tile
         if not is_legal(t, n, k):
             raise ValueError(f"shipped case {t.short()} N={n} K={k} is not legal")
@@ -121,7 +126,7 @@ def family_cases(subset, offset=0, k_splits=(1,), bulk_xs=(False,), l2_prefetch=
     cases = []
     families = [f for f in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS,
                                              k_splits, bulk_xs, tma_xs)
-                # bulk_x: one loader warp; tma_x: one loader warp, not with bulk_x
+                # bulk or TMA copies: one loader warp; not both
                 if not (f[5] and (f[3] > 1 or f[6])) and not (f[6] and f[3] > 1)]
     for index, (o, t, kt, b, c, bulk, tma) in enumerate(families):
         # per CTA: one stage; a ring shorter than its K tiles; one equal to them
@@ -135,16 +140,16 @@ def family_cases(subset, offset=0, k_splits=(1,), bulk_xs=(False,), l2_prefetch=
                     rings.append(deepest)
         n = 2 * o  # two output tiles
         for stages, k in rings:
-            tactic = WarpSplitKTactic(o, t, kt, stages, b, c, bulk_x=bulk, tma_x=tma)
+            tactic = WarpSplitKTactic(o, t, kt, stages, b, c, x_copy=_x_copy(bulk, tma))
             if not is_legal(tactic, n, k):
                 continue  # a combination check_tactic refuses (48/64-row tiles need k_tile 128)
             ms = sorted({1, max(1, t - 1), t, min(32, t + 1), 32})
             cases.append((tactic, n, k, ms))
-            prefetching = dataclasses.replace(tactic, l2_prefetch=True)
+            prefetching = dataclasses.replace(tactic, l2_prefetch=PREFETCH_ALL)
             if l2_prefetch and is_legal(prefetching, n, k):  # a ring shorter than K
                 cases.append((prefetching, n, k, ms))
                 # bounded: one tile past the ring, one more K tile left after it
-                bounded = dataclasses.replace(prefetching, prefetch_tiles=1)
+                bounded = dataclasses.replace(prefetching, l2_prefetch=1)
                 longer = k + c * kt
                 if is_legal(bounded, n, longer):
                     cases.append((bounded, n, longer, ms))
@@ -158,8 +163,8 @@ def family_cases(subset, offset=0, k_splits=(1,), bulk_xs=(False,), l2_prefetch=
 #: ``--NAME-only``: keep only the cases whose tactic passes (several: all of them).
 CASE_FILTERS = {
     "clusters": ("the cases with k_split > 1", lambda t: t.k_split > 1),
-    "x-copies": ("the cases with bulk_x, tma_x, half tiles or the L2 prefetch",
-                 lambda t: t.bulk_x or t.l2_prefetch or t.tma_x or t.half_tiles),
+    "x-copies": ("the cases with bulk or TMA copies, half tiles or the L2 prefetch",
+                 lambda t: t.x_copy != CP_ASYNC or t.l2_prefetch or t.half_tiles),
     "aliased": ("the cases whose reduction buffer lies over the rings",
                 lambda t: t.reduction_aliased),
     "narrow": ("the cases with a narrow token tile (1, 2 or 4 rows)",
@@ -298,9 +303,9 @@ def main():
     c.add_argument("--k-split", action="store_true",
                    help="also the cluster split of K (k_split 2) of every family")
     c.add_argument("--bulk-x", action="store_true",
-                   help="also bulk activation copies (bulk_x) of every one-warp family")
+                   help="also bulk activation copies (x_copy bulk) of every one-warp family")
     c.add_argument("--tma-x", action="store_true",
-                   help="also TMA activation boxes (tma_x) of every one-warp family")
+                   help="also TMA activation boxes (x_copy tma) of every one-warp family")
     c.add_argument("--half-tiles", action="store_true",
                    help="also a mixed grid (half_tiles 3) of every 32- or 64-row case")
     c.add_argument("--l2-prefetch", action="store_true",

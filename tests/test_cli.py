@@ -16,7 +16,7 @@ from warpsplitk.runtime import compile as compile_module
 from warpsplitk.runtime import disk_cache
 from warpsplitk.cli import main
 from warpsplitk.planning.plans import DecodePlan, builtin_plan
-from warpsplitk.tactics import default_tactic
+from warpsplitk.planning.choose import default_tactic
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -3,7 +3,8 @@
 import pytest
 
 from script_loader import load_script
-from warpsplitk.tactics import check_tactic, default_tactic, reference_tactic
+from warpsplitk.planning.choose import default_tactic, reference_tactic
+from warpsplitk.tactics import check_tactic
 
 collect = load_script("collect_timings")
 
@@ -31,7 +32,7 @@ def test_twin_set_times_neighbours_of_the_fastest():
         check_tactic(t, n, k)
     fastest = base[:2]
     assert all(t.__class__(**{**t.__dict__, "early_launch": True}) in twins for t in fastest)
-    assert any(t.tma_x for t in twins) and any(t.prefetch_tiles in (2, 4) for t in twins)
+    assert any(t.x_copy == "tma" for t in twins) and any(t.l2_prefetch in (2, 4) for t in twins)
 
 
 def test_shapes_come_from_arguments_or_a_model():

@@ -19,15 +19,16 @@ import pytest
 
 from compile_facts import facts
 from warpsplitk.kernel import layout
+from warpsplitk.planning.choose import default_tactic
 from warpsplitk.runtime.compile import audit_ptx, compile_for_arch
 from warpsplitk.tactics import (
     B_LOADER_WARPS,
     K_TILES,
     OUTPUT_TILES,
+    PREFETCH_ALL,
     TOKEN_TILES,
     WarpSplitKTactic,
     check_tactic,
-    default_tactic,
     is_legal,
 )
 
@@ -158,12 +159,11 @@ def _run_facts(jobs, timeout=900, import_cutlass=False):
 #: each feature, compiled for Blackwell in the same process
 SM100_K_SPLIT = (1536, 7168, WarpSplitKTactic(16, 8, 256, 8, 1, 2))
 SM100_X_COPIES = (768, 7168, WarpSplitKTactic(32, 8, 256, 10, 1, 2, early_launch=True,
-                                              l2_prefetch=True, bulk_x=True))
-SM100_TMA = (3216, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, early_launch=True, tma_x=True))
-SM100_MIXED = (3216, 7168, WarpSplitKTactic(32, 32, 256, 7, 1, tma_x=True, half_tiles=63))
+                                              l2_prefetch=PREFETCH_ALL, x_copy="bulk"))
+SM100_TMA = (3216, 7168, WarpSplitKTactic(16, 32, 256, 4, 1, early_launch=True, x_copy="tma"))
+SM100_MIXED = (3216, 7168, WarpSplitKTactic(32, 32, 256, 7, 1, x_copy="tma", half_tiles=63))
 #: the SwiGLU epilogue (gate/up of a TP-8 Llama-3-70B MLP shard), with a bias
-SM100_SWIGLU = (7168, 8192, WarpSplitKTactic(32, 8, 256, 11, 2, l2_prefetch=True,
-                                             prefetch_tiles=2))
+SM100_SWIGLU = (7168, 8192, WarpSplitKTactic(32, 8, 256, 11, 2, l2_prefetch=2))
 
 
 @pytest.fixture(scope="module")
@@ -257,8 +257,8 @@ def test_cli_compile(tmp_path, capsys):
     assert f"ptx written to {path}" in out
     text = path.read_text()
     assert ".target sm_90a" in text
-    assert audit_ptx(text, k_tiles=1024 // tactic.k_tile, bulk_x=tactic.bulk_x,
-                     tma_x=tactic.tma_x) == []
+    assert audit_ptx(text, k_tiles=1024 // tactic.k_tile, bulk_x=tactic.x_copy == "bulk",
+                     tma_x=tactic.x_copy == "tma") == []
 
 
 def test_cli_compile_error_exit_code():
@@ -345,15 +345,17 @@ def test_audit_requires_the_cluster_reduction_only_with_k_split():
 
 
 @pytest.mark.parametrize("tactic,n,k", [
-    (WarpSplitKTactic(32, 8, 256, 8, 1, bulk_x=True), 2048, 2048),
-    (WarpSplitKTactic(16, 32, 128, 3, 1, bulk_x=True), 512, 1024),
-    (WarpSplitKTactic(32, 8, 256, 10, 1, 2, bulk_x=True, l2_prefetch=True), 768, 7168),
-    (WarpSplitKTactic(16, 1, 256, 12, 1, bulk_x=True, early_launch=True), 2112, 7168),
-    (WarpSplitKTactic(64, 1, 128, 13, 1, bulk_x=True, l2_prefetch=True), 768, 7168),
-    (WarpSplitKTactic(64, 16, 128, 4, 2, l2_prefetch=True, early_launch=True), 7168, 768),
+    (WarpSplitKTactic(32, 8, 256, 8, 1, x_copy="bulk"), 2048, 2048),
+    (WarpSplitKTactic(16, 32, 128, 3, 1, x_copy="bulk"), 512, 1024),
+    (WarpSplitKTactic(32, 8, 256, 10, 1, 2, x_copy="bulk", l2_prefetch=PREFETCH_ALL), 768,
+     7168),
+    (WarpSplitKTactic(16, 1, 256, 12, 1, x_copy="bulk", early_launch=True), 2112, 7168),
+    (WarpSplitKTactic(64, 1, 128, 13, 1, x_copy="bulk", l2_prefetch=PREFETCH_ALL), 768, 7168),
+    (WarpSplitKTactic(64, 16, 128, 4, 2, l2_prefetch=PREFETCH_ALL, early_launch=True), 7168,
+     768),
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
-def test_bulk_x_and_l2_prefetch_compile_with_their_instructions(tactic, n, k):
-    """bulk_x: per stage one armed full barrier and one bulk copy (predicated
+def test_bulk_copies_and_l2_prefetch_compile_with_their_instructions(tactic, n, k):
+    """Bulk copies: per stage one armed full barrier and one bulk copy (predicated
     by lane), no thread-issued activation copies; l2_prefetch: one bulk L2
     prefetch (predicated by thread), once, before any ring wait; no spills."""
     import re
@@ -364,12 +366,12 @@ def test_bulk_x_and_l2_prefetch_compile_with_their_instructions(tactic, n, k):
     k_tiles = k // (tactic.k_tile * tactic.k_split)
     bulk = re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes \[",
                       ptx)
-    assert len(bulk) == (k_tiles if tactic.bulk_x else 0)
+    assert len(bulk) == (k_tiles if tactic.x_copy == "bulk" else 0)
     # (a K split adds one: the first CTA expects the others' partials)
     assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == \
-        (k_tiles if tactic.bulk_x else 0) + (tactic.k_split > 1)
+        (k_tiles if tactic.x_copy == "bulk" else 0) + (tactic.k_split > 1)
     zfill = re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 16, %r", ptx)
-    assert bool(zfill) == (not tactic.bulk_x)
+    assert bool(zfill) == (not tactic.x_copy == "bulk")
     prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global", ptx)
     assert len(prefetches) == (1 if tactic.l2_prefetch else 0)
     assert not re.search(r"multicast::cluster|mbarrier\.arrive\.release\.cluster", ptx)
@@ -381,8 +383,8 @@ def test_audit_requires_bulk_x_and_the_prefetch_only_with_their_fields():
                for p in audit_ptx(plain.ptx, k_tiles=4, bulk_x=True))
     assert any("missing weight past the ring prefetched" in p
                for p in audit_ptx(plain.ptx, k_tiles=4, l2_prefetch=True))
-    both = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 256, 2, 1, bulk_x=True,
-                                                        l2_prefetch=True), "sm_90a")
+    both = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 256, 2, 1, x_copy="bulk",
+                                                        l2_prefetch=PREFETCH_ALL), "sm_90a")
     problems = audit_ptx(both.ptx, k_tiles=4)
     assert any("without bulk_x" in p for p in problems)
     assert any("without l2_prefetch" in p for p in problems)
@@ -396,8 +398,8 @@ def test_audit_requires_bulk_x_and_the_prefetch_only_with_their_fields():
     ("32,8,256,10,1,2+early+prefetch+bulk", 768, 7168, 4),       # whole: 14 - 10 tiles
 ])
 def test_l2_prefetch_asks_for_its_span(text, n, k, span_tiles):
-    """The PTX asks L2 for exactly the prefetch's span per row: the bound of
-    prefetch_tiles, or the whole remainder; the audit refuses any other."""
+    """The PTX asks L2 for exactly the prefetch's span per row: its bound,
+    or the whole remainder; the audit refuses any other."""
     tactic = WarpSplitKTactic.parse(text)
     report = compile_for_arch(n, k, tactic, "sm_90a")
     assert report.audit() == []
@@ -406,7 +408,7 @@ def test_l2_prefetch_asks_for_its_span(text, n, k, span_tiles):
     assert set(prefetch_sizes(report.ptx)) == {report.prefetch_bytes}
     k_tiles = k // (tactic.k_tile * tactic.k_split)
     wrong = audit_ptx(report.ptx, k_tiles=k_tiles, k_split=tactic.k_split, l2_prefetch=True,
-                      bulk_x=tactic.bulk_x, tma_x=tactic.tma_x,
+                      bulk_x=tactic.x_copy == "bulk", tma_x=tactic.x_copy == "tma",
                       prefetch_bytes=report.prefetch_bytes + 512)
     assert any("the L2 prefetch asks for" in p for p in wrong)
 
@@ -426,13 +428,14 @@ def test_reduction_over_the_rings_waits_for_every_compute_warp(tactic, n, k, ali
 
 
 @pytest.mark.parametrize("tactic,n,k", [
-    (WarpSplitKTactic(32, 8, 256, 4, 1, tma_x=True), 2048, 2048),
-    (WarpSplitKTactic(64, 8, 128, 3, 1, early_launch=True, tma_x=True), 7168, 384),
-    (WarpSplitKTactic(32, 16, 256, 3, 1, 2, l2_prefetch=True, tma_x=True), 2048, 2048),
-    (WarpSplitKTactic(16, 32, 256, 4, 1, tma_x=True), 3216, 7168),
+    (WarpSplitKTactic(32, 8, 256, 4, 1, x_copy="tma"), 2048, 2048),
+    (WarpSplitKTactic(64, 8, 128, 3, 1, early_launch=True, x_copy="tma"), 7168, 384),
+    (WarpSplitKTactic(32, 16, 256, 3, 1, 2, l2_prefetch=PREFETCH_ALL, x_copy="tma"), 2048,
+     2048),
+    (WarpSplitKTactic(16, 32, 256, 4, 1, x_copy="tma"), 3216, 7168),
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
-def test_tma_x_compiles_with_its_instructions(tactic, n, k):
-    """tma_x: per stage one armed full barrier and k_tile / 64 box copies,
+def test_tma_copies_compile_with_their_instructions(tactic, n, k):
+    """TMA copies: per stage one armed full barrier and k_tile / 64 box copies,
     each entered by the whole warp and issued by one elected lane, the tensor map prefetched
     once; no 16-byte or per-row activation copies; no spills."""
     import re
@@ -456,7 +459,7 @@ def test_audit_requires_tma_x_only_with_its_field():
     plain = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 256, 2, 1), "sm_90a")
     assert any("missing activation boxes by TMA" in p
                for p in audit_ptx(plain.ptx, k_tiles=4, tma_x=True))
-    boxes = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 256, 2, 1, tma_x=True), "sm_90a")
+    boxes = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 256, 2, 1, x_copy="tma"), "sm_90a")
     assert any("without tma_x" in p for p in audit_ptx(boxes.ptx, k_tiles=4))
     assert audit_ptx(boxes.ptx, k_tiles=4, tma_x=True) == []
     # nothing is multicast into a cluster
@@ -466,8 +469,8 @@ def test_audit_requires_tma_x_only_with_its_field():
 
 
 @pytest.mark.parametrize("tactic,n,k", [
-    (WarpSplitKTactic(16, 32, 256, 4, 1, tma_x=True), 3216, 7168),
-    (WarpSplitKTactic(64, 32, 128, 4, 1, tma_x=True), 4608, 1536),
+    (WarpSplitKTactic(16, 32, 256, 4, 1, x_copy="tma"), 3216, 7168),
+    (WarpSplitKTactic(64, 32, 128, 4, 1, x_copy="tma"), 4608, 1536),
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_tma_register_table_is_what_ptxas_allots(tactic, n, k):
     """The residency model's registers for TMA tactics (tactics.MEASURED_REGISTERS_TMA)

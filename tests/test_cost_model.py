@@ -11,10 +11,11 @@ import pytest
 
 from script_loader import load_script
 from warpsplitk import models
-from warpsplitk.planning import cost_model, neighbours
+from warpsplitk.planning import choose, cost_model, measured_options
 from warpsplitk.planning.plans import CUBLAS, default_choice
 from warpsplitk.tactics import WarpSplitKTactic as T
-from warpsplitk.tactics import check_tactic, ctas_per_sm, default_tactic, reference_tactic
+from warpsplitk.planning.choose import default_tactic, reference_tactic
+from warpsplitk.tactics import check_tactic, ctas_per_sm
 
 fit_script = load_script("fit_cost_model")
 
@@ -41,8 +42,8 @@ def test_features_are_named_and_physical():
 
 
 def test_feature_flags_follow_the_tactic():
-    f = _named(T(32, 8, 256, 5, 1, 2, early_launch=True, l2_prefetch=True, prefetch_tiles=2,
-                 tma_x=True), 8, 4096, 4096)
+    f = _named(T(32, 8, 256, 5, 1, 2, early_launch=True, l2_prefetch=2,
+                 x_copy="tma"), 8, 4096, 4096)
     assert f["early"] == f["tma"] == f["k_split"] == f["prefetch_bounded"] == 1.0
     assert f["prefetch_all"] == 0.0 and f["prefetch_depth"] == 2.0
     assert f["activation_copies"] == 0.0  # TMA boxes, no 16-byte copies
@@ -105,7 +106,7 @@ def test_fit_recovers_a_model_from_its_own_timings():
     cells, cublas = {}, {}
     for n, k in shapes:
         for m in (1, 4, 8, 16, 32):
-            ranked = cost_model.ranked(m, n, k, model=truth)
+            ranked = choose.ranked(m, n, k, model=truth)
             cells[(n, k, m)] = {t: truth.predict_us(t, m, n, k) for t, _ in ranked}
             cublas[(n, k, m)] = truth.predict_cublas_us(m, n, k)
     fitted = cost_model.fit(cells, cublas)
@@ -171,36 +172,37 @@ def test_choices_are_legal_ranked_and_stable(n, k):
         chosen = default_tactic(m, n, k, sm_count=132)
         check_tactic(chosen, n, k)
         assert default_tactic(m, n, k, sm_count=132) == chosen  # the same answer every call
-        tactic, us = cost_model.choose(m, n, k, 132)
+        tactic, us = choose.choose(m, n, k, 132)
         assert chosen == tactic
         # the ranked first, or the reference heuristic's tactic where the
         # first is not predicted REFERENCE_MARGIN faster; then the options
         # its nearest measured pairs accept
         # (an HBM-bound cell: of rings HBM_BOUND_MIN_STAGES deep or more)
-        streaming = cost_model.hbm_bound(m, n, k)
+        streaming = choose.hbm_bound(m, n, k)
         reference = reference_tactic(m, n, k, 132)
-        first, first_us = next((t, t_us) for t, t_us in cost_model.ranked(m, n, k, 132)
+        first, first_us = next((t, t_us) for t, t_us in choose.ranked(m, n, k, 132)
                                if not streaming or t == reference
-                               or t.stages >= cost_model.HBM_BOUND_MIN_STAGES)
-        reference_us = cost_model.rank_us(model, reference, m, n, k)
-        start = first if first_us <= reference_us * (1 - cost_model.REFERENCE_MARGIN) \
+                               or t.stages >= choose.HBM_BOUND_MIN_STAGES)
+        reference_us = choose.rank_us(model, reference, m, n, k)
+        start = first if first_us <= reference_us * (1 - choose.REFERENCE_MARGIN) \
             else reference
         # (as its mixed grid where the grid leaves a third of the SMs idle)
-        balanced = cost_model.balanced_grid(start, m, n, k, 132, model)
-        steps = neighbours.STEPS_WITHOUT_PREFETCH if streaming else neighbours.OPTION_STEPS
-        optioned, factor = neighbours.apply_options(balanced, m, n, k, model.option_pairs, 132,
-                                                    steps)
+        balanced = choose.balanced_grid(start, m, n, k, 132, model)
+        steps = (measured_options.STEPS_WITHOUT_PREFETCH if streaming
+                 else measured_options.OPTION_STEPS)
+        optioned, factor = measured_options.apply_options(balanced, m, n, k, model.option_pairs,
+                                                          132, steps)
         # and the early trigger where the grid pipelines with the next call's
         # (an HBM-bound cell takes neither it nor the L2 prefetch)
         assert chosen.early_launch == (not streaming and (
-            cost_model.early_trigger_pays(optioned, m, n, 132)
-            or cost_model.short_wave(optioned, m, n, k, 132)))
-        assert not (streaming and (chosen.l2_prefetch or chosen.stages < cost_model.HBM_BOUND_MIN_STAGES and chosen != reference))
+            choose.early_trigger_pays(optioned, m, n, 132)
+            or choose.short_wave(optioned, m, n, k, 132)))
+        assert not (streaming and (chosen.l2_prefetch or chosen.stages < choose.HBM_BOUND_MIN_STAGES and chosen != reference))
         assert (tactic, pytest.approx(us)) == (
             dataclasses.replace(optioned, early_launch=chosen.early_launch),
-            cost_model.rank_us(model, start, m, n, k) * factor)
+            choose.rank_us(model, start, m, n, k) * factor)
         # what the default leaves to measurement
-        assert not chosen.bulk_x
+        assert chosen.x_copy != "bulk"
         # with the SwiGLU epilogue: the same without the mixed grid
         unbalanced = default_tactic(m, n, k, sm_count=132, swiglu=True)
         check_tactic(unbalanced, n, k, swiglu=True)
@@ -209,8 +211,8 @@ def test_choices_are_legal_ranked_and_stable(n, k):
         # never predicted slower than the reference heuristic's tactic
         assert us <= reference_us
         choice = default_choice(m, n, k, sm_count=132)
-        prefers = (k <= cost_model.CUBLAS_MAX_K and model.predict_cublas_us(m, n, k)
-                   < us * (1 - cost_model.CUBLAS_MARGIN))
+        prefers = (k <= choose.CUBLAS_MAX_K and model.predict_cublas_us(m, n, k)
+                   < us * (1 - choose.CUBLAS_MARGIN))
         assert choice == (CUBLAS if prefers else chosen)
 
 
@@ -221,11 +223,11 @@ def test_k_split_candidates_are_ranked_only_where_they_pay():
                               (8, 4096, 4096, True),  # 32-row tiles: 256 CTAs, 2 per SM
                               (1, 4224, 7168, False),  # 264 CTAs of one per SM
                               (4, 256, 2048, False)):  # 4 K tiles per CTA
-        splits = [t for t, _ in cost_model.ranked(m, n, k, 132) if t.k_split > 1]
+        splits = [t for t, _ in choose.ranked(m, n, k, 132) if t.k_split > 1]
         for t in splits:
-            assert t.output_tile <= cost_model.K_SPLIT_BASE_MAX_TILE
-            assert m <= cost_model.K_SPLIT_BASE_MAX_M
-            assert neighbours.k_split_pays(t, m, n, k, 132)
+            assert t.output_tile <= choose.K_SPLIT_BASE_MAX_TILE
+            assert m <= choose.K_SPLIT_BASE_MAX_M
+            assert measured_options.k_split_pays(t, m, n, k, 132)
         assert bool(splits) == expected, (m, n, k)
 
 
@@ -233,19 +235,19 @@ def test_short_wave_class_ranks_with_the_early_gain():
     # 7168 x 384: 32-row tiles make 224 CTAs of 3 K tiles, two per SM (a
     # short wave); 64-row tiles make 112, fewer than the SMs
     short, wide = T(32, 8, 128, 3, 1), T(64, 8, 128, 3, 1)
-    assert cost_model.short_wave(short, 4, 7168, 384, 132)
-    assert not cost_model.short_wave(wide, 4, 7168, 384, 132)
-    assert not cost_model.short_wave(T(16, 8, 128, 3, 1), 4, 7168, 384, 132)  # 16-row tiles
-    assert not cost_model.short_wave(short, 4, 7168, 4096, 132)  # 32 K tiles: a long call
-    assert cost_model.short_wave(short, 4, 7168, 896, 132)  # 7 K tiles
-    assert not cost_model.short_wave(short, 4, 7168, 1024, 132)  # 8
-    assert not cost_model.short_wave(T(32, 8, 128, 1, 1), 4, 7168, 128, 132)  # 1
-    assert not cost_model.short_wave(short, 32, 7168, 384, 132)  # 896 CTAs: past one wave
-    assert not cost_model.short_wave(short, 4, 4224, 384, 132)  # 132 CTAs: one per SM
+    assert choose.short_wave(short, 4, 7168, 384, 132)
+    assert not choose.short_wave(wide, 4, 7168, 384, 132)
+    assert not choose.short_wave(T(16, 8, 128, 3, 1), 4, 7168, 384, 132)  # 16-row tiles
+    assert not choose.short_wave(short, 4, 7168, 4096, 132)  # 32 K tiles: a long call
+    assert choose.short_wave(short, 4, 7168, 896, 132)  # 7 K tiles
+    assert not choose.short_wave(short, 4, 7168, 1024, 132)  # 8
+    assert not choose.short_wave(T(32, 8, 128, 1, 1), 4, 7168, 128, 132)  # 1
+    assert not choose.short_wave(short, 32, 7168, 384, 132)  # 896 CTAs: past one wave
+    assert not choose.short_wave(short, 4, 4224, 384, 132)  # 132 CTAs: one per SM
     model = cost_model.shipped_model()
-    assert cost_model.rank_us(model, short, 4, 7168, 384) == pytest.approx(
-        model.predict_us(short, 4, 7168, 384) * cost_model.SHORT_WAVE_EARLY_GAIN)
-    assert cost_model.rank_us(model, wide, 4, 7168, 384) == model.predict_us(wide, 4, 7168, 384)
+    assert choose.rank_us(model, short, 4, 7168, 384) == pytest.approx(
+        model.predict_us(short, 4, 7168, 384) * choose.SHORT_WAVE_EARLY_GAIN)
+    assert choose.rank_us(model, wide, 4, 7168, 384) == model.predict_us(wide, 4, 7168, 384)
     chosen = default_tactic(4, 7168, 384, 132)
     assert chosen.output_tile == 32 and chosen.early_launch
 
@@ -255,17 +257,17 @@ def test_balanced_grid_where_the_grid_leaves_a_third_of_the_sms_idle():
     model = cost_model.shipped_model()
     # 5120 x 7168 (73 MB) in 64-row tiles: 80 CTAs on 132 SMs
     wide = T(64, 8, 128, 12, 2)
-    mixed = cost_model.balanced_grid(wide, 8, 5120, 7168, 132, model)
+    mixed = choose.balanced_grid(wide, 8, 5120, 7168, 132, model)
     check_tactic(mixed, 5120, 7168)
     assert mixed.half_tiles and grid_ctas(mixed, 8, 5120) == 132
     assert sm_balance(mixed, 8, 5120) < sm_balance(wide, 8, 5120)
-    assert not mixed.tma_x  # row copies below BALANCE_BOXES_MIN_M...
-    assert cost_model.balanced_grid(T(64, 32, 128, 9, 2), 32, 5120, 7168, 132, model).tma_x
+    assert mixed.x_copy != "tma"  # row copies below BALANCE_BOXES_MIN_M...
+    assert choose.balanced_grid(T(64, 32, 128, 9, 2), 32, 5120, 7168, 132, model).x_copy == "tma"
     # the default takes it; with the SwiGLU epilogue (no mixed grids) not
     assert default_tactic(8, 5120, 7168, 132).half_tiles
     assert not default_tactic(8, 5120, 7168, 132, swiglu=True).half_tiles
     # a 48-row parent's 32-row mixed grid may take 256-wide K tiles
-    assert cost_model.balanced_grid(T(48, 32, 128, 11, 2), 32, 3216, 7168, 132,
+    assert choose.balanced_grid(T(48, 32, 128, 11, 2), 32, 3216, 7168, 132,
                                     model).k_tile == 256
     for tactic, m, n, k in (
             (T(32, 8, 256, 6, 1), 8, 2304, 1536),  # 72 CTAs, but a 7 MB weight
@@ -273,18 +275,18 @@ def test_balanced_grid_where_the_grid_leaves_a_third_of_the_sms_idle():
             (T(32, 8, 256, 11, 2, k_split=2), 8, 2560, 8192),  # a K split fills them
             (T(16, 8, 256, 9, 2), 8, 3216, 7168),  # 201 CTAs
             (T(64, 8, 128, 12, 2, half_tiles=104), 8, 5120, 7168)):  # mixed already
-        assert cost_model.balanced_grid(tactic, m, n, k, 132, model) == tactic, (n, k)
+        assert choose.balanced_grid(tactic, m, n, k, 132, model) == tactic, (n, k)
 
 
 #: forms of a tactic to compare two tactics in where they were not timed as
 #: chosen (the exhaustive tune timed base tactics late, without the prefetch)
 _FORMS = (
     lambda t: t,
-    lambda t: dataclasses.replace(t, l2_prefetch=False, prefetch_tiles=0),
-    lambda t: dataclasses.replace(t, l2_prefetch=False, prefetch_tiles=0, tma_x=False),
-    lambda t: dataclasses.replace(t, l2_prefetch=False, prefetch_tiles=0,
+    lambda t: dataclasses.replace(t, l2_prefetch=0),
+    lambda t: dataclasses.replace(t, l2_prefetch=0, x_copy="cp.async"),
+    lambda t: dataclasses.replace(t, l2_prefetch=0,
                                   early_launch=not t.early_launch),
-    lambda t: dataclasses.replace(t, l2_prefetch=False, prefetch_tiles=0, tma_x=False,
+    lambda t: dataclasses.replace(t, l2_prefetch=0, x_copy="cp.async",
                                   early_launch=not t.early_launch),
 )
 
@@ -317,12 +319,12 @@ def test_cublas_rule_is_what_the_records_measure():
     model = cost_model.shipped_model()
     below, above = [], []
     for (n, k, m), timings in cells.items():
-        tactic, us = cost_model.choose(m, n, k, 132, model)
+        tactic, us = choose.choose(m, n, k, 132, model)
         if (n, k, m) not in cublas or tactic not in timings:
             continue
-        if model.predict_cublas_us(m, n, k) < us * (1 - cost_model.CUBLAS_MARGIN):
+        if model.predict_cublas_us(m, n, k) < us * (1 - choose.CUBLAS_MARGIN):
             faster = cublas[(n, k, m)] < timings[tactic]
-            (below if k <= cost_model.CUBLAS_MAX_K else above).append(faster)
+            (below if k <= choose.CUBLAS_MAX_K else above).append(faster)
     assert len(below) >= 2 and all(below)
     assert len(above) >= 3 and not any(above)
 
@@ -349,9 +351,9 @@ def test_a_chained_call_takes_cublas_only_past_the_pdl_overlap_it_forfeits():
                     except ValueError:  # a shape the kernel refuses
                         continue
                     chained = default_choice(m, n, k, 132, chained=True)
-                    _, us = cost_model.choose(m, n, k, 132, model)
-                    expected = (k <= cost_model.CUBLAS_MAX_K and model.predict_cublas_us(m, n, k)
-                                + cost_model.CHAIN_CUBLAS_US < us * (1 - cost_model.CUBLAS_MARGIN))
+                    _, us = choose.choose(m, n, k, 132, model)
+                    expected = (k <= choose.CUBLAS_MAX_K and model.predict_cublas_us(m, n, k)
+                                + choose.CHAIN_CUBLAS_US < us * (1 - choose.CUBLAS_MARGIN))
                     assert (chained == CUBLAS) == expected, (name, tp, n, k, m)
                     assert chained == plain or (plain == CUBLAS and chained != CUBLAS)
                     checked += 1
@@ -360,13 +362,13 @@ def test_a_chained_call_takes_cublas_only_past_the_pdl_overlap_it_forfeits():
 
 def test_shortlist_holds_the_default_the_reference_and_early_twins():
     for m, n, k in ((1, 2048, 2048), (8, 4096, 4096), (32, 7168, 384), (4, 3216, 7168)):
-        short = cost_model.shortlist(m, n, k, 132)
-        assert len(short) == len(set(short)) <= cost_model.SHORTLIST * 2 + 2 + 2
+        short = choose.shortlist(m, n, k, 132)
+        assert len(short) == len(set(short)) <= choose.SHORTLIST * 2 + 2 + 2
         for t in short:
             check_tactic(t, n, k)
         assert default_tactic(m, n, k, 132) in short
         assert reference_tactic(m, n, k, 132) in short
-        late = [t for t in short[:cost_model.SHORTLIST] if not t.early_launch]
+        late = [t for t in short[:choose.SHORTLIST] if not t.early_launch]
         assert all(t.__class__(**{**t.__dict__, "early_launch": True}) in short for t in late)
 
 
@@ -374,33 +376,33 @@ def test_early_trigger_where_the_grid_holds_one_cta_per_sm_on_most_sms():
     deep = T(32, 8, 256, 11, 1)  # one resident CTA per SM
     assert cost_model.ctas_per_sm(deep) == 1
     # 4224 / 32 = 132 CTAs: one per SM, every SM
-    assert cost_model.early_trigger_pays(deep, 8, 4224, 132)
+    assert choose.early_trigger_pays(deep, 8, 4224, 132)
     # 2112 / 32 = 66 CTAs: half the SMs idle, the next grid streams beside it
-    assert not cost_model.early_trigger_pays(deep, 8, 2112, 132)
+    assert not choose.early_trigger_pays(deep, 8, 2112, 132)
     # 67 CTAs: more than half
-    assert cost_model.early_trigger_pays(deep, 8, 2144, 132)
+    assert choose.early_trigger_pays(deep, 8, 2144, 132)
     # 133 CTAs: one SM holds two
-    assert not cost_model.early_trigger_pays(deep, 8, 4256, 132)
+    assert not choose.early_trigger_pays(deep, 8, 4256, 132)
     # two token tiles double the grid
-    assert not cost_model.early_trigger_pays(T(32, 16, 256, 9, 2), 32, 4224, 132)
+    assert not choose.early_trigger_pays(T(32, 16, 256, 9, 2), 32, 4224, 132)
     shallow = T(32, 8, 256, 2, 1)  # several resident CTAs: room for the next grid
     assert cost_model.ctas_per_sm(shallow) > 1
-    assert not cost_model.early_trigger_pays(shallow, 8, 4224, 132)
+    assert not choose.early_trigger_pays(shallow, 8, 4224, 132)
 
 
 def test_hbm_bound_cells_stream_in_deep_rings_without_overlap_devices():
     # from 64 MiB of weight at M <= 8
-    assert cost_model.hbm_bound(8, 4096, 8192) and cost_model.hbm_bound(1, 4096, 8192)
-    assert not cost_model.hbm_bound(9, 4096, 8192) and not cost_model.hbm_bound(8, 4096, 8190)
-    assert neighbours.STEPS_WITHOUT_PREFETCH == (("k_split", "narrow"), ("tma",))
+    assert choose.hbm_bound(8, 4096, 8192) and choose.hbm_bound(1, 4096, 8192)
+    assert not choose.hbm_bound(9, 4096, 8192) and not choose.hbm_bound(8, 4096, 8190)
+    assert measured_options.STEPS_WITHOUT_PREFETCH == (("k_split", "narrow"), ("tma",))
     for n, k in ((30720, 3840), (3840, 15360), (28672, 4096), (262208, 3840), (5120, 7168)):
         for m in (1, 4, 8):
             chosen = default_tactic(m, n, k, 132)
             assert not chosen.early_launch and not chosen.l2_prefetch, (n, k, m)
-            assert chosen.stages >= cost_model.HBM_BOUND_MIN_STAGES, (n, k, m)
+            assert chosen.stages >= choose.HBM_BOUND_MIN_STAGES, (n, k, m)
     # the reference heuristic's deep ring where the model ranked a 2-stage one first
     assert default_tactic(8, 30720, 3840, 132) == reference_tactic(8, 30720, 3840, 132)
-    assert cost_model.ranked(8, 30720, 3840, 132)[0][0].stages == 2
+    assert choose.ranked(8, 30720, 3840, 132)[0][0].stages == 2
     # the options that are no overlap device stay (3840 x 15360 at M = 1: narrow rows;
     # 5120 x 7168 at M = 8: the mixed grid)
     assert default_tactic(1, 3840, 15360, 132).token_tile == 1
@@ -418,15 +420,15 @@ def test_shallow_rings_of_hbm_bound_cells_are_what_the_records_measure():
     ratios = []
     for (n, k, m), timings in cells.items():
         reference = reference_tactic(m, n, k, 132)
-        if not cost_model.hbm_bound(m, n, k) or reference not in timings:
+        if not choose.hbm_bound(m, n, k) or reference not in timings:
             continue
         for tactic, us in timings.items():
             plain = dataclasses.replace(tactic, stages=reference.stages, output_tile=16,
                                         token_tile=8, k_tile=256, b_loader_warps=1)
-            if (tactic.stages < cost_model.HBM_BOUND_MIN_STAGES and tactic.token_tile >= 8
+            if (tactic.stages < choose.HBM_BOUND_MIN_STAGES and tactic.token_tile >= 8
                     and plain == T(16, 8, 256, reference.stages, 1)
-                    and cost_model.rank_us(model, tactic, m, n, k)
-                    < cost_model.rank_us(model, reference, m, n, k)):
+                    and choose.rank_us(model, tactic, m, n, k)
+                    < choose.rank_us(model, reference, m, n, k)):
                 ratios.append(us / timings[reference])
     ratios.sort()
     assert len(ratios) >= 30

@@ -12,6 +12,7 @@ from warpsplitk.tactics import (
     B_LOADER_WARPS,
     K_TILES,
     OUTPUT_TILES,
+    PREFETCH_ALL,
     TOKEN_TILES,
     WarpSplitKTactic,
     is_legal,
@@ -91,10 +92,10 @@ def test_cluster_split_of_k_exact(tactic, m, n, k):
     (WarpSplitKTactic(32, 2, 256, 2, 1, 2), 2, 64, 1024),              # k_split
     (WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=3), 1, 32 * 2 + 16 * 3, 512),
     # bulk rows: a narrow stage is token_tile padded rows
-    (WarpSplitKTactic(16, 1, 256, 3, 1, bulk_x=True), 3, 32, 768),
-    (WarpSplitKTactic(64, 1, 128, 4, 1, bulk_x=True), 1, 64, 512),
-    (WarpSplitKTactic(32, 4, 128, 3, 1, bulk_x=True, l2_prefetch=True), 6, 64, 512),
-    (WarpSplitKTactic(32, 2, 256, 2, 1, 2, bulk_x=True), 2, 64, 1024),
+    (WarpSplitKTactic(16, 1, 256, 3, 1, x_copy="bulk"), 3, 32, 768),
+    (WarpSplitKTactic(64, 1, 128, 4, 1, x_copy="bulk"), 1, 64, 512),
+    (WarpSplitKTactic(32, 4, 128, 3, 1, x_copy="bulk", l2_prefetch=PREFETCH_ALL), 6, 64, 512),
+    (WarpSplitKTactic(32, 2, 256, 2, 1, 2, x_copy="bulk"), 2, 64, 1024),
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_narrow_token_tiles_exact(tactic, m, n, k):
     """Narrow token tiles (1, 2, 4 rows): the stage holds only the tile's
@@ -288,12 +289,12 @@ def test_round_bf16_ties_to_even():
 # ----------------------------------------- bulk activation copies (bulk_x)
 
 BULK_X = [
-    (WarpSplitKTactic(32, 8, 256, 2, 1, bulk_x=True), 1, 64, 768),     # M = 1: one copy per stage
-    (WarpSplitKTactic(16, 8, 128, 3, 1, bulk_x=True), 5, 32, 384),     # rows 5-7 never written
-    (WarpSplitKTactic(16, 16, 256, 2, 1, bulk_x=True), 9, 32, 512),
-    (WarpSplitKTactic(64, 32, 128, 2, 1, bulk_x=True), 32, 128, 256),  # one row per lane
-    (WarpSplitKTactic(32, 8, 256, 2, 1, 2, bulk_x=True), 3, 64, 1024),  # each CTA its K share
-    (WarpSplitKTactic(16, 8, 128, 1, 1, bulk_x=True), 1, 16, 128),     # one tile
+    (WarpSplitKTactic(32, 8, 256, 2, 1, x_copy="bulk"), 1, 64, 768),     # M = 1: one copy per stage
+    (WarpSplitKTactic(16, 8, 128, 3, 1, x_copy="bulk"), 5, 32, 384),     # rows 5-7 never written
+    (WarpSplitKTactic(16, 16, 256, 2, 1, x_copy="bulk"), 9, 32, 512),
+    (WarpSplitKTactic(64, 32, 128, 2, 1, x_copy="bulk"), 32, 128, 256),  # one row per lane
+    (WarpSplitKTactic(32, 8, 256, 2, 1, 2, x_copy="bulk"), 3, 64, 1024),  # each CTA its K share
+    (WarpSplitKTactic(16, 8, 128, 1, 1, x_copy="bulk"), 1, 16, 128),     # one tile
 ]
 
 
@@ -316,16 +317,16 @@ def test_bulk_x_padded_stage_has_no_bank_conflicts(tactic):
 def test_bulk_x_without_the_pad_has_bank_conflicts(monkeypatch):
     """The row pad is what keeps a bulk-copied stage's ldmatrix phases apart."""
     monkeypatch.setattr(layout, "B_ROW_PAD", 0)
-    problems = bank_conflicts(WarpSplitKTactic(16, 16, 256, 2, 1, bulk_x=True))
+    problems = bank_conflicts(WarpSplitKTactic(16, 16, 256, 2, 1, x_copy="bulk"))
     assert problems and all("B ldmatrix" in p for p in problems)
 
 
 @pytest.mark.parametrize("tactic,n,k,m", [
-    (WarpSplitKTactic(32, 8, 256, 2, 1, tma_x=True), 64, 768, 3),
-    (WarpSplitKTactic(16, 32, 256, 2, 1, tma_x=True), 64, 512, 19),
-    (WarpSplitKTactic(16, 32, 256, 1, 1, 2, tma_x=True), 96, 512, 32),   # one tile per CTA
-    (WarpSplitKTactic(16, 16, 128, 2, 1, tma_x=True), 64, 384, 16),
-    (WarpSplitKTactic(32, 16, 256, 2, 1, 2, tma_x=True), 64, 1024, 9),
+    (WarpSplitKTactic(32, 8, 256, 2, 1, x_copy="tma"), 64, 768, 3),
+    (WarpSplitKTactic(16, 32, 256, 2, 1, x_copy="tma"), 64, 512, 19),
+    (WarpSplitKTactic(16, 32, 256, 1, 1, 2, x_copy="tma"), 96, 512, 32),   # one tile per CTA
+    (WarpSplitKTactic(16, 16, 128, 2, 1, x_copy="tma"), 64, 384, 16),
+    (WarpSplitKTactic(32, 16, 256, 2, 1, 2, x_copy="tma"), 64, 1024, 9),
 ])
 def test_tma_boxes_emulate_exactly(tactic, n, k, m):
     """TMA boxes: every stage element written once, rows past M zeros, the
@@ -345,11 +346,11 @@ def test_wrong_tma_box_placement_is_caught_by_coverage(monkeypatch):
                         good(0 if row == 1 else row, col, k_tile, token_tile))
     x, w, _ = integer_problem(16, 32, 256, seed=8)
     with pytest.raises(AssertionError, match="expected once"):
-        emulate(x, w, WarpSplitKTactic(16, 16, 256, 1, 1, tma_x=True), check_coverage=True)
+        emulate(x, w, WarpSplitKTactic(16, 16, 256, 1, 1, x_copy="tma"), check_coverage=True)
 
 
 @pytest.mark.parametrize("tactic,n,k,m", [
-    (WarpSplitKTactic(32, 32, 256, 2, 1, tma_x=True, half_tiles=3), 112, 512, 19),
+    (WarpSplitKTactic(32, 32, 256, 2, 1, x_copy="tma", half_tiles=3), 112, 512, 19),
     (WarpSplitKTactic(64, 8, 128, 2, 2, half_tiles=1), 96, 384, 5),
     (WarpSplitKTactic(32, 16, 256, 2, 2, early_launch=True, half_tiles=5), 208, 512, 16),
 ])

@@ -27,7 +27,7 @@ K_SPLIT_CASES = [
     (WarpSplitKTactic(16, 8, 256, 14, 1, 2), 1536, 7168),  # the whole K share in the ring
     (WarpSplitKTactic(32, 8, 256, 4, 2, 2, early_launch=True), 1536, 7168),
     (WarpSplitKTactic(32, 1, 256, 7, 1, 2), 1536, 7168),  # a narrow token tile
-    (WarpSplitKTactic(32, 8, 256, 4, 1, 2, tma_x=True, l2_prefetch=True, prefetch_tiles=2),
+    (WarpSplitKTactic(32, 8, 256, 4, 1, 2, x_copy="tma", l2_prefetch=2),
      2112, 7168),
 ]
 

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from script_loader import load_script
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic, default_tactic, legal_tactics
 from warpsplitk.shapes import load
-from warpsplitk.tactics import PREFETCH_TILES
+from warpsplitk.tactics import L2_PREFETCHES, X_COPIES
 
 pytestmark = pytest.mark.gpu
 
@@ -95,9 +95,7 @@ def test_random_legal_tactics(n, k):
         # both PDL trigger points, both activation copies, with and without
         # the L2 prefetch: the shipped plans use them all
         tactic = rng.choice(legal_tactics(m, n, k, early_launches=(False, True),
-                                          l2_prefetches=(False, True), bulk_xs=(False, True),
-                                          tma_xs=(False, True),
-                                          prefetch_tiles=(0,) + PREFETCH_TILES))
+                                          l2_prefetches=L2_PREFETCHES, x_copies=X_COPIES))
         prepared = PreparedWarpSplitK(w, {m: tactic})
         check(prepared, m, n, k, w)
 
@@ -209,7 +207,7 @@ def test_wide_tiles_and_plan_tactics(tactic, n, k):
     ("16,8,256,2,2+prefetch3", 512, 2048),                # 8 tiles: 2 in the ring, 3 past it
 ])
 def test_bulk_activations_and_l2_prefetch(text, n, k):
-    """bulk_x (rows past M never written) and the L2 prefetch (a hint,
+    """Bulk copies (rows past M never written) and the L2 prefetch (a hint,
     whole or bounded) give
     the same results as the 16-byte copies, every M, with and without bias,
     in a graph."""
@@ -231,7 +229,7 @@ def test_reduction_buffer_over_the_rings(text, n, k):
     tactic = WarpSplitKTactic.parse(text)
     t = tactic
     assert layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
-                            t.bulk_x).reduction_aliased
+                            t.activation_layout).reduction_aliased
     check_tactic_with_and_without_bias(tactic, n, k, MS, graph_m=min(tactic.token_tile, 17))
 
 
@@ -247,7 +245,7 @@ def test_reduction_buffer_over_the_rings(text, n, k):
     ("32,8,128,1,1+tma", 768, 128),                       # one K tile
 ])
 def test_tma_activations(text, n, k):
-    """tma_x (activation boxes by TMA through a per-call tensor map; rows
+    """TMA copies (activation boxes by TMA through a per-call tensor map; rows
     past M zero-filled by the map's bounds) gives the same results as the
     16-byte copies: every M, with and without bias, in a graph."""
     tactic = WarpSplitKTactic.parse(text)
@@ -259,7 +257,7 @@ def test_tma_activations_match_the_copies_bitwise():
     n, k = 2048, 2048
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     plain = PreparedWarpSplitK(w, {m: WarpSplitKTactic(32, 32, 256, 4, 2) for m in (5, 32)})
-    boxes = PreparedWarpSplitK(w, {m: WarpSplitKTactic(32, 32, 256, 4, 1, tma_x=True)
+    boxes = PreparedWarpSplitK(w, {m: WarpSplitKTactic(32, 32, 256, 4, 1, x_copy="tma")
                                    for m in (5, 32)})
     for m in (5, 32):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -274,7 +272,7 @@ def test_tma_tensor_map_follows_x():
     another M, is read from where it is now."""
     n, k = 1024, 2048
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    prepared = PreparedWarpSplitK(w, {m: WarpSplitKTactic(32, 16, 256, 4, 1, tma_x=True)
+    prepared = PreparedWarpSplitK(w, {m: WarpSplitKTactic(32, 16, 256, 4, 1, x_copy="tma")
                                       for m in range(1, 17)})
     big = torch.randn(40, k, device="cuda", dtype=torch.bfloat16)
     for first, m in ((0, 16), (8, 3), (24, 16), (3, 1)):

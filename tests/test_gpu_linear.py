@@ -106,7 +106,7 @@ def test_plan_with_cublas_entries_mixes_both_paths_in_one_graph(bias):
     eagerly and replayed from one CUDA graph holding both paths."""
     from warpsplitk.planning.plans import CUBLAS, DecodePlan
     from warpsplitk.runtime.prepared import PreparedDecode
-    from warpsplitk.tactics import default_tactic
+    from warpsplitk.planning.choose import default_tactic
     plan = DecodePlan()
     plan.set(N, K, 1, default_tactic(1, N, K))
     plan.set(N, K, 8, CUBLAS)

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from warpsplitk.measure import bench
-from warpsplitk.planning import cost_model  # noqa: E402
+from warpsplitk.planning import choose  # noqa: E402
 from warpsplitk.planning.plans import CUBLAS, DecodePlan, default_choice, prepare  # noqa: E402
 from warpsplitk.tactics import check_tactic  # noqa: E402
 from warpsplitk.planning.tune import tune  # noqa: E402
@@ -26,7 +26,7 @@ def test_quick_tune_measures_the_shortlist_and_plans_every_m(tmp_path):
     timed = {(r["m"], r["tactic"]) for r in records if r.get("ok") and not r.get("confirm")}
     # every kernel timing is of the shortlist of its measured M (4 serves 2..4)
     for m in (1, 4, 8):
-        shortlist = {t.short() for t in cost_model.shortlist(m, n, k)}
+        shortlist = {t.short() for t in choose.shortlist(m, n, k)}
         mine = {t for mm, t in timed if mm == m and t != CUBLAS}
         assert mine and mine <= shortlist, (m, mine - shortlist)
         assert (m, CUBLAS) in timed

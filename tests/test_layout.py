@@ -508,7 +508,7 @@ def test_reduction_buffer_over_the_rings_only_where_it_would_not_fit():
                                                        (False, True)):
         if (tma and (bulk or t < layout.MMA_N)) or (o >= 48 and kt == 256):
             continue
-        p = layout.smem_plan(o, t, kt, s, c, bulk, tma)
+        p = layout.smem_plan(o, t, kt, s, c, "tma" if tma else "padded" if bulk else "swizzle")
         rings_end = p.b_ring + s * p.b_stage_bytes
         buffer = (c * layout.COMPUTE_WARPS * layout.reduction_tokens(t)
                   * layout.reduction_row_words(o) * 4)
@@ -555,7 +555,7 @@ def test_tma_swizzle_is_the_hardware_128_byte_swizzle():
 def test_tma_stages_are_1024_aligned_and_unpadded():
     for o, t, kt, s, c in itertools.product((16, 32, 48, 64), (8, 16, 32), (128, 256), (1, 3, 7),
                                             (1, 2)):
-        plan = layout.smem_plan(o, t, kt, s, c, False, True)
+        plan = layout.smem_plan(o, t, kt, s, c, "tma")
         assert plan.b_ring % layout.TMA_ALIGN == 0 and plan.b_stage_bytes % layout.TMA_ALIGN == 0
         assert plan.b_stage_bytes == t * kt * 2
 

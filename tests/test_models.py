@@ -8,7 +8,8 @@ import pytest
 
 from warpsplitk import models
 from warpsplitk.cli import main
-from warpsplitk.tactics import check_tactic, ctas_per_sm, grid_ctas, reference_tactic
+from warpsplitk.planning.choose import reference_tactic
+from warpsplitk.tactics import check_tactic, ctas_per_sm, grid_ctas
 
 
 LOG = Path(__file__).resolve().parent.parent / "bench/results/h200-tune-log.jsonl"

@@ -9,7 +9,8 @@ import torch
 from warpsplitk.planning import plan_cache, tune
 from warpsplitk.cli import main
 from warpsplitk.planning.plans import DecodePlan, builtin_plan, prepare_model
-from warpsplitk.tactics import WarpSplitKTactic, default_tactic
+from warpsplitk.planning.choose import default_tactic
+from warpsplitk.tactics import WarpSplitKTactic
 
 H200 = ("NVIDIA H200", 132)
 OTHER = ("NVIDIA H100 80GB HBM3", 132)

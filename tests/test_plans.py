@@ -15,7 +15,8 @@ from warpsplitk.planning.plans import (
     load_plan,
     plan_from_json,
 )
-from warpsplitk.tactics import WarpSplitKTactic, check_tactic, default_tactic
+from warpsplitk.planning.choose import default_tactic
+from warpsplitk.tactics import WarpSplitKTactic, check_tactic
 
 
 T = WarpSplitKTactic

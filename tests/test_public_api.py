@@ -58,8 +58,7 @@ assert legal and all(warpsplitk.check_tactic(t, 4224, 7168) is None for t in leg
 # the default is in the enumerated space of its own options
 assert default in warpsplitk.legal_tactics(
     8, 4224, 7168, k_splits=(default.k_split,), early_launches=(default.early_launch,),
-    l2_prefetches=(default.l2_prefetch,), bulk_xs=(default.bulk_x,), tma_xs=(default.tma_x,),
-    prefetch_tiles=(default.prefetch_tiles,))
+    l2_prefetches=(default.l2_prefetch,), x_copies=(default.x_copy,))
 some = [t for _, t in zip(range(5), warpsplitk.all_tactics())]
 assert len(some) == 5 and all(isinstance(t, warpsplitk.WarpSplitKTactic) for t in some)
 assert warpsplitk.ctas_per_sm(default) >= 1

@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("torch")  # the script imports it at the top; nothing here runs on a GPU
 
 from script_loader import load_script
+from warpsplitk.tactics import PREFETCH_ALL
 
 
 @pytest.fixture(scope="module")
@@ -32,23 +33,23 @@ def test_bounded_prefetch_cases_reach_the_sanitizer(reliability):
     """With the prefetch on, every family whose ring leaves tiles of K out
     also runs with the prefetch bounded to one of them, K one tile longer."""
     cases = reliability.family_cases("all", k_splits=(1, 2), l2_prefetch=True)
-    bounded = [(t, k) for t, _, k, _ in cases if t.prefetch_tiles]
-    whole = [(t, k) for t, _, k, _ in cases if t.l2_prefetch and not t.prefetch_tiles]
+    bounded = [(t, k) for t, _, k, _ in cases if t.l2_prefetch > 0]
+    whole = [(t, k) for t, _, k, _ in cases if t.l2_prefetch == PREFETCH_ALL]
     assert bounded and len(bounded) == len(whole)
-    assert all(t.prefetch_tiles == 1 and t.l2_prefetch for t, _ in bounded)
+    assert all(t.l2_prefetch == 1 for t, _ in bounded)
     assert any(t.k_split == 2 for t, _ in bounded)
-    assert not any(t.prefetch_tiles for t, *_ in reliability.family_cases("all", k_splits=(1, 2)))
+    assert not any(t.l2_prefetch for t, *_ in reliability.family_cases("all", k_splits=(1, 2)))
 
 
 def test_tma_cases_reach_the_sanitizer(reliability):
     cases = reliability.family_cases("rotate", k_splits=(1, 2), tma_xs=(False, True),
                                      deep_rings=True)
-    tma = [t for t, *_ in cases if t.tma_x]
-    assert tma and all(t.b_loader_warps == 1 and not t.bulk_x for t in tma)
+    tma = [t for t, *_ in cases if t.x_copy == "tma"]
+    assert tma and all(t.b_loader_warps == 1 and t.x_copy != "bulk" for t in tma)
     assert any(t.k_split == 2 for t in tma) and any(t.k_split == 1 for t in tma)
     assert any(t.reduction_aliased for t in tma)
     # without the flag, none
-    assert not any(t.tma_x for t, *_ in reliability.family_cases("all"))
+    assert not any(t.x_copy == "tma" for t, *_ in reliability.family_cases("all"))
 
 
 def test_rotation_covers_every_ring_variant_across_tools(reliability):
@@ -65,7 +66,7 @@ def test_mixed_grid_cases_reach_the_sanitizer(reliability):
     mixed = [(t, n) for t, n, _, _ in cases if t.half_tiles]
     assert mixed and _legal(cases)
     assert {t.output_tile for t, _ in mixed} == {32, 64}
-    assert any(t.tma_x for t, _ in mixed)
+    assert any(t.x_copy == "tma" for t, _ in mixed)
     assert all(n == 2 * t.output_tile + 3 * (t.output_tile // 2) for t, n in mixed)
 
 
@@ -85,8 +86,9 @@ def test_shipped_cases_cover_every_shipped_tactic_and_refill_every_stage(reliabi
                  for s in load()["shapes"] for m in range(1, 33)}
     assert set(tactics) == plan | heuristic
     # the shipped plan's features all reach the sanitizer
-    for feature in (lambda t: t.k_split == 2, lambda t: t.early_launch, lambda t: t.bulk_x,
-                    lambda t: t.tma_x, lambda t: t.l2_prefetch, lambda t: t.prefetch_tiles,
+    for feature in (lambda t: t.k_split == 2, lambda t: t.early_launch,
+                    lambda t: t.x_copy == "bulk", lambda t: t.x_copy == "tma",
+                    lambda t: t.l2_prefetch, lambda t: t.l2_prefetch > 0,
                     lambda t: t.half_tiles, lambda t: t.token_tile < 8,
                     lambda t: t.reduction_aliased):
         assert any(feature(t) for t in tactics)
@@ -95,7 +97,7 @@ def test_shipped_cases_cover_every_shipped_tactic_and_refill_every_stage(reliabi
                 else t.output_tile + t.half_tiles * (t.output_tile // 2))
         assert n == rows
         tiles = k // (t.k_split * t.k_tile)
-        assert tiles == (1 if t.stages == 1 else t.stages + t.prefetch_tiles + 1)
+        assert tiles == (1 if t.stages == 1 else t.stages + max(t.l2_prefetch, 0) + 1)
         assert 1 in ms and 32 in ms and t.token_tile in ms
 
 

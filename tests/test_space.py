@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from warpsplitk.planning.tune import REPRESENTATIVE_MS, candidates
-from warpsplitk.tactics import WarpSplitKTactic, ctas_per_sm, default_tactic, grid_ctas, is_legal
+from warpsplitk.planning.choose import default_tactic
+from warpsplitk.tactics import PREFETCH_ALL, WarpSplitKTactic, ctas_per_sm, grid_ctas, is_legal
 
 T = WarpSplitKTactic
 
@@ -45,7 +46,7 @@ def test_prefetch_twins_of_the_fastest_small_weights_only():
     times = {WarpSplitKTactic(32, 8, 256, s, 1): 4.0 + s / 100 for s in (4, 6, 8, 10, 12)}
     times[WarpSplitKTactic(32, 8, 256, 28, 1)] = 1.0  # fastest, but its ring holds all of K
     twins = prefetch_twins(times, n, k)
-    assert twins == [WarpSplitKTactic(32, 8, 256, s, 1, l2_prefetch=True) for s in (4, 6)]
+    assert twins == [WarpSplitKTactic(32, 8, 256, s, 1, l2_prefetch=PREFETCH_ALL) for s in (4, 6)]
     # all but the illegal: 28 stages (nor 12 of 32 x 256: too much shared memory)
     assert [t.stages for t in prefetch_twins(times, n, k, top=10)] == [4, 6, 8, 10]
     assert PREFETCH_TOP == 3
@@ -66,12 +67,13 @@ def test_bounded_prefetch_twins_of_the_fastest_any_size():
     n, k = 4224, 2048  # 8 K tiles of 256
     a, b = WarpSplitKTactic(32, 8, 256, 3, 1, early_launch=True), WarpSplitKTactic(32, 8, 256, 6, 1)
     times = {a: 13.0, b: 13.1, WarpSplitKTactic(32, 8, 256, 2, 1): 14.0,
-             WarpSplitKTactic(32, 8, 256, 4, 1, l2_prefetch=True): 12.0}  # a prefetch: no parent
+             # a prefetch: no parent
+             WarpSplitKTactic(32, 8, 256, 4, 1, l2_prefetch=PREFETCH_ALL): 12.0}
     assert BOUNDED_PREFETCH_TOP == 2 and BOUNDED_PREFETCH_DEPTHS == (1, 2, 3, 4)
     twins = bounded_prefetch_twins(times, n, k)
     # b's ring (6 of 8 tiles) leaves room for one tile past it
-    assert twins == [dataclasses.replace(a, l2_prefetch=True, prefetch_tiles=p) for p in (1, 2, 3, 4)] + \
-        [dataclasses.replace(b, l2_prefetch=True, prefetch_tiles=1)]
+    assert twins == [dataclasses.replace(a, l2_prefetch=p) for p in (1, 2, 3, 4)] + \
+        [dataclasses.replace(b, l2_prefetch=1)]
     times[twins[0]] = 12.5  # measured: not again, and not a parent
     assert bounded_prefetch_twins(times, n, k) == twins[1:]
 
@@ -80,20 +82,20 @@ def test_tma_twins_of_the_fastest():
     from warpsplitk.planning.space import TMA_TOP, tma_twins
     n, k = 4224, 7168
     times = {WarpSplitKTactic(16, 32, 256, s, 2): 15.0 + s / 10 for s in (2, 3, 4, 5)}
-    times[WarpSplitKTactic(32, 32, 256, 4, 1, tma_x=True)] = 1.0  # boxes already: never a source
+    times[WarpSplitKTactic(32, 32, 256, 4, 1, x_copy="tma")] = 1.0  # boxes already: never a source
     twins = tma_twins(times, n, k)
-    assert twins == [WarpSplitKTactic(16, 32, 256, s, 1, tma_x=True) for s in (2, 3, 4)]
+    assert twins == [WarpSplitKTactic(16, 32, 256, s, 1, x_copy="tma") for s in (2, 3, 4)]
     assert TMA_TOP == 3
     # bulk copies become boxes; a K split keeps its split; one activation warp
-    small = {WarpSplitKTactic(32, 8, 256, 8, 1, bulk_x=True): 2.0,
+    small = {WarpSplitKTactic(32, 8, 256, 8, 1, x_copy="bulk"): 2.0,
              WarpSplitKTactic(32, 8, 256, 4, 2, 2): 2.1}
-    assert tma_twins(small, 2048, 2048) == [WarpSplitKTactic(32, 8, 256, 8, 1, tma_x=True),
-                                            WarpSplitKTactic(32, 8, 256, 4, 1, 2, tma_x=True)]
+    assert tma_twins(small, 2048, 2048) == [WarpSplitKTactic(32, 8, 256, 8, 1, x_copy="tma"),
+                                            WarpSplitKTactic(32, 8, 256, 4, 1, 2, x_copy="tma")]
     # measured twins are not measured again, nor twins of twins
     times.update({t: 14.0 for t in twins[:2]})
     assert tma_twins(times, n, k) == [twins[2]]
     # illegal twins are left out: a narrow token tile takes no TMA boxes
-    assert tma_twins({WarpSplitKTactic(16, 1, 256, 12, 1, bulk_x=True): 7.0}, 2112, 7168) == []
+    assert tma_twins({WarpSplitKTactic(16, 1, 256, 12, 1, x_copy="bulk"): 7.0}, 2112, 7168) == []
 
 
 def test_mixed_twins_balance_uneven_grids_only():
@@ -105,7 +107,7 @@ def test_mixed_twins_balance_uneven_grids_only():
     # 132, with 16-byte activation copies as the parent and with TMA boxes
     times = {WarpSplitKTactic(16, 32, 256, 4, 2): 14.6}
     twins = mixed_twins(times, 3216, 7168, 32)
-    assert [(t.output_tile, t.half_tiles, t.tma_x, t.b_loader_warps) for t in twins] == [
+    assert [(t.output_tile, t.half_tiles, t.x_copy == "tma", t.b_loader_warps) for t in twins] == [
         (32, 63, False, 2), (32, 63, True, 1)]
     assert all(is_legal(t, 3216, 7168) and grid_ctas(t, 32, 3216) == 132 for t in twins)
     # the deepest ring one CTA per SM holds (here the one over the reduction buffer)
@@ -115,7 +117,7 @@ def test_mixed_twins_balance_uneven_grids_only():
         assert ctas_per_sm(t) == 1
         assert not is_legal(deeper, 3216, 7168) or ctas_per_sm(deeper) == 0
     # a TMA parent has one twin, itself with TMA boxes
-    boxes = {WarpSplitKTactic(16, 32, 256, 4, 1, tma_x=True): 13.9}
+    boxes = {WarpSplitKTactic(16, 32, 256, 4, 1, x_copy="tma"): 13.9}
     assert [t.short() for t in mixed_twins(boxes, 3216, 7168, 32)] == [twins[1].short()]
     # fewer CTAs than SMs (2624 rows: 82 CTAs of 32) -> 32 x 32 + 100 x 16 rows
     idle = mixed_twins({WarpSplitKTactic(32, 32, 256, 7, 2): 10.0}, 2624, 6144, 32)
@@ -137,7 +139,7 @@ def test_narrow_twins_give_rows_past_m_to_ring_depth():
     from warpsplitk.planning.space import NARROW_TOP, narrow_twins
     n, k = 2112, 7168  # 132 CTAs of 16 rows: one per SM
     parent = WarpSplitKTactic(16, 8, 256, 16, 1)
-    times = {parent: 7.4, WarpSplitKTactic(32, 8, 256, 10, 2, 2, tma_x=False): 7.5,
+    times = {parent: 7.4, WarpSplitKTactic(32, 8, 256, 10, 2, 2, x_copy="cp.async"): 7.5,
              WarpSplitKTactic(32, 16, 256, 4, 2): 1.0}  # not an 8-token tile: never a parent
     twins = narrow_twins(times, n, k, 1)
     assert NARROW_TOP == 3 and all(is_legal(t, n, k) for t in twins)
@@ -155,16 +157,16 @@ def test_narrow_twins_give_rows_past_m_to_ring_depth():
     assert {t.token_tile for t in narrow_twins(times, n, k, 3)} == {4}
     assert narrow_twins(times, n, k, 5) == []
     # a TMA parent's twins copy by 16 bytes (narrow tiles take no TMA boxes)
-    boxes = {WarpSplitKTactic(32, 8, 256, 11, 1, tma_x=True, early_launch=True): 13.3}
+    boxes = {WarpSplitKTactic(32, 8, 256, 11, 1, x_copy="tma", early_launch=True): 13.3}
     twin = narrow_twins(boxes, 4224, 7168, 4)[0]
-    assert not twin.tma_x and twin.early_launch and twin.token_tile == 4
-    assert not any(t.tma_x for t in narrow_twins(boxes, 4224, 7168, 4))
+    assert twin.x_copy != "tma" and twin.early_launch and twin.token_tile == 4
+    assert not any(t.x_copy == "tma" for t in narrow_twins(boxes, 4224, 7168, 4))
     # a bulk parent's twins: by 16 bytes and by bulk rows, each at both depths
-    bulk = {WarpSplitKTactic(16, 8, 256, 16, 1, bulk_x=True): 7.4}
+    bulk = {WarpSplitKTactic(16, 8, 256, 16, 1, x_copy="bulk"): 7.4}
     bulk_twins = narrow_twins(bulk, n, k, 1)
-    assert {t.bulk_x for t in bulk_twins} == {False, True}
+    assert {t.x_copy == "bulk" for t in bulk_twins} == {False, True}
     assert all(is_legal(t, n, k) and t.token_tile == 1 for t in bulk_twins)
-    by_rows = [t for t in bulk_twins if t.bulk_x]
+    by_rows = [t for t in bulk_twins if t.x_copy == "bulk"]
     assert len(by_rows) == 2 and {ctas_per_sm(t) for t in by_rows} == {1, 2}
     # measured twins are not proposed again
     assert narrow_twins({**times, **dict.fromkeys(twins, 7.0)}, n, k, 1) == []

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from warpsplitk.kernel import emulator, layout
-from warpsplitk.tactics import WarpSplitKTactic as T, check_tactic, default_tactic, is_legal
+from warpsplitk.planning.choose import default_tactic
+from warpsplitk.tactics import WarpSplitKTactic as T, check_tactic, is_legal
 
 
 @pytest.mark.parametrize("output_tile", [16, 32, 48, 64])
@@ -49,9 +50,9 @@ CASES = [
     (T(64, 32, 128, 2, 2), 128, 256, 32),
     (T(64, 8, 128, 2, 1, 2), 128, 512, 5),                   # K split in a cluster of 2
     (T(32, 1, 256, 2, 1), 64, 512, 1),                       # narrow token tile
-    (T(32, 4, 256, 2, 1, bulk_x=True), 64, 512, 3),          # bulk activation rows
-    (T(32, 16, 256, 2, 1, tma_x=True), 64, 512, 17),         # TMA boxes, two token tiles
-    (T(16, 8, 128, 3, 1, l2_prefetch=True, prefetch_tiles=1), 32, 768, 7),
+    (T(32, 4, 256, 2, 1, x_copy="bulk"), 64, 512, 3),          # bulk activation rows
+    (T(32, 16, 256, 2, 1, x_copy="tma"), 64, 512, 17),         # TMA boxes, two token tiles
+    (T(16, 8, 128, 3, 1, l2_prefetch=1), 32, 768, 7),
 ]
 
 
@@ -129,8 +130,8 @@ def test_run_wants_the_half_width_output():
 SM90 = [(T(32, 8, 256, 4, 1), 1024, 2048, False),
         (T(16, 1, 256, 4, 1), 256, 1024, True),
         (T(48, 16, 128, 3, 2), 96 * 4, 1024, True),
-        (T(64, 8, 128, 3, 2, 2, l2_prefetch=True, prefetch_tiles=2), 1024, 4096, True),
-        (T(32, 32, 256, 4, 1, tma_x=True), 1024, 2048, False)]
+        (T(64, 8, 128, 3, 2, 2, l2_prefetch=2), 1024, 4096, True),
+        (T(32, 32, 256, 4, 1, x_copy="tma"), 1024, 2048, False)]
 
 
 @pytest.mark.parametrize("tactic,n,k,with_bias", SM90, ids=[c[0].short() for c in SM90])
@@ -143,7 +144,8 @@ def test_compiles_for_sm90a_and_passes_the_audit(tactic, n, k, with_bias):
     # audited as a plain kernel is refused
     assert any("without swiglu" in p for p in audit_ptx(
         report.ptx, k_tiles=k // (tactic.k_tile * tactic.k_split), k_split=tactic.k_split,
-        l2_prefetch=tactic.l2_prefetch, tma_x=tactic.tma_x, stages=tactic.stages))
+        l2_prefetch=bool(tactic.l2_prefetch), tma_x=tactic.x_copy == "tma",
+        stages=tactic.stages))
 
 
 def test_a_plain_kernel_fails_the_swiglu_audit():

@@ -18,16 +18,17 @@ from warpsplitk.tactics import (
     TOKEN_TILES,
     MMA_TOKEN_TILES,
     NARROW_TOKEN_TILES,
+    PREFETCH_ALL,
     WarpSplitKTactic,
     all_tactics,
     check_tactic,
     ctas_per_sm,
-    default_tactic,
     grid_ctas,
     is_legal,
     legal_tactics,
     shape_refusal,
 )
+from warpsplitk.planning.choose import default_tactic
 
 T = WarpSplitKTactic
 GOOD = T(16, 8, 128, 4, 1)
@@ -67,7 +68,8 @@ REJECTIONS = [
     (T(16, 8, 256, 2, 1), 256, 256, r"stages=2 exceeds the 1 K tiles"),
     (T(16, 8, 128, 1, 1), 256, 256, r"one-stage ring.*spans 2 tiles, use stages >= 2"),
     (T(32, 32, 256, 16, 2), 256, 4096, r"needs \d+ B of shared memory, over the 232448 B"),
-    (T(16, 4, 256, 4, 1, tma_x=True), 256, 1024, r"narrow token_tile 4 .* does not take tma_x"),
+    (T(16, 4, 256, 4, 1, x_copy="tma"), 256, 1024,
+     r"narrow token_tile 4 .* does not take x_copy 'tma'"),
     (T(16, 1, 128, 4, 1), 256, 1024, r"token_tile 1 x k_tile 128 is 16 16-byte copies, not a "
                                      r"multiple of the 32 threads"),
     (T(16, 1, 256, 4, 2), 256, 1024, r"is 32 16-byte copies, not a multiple of the 64 threads"),
@@ -291,6 +293,27 @@ def test_short_parse_round_trip():
         assert T.parse(t.short()) == t
     assert T(32, 8, 256, 6, 1, 2).short() == "32,8,256,6,1,2"
     assert T.parse("32,8,256,6,1,1") == T(32, 8, 256, 6, 1)
+    # every option, in every combination
+    from warpsplitk.tactics import L2_PREFETCHES, X_COPIES
+    for t in all_tactics((1, 2), (False, True), L2_PREFETCHES, X_COPIES):
+        if t.stages % 7 == 1:
+            for half in (0, 3):
+                u = dataclasses.replace(t, half_tiles=half)
+                assert T.parse(u.short()) == u
+
+
+def test_tactics_sort_by_fields_then_options():
+    """The order rankings break ties by: the fields, then no L2 prefetch before
+    one, 16-byte before TMA before bulk copies, half_tiles, the prefetch's bound."""
+    base = T(32, 8, 256, 10, 1)
+    forms = [dataclasses.replace(base, **change) for change in (
+        {"l2_prefetch": PREFETCH_ALL, "x_copy": "tma"}, {"l2_prefetch": 4}, {"l2_prefetch": 2},
+        {"l2_prefetch": PREFETCH_ALL}, {"x_copy": "bulk"}, {"x_copy": "tma"}, {"half_tiles": 3},
+        {})]
+    assert sorted(forms) == forms[::-1]
+    assert sorted([dataclasses.replace(base, stages=11), dataclasses.replace(base, x_copy="bulk")]
+                  )[0].x_copy == "bulk"
+    assert base < dataclasses.replace(base, early_launch=True) <= T(32, 8, 256, 10, 2)
 
 
 def test_k_split_rules():
@@ -373,7 +396,7 @@ def test_early_launch_text_and_rules():
     t = T(32, 8, 256, 11, 1, early_launch=True)
     assert t.short() == "32,8,256,11,1+early" and T.parse(t.short()) == t
     for tactic in (T(32, 8, 256, 10, 1, 2, early_launch=True),
-                   T(16, 16, 256, 4, 1, early_launch=True, tma_x=True)):
+                   T(16, 16, 256, 4, 1, early_launch=True, x_copy="tma")):
         assert T.parse(tactic.short()) == tactic
     assert T.parse("32,8,256,10,1,2+early").k_split == 2
     assert not T.parse("32,8,256,11,1").early_launch
@@ -390,14 +413,14 @@ def test_early_launch_text_and_rules():
     assert sum(x.early_launch for x in legal) * 2 == len(legal)
     assert not any(x.early_launch for x in legal_tactics(8, 4224, 7168))
     # the default takes the early trigger by its grid's rule only
-    from warpsplitk.planning.cost_model import early_trigger_pays
+    from warpsplitk.planning.choose import early_trigger_pays
     for m in (1, 8, 16, 32):
         chosen = default_tactic(m, 4224, 7168)
         assert chosen.early_launch == early_trigger_pays(chosen, m, 4224)
 
 
-def test_l2_prefetch_and_bulk_x_text_and_rules():
-    t = T(32, 8, 256, 10, 1, 2, early_launch=True, l2_prefetch=True, bulk_x=True)
+def test_l2_prefetch_and_bulk_copies_text_and_rules():
+    t = T(32, 8, 256, 10, 1, 2, early_launch=True, l2_prefetch=PREFETCH_ALL, x_copy="bulk")
     assert t.short() == "32,8,256,10,1,2+early+prefetch+bulk" and T.parse(t.short()) == t
     for text in ("32,8,256,11,1+prefetch", "32,8,256,11,1+bulk", "16,16,256,4,1+early+bulk"):
         assert T.parse(text).short() == text
@@ -405,69 +428,71 @@ def test_l2_prefetch_and_bulk_x_text_and_rules():
         with pytest.raises(ValueError, match="a tactic is five integers"):
             T.parse(bad)
     check_tactic(t, 768, 7168)
-    for field in ("l2_prefetch", "bulk_x"):
+    for field, value in (("l2_prefetch", True), ("l2_prefetch", 5), ("x_copy", True),
+                         ("x_copy", "bulk_x")):
         with pytest.raises(ValueError, match=f"{field} must be one of"):
-            check_tactic(dataclasses.replace(T(32, 8, 256, 4, 1), **{field: 1}), 4224, 7168)
+            check_tactic(dataclasses.replace(T(32, 8, 256, 4, 1), **{field: value}), 4224, 7168)
     # nothing to prefetch when the ring holds the CTA's whole K share
     with pytest.raises(ValueError, match="l2_prefetch needs more K tiles"):
-        check_tactic(T(32, 8, 256, 8, 1, l2_prefetch=True), 2048, 2048)
+        check_tactic(T(32, 8, 256, 8, 1, l2_prefetch=PREFETCH_ALL), 2048, 2048)
     with pytest.raises(ValueError, match=r"l2_prefetch needs more K tiles per CTA \(k_split 2\)"):
-        check_tactic(T(32, 8, 256, 4, 1, 2, l2_prefetch=True), 2048, 2048)
-    check_tactic(T(32, 8, 256, 3, 1, 2, l2_prefetch=True), 2048, 2048)
+        check_tactic(T(32, 8, 256, 4, 1, 2, l2_prefetch=PREFETCH_ALL), 2048, 2048)
+    check_tactic(T(32, 8, 256, 3, 1, 2, l2_prefetch=PREFETCH_ALL), 2048, 2048)
     # one lane per token row issues the bulk copies
-    with pytest.raises(ValueError, match="bulk_x takes b_loader_warps 1"):
-        check_tactic(T(32, 8, 256, 4, 2, bulk_x=True), 2048, 2048)
+    with pytest.raises(ValueError, match="x_copy 'bulk' takes b_loader_warps 1"):
+        check_tactic(T(32, 8, 256, 4, 2, x_copy="bulk"), 2048, 2048)
     # the bulk-copied stage is row-padded: B_ROW_PAD elements more per token
     # row and stage; the prefetch needs no shared memory
-    assert T(16, 16, 256, 4, 1, bulk_x=True).smem_bytes == (
+    assert T(16, 16, 256, 4, 1, x_copy="bulk").smem_bytes == (
         T(16, 16, 256, 4, 1).smem_bytes + 4 * 16 * layout.B_ROW_PAD * layout.ELEMENT_BYTES)
-    assert T(32, 8, 256, 4, 1, l2_prefetch=True).smem_bytes == T(32, 8, 256, 4, 1).smem_bytes
-    bulk = T(32, 8, 256, 4, 1, bulk_x=True)
+    assert T(32, 8, 256, 4, 1, l2_prefetch=PREFETCH_ALL).smem_bytes == \
+        T(32, 8, 256, 4, 1).smem_bytes
+    bulk = T(32, 8, 256, 4, 1, x_copy="bulk")
     assert bulk.async_activation_ring and bulk.activation_layout == "padded"
     assert not T(32, 8, 256, 4, 1).async_activation_ring
-    legal = legal_tactics(1, 2048, 2048, l2_prefetches=(False, True), bulk_xs=(False, True))
-    assert any(x.bulk_x and x.l2_prefetch for x in legal)
-    assert all(x.b_loader_warps == 1 for x in legal if x.bulk_x)
+    legal = legal_tactics(1, 2048, 2048, l2_prefetches=(0, PREFETCH_ALL),
+                          x_copies=("cp.async", "bulk"))
+    assert any(x.x_copy == "bulk" and x.l2_prefetch for x in legal)
+    assert all(x.b_loader_warps == 1 for x in legal if x.x_copy == "bulk")
     assert all(x.stages < 2048 // (x.k_tile * x.k_split) for x in legal if x.l2_prefetch)
-    assert not any(x.bulk_x or x.l2_prefetch for x in legal_tactics(1, 2048, 2048))
-    # the default takes the L2 prefetch only bounded (warpsplitk.planning.neighbours), bulk rows never
+    assert not any(x.x_copy == "bulk" or x.l2_prefetch for x in legal_tactics(1, 2048, 2048))
+    # the default takes the L2 prefetch only bounded (planning.measured_options), bulk rows never
     defaults = [default_tactic(m, 4224, 7168) for m in (1, 8, 16, 32)]
-    assert not any(t.bulk_x or (t.l2_prefetch and not t.prefetch_tiles) for t in defaults)
+    assert not any(t.x_copy == "bulk" or t.l2_prefetch == PREFETCH_ALL for t in defaults)
 
 
-def test_tma_x_text_and_rules():
-    t = T(16, 32, 256, 4, 1, 2, early_launch=True, l2_prefetch=True, tma_x=True)
+def test_tma_copies_text_and_rules():
+    t = T(16, 32, 256, 4, 1, 2, early_launch=True, l2_prefetch=PREFETCH_ALL, x_copy="tma")
     assert t.short() == "16,32,256,4,1,2+early+prefetch+tma" and T.parse(t.short()) == t
     check_tactic(t, 4224, 7168)
-    assert T.parse("32,8,256,10,1,2+tma") == T(32, 8, 256, 10, 1, 2, tma_x=True)
-    for bad in ("32,8,256,11,1+tma+early", "32,8,256,11,1+tma+bulk", "32,8,256,11,1+bulk+tma+x"):
+    assert T.parse("32,8,256,10,1,2+tma") == T(32, 8, 256, 10, 1, 2, x_copy="tma")
+    for bad in ("32,8,256,11,1+tma+early", "32,8,256,11,1+tma+bulk", "32,8,256,11,1+bulk+tma",
+                "32,8,256,11,1+bulk+tma+x"):
         with pytest.raises(ValueError,
                            match=f"a tactic is five integers .*, got '{re.escape(bad)}'$"):
             T.parse(bad)
-    with pytest.raises(ValueError, match="tma_x must be one of"):
-        check_tactic(T(32, 8, 256, 4, 1, tma_x=1), 2048, 2048)
-    with pytest.raises(ValueError, match="choose one"):
-        check_tactic(T(32, 8, 256, 4, 1, bulk_x=True, tma_x=True), 2048, 2048)
-    with pytest.raises(ValueError, match="tma_x takes b_loader_warps 1"):
-        check_tactic(T(32, 8, 256, 4, 2, tma_x=True), 2048, 2048)
-    check_tactic(T(16, 16, 128, 4, 1, tma_x=True), 2 * 16 * 4, 2048)
-    check_tactic(T(16, 32, 256, 4, 1, tma_x=True), 4224, 7168)
+    with pytest.raises(ValueError, match="x_copy must be one of"):
+        check_tactic(T(32, 8, 256, 4, 1, x_copy="TMA"), 2048, 2048)
+    with pytest.raises(ValueError, match="x_copy 'tma' takes b_loader_warps 1"):
+        check_tactic(T(32, 8, 256, 4, 2, x_copy="tma"), 2048, 2048)
+    check_tactic(T(16, 16, 128, 4, 1, x_copy="tma"), 2 * 16 * 4, 2048)
+    check_tactic(T(16, 32, 256, 4, 1, x_copy="tma"), 4224, 7168)
     # TMA boxes land unpadded, in the box layout; bulk rows padded
-    box = T(16, 32, 256, 4, 1, tma_x=True)
+    box = T(16, 32, 256, 4, 1, x_copy="tma")
     assert box.async_activation_ring and box.activation_layout == "tma"
-    assert T(16, 32, 256, 4, 1, bulk_x=True).activation_layout == "padded"
+    assert T(16, 32, 256, 4, 1, x_copy="bulk").activation_layout == "padded"
     assert T(16, 32, 256, 4, 2).activation_layout == "swizzle"
     assert box.smem_bytes == T(16, 32, 256, 4, 2).smem_bytes < T(16, 32, 256, 4, 1,
-                                                                  bulk_x=True).smem_bytes
-    legal = legal_tactics(9, 2048, 2048, k_splits=(1, 2), tma_xs=(False, True))
-    tma = [x for x in legal if x.tma_x]
-    assert tma and all(x.b_loader_warps == 1 and not x.bulk_x for x in tma)
+                                                                  x_copy="bulk").smem_bytes
+    legal = legal_tactics(9, 2048, 2048, k_splits=(1, 2), x_copies=("cp.async", "tma"))
+    tma = [x for x in legal if x.x_copy == "tma"]
+    assert tma and all(x.b_loader_warps == 1 for x in tma)
     assert any(x.k_split == 2 for x in tma) and any(x.k_split == 1 for x in tma)
-    assert not any(x.tma_x for x in legal_tactics(9, 2048, 2048))
+    assert not any(x.x_copy == "tma" for x in legal_tactics(9, 2048, 2048))
 
 
 def test_half_tiles_text_and_rules():
-    t = T(32, 32, 256, 7, 1, early_launch=True, tma_x=True, half_tiles=63)
+    t = T(32, 32, 256, 7, 1, early_launch=True, x_copy="tma", half_tiles=63)
     assert t.short() == "32,32,256,7,1+early+tma+half63" and T.parse(t.short()) == t
     assert T.parse("64,8,128,3,2+half40") == T(64, 8, 128, 3, 2, half_tiles=40)
     check_tactic(t, 3216, 7168)  # 69 x 32 + 63 x 16 rows
@@ -481,7 +506,7 @@ def test_half_tiles_text_and_rules():
     with pytest.raises(ValueError, match="count >= 0"):
         check_tactic(T(32, 8, 256, 4, 1, half_tiles=-1), 2048, 2048)
     # the larger tile's shared memory
-    assert t.smem_bytes == T(32, 32, 256, 7, 1, tma_x=True).smem_bytes
+    assert t.smem_bytes == T(32, 32, 256, 7, 1, x_copy="tma").smem_bytes
     assert not any(x.half_tiles for x in legal_tactics(8, 2048, 2048))
 
 
@@ -499,55 +524,51 @@ def test_sm_balance_counts_the_busiest_sms_bytes():
 
 
 def test_bounded_l2_prefetch_text_and_rules():
-    """prefetch_tiles bounds the L2 prefetch to that many K tiles past the
-    ring: written after '+prefetch', legal only with the prefetch, in
-    PREFETCH_TILES, and only where it leaves part of the K share out (else
-    it is the whole-remainder prefetch, spelled prefetch_tiles 0)."""
-    from warpsplitk.tactics import PREFETCH_TILES
-    t = T(32, 8, 256, 10, 1, 2, early_launch=True, l2_prefetch=True, tma_x=True, prefetch_tiles=2)
+    """l2_prefetch P > 0 bounds the L2 prefetch to that many K tiles past
+    the ring: written after '+prefetch', in PREFETCH_TILES, and only where
+    it leaves part of the K share out (else it is the whole-remainder
+    prefetch, PREFETCH_ALL)."""
+    from warpsplitk.tactics import L2_PREFETCHES, PREFETCH_TILES
+    t = T(32, 8, 256, 10, 1, 2, early_launch=True, l2_prefetch=2, x_copy="tma")
     assert t.short() == "32,8,256,10,1,2+early+prefetch2+tma" and T.parse(t.short()) == t
     for text in ("16,8,256,16,1+early+prefetch4+bulk", "32,8,256,11,2+early+prefetch3+half100",
                  "32,8,256,11,1+prefetch", "32,8,256,11,1+prefetch8"):
         assert T.parse(text).short() == text
-    assert T.parse("32,8,256,11,1+prefetch4").prefetch_tiles == 4
-    assert T.parse("32,8,256,11,1+prefetch").prefetch_tiles == 0
+    assert T.parse("32,8,256,11,1+prefetch4").l2_prefetch == 4
+    assert T.parse("32,8,256,11,1+prefetch").l2_prefetch == PREFETCH_ALL
     for bad in ("32,8,256,11,1+prefetch04", "32,8,256,11,1+prefetchx", "32,8,256,11,1+4prefetch"):
         with pytest.raises(ValueError,
                            match=f"a tactic is five integers .*, got '{re.escape(bad)}'$"):
             T.parse(bad)
     check_tactic(t, 1536, 7168)  # 14 tiles per CTA: 10 in the ring, 2 past it
     with pytest.raises(ValueError, match="reaches the end of the 14 K tiles per CTA"):
-        check_tactic(dataclasses.replace(t, prefetch_tiles=4), 1536, 7168)  # 10 + 4 = all
-    with pytest.raises(ValueError, match="needs l2_prefetch True"):
-        check_tactic(T(32, 8, 256, 4, 1, prefetch_tiles=2), 2048, 2048)
-    for bad in (5, 9, -1, True, 2.0):
-        with pytest.raises(ValueError, match="prefetch_tiles must be one of"):
-            check_tactic(T(32, 8, 256, 2, 1, l2_prefetch=True, prefetch_tiles=bad), 2048, 7168)
+        check_tactic(dataclasses.replace(t, l2_prefetch=4), 1536, 7168)  # 10 + 4 = all
+    for bad in (5, 9, -2, True, 2.0):
+        with pytest.raises(ValueError, match="l2_prefetch must be one of"):
+            check_tactic(T(32, 8, 256, 2, 1, l2_prefetch=bad), 2048, 7168)
     # the bound changes no shared memory (L2 holds the prefetched tiles)
-    assert t.smem_bytes == dataclasses.replace(t, l2_prefetch=False, prefetch_tiles=0).smem_bytes
-    # in the enumerated space only with the prefetch, each bound legal
-    legal = legal_tactics(8, 2112, 7168, l2_prefetches=(False, True),
-                          prefetch_tiles=(0,) + PREFETCH_TILES)
-    bounded = [x for x in legal if x.prefetch_tiles]
-    assert bounded and all(x.l2_prefetch for x in bounded)
-    assert {x.prefetch_tiles for x in bounded} == set(PREFETCH_TILES)
-    assert all(x.stages + x.prefetch_tiles < 7168 // (x.k_tile * x.k_split) for x in bounded)
-    assert not any(x.prefetch_tiles for x in legal_tactics(8, 2112, 7168,
-                                                           l2_prefetches=(False, True)))
+    assert t.smem_bytes == dataclasses.replace(t, l2_prefetch=0).smem_bytes
+    # in the enumerated space each bound legal
+    legal = legal_tactics(8, 2112, 7168, l2_prefetches=L2_PREFETCHES)
+    bounded = [x for x in legal if x.l2_prefetch > 0]
+    assert {x.l2_prefetch for x in bounded} == set(PREFETCH_TILES)
+    assert all(x.stages + x.l2_prefetch < 7168 // (x.k_tile * x.k_split) for x in bounded)
+    assert not any(x.l2_prefetch > 0 for x in legal_tactics(8, 2112, 7168,
+                                                           l2_prefetches=(0, PREFETCH_ALL)))
 
 
 def test_narrow_token_tiles_take_bulk_rows():
     """Narrow token tiles with bulk rows are legal (the fenced build: 0 wrong
     in 6,080 launches): a narrow stage is token_tile padded rows."""
-    for t, n, k in ((T(16, 1, 256, 12, 1, early_launch=True, bulk_x=True), 2112, 7168),
-                    (T(32, 4, 128, 23, 1, early_launch=True, l2_prefetch=True, bulk_x=True),
-                     768, 7168),
-                    (T(32, 2, 256, 6, 1, 2, bulk_x=True), 1536, 7168)):
+    for t, n, k in ((T(16, 1, 256, 12, 1, early_launch=True, x_copy="bulk"), 2112, 7168),
+                    (T(32, 4, 128, 23, 1, early_launch=True, l2_prefetch=PREFETCH_ALL,
+                       x_copy="bulk"), 768, 7168),
+                    (T(32, 2, 256, 6, 1, 2, x_copy="bulk"), 1536, 7168)):
         check_tactic(t, n, k)
         assert t.smem_plan.b_stage_bytes == t.token_tile * (t.k_tile + layout.B_ROW_PAD) * 2
     # the bulk path's own rule still holds: one activation warp
-    with pytest.raises(ValueError, match="bulk_x takes b_loader_warps 1"):
-        check_tactic(T(16, 1, 256, 12, 2, bulk_x=True), 2112, 7168)
+    with pytest.raises(ValueError, match="x_copy 'bulk' takes b_loader_warps 1"):
+        check_tactic(T(16, 1, 256, 12, 2, x_copy="bulk"), 2112, 7168)
 
 
 # an integer field given as a float or a bool compares equal to a legal value
@@ -555,7 +576,8 @@ def test_narrow_token_tiles_take_bulk_rows():
 @pytest.mark.parametrize("field,value", [
     ("output_tile", 16.0), ("token_tile", 8.0), ("k_tile", 128.0), ("stages", 4.0),
     ("stages", True), ("b_loader_warps", 1.0), ("b_loader_warps", True), ("k_split", 2.0),
-    ("k_split", True), ("half_tiles", 0.0), ("early_launch", 0), ("tma_x", 0.0)])
+    ("k_split", True), ("half_tiles", 0.0), ("early_launch", 0), ("l2_prefetch", 2.0),
+    ("l2_prefetch", False), ("x_copy", 0.0)])
 def test_fields_are_refused_by_type_not_only_by_value(field, value):
     tactic = dataclasses.replace(T(16, 8, 128, 4, 1), **{field: value})
     with pytest.raises(ValueError, match=rf"warp split-K tactic: {field} must be .*got "
@@ -574,7 +596,7 @@ def test_parse_takes_ascii_digits_only():
 @pytest.mark.parametrize("sm_count", [0, -1, "132", 132.0, True])
 def test_sm_count_is_a_positive_integer(sm_count):
     from warpsplitk.planning.plans import default_choice
-    from warpsplitk.tactics import reference_tactic
+    from warpsplitk.planning.choose import reference_tactic
     for choose in (default_tactic, reference_tactic, default_choice):
         with pytest.raises(ValueError, match=rf"sm_count must be a positive integer \(the GPU's "
                                              rf"SMs\), got {re.escape(repr(sm_count))}$"):
@@ -597,7 +619,8 @@ def test_check_ms():
 
 def test_sizes_of_any_integral_type_are_their_int():
     np = pytest.importorskip("numpy")
-    from warpsplitk.tactics import check_ms, l2_read_factor, reference_tactic
+    from warpsplitk.planning.choose import reference_tactic
+    from warpsplitk.tactics import check_ms, l2_read_factor
     n, k = np.int64(4096), np.int32(4096)
     assert default_tactic(np.int64(8), n, k, sm_count=132) == default_tactic(8, 4096, 4096, 132)
     assert reference_tactic(np.uint8(8), n, k, 132) == reference_tactic(8, 4096, 4096, 132)

@@ -11,7 +11,8 @@ from warpsplitk.runtime import timing
 from warpsplitk.planning.plans import builtin_plan, load_plan
 from warpsplitk.planning.space import base_candidates
 from warpsplitk.planning.tune import REPRESENTATIVE_MS, candidates, representative
-from warpsplitk.tactics import WarpSplitKTactic, default_tactic, is_legal
+from warpsplitk.planning.choose import default_tactic
+from warpsplitk.tactics import WarpSplitKTactic, is_legal
 
 T = WarpSplitKTactic
 
@@ -51,14 +52,14 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
         # 8-token tiles: one activation-loader warp, or two when x has
         # real rows past the first (its copies follow the dependency wait)
         assert t.b_loader_warps in ((1, 2) if t.token_tile == 8 and m > 1 else
-                                    (1,) if t.token_tile == 8 or t.bulk_x else (2,))
+                                    (1,) if t.token_tile == 8 or t.x_copy == "bulk" else (2,))
     # bulk activation copies at M = 1 only, every candidate family also so;
     # the L2 prefetch is never a candidate of its own (prefetch_twins)
-    bulk = [t for t in found if t.bulk_x]
+    bulk = [t for t in found if t.x_copy == "bulk"]
     assert bool(bulk) == (m == 1)
     assert not any(t.l2_prefetch for t in found
                    if dataclasses.replace(t, early_launch=False) != late_default)
-    assert [t for t in found if not t.bulk_x] == candidates(m, n, k, 132, bulk_xs=(False,))
+    assert [t for t in found if t.x_copy != "bulk"] == candidates(m, n, k, 132, bulk_xs=(False,))
     assert set(found) - {late_default, dataclasses.replace(default, early_launch=True)} <= {
         dataclasses.replace(t, early_launch=e) for t in base_candidates(m, n, k, 132)
         for e in (False, True)}
@@ -99,9 +100,9 @@ def test_choose_tactics_takes_the_early_trigger_only_when_clearly_faster():
 
 def test_choose_tactics_takes_a_mixed_grid_only_when_clearly_faster():
     from warpsplitk.planning.tune import choose_tactics
-    uniform = T(32, 32, 128, 3, 1, early_launch=True, tma_x=True)
+    uniform = T(32, 32, 128, 3, 1, early_launch=True, x_copy="tma")
     late = dataclasses.replace(uniform, early_launch=False)
-    mixed = T(64, 32, 128, 3, 1, tma_x=True, half_tiles=40)
+    mixed = T(64, 32, 128, 3, 1, x_copy="tma", half_tiles=40)
     # 1.4% faster than the early uniform grid (7168x384 M = 32): the
     # uniform one stays, and as the early trigger beats the late uniform grid
     # clearly, it is the early one

@@ -12,13 +12,13 @@ from .tactics import (
     all_tactics,
     check_tactic,
     ctas_per_sm,
-    default_tactic,
     legal_tactics,
 )
 
 from .version import __version__
 
 _LAZY = {
+    "default_tactic": ("planning.choose", "default_tactic"),
     "PreparedWarpSplitK": ("runtime.prepared", "PreparedWarpSplitK"),
     "PreparedDecode": ("runtime.prepared", "PreparedDecode"),
     "compile_warp_splitk": ("runtime.compile", "compile_warp_splitk"),
@@ -45,7 +45,7 @@ _LAZY = {
 
 
 def __getattr__(name):
-    # torch and the CuTe DSL load on first use, so the tactic model stays light
+    # planning, torch and the CuTe DSL load on first use, so the tactic model stays light
     if name in _LAZY:
         import importlib
         module, attr = _LAZY[name]

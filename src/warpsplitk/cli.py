@@ -258,7 +258,8 @@ def _planned_ms(ms):
 
 
 def _cmd_compile(args, argv):
-    from .tactics import check_tactic, default_tactic
+    from .planning.choose import default_tactic
+    from .tactics import check_tactic
     _arch_defaults(args)
     try:
         tactic = args.tactic or default_tactic(args.m, args.n, args.k, sm_count=args.sm_count)

@@ -46,26 +46,29 @@ K_SPLITS = (1, 2)
 EARLY_LAUNCHES = (False, True)
 #: ``short()`` suffix of a tactic with the early PDL trigger.
 EARLY_SUFFIX = "+early"
-#: Whether the weight loaders ask L2 for the rest of their K share before the
-#: dependency wait (see WarpSplitKTactic.l2_prefetch).
-L2_PREFETCHES = (False, True)
+#: ``WarpSplitKTactic.l2_prefetch``: no L2 prefetch...
+PREFETCH_OFF = 0
+#: ...the rest of the CTA's K share past the ring...
+PREFETCH_ALL = -1
+#: ...or that many K tiles past the ring (a bounded prefetch): about what
+#: keeps HBM busy across the gap between two calls (~1 us x 4.4 TB/s over
+#: 64-132 CTAs: 33-70 KB per CTA, 2-8 tiles of 8-16 KB), few enough that L2
+#: keeps them.
+PREFETCH_TILES = (1, 2, 3, 4, 6, 8)
+L2_PREFETCHES = (PREFETCH_OFF, PREFETCH_ALL) + PREFETCH_TILES
 #: ``short()`` suffix of a tactic with the L2 prefetch; followed by the
 #: tile count of a bounded one (``+prefetch4``).
 PREFETCH_SUFFIX = "+prefetch"
-#: K tiles past the ring a bounded L2 prefetch may ask for (see
-#: WarpSplitKTactic.prefetch_tiles): about what keeps HBM busy across the
-#: gap between two calls (~1 us x 4.4 TB/s over 64-132 CTAs: 33-70 KB per
-#: CTA, 2-8 tiles of 8-16 KB), few enough that L2 keeps them.
-PREFETCH_TILES = (1, 2, 3, 4, 6, 8)
-#: Whether activation rows arrive by one bulk copy per row and stage (see
-#: WarpSplitKTactic.bulk_x).
-BULK_XS = (False, True)
-#: ``short()`` suffix of a tactic with bulk activation copies.
-BULK_SUFFIX = "+bulk"
-#: Whether activation stages arrive as TMA boxes (see WarpSplitKTactic.tma_x).
-TMA_XS = (False, True)
-#: ``short()`` suffix of a tactic with TMA activation copies.
-TMA_SUFFIX = "+tma"
+#: ``WarpSplitKTactic.x_copy``: how activation stages arrive. 16-byte
+#: ``cp.async`` copies by every activation-loader thread...
+CP_ASYNC = "cp.async"
+#: ...one bulk copy per token row and stage...
+BULK = "bulk"
+#: ...or TMA boxes.
+TMA = "tma"
+X_COPIES = (CP_ASYNC, BULK, TMA)
+#: ``short()`` suffix of each activation copy but the default.
+X_COPY_SUFFIXES = {BULK: "+bulk", TMA: "+tma"}
 #: ``short()`` suffix of a mixed grid, followed by its count of half tiles.
 HALF_SUFFIX = "+half"
 #: Output tiles that may be mixed with tiles of half their rows (a half
@@ -82,7 +85,8 @@ BLOCKS_PER_SM = 32
 DEFAULT_SM_COUNT = 132
 
 
-@dataclass(frozen=True, order=True)
+@functools.total_ordering
+@dataclass(frozen=True)
 class WarpSplitKTactic:
     """Compile-time parameters of one warp split-K kernel.
 
@@ -94,14 +98,15 @@ class WarpSplitKTactic:
         for M <= 4) the activation stage holds only the tile's rows and the
         mma's other columns read duplicates that are never stored
         (``layout.stage_row``): smaller stages, a deeper ring for the same
-        shared memory. Not with tma_x (a TMA box has at least 8 rows).
+        shared memory. Not with TMA boxes (a box has at least 8 rows).
     k_tile: K elements per pipeline stage, 128 or 256.
     stages: depth of the shared-memory rings, 1..32 (the tuner's base
         candidates at most 16).
     b_loader_warps: warps that load activations, 1 or 2.
     k_split: CTAs of a cluster splitting K, 1 or 2 (doubles the grid for
         shapes whose N leaves SMs idle; the default takes it where the
-        nearest measured cells gained from it, ``warpsplitk.planning.neighbours``).
+        nearest measured cells gained from it,
+        ``warpsplitk.planning.measured_options``).
     early_launch: where the kernel triggers the next PDL kernel's launch.
         False: once its last activation tile is issued (late in the CTA's
         life when the ring is shallower than K). True: before its
@@ -110,43 +115,49 @@ class WarpSplitKTactic:
         every read of x and write of out waits for the previous grid to
         complete, so the choice is speed only, and the tuner makes it per
         cell (docs/design-notes.md).
-    l2_prefetch: whether the weight loaders, once the ring's first fill is
-        issued, ask L2 (``cp.async.bulk.prefetch.L2``, one instruction per
-        weight row) for the rest of the CTA's K share. The weight does not
-        depend on the previous kernel, so under PDL that stream can run while
-        this CTA still waits for the previous grid, instead of only as fast
-        as the ring drains after it. Legal only when the ring does not
-        already hold the CTA's whole K share. A hint: it changes no result.
-    prefetch_tiles: with l2_prefetch, 0 asks for all of the CTA's K share
-        past the ring; 1, 2, 3, 4, 6 or 8 (``PREFETCH_TILES``) only that many K tiles past
-        it (fewer than remain). All of it filled the gap between calls
-        on 11-14 MB weights but lost on larger ones, where every CTA's whole
-        remainder queues ahead of the refills the running grid needs; a few
-        tiles per CTA are what the gap between two calls can stream, and L2
-        keeps them.
-    bulk_x: how activation rows reach the ring. False: every activation-
-        loader thread issues 16-byte ``cp.async`` copies, rows past M
-        zero-filled (``token_tile * k_tile / 8`` copies per stage, M or
-        not). True: one lane per token row inside M issues one
+    l2_prefetch: what the weight loaders, once the ring's first fill is
+        issued, ask L2 for (``cp.async.bulk.prefetch.L2``, one instruction
+        per weight row): ``PREFETCH_OFF`` (0) nothing; ``PREFETCH_ALL``
+        (-1) the rest of the CTA's K share; P in ``PREFETCH_TILES`` only P
+        K tiles past the ring (fewer than remain). The weight does not
+        depend on the previous kernel, so under PDL that stream can run
+        while this CTA still waits for the previous grid, instead of only
+        as fast as the ring drains after it. Legal only when the ring does
+        not already hold the CTA's whole K share. A hint: it changes no
+        result. On large weights the whole share queues ahead of the refills
+        the running grid needs; a few tiles per CTA are what the gap
+        between two calls can stream, and L2 keeps them.
+    x_copy: how activation rows reach the ring (``X_COPIES``).
+        ``CP_ASYNC`` ("cp.async", the default): every activation-loader
+        thread issues 16-byte ``cp.async`` copies, rows past M zero-filled
+        (``token_tile * k_tile / 8`` copies per stage, M or not). ``BULK``
+        ("bulk"): one lane per token row inside M issues one
         ``cp.async.bulk`` of the row's stage slice, completing on the
         stage's barrier by byte count, into row-padded stages; rows past M
-        are never written (their outputs are never stored). The copies
+        are never written (their outputs are never stored); the copies
         follow the dependency wait, so their issue cost is on every call's
-        critical path. One activation warp.
-    tma_x: activation stages by the tensor-memory accelerator: one lane of
-        one activation warp issues ``k_tile / 64`` copies of a
-        ``[token_tile, 64]`` box of x per stage (``cp.async.bulk.tensor``,
-        through a tensor map built per call from x's address and M), into
-        128-byte-swizzled stages; rows past M arrive as zeros. The same few
-        instructions per stage at any M, where bulk_x needs one per token
-        row. Not with bulk_x.
+        critical path. ``TMA`` ("tma"): one lane issues ``k_tile / 64``
+        copies of a ``[token_tile, 64]`` box of x per stage
+        (``cp.async.bulk.tensor``, through a tensor map built per call from
+        x's address and M), into 128-byte-swizzled stages; rows past M
+        arrive as zeros: the same few instructions per stage at any M,
+        where bulk copies need one per token row. Bulk and TMA copies take
+        one activation warp.
     half_tiles: a mixed grid: the last ``half_tiles`` CTAs
         along N own ``output_tile / 2`` weight rows, the others
         ``output_tile``, so that N can spread evenly over the SMs where no
         single tile size does (3216 rows: 69 CTAs of 32 and 63 of 16, one
         per SM, instead of 201 CTAs of 16 on 132 SMs). Both tile paths are
         traced into one kernel, chosen by block index; shared memory is the
-        larger tile's. output_tile 32 or 64; not with k_split. Depends on N, so it is never in ``all_tactics``.
+        larger tile's. output_tile 32 or 64; not with k_split. Depends on N,
+        so it is never in ``all_tactics``.
+
+    Tactics sort by output_tile, token_tile, k_tile, stages, b_loader_warps,
+    k_split and early_launch, then without an L2 prefetch before with one,
+    16-byte before TMA before bulk copies, by half_tiles, and last by the
+    prefetch's bound (the whole share before bounded ones). Rankings break
+    ties of predicted time by this order: it is part of what the default
+    returns.
     """
 
     output_tile: int = 16
@@ -156,25 +167,35 @@ class WarpSplitKTactic:
     b_loader_warps: int = 1
     k_split: int = 1
     early_launch: bool = False
-    l2_prefetch: bool = False
-    bulk_x: bool = False
-    tma_x: bool = False
+    l2_prefetch: int = PREFETCH_OFF
+    x_copy: str = CP_ASYNC
     half_tiles: int = 0
-    prefetch_tiles: int = 0
+
+    def _order(self) -> tuple:
+        """The sort key (the class docstring's order)."""
+        return (self.output_tile, self.token_tile, self.k_tile, self.stages,
+                self.b_loader_warps, self.k_split, self.early_launch,
+                self.l2_prefetch != PREFETCH_OFF, self.x_copy == BULK, self.x_copy == TMA,
+                self.half_tiles, 0 if self.l2_prefetch == PREFETCH_ALL else self.l2_prefetch)
+
+    def __lt__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._order() < other._order()
 
     @property
     def async_activation_ring(self) -> bool:
         """Activation stages written by the async proxy (TMA boxes or bulk
         copies): their release needs a cross-proxy fence (kernel/warp_splitk.py)."""
-        return self.tma_x or self.bulk_x
+        return self.x_copy != CP_ASYNC
 
     @property
     def activation_layout(self) -> str:
         """The activation stage layout (``layout.B_LAYOUTS``): "tma" for TMA
         boxes, "padded" for bulk-copied rows, "swizzle" for 16-byte copies."""
-        if self.tma_x:
+        if self.x_copy == TMA:
             return "tma"
-        return "padded" if self.bulk_x else "swizzle"
+        return "padded" if self.x_copy == BULK else "swizzle"
 
     @property
     def threads(self) -> int:
@@ -189,7 +210,7 @@ class WarpSplitKTactic:
     @property
     def smem_plan(self) -> layout.SmemPlan:
         return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages,
-                                self.k_split, self.bulk_x, self.tma_x)
+                                self.k_split, self.activation_layout)
 
     @property
     def reduction_aliased(self) -> bool:
@@ -199,44 +220,43 @@ class WarpSplitKTactic:
 
     def short(self) -> str:
         """``o,t,k,s,b`` as the CLI takes it (``o,t,k,s,b,c`` when k_split c > 1),
-        then ``+early`` with the
-        early PDL trigger, ``+prefetch`` with the L2 prefetch (``+prefetchP``
-        bounded to P tiles), ``+bulk``
-        with bulk activation copies and ``+tma`` with TMA ones."""
+        then ``+early`` with the early PDL trigger, ``+prefetch`` with the L2
+        prefetch of the whole K share (``+prefetchP`` bounded to P tiles),
+        ``+bulk`` with bulk activation copies or ``+tma`` with TMA ones, and
+        ``+halfH`` with H half tiles."""
         text = (f"{self.output_tile},{self.token_tile},{self.k_tile},"
                 f"{self.stages},{self.b_loader_warps}")
         if self.k_split > 1:
             text = f"{text},{self.k_split}"
         if self.early_launch:
             text += EARLY_SUFFIX
-        if self.l2_prefetch:
-            text += PREFETCH_SUFFIX + (str(self.prefetch_tiles) if self.prefetch_tiles else "")
-        if self.bulk_x:
-            text += BULK_SUFFIX
-        if self.tma_x:
-            text += TMA_SUFFIX
+        if self.l2_prefetch == PREFETCH_ALL:
+            text += PREFETCH_SUFFIX
+        elif self.l2_prefetch:
+            text += f"{PREFETCH_SUFFIX}{self.l2_prefetch}"
+        text += X_COPY_SUFFIXES.get(self.x_copy, "")
         return f"{text}{HALF_SUFFIX}{self.half_tiles}" if self.half_tiles else text
 
     @classmethod
     def parse(cls, text: str) -> "WarpSplitKTactic":
         """Inverse of :meth:`short`."""
         body = text.strip() if isinstance(text, str) else ""
-        half = 0
+        options = {}
         head, marker, count = body.rpartition(HALF_SUFFIX)
         if marker and count.isascii() and count.isdigit():
-            body, half = head, int(count)
-        flags = {EARLY_SUFFIX: False, PREFETCH_SUFFIX: False, BULK_SUFFIX: False,
-                 TMA_SUFFIX: False}
-        prefetch_tiles = 0
+            body, options["half_tiles"] = head, int(count)
         # short()'s order, reversed
-        for suffix in (TMA_SUFFIX, BULK_SUFFIX, PREFETCH_SUFFIX, EARLY_SUFFIX):
-            if suffix == PREFETCH_SUFFIX:
-                head, marker, count = body.rpartition(PREFETCH_SUFFIX)
-                if marker and count.isascii() and count.isdigit() and count[0] != "0":
-                    body, prefetch_tiles = head + PREFETCH_SUFFIX, int(count)
+        for x_copy, suffix in X_COPY_SUFFIXES.items():
             if body.endswith(suffix):
-                flags[suffix] = True
-                body = body[:-len(suffix)]
+                body, options["x_copy"] = body[:-len(suffix)], x_copy
+                break
+        head, marker, count = body.rpartition(PREFETCH_SUFFIX)
+        if marker and count.isascii() and count.isdigit() and count[0] != "0":
+            body, options["l2_prefetch"] = head, int(count)
+        elif body.endswith(PREFETCH_SUFFIX):
+            body, options["l2_prefetch"] = body[:-len(PREFETCH_SUFFIX)], PREFETCH_ALL
+        if body.endswith(EARLY_SUFFIX):
+            body, options["early_launch"] = body[:-len(EARLY_SUFFIX)], True
         try:
             fields = [int(v) for v in body.split(",")]
         except ValueError:
@@ -245,14 +265,12 @@ class WarpSplitKTactic:
             raise ValueError(
                 "a tactic is five integers 'output_tile,token_tile,k_tile,stages,"
                 "b_loader_warps', then optionally k_split, then "
-                f"optionally '{EARLY_SUFFIX}', '{PREFETCH_SUFFIX}', '{BULK_SUFFIX}' and "
-                f"'{TMA_SUFFIX}' in that order ('{PREFETCH_SUFFIX}P' for a bounded prefetch), "
+                f"optionally '{EARLY_SUFFIX}', '{PREFETCH_SUFFIX}', then "
+                f"'{X_COPY_SUFFIXES[BULK]}' or '{X_COPY_SUFFIXES[TMA]}' in that order "
+                f"('{PREFETCH_SUFFIX}P' for a bounded prefetch), "
                 f"then optionally '{HALF_SUFFIX}H', "
                 f"got {text!r}")
-        fields += [1] * (6 - len(fields))
-        return cls(*fields, early_launch=flags[EARLY_SUFFIX], l2_prefetch=flags[PREFETCH_SUFFIX],
-                   bulk_x=flags[BULK_SUFFIX], tma_x=flags[TMA_SUFFIX], half_tiles=half,
-                   prefetch_tiles=prefetch_tiles)
+        return cls(*fields, **options)
 
 
 def _member(value, allowed) -> bool:
@@ -265,37 +283,165 @@ def _field_error(name, value, allowed):
     return ValueError(f"warp split-K tactic: {name} must be one of {allowed}, got {value!r}")
 
 
+#: The values each field of a tactic takes, by type and value (``_member``),
+#: in the order they are checked (stages, a range, between the two).
+_TILE_VALUES = (("output_tile", OUTPUT_TILES), ("token_tile", TOKEN_TILES), ("k_tile", K_TILES))
+_OPTION_VALUES = (("b_loader_warps", B_LOADER_WARPS), ("k_split", K_SPLITS),
+                  ("early_launch", EARLY_LAUNCHES), ("l2_prefetch", L2_PREFETCHES),
+                  ("x_copy", X_COPIES))
+
+
+def _check_members(tactic, table) -> None:
+    for name, allowed in table:
+        value = getattr(tactic, name)
+        if not _member(value, allowed):
+            raise _field_error(name, value, allowed)
+
+
 def _check_values(tactic) -> None:
     """``ValueError`` unless each field of ``tactic`` holds a value the kernel
     takes (``check_tactic`` adds the rules of their combinations and the weight's)."""
     if not isinstance(tactic, WarpSplitKTactic):
         raise ValueError(f"expected a WarpSplitKTactic, got {type(tactic).__name__}")
-    if not _member(tactic.output_tile, OUTPUT_TILES):
-        raise _field_error("output_tile", tactic.output_tile, OUTPUT_TILES)
-    if not _member(tactic.token_tile, TOKEN_TILES):
-        raise _field_error("token_tile", tactic.token_tile, TOKEN_TILES)
-    if not _member(tactic.k_tile, K_TILES):
-        raise _field_error("k_tile", tactic.k_tile, K_TILES)
+    _check_members(tactic, _TILE_VALUES)
     if type(tactic.stages) is not int or not 1 <= tactic.stages <= MAX_STAGES:
         raise ValueError(f"warp split-K tactic: stages must be in 1..{MAX_STAGES}, "
                          f"got {tactic.stages!r}")
-    if not _member(tactic.b_loader_warps, B_LOADER_WARPS):
-        raise _field_error("b_loader_warps", tactic.b_loader_warps, B_LOADER_WARPS)
-    if not _member(tactic.k_split, K_SPLITS):
-        raise _field_error("k_split", tactic.k_split, K_SPLITS)
-    if not _member(tactic.early_launch, EARLY_LAUNCHES):
-        raise _field_error("early_launch", tactic.early_launch, EARLY_LAUNCHES)
-    if not _member(tactic.l2_prefetch, L2_PREFETCHES):
-        raise _field_error("l2_prefetch", tactic.l2_prefetch, L2_PREFETCHES)
-    if not _member(tactic.prefetch_tiles, (0,) + PREFETCH_TILES):
-        raise _field_error("prefetch_tiles", tactic.prefetch_tiles, (0,) + PREFETCH_TILES)
-    if not _member(tactic.bulk_x, BULK_XS):
-        raise _field_error("bulk_x", tactic.bulk_x, BULK_XS)
-    if not _member(tactic.tma_x, TMA_XS):
-        raise _field_error("tma_x", tactic.tma_x, TMA_XS)
+    _check_members(tactic, _OPTION_VALUES)
     if type(tactic.half_tiles) is not int or tactic.half_tiles < 0:
         raise ValueError(f"warp split-K tactic: half_tiles must be a count >= 0, got "
                          f"{tactic.half_tiles!r}")
+
+
+# The rules of check_tactic, in the order it applies them: each takes
+# (tactic, n, k, swiglu), n and k as given (made ints where integral), and
+# raises ValueError naming what it refuses.
+
+
+def _one_lane_copies(t, n, k, swiglu):
+    if t.x_copy != CP_ASYNC and t.b_loader_warps != 1:
+        # one lane issues a stage's boxes; one lane per token row its bulk copies
+        raise ValueError(f"warp split-K tactic: x_copy {t.x_copy!r} takes b_loader_warps 1, "
+                         f"got {t.b_loader_warps}")
+
+
+def _no_narrow_boxes(t, n, k, swiglu):
+    if t.token_tile < layout.MMA_N and t.x_copy == TMA:
+        # a TMA stage's boxes must start on 1024-byte boundaries (the
+        # 128-byte swizzle), and a box of fewer than 8 rows is not one
+        raise ValueError(f"warp split-K tactic: a narrow token_tile {t.token_tile} "
+                         f"(< {layout.MMA_N}) does not take x_copy {TMA!r}")
+
+
+def _even_thread_copies(t, n, k, swiglu):
+    chunks = t.token_tile * t.k_tile // layout.CHUNK
+    b_threads = t.b_loader_warps * layout.WARP
+    if t.x_copy == CP_ASYNC and chunks % b_threads:
+        # the 16-byte loader gives every activation thread the same number of
+        # copies per stage
+        raise ValueError(f"warp split-K tactic: a stage of token_tile {t.token_tile} x "
+                         f"k_tile {t.k_tile} is {chunks} 16-byte copies, not a multiple "
+                         f"of the {b_threads} threads of b_loader_warps {t.b_loader_warps}")
+
+
+def _wide_tiles_take_k_tile_128(t, n, k, swiglu):
+    if t.output_tile >= WIDE_TILE and t.k_tile != 128:
+        # ptxas-driven: 48 or 64 rows x 256 K are 24-32 copies per weight-loader
+        # thread per stage; ptxas 13.4 hoists their addresses into 150-255
+        # registers and spills (measured on sm_90a). Wide tiles take k_tile 128.
+        raise ValueError(f"warp split-K tactic: output_tile {t.output_tile} needs k_tile "
+                         f"128 (got k_tile {t.k_tile}: the compiled kernel spills or "
+                         "holds 150+ registers)")
+
+
+def _rows_fill_n(t, n, k, swiglu):
+    """N is whole tiles (of a mixed grid: half tiles and whole ones), below ``MAX_N``."""
+    if t.half_tiles:
+        if t.output_tile not in HALF_TILE_SOURCES:
+            raise ValueError(f"warp split-K tactic: half_tiles needs output_tile in "
+                             f"{HALF_TILE_SOURCES} (half tiles of whole 16-row blocks), got "
+                             f"{t.output_tile}")
+        if t.k_split > 1:
+            raise ValueError(f"warp split-K tactic: half_tiles is for k_split 1, got "
+                             f"{t.k_split}")
+        half_rows = t.half_tiles * (t.output_tile // 2)
+        if type(n) is not int or n <= half_rows or (n - half_rows) % t.output_tile:
+            raise ValueError(f"warp split-K: with {t.half_tiles} half tiles of "
+                             f"{t.output_tile // 2} rows, N must be {half_rows} plus a "
+                             f"positive multiple of output_tile {t.output_tile}, got N={n!r}")
+    elif type(n) is not int or n <= 0 or n % t.output_tile:
+        raise ValueError(f"warp split-K: N must be a positive multiple of output_tile "
+                         f"{t.output_tile}, got N={n!r}")
+    _check_below_max_n(n)
+
+
+def _k_fills_tiles(t, n, k, swiglu):
+    """K is whole K tiles, at most ``MAX_K_TILES`` of them, split evenly."""
+    if type(k) is not int or k <= 0 or k % t.k_tile:
+        raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
+                         f"{t.k_tile}, got K={k!r}")
+    k_tiles = k // t.k_tile
+    if k_tiles > MAX_K_TILES:
+        raise ValueError(f"warp split-K: K={k} is {k_tiles} tiles of {t.k_tile}; "
+                         f"the unrolled compute loop takes at most {MAX_K_TILES} "
+                         f"(K <= {MAX_K_TILES * t.k_tile})")
+    if k_tiles % t.k_split:
+        raise ValueError(f"warp split-K: k_split {t.k_split} must divide the {k_tiles} "
+                         f"K tiles of K={k} (k_tile {t.k_tile})")
+
+
+def _cta_tiles(t, k):
+    """The K tiles one CTA streams, and how a message says "per CTA"."""
+    per_cta = "" if t.k_split == 1 else f" per CTA (k_split {t.k_split})"
+    return k // t.k_tile // t.k_split, per_cta
+
+
+def _ring_within_k(t, n, k, swiglu):
+    cta_tiles, per_cta = _cta_tiles(t, k)
+    if t.stages > cta_tiles:
+        raise ValueError(f"warp split-K: stages={t.stages} exceeds the {cta_tiles} "
+                         f"K tiles{per_cta} of K={k} (k_tile {t.k_tile})")
+
+
+def _prefetch_past_ring(t, n, k, swiglu):
+    """The L2 prefetch asks for K tiles the ring does not hold; a bounded one
+    for fewer than all of them."""
+    cta_tiles, per_cta = _cta_tiles(t, k)
+    if t.l2_prefetch and t.stages >= cta_tiles:
+        raise ValueError(f"warp split-K: l2_prefetch needs more K tiles{per_cta} than ring "
+                         f"stages; the {t.stages}-stage ring already holds all {cta_tiles} "
+                         f"of K={k} (k_tile {t.k_tile}), leaving nothing to prefetch")
+    if t.l2_prefetch > 0 and t.stages + t.l2_prefetch >= cta_tiles:
+        raise ValueError(f"warp split-K: l2_prefetch {t.l2_prefetch} tiles past a "
+                         f"{t.stages}-stage ring reaches the end of the {cta_tiles} K "
+                         f"tiles{per_cta} of K={k}: that is the whole-remainder prefetch, "
+                         f"l2_prefetch PREFETCH_ALL ({PREFETCH_ALL})")
+
+
+def _ring_of_two(t, n, k, swiglu):
+    cta_tiles, per_cta = _cta_tiles(t, k)
+    if t.stages == 1 and cta_tiles > 1:
+        raise ValueError(f"warp split-K: a one-stage ring serialises load and compute; "
+                         f"K={k} spans {cta_tiles} tiles{per_cta}, use stages >= 2")
+
+
+def _fits_shared_memory(t, n, k, swiglu):
+    smem = t.smem_bytes
+    if smem > SMEM_PER_BLOCK:
+        raise ValueError(f"warp split-K: tactic {t.short()} needs {smem} B of shared "
+                         f"memory, over the {SMEM_PER_BLOCK} B a block may use")
+
+
+def _swiglu_takes_one_tile_size(t, n, k, swiglu):
+    if swiglu and t.half_tiles:
+        raise ValueError(f"warp split-K: the SwiGLU epilogue pairs the gate and up halves of "
+                         f"every CTA's {t.output_tile} rows; a mixed grid (half_tiles "
+                         f"{t.half_tiles}) has CTAs of other sizes")
+
+
+_RULES = (_one_lane_copies, _no_narrow_boxes, _even_thread_copies, _wide_tiles_take_k_tile_128,
+          _rows_fill_n, _k_fills_tiles, _ring_within_k, _prefetch_past_ring, _ring_of_two,
+          _fits_shared_memory, _swiglu_takes_one_tile_size)
 
 
 def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False) -> None:
@@ -303,96 +449,9 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = Fal
     ``[n, k]`` weight (with ``swiglu``: a ``[gate; up]`` weight run with the
     SwiGLU epilogue, ``n / 2`` outputs). N and K may be any integral type."""
     _check_values(tactic)
-    if tactic.prefetch_tiles and not tactic.l2_prefetch:
-        raise ValueError(f"warp split-K tactic: prefetch_tiles {tactic.prefetch_tiles} bounds "
-                         "the L2 prefetch; it needs l2_prefetch True")
-    if tactic.tma_x and tactic.bulk_x:
-        raise ValueError("warp split-K tactic: tma_x and bulk_x are two ways to copy the "
-                         "activations; choose one")
-    if tactic.tma_x and tactic.b_loader_warps != 1:
-        # one lane issues a stage's boxes
-        raise ValueError(f"warp split-K tactic: tma_x takes b_loader_warps 1, got "
-                         f"{tactic.b_loader_warps}")
-    if tactic.bulk_x and tactic.b_loader_warps != 1:
-        # one lane per token row issues the stage's bulk copies
-        raise ValueError(f"warp split-K tactic: bulk_x takes b_loader_warps 1, got "
-                         f"{tactic.b_loader_warps}")
-    if tactic.token_tile < layout.MMA_N and tactic.tma_x:
-        # a TMA stage's boxes must start on 1024-byte boundaries (the
-        # 128-byte swizzle), and a box of fewer than 8 rows is not one
-        raise ValueError(f"warp split-K tactic: a narrow token_tile {tactic.token_tile} "
-                         f"(< {layout.MMA_N}) does not take tma_x")
-    chunks = tactic.token_tile * tactic.k_tile // layout.CHUNK
-    b_threads = tactic.b_loader_warps * layout.WARP
-    if not (tactic.bulk_x or tactic.tma_x) and chunks % b_threads:
-        # the 16-byte loader gives every activation thread the same number of
-        # copies per stage
-        raise ValueError(f"warp split-K tactic: a stage of token_tile {tactic.token_tile} x "
-                         f"k_tile {tactic.k_tile} is {chunks} 16-byte copies, not a multiple "
-                         f"of the {b_threads} threads of b_loader_warps "
-                         f"{tactic.b_loader_warps}")
-    if tactic.output_tile >= WIDE_TILE and tactic.k_tile != 128:
-        # ptxas-driven: 48 or 64 rows x 256 K are 24-32 copies per weight-loader
-        # thread per stage; ptxas 13.4 hoists their addresses into 150-255
-        # registers and spills (measured on sm_90a). Wide tiles take k_tile 128.
-        raise ValueError(f"warp split-K tactic: output_tile {tactic.output_tile} needs k_tile "
-                         f"128 (got k_tile {tactic.k_tile}: the compiled kernel spills or "
-                         "holds 150+ registers)")
-    n = as_integer(n, n)
-    k = as_integer(k, k)
-    if tactic.half_tiles:
-        if tactic.output_tile not in HALF_TILE_SOURCES:
-            raise ValueError(f"warp split-K tactic: half_tiles needs output_tile in "
-                             f"{HALF_TILE_SOURCES} (half tiles of whole 16-row blocks), got "
-                             f"{tactic.output_tile}")
-        if tactic.k_split > 1:
-            raise ValueError(f"warp split-K tactic: half_tiles is for k_split 1, got "
-                             f"{tactic.k_split}")
-        half_rows = tactic.half_tiles * (tactic.output_tile // 2)
-        if type(n) is not int or n <= half_rows or (n - half_rows) % tactic.output_tile:
-            raise ValueError(f"warp split-K: with {tactic.half_tiles} half tiles of "
-                             f"{tactic.output_tile // 2} rows, N must be {half_rows} plus a "
-                             f"positive multiple of output_tile {tactic.output_tile}, got N={n!r}")
-    elif type(n) is not int or n <= 0 or n % tactic.output_tile:
-        raise ValueError(f"warp split-K: N must be a positive multiple of output_tile "
-                         f"{tactic.output_tile}, got N={n!r}")
-    _check_below_max_n(n)
-    if type(k) is not int or k <= 0 or k % tactic.k_tile:
-        raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
-                         f"{tactic.k_tile}, got K={k!r}")
-    k_tiles = k // tactic.k_tile
-    if k_tiles > MAX_K_TILES:
-        raise ValueError(f"warp split-K: K={k} is {k_tiles} tiles of {tactic.k_tile}; "
-                         f"the unrolled compute loop takes at most {MAX_K_TILES} "
-                         f"(K <= {MAX_K_TILES * tactic.k_tile})")
-    if k_tiles % tactic.k_split:
-        raise ValueError(f"warp split-K: k_split {tactic.k_split} must divide the {k_tiles} "
-                         f"K tiles of K={k} (k_tile {tactic.k_tile})")
-    cta_tiles = k_tiles // tactic.k_split
-    per_cta = "" if tactic.k_split == 1 else f" per CTA (k_split {tactic.k_split})"
-    if tactic.stages > cta_tiles:
-        raise ValueError(f"warp split-K: stages={tactic.stages} exceeds the {cta_tiles} "
-                         f"K tiles{per_cta} of K={k} (k_tile {tactic.k_tile})")
-    if tactic.l2_prefetch and tactic.stages >= cta_tiles:
-        raise ValueError(f"warp split-K: l2_prefetch needs more K tiles{per_cta} than ring "
-                         f"stages; the {tactic.stages}-stage ring already holds all {cta_tiles} "
-                         f"of K={k} (k_tile {tactic.k_tile}), leaving nothing to prefetch")
-    if tactic.prefetch_tiles and tactic.stages + tactic.prefetch_tiles >= cta_tiles:
-        raise ValueError(f"warp split-K: prefetch_tiles {tactic.prefetch_tiles} past a "
-                         f"{tactic.stages}-stage ring reaches the end of the {cta_tiles} K "
-                         f"tiles{per_cta} of K={k}: that is the whole-remainder prefetch, "
-                         "prefetch_tiles 0")
-    if tactic.stages == 1 and cta_tiles > 1:
-        raise ValueError(f"warp split-K: a one-stage ring serialises load and compute; "
-                         f"K={k} spans {cta_tiles} tiles{per_cta}, use stages >= 2")
-    smem = tactic.smem_bytes
-    if smem > SMEM_PER_BLOCK:
-        raise ValueError(f"warp split-K: tactic {tactic.short()} needs {smem} B of shared "
-                         f"memory, over the {SMEM_PER_BLOCK} B a block may use")
-    if swiglu and tactic.half_tiles:
-        raise ValueError(f"warp split-K: the SwiGLU epilogue pairs the gate and up halves of "
-                         f"every CTA's {tactic.output_tile} rows; a mixed grid (half_tiles "
-                         f"{tactic.half_tiles}) has CTAs of other sizes")
+    n, k = as_integer(n, n), as_integer(k, k)
+    for rule in _RULES:
+        rule(tactic, n, k, swiglu)
 
 
 def is_legal(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False) -> bool:
@@ -403,43 +462,38 @@ def is_legal(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False) 
     return True
 
 
-def all_tactics(k_splits=(1,), early_launches=(False,), l2_prefetches=(False,),
-                bulk_xs=(False,), tma_xs=(False,), prefetch_tiles=(0,)):
+def all_tactics(k_splits=(1,), early_launches=(False,), l2_prefetches=(PREFETCH_OFF,),
+                x_copies=(CP_ASYNC,)):
     """Every tactic of the kernel's space, legal for some shape or not (with
     ``k_splits=K_SPLITS``, the cluster split of K too; with
     ``early_launches=EARLY_LAUNCHES``, both PDL trigger points; with
-    ``l2_prefetches=L2_PREFETCHES``, the L2 prefetch too; with
-    ``bulk_xs=BULK_XS``, bulk activation copies too; with ``tma_xs=TMA_XS``,
-    TMA activation copies too; with ``prefetch_tiles=(0,) + PREFETCH_TILES``
-    and the L2 prefetch, its bounded forms too)."""
-    for o, t, kt, s, b, c, e, f, bx, tx, p in itertools.product(
+    ``l2_prefetches=L2_PREFETCHES``, the L2 prefetch of the whole K share and
+    its bounded forms too; with ``x_copies=X_COPIES``, bulk and TMA
+    activation copies too). Narrow token tiles come with 16-byte copies only."""
+    for o, t, kt, s, b, c, e, f, x in itertools.product(
             OUTPUT_TILES, TOKEN_TILES, K_TILES, range(1, MAX_STAGES + 1), B_LOADER_WARPS,
-            k_splits, early_launches, l2_prefetches, bulk_xs, tma_xs, prefetch_tiles):
-        if (bx and b > 1) or (tx and (bx or b > 1)):
+            k_splits, early_launches, l2_prefetches, x_copies):
+        if x != CP_ASYNC and b > 1:
             continue  # never legal (check_tactic)
-        if p and not f:
-            continue  # a bound without the prefetch (check_tactic)
-        if t < layout.MMA_N and (tx or bx or (t * kt // layout.CHUNK) % (b * layout.WARP)):
-            continue  # a narrow token tile: never legal this way (check_tactic)
-        yield WarpSplitKTactic(o, t, kt, s, b, c, e, f, bx, tx, prefetch_tiles=p)
+        if t < layout.MMA_N and (x != CP_ASYNC or (t * kt // layout.CHUNK) % (b * layout.WARP)):
+            continue  # a narrow token tile: 16-byte copies, as many per thread
+        yield WarpSplitKTactic(o, t, kt, s, b, c, e, f, x)
 
 
 def legal_tactics(m: int, n: int, k: int, k_splits=(1,), early_launches=(False,),
-                  l2_prefetches=(False,), bulk_xs=(False,), tma_xs=(False,),
-                  prefetch_tiles=(0,)) -> list[WarpSplitKTactic]:
+                  l2_prefetches=(PREFETCH_OFF,), x_copies=(CP_ASYNC,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
     larger than the mma-wide tile needed to cover ``m`` in one tile (a bigger
     tile only loads zeros); narrow tiles included. ``ValueError`` for an M,
     N or K ``default_tactic`` refuses."""
-    m = _check_m(m)
-    n, k = _check_shape(n, k)
+    m = check_m(m)
+    n, k = check_shape(n, k)
     need = min(t for t in MMA_TOKEN_TILES if t >= m)
-    return [t for t in all_tactics(k_splits, early_launches, l2_prefetches, bulk_xs, tma_xs,
-                                   prefetch_tiles)
+    return [t for t in all_tactics(k_splits, early_launches, l2_prefetches, x_copies)
             if t.token_tile <= need and is_legal(t, n, k)]
 
 
-def _check_m(m) -> int:
+def check_m(m) -> int:
     """``m`` as an int; ``ValueError`` unless it is an integer in 1..32."""
     value = as_integer(m)
     if value is None or not 1 <= value <= MAX_M:
@@ -455,7 +509,7 @@ def check_ms(ms) -> tuple[int, ...]:
         items = list(ms)
     except TypeError:
         raise ValueError(f"ms must be an iterable of Ms in 1..{MAX_M}, got {ms!r}") from None
-    return tuple(sorted({_check_m(m) for m in items}))
+    return tuple(sorted({check_m(m) for m in items}))
 
 
 # ------------------------------------------------------- occupancy model
@@ -480,7 +534,7 @@ MEASURED_REGISTERS = {
 }
 
 
-#: The same with TMA activation boxes (``tma_x``, one activation warp that
+#: The same with TMA activation boxes (``x_copy`` TMA, one activation warp that
 #: holds no copy addresses), keyed (output_tile, token_tile, k_tile): the
 #: one-warp 16-byte loader's address registers are what set 196 for 16- and
 #: 32-row tiles of 32 tokens x 256 above; with boxes the compute warps do.
@@ -496,7 +550,7 @@ MEASURED_REGISTERS_TMA = {
 def register_estimate(tactic: WarpSplitKTactic) -> int:
     # a narrow token tile runs the 8-row tile's mma code with fewer copies
     token_tile = max(tactic.token_tile, layout.MMA_N)
-    if tactic.tma_x:
+    if tactic.x_copy == TMA:
         measured = MEASURED_REGISTERS_TMA.get(
             (tactic.output_tile, token_tile, tactic.k_tile), 128)
     else:
@@ -564,13 +618,13 @@ def l2_read_factor(tactic: WarpSplitKTactic, m: int) -> float:
     At 1 the weight stream is all there is; at M = 32 with 16-row tiles x
     alone is twice the weight, and L2, not HBM, sets the time.
     """
-    m = _check_m(m)
+    m = check_m(m)
     return -(-m // tactic.token_tile) + m / tactic.output_tile
 
 
 def _device_sm_count():
     try:
-        import torch
+        import torch  # here, not at the top: `import warpsplitk` stays torch-free
         if torch.cuda.is_available():
             return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     except Exception:  # pragma: no cover - torch missing or broken
@@ -578,7 +632,7 @@ def _device_sm_count():
     return DEFAULT_SM_COUNT
 
 
-def _sm_count(sm_count):
+def resolve_sm_count(sm_count):
     """``sm_count``, checked; None: the current GPU's (``DEFAULT_SM_COUNT`` without one)."""
     if sm_count is None:
         return _device_sm_count()
@@ -592,76 +646,9 @@ def _check_below_max_n(n):
         raise ValueError(f"warp split-K: {n_bound_refusal(n)}")
 
 
-def _check_shape(n, k) -> tuple[int, int]:
+def check_shape(n, k) -> tuple[int, int]:
     """``(n, k)`` as ints; ``ValueError`` with ``shape_refusal``'s reason."""
     reason = shape_refusal(n, k)
     if reason is not None:
         raise ValueError(f"warp split-K: {reason}")
     return operator.index(n), operator.index(k)
-
-
-def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
-                   swiglu: bool = False) -> WarpSplitKTactic:
-    """The tactic the cost model predicts fastest for M tokens on an
-    ``[n, k]`` weight (:func:`warpsplitk.planning.cost_model.choose_tactic`): the
-    tuner's candidates and the reference heuristic's tactic, ranked by the
-    model fitted to the tuner's measurements, then the twins of the
-    predicted fastest. Legal for every M in 1..32, N a multiple of 16 and K a
-    multiple of 128 up to 64 * 128 (of 256 up to 64 * 256), with ``swiglu``
-    for the SwiGLU epilogue (no mixed grid); the same answer on every call.
-    """
-    m = _check_m(m)
-    sm_count = _sm_count(sm_count)
-    n, k = _check_shape(n, k)
-    from .planning.cost_model import choose_tactic
-    return choose_tactic(m, n, k, sm_count, swiglu=swiglu)
-
-
-def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
-    """The reference wave heuristic: the baseline ``bench`` compares the
-    default and the plan with (a plain wave rule on this kernel, no
-    measurement behind it). Legal for every M, N and K ``default_tactic``
-    takes.
-
-    - output_tile: of the tiles that divide N, the one that minimises
-      ``ceil(CTAs / SMs) * output_tile`` (the rows the busiest SM streams),
-      the wider tile on ties;
-    - token_tile: 8, 16 or 32, the smallest covering M, then halved (not
-      below 8) while the doubled grid still fits in one wave;
-    - k_tile: 256 when K holds two of them and the tile takes it, else 128;
-    - b_loader_warps: 2 from 16 token rows or 8 K tiles on, else 1;
-    - stages: the deepest ring that keeps 2 CTAs per SM when the grid
-      exceeds the SMs, else the deepest legal one.
-    """
-    m = _check_m(m)
-    sm_count = _sm_count(sm_count)
-    n, k = _check_shape(n, k)
-    token_tile = min(t for t in MMA_TOKEN_TILES if t >= m)
-    token_tiles = -(-m // token_tile)
-
-    def busiest_rows(tile):
-        return -(-(n // tile) * token_tiles // sm_count) * tile
-
-    # 48- and 64-row tiles take 128-wide K tiles only (check_tactic)
-    tiles = [t for t in OUTPUT_TILES
-             if n % t == 0 and (t < WIDE_TILE or k <= MAX_K_TILES * 128)]
-    output_tile = min(tiles, key=lambda t: (busiest_rows(t), -t))
-    row_tiles = n // output_tile
-    while token_tile > layout.MMA_N and row_tiles * -(-m // (token_tile // 2)) <= sm_count:
-        token_tile //= 2
-    wide = output_tile >= WIDE_TILE
-    k_tile = 256 if (not wide and k % 256 == 0
-                     and (k // 256 >= 2 or k // 128 > MAX_K_TILES)) else 128
-    k_tiles = k // k_tile
-    b_warps = 2 if token_tile >= 16 or k_tiles >= 8 else 1
-    legal = [t for t in (WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
-                         for s in range(1, min(k_tiles, MAX_STAGES) + 1)) if is_legal(t, n, k)]
-    if not legal:  # (two activation warps are too many for a tile's copies)
-        legal = [t for t in (WarpSplitKTactic(output_tile, token_tile, k_tile, s, 1)
-                             for s in range(1, min(k_tiles, MAX_STAGES) + 1))
-                 if is_legal(t, n, k)]
-    if grid_ctas(legal[0], m, n) > sm_count:
-        keeping_two = [t for t in legal if ctas_per_sm(t) >= 2]
-        if keeping_two:
-            return keeping_two[-1]
-    return legal[-1]

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from . import layout
-from ..tactics import MAX_M, WarpSplitKTactic, check_tactic
+from ..tactics import BULK, MAX_M, TMA, WarpSplitKTactic, check_tactic
 
 # ----------------------------------------------------------- primitives
 
@@ -103,8 +103,8 @@ def _load_stage(ring, stage_base, source_rows, k_tile_index, rows, k_tile, threa
 
 
 def _bulk_stage(ring, source_rows, k_tile_index, k_tile, writes=None):
-    """An activation stage filled by bulk copies (bulk_x): one bulk copy per
-    token row inside M, whole, into the row-padded stage; rows past M are not
+    """An activation stage filled by bulk copies (``x_copy`` bulk): one bulk
+    copy per token row inside M, whole, into the row-padded stage; rows past M are not
     copied and keep whatever the stage held (their outputs are never stored)."""
     for row, src in enumerate(source_rows):
         if src is None:
@@ -117,8 +117,8 @@ def _bulk_stage(ring, source_rows, k_tile_index, k_tile, writes=None):
 
 
 def _tma_stage(ring, source_rows, k_tile_index, token_tile, k_tile, writes=None):
-    """An activation stage filled by TMA boxes (tma_x): box ``b`` holds 64
-    columns of every token row of the tile, 16-byte chunks placed by
+    """An activation stage filled by TMA boxes (``x_copy`` tma): box ``b``
+    holds 64 columns of every token row of the tile, 16-byte chunks placed by
     ``layout.tma_swizzle``; rows past M arrive as zeros (the tensor map's
     bounds), like every other row written exactly once."""
     first = k_tile_index * k_tile
@@ -139,7 +139,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False)
     t = tactic
     m, k = x.shape
     k_tiles = k // t.k_tile
-    bulk = t.bulk_x  # row-padded stages filled by bulk copies
+    bulk = t.x_copy == BULK  # row-padded stages filled by bulk copies
     kind = t.activation_layout
     a_stage = t.output_tile * t.k_tile
     b_stage = t.token_tile * (t.k_tile + (layout.B_ROW_PAD if bulk else 0))
@@ -168,7 +168,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False)
         a_view[:] = np.nan  # a stale stage must not hide a missed copy
         b_view[:] = np.nan
         _load_stage(a_view, 0, weight_rows, i, t.output_tile, t.k_tile, a_threads, a_writes)
-        if t.tma_x:
+        if t.x_copy == TMA:
             _tma_stage(b_view, token_rows, i, t.token_tile, t.k_tile, b_writes)
         elif bulk:
             _bulk_stage(b_view, token_rows, i, t.k_tile, b_writes)
@@ -405,7 +405,7 @@ def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
     t = tactic
     problems = []
     lanes = range(layout.WARP)
-    bulk = t.bulk_x or t.tma_x
+    bulk = t.async_activation_ring
     kind = t.activation_layout
     copied = [(t.output_tile, layout.A_LOADER_WARPS * layout.WARP, "A copy")]
     if not bulk:  # these stages are written by bulk or TMA copies, not by threads

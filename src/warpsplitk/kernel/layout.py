@@ -60,7 +60,7 @@ B_ROW_PAD = CHUNK
 
 def padded(row, col, k_tile):
     """Element offset of ``(row, col)`` in a row-padded ``[rows, k_tile + 8]``
-    activation stage (bulk_x). A bulk copy writes one row of x as it
+    activation stage (bulk copies). A bulk copy writes one row of x as it
     is in memory, so the stage cannot be swizzled; the 16-byte pad shifts each
     row by four banks instead, which keeps the ldmatrix phases (8 rows x 16 B
     at one column) on 32 distinct banks."""
@@ -78,7 +78,7 @@ TMA_ALIGN = 1024
 
 def tma_swizzle(row, col, k_tile, token_tile):
     """Element offset of activation ``(row, col)`` in a TMA-filled stage
-    (``tma_x``): the stage is ``k_tile / 64`` boxes of ``[token_tile, 64]``,
+    (TMA copies): the stage is ``k_tile / 64`` boxes of ``[token_tile, 64]``,
     one after the other, each row 128 bytes with its 16-byte chunk index
     XORed with ``row % 8`` (the hardware's 128-byte swizzle). An ldmatrix
     phase (8 rows x 16 B at one column) then reads 8 distinct chunk slots of
@@ -142,12 +142,13 @@ def l2_prefetch_threads(output_tile):
 
 def l2_prefetch_span(k_tiles, stages, k_tile, tiles=0):
     """``(first, count)``: the elements of each row of a CTA's K share past
-    the ring's first fill, which the ``l2_prefetch`` tactic asks L2 for
+    the ring's first fill, which a tactic's ``l2_prefetch`` asks L2 for
     before the dependency wait (``count`` 0 when the ring holds them all);
-    with ``tiles`` > 0 (``prefetch_tiles``) at most that many K tiles of them."""
+    with ``tiles`` > 0 (a bounded prefetch) at most that many K tiles of
+    them, else (0, or ``PREFETCH_ALL``'s -1) all."""
     first = min(stages, k_tiles) * k_tile
     rest = k_tiles * k_tile - first
-    return first, min(rest, tiles * k_tile) if tiles else rest
+    return first, min(rest, tiles * k_tile) if tiles > 0 else rest
 
 
 # -------------------------------------------------------- fragment loads
@@ -339,15 +340,15 @@ class SmemPlan:
 
 
 @functools.lru_cache(maxsize=65536)  # a pure function of a few ints: ranking asks often
-def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, bulk_x=False, tma_x=False):
+def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, b_layout="swizzle"):
     """Where the two rings, the reduction buffer and the mbarriers live.
 
     With ``k_split`` CTAs per cluster sharing K, the reduction buffer holds
     the partials of every compute warp of the cluster (``[k_split * 4]``
     warps): the other CTAs write theirs into the first CTA's buffer, and
-    their bytes complete its ``partials`` mbarrier. With ``bulk_x`` the
-    activation stages are row-padded (``padded``); with ``tma_x`` they are
-    TMA boxes (``tma_swizzle``, 1024-byte aligned).
+    their bytes complete its ``partials`` mbarrier. ``b_layout`` is the
+    activation stages' (``B_LAYOUTS``): "padded" rows (``padded``) for bulk
+    copies, "tma" boxes (``tma_swizzle``, 1024-byte aligned) for TMA ones.
 
     A ring too deep to fit beside the reduction buffer in one block
     (``SMEM_PER_BLOCK``) gets the buffer laid over its start instead
@@ -357,13 +358,13 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, bulk_x=False, 
     before the first partial is stored. Only then: a ring that fits either
     way keeps its own buffer, and with it the kernel the tuner measured."""
     a_stage = output_tile * k_tile * ELEMENT_BYTES
-    b_row = k_tile + (B_ROW_PAD if bulk_x else 0)
+    b_row = k_tile + (B_ROW_PAD if b_layout == "padded" else 0)
     # 16-byte aligned rows either way (a multiple of 128 B from 8 rows on)
     b_stage = token_tile * b_row * ELEMENT_BYTES
     a_ring = 0
     # TMA boxes need 1024-byte aligned stages (a_stage and b_stage are
     # multiples of 1024 then: 16+ rows x 256+ bytes, 8+ rows x 128 bytes x boxes)
-    b_ring = _align(a_ring + stages * a_stage, TMA_ALIGN if tma_x else REGION_ALIGN)
+    b_ring = _align(a_ring + stages * a_stage, TMA_ALIGN if b_layout == "tma" else REGION_ALIGN)
     rings_end = _align(b_ring + stages * b_stage, REGION_ALIGN)
     reduction_bytes = (k_split * COMPUTE_WARPS * reduction_tokens(token_tile)
                        * reduction_row_words(output_tile) * 4)

@@ -18,8 +18,8 @@ weight (operand A of ``mma.sync.m16n8k16``) and one for the activations
   weight must not push them out of L2.
 * warps 6(-7), activation loader: 16-byte ``cp.async`` copies with rows past
   M zero-filled (:meth:`~WarpSplitKKernel.activation_loader`); with
-  ``bulk_x`` one bulk copy per token row inside M into row-padded stages
-  (:meth:`~WarpSplitKKernel.activation_bulk`); with ``tma_x`` ``k_tile / 64``
+  ``x_copy`` bulk one bulk copy per token row inside M into row-padded stages
+  (:meth:`~WarpSplitKKernel.activation_bulk`); with ``x_copy`` tma ``k_tile / 64``
   TMA boxes per stage through a tensor map of x built on the host at every
   call (:meth:`~WarpSplitKKernel.activation_tma`).
 
@@ -46,8 +46,8 @@ first CTA waits, adds all eight warps' partials and stores.
 half as many weight rows (:meth:`~WarpSplitKKernel.body` traces both).
 
 ``l2_prefetch``: once the weight ring's first fill is issued, each weight
-loader thread asks L2 for the rest of one tile row's K share (or
-``prefetch_tiles`` K tiles of it) with one ``cp.async.bulk.prefetch.L2``, so
+loader thread asks L2 for the rest of one tile row's K share (or, bounded,
+``l2_prefetch`` K tiles of it) with one ``cp.async.bulk.prefetch.L2``, so
 that stream does not wait for the ring to drain.
 
 The compute loop is unrolled over the static K-tile count, so every ring
@@ -68,7 +68,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
 from . import layout, ptx
-from ..tactics import WarpSplitKTactic
+from ..tactics import BULK, TMA, WarpSplitKTactic
 
 _BYTES = layout.ELEMENT_BYTES
 
@@ -98,7 +98,7 @@ class WarpSplitKKernel:
         self.k_cta = k // t.k_split
         self.k_tiles = self.k_cta // t.k_tile
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
-                                     t.bulk_x, t.tma_x)
+                                     t.activation_layout)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
         self.b_threads = t.b_loader_warps * layout.WARP
         self.compute_threads = layout.COMPUTE_WARPS * layout.WARP
@@ -125,7 +125,7 @@ class WarpSplitKKernel:
         t = self.tactic
         token_tiles = (m + (t.token_tile - 1)) // t.token_tile
         cluster = {"cluster": [1, 1, self.k_split]} if self.split else {}
-        if cutlass.const_expr(t.tma_x):
+        if cutlass.const_expr(t.x_copy == TMA):
             # The tensor map of x: built here, on the host, at every call (x's
             # address and M change between calls), and passed by value as a
             # kernel parameter, so a captured graph replays the map it was
@@ -222,9 +222,9 @@ class WarpSplitKKernel:
             self.compute(smem, tidx, warp, tile_n, tile_t, m, bias, out, rank)
         elif is_a_loader:
             self.weight_loader(smem, weight, tidx - first_a_warp * layout.WARP, tile_n, rank)
-        elif cutlass.const_expr(self.tactic.tma_x):
+        elif cutlass.const_expr(self.tactic.x_copy == TMA):
             self.activation_tma(smem, tma, tidx - first_b_warp * layout.WARP, tile_t, rank)
-        elif cutlass.const_expr(self.tactic.bulk_x):
+        elif cutlass.const_expr(self.tactic.x_copy == BULK):
             self.activation_bulk(smem, x, tidx - first_b_warp * layout.WARP, tile_t, m, rank)
         else:
             self.activation_loader(smem, x, tidx - first_b_warp * layout.WARP, tile_t, m, rank)
@@ -235,7 +235,7 @@ class WarpSplitKKernel:
     # branches are trace-time constants.
 
     def init_barriers(self, smem, rank):
-        copy_engine_x = self.tactic.bulk_x or self.tactic.tma_x
+        copy_engine_x = self.tactic.async_activation_ring
         for stage in range(self.tactic.stages):
             ptx.mbarrier_init(self._barrier(smem, self.smem.full_a, stage), self.a_threads)
             # bulk or TMA copies: one arrival (the local expect_tx) plus the stage's bytes
@@ -293,14 +293,14 @@ class WarpSplitKKernel:
 
     def prefetch_weight_tail(self, weight, thread, tile_n, rank):
         """l2_prefetch: ask L2 for each tile row's K past the ring's first
-        fill (all of it, or ``prefetch_tiles`` K tiles of it), one bulk
+        fill (all of it, or ``l2_prefetch`` K tiles of it), one bulk
         prefetch per row (``layout.l2_prefetch_span``). Issued right after
         that fill, before any wait: the HBM stream of the rest of this CTA's
         weight then overlaps the previous grid (PDL) and the ring's drain,
         and the refills hit L2."""
         t = self.tactic
         first, count = layout.l2_prefetch_span(self.k_tiles, t.stages, t.k_tile,
-                                               t.prefetch_tiles)
+                                               t.l2_prefetch)
         valid = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
         if self.swiglu:
             row = layout.weight_row(tile_n, cutlass.select_(valid, thread, Int32(0)),
@@ -394,7 +394,7 @@ class WarpSplitKKernel:
         return stage, full
 
     def activation_bulk(self, smem, x, lane, tile_t, m, rank):
-        """bulk_x: one warp; lane r issues token row r of each stage, when it
+        """Bulk copies: one warp; lane r issues token row r of each stage, when it
         is inside M, as one bulk copy into the row-padded stage; lane 0 arms
         the stage's full barrier for all of its rows. Rows past M are never
         written (their outputs are never stored). Fewer instructions after
@@ -422,7 +422,7 @@ class WarpSplitKKernel:
         self._pdl_after_x()
 
     def activation_tma(self, smem, tma, lane, tile_t, rank):
-        """tma_x: one warp; lane 0 arms the stage's full barrier for the whole
+        """TMA copies: one warp; lane 0 arms the stage's full barrier for the whole
         stage (``token_tile x k_tile`` elements: TMA counts the zero-filled
         rows past M too) and one elected lane issues its ``k_tile / 64``
         boxes. The tensor map is a kernel parameter, independent of the

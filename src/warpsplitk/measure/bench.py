@@ -16,7 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..runtime import timing
-from ..tactics import reference_tactic, shape_refusal
+from ..planning.choose import reference_tactic
+from ..tactics import shape_refusal
 
 DEFAULT_MS = (1, 4, 8, 16, 32)
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from ..jsonfile import loads, read_json
-from ..tactics import MAX_M, WarpSplitKTactic, as_integer, check_ms, check_tactic, default_tactic
+from ..tactics import MAX_M, WarpSplitKTactic, as_integer, check_ms, check_tactic, resolve_sm_count
+from .choose import default_tactic, prefers_cublas
 
 PLAN_FORMAT = "warpsplitk-plan"
 PLAN_VERSION = 1
@@ -87,11 +88,9 @@ def default_choice(m: int, n: int, k: int, sm_count: int | None = None, *,
     ``chained``: the call sits between kernel calls of a dependent chain
     (``bench --chain --model``), where cuBLAS must also make up the PDL
     overlap it forfeits (``cost_model.CHAIN_CUBLAS_US``)."""
-    from . import cost_model
-    from ..tactics import _sm_count
-    sm_count = _sm_count(sm_count)
+    sm_count = resolve_sm_count(sm_count)
     tactic = default_tactic(m, n, k, sm_count)
-    return CUBLAS if cost_model.prefers_cublas(m, n, k, sm_count, chained=bool(chained)) else tactic
+    return CUBLAS if prefers_cublas(m, n, k, sm_count, chained=bool(chained)) else tactic
 
 
 @dataclass

@@ -1,5 +1,8 @@
 """The tactic search space of one (shape, M) cell: what the tuner measures
-and what the cost model (:mod:`warpsplitk.planning.cost_model`) ranks.
+and what the default (:mod:`warpsplitk.planning.choose`) ranks; and the
+twin rules (a tactic with one option more: ``*_twin``), stated here once
+for the tuner's measured neighbours (``*_twins``) and the default's options
+(:mod:`warpsplitk.planning.measured_options`).
 
 Pruning, before anything is measured (``base_candidates``):
 
@@ -35,7 +38,7 @@ Pruning, before anything is measured (``base_candidates``):
   (``WarpSplitKTactic.early_launch``), which can be 16% faster or slower
   depending on the tactic's residency, so it is measured rather than modelled;
 * with ``bulk_xs=(False, True)`` (the default), at M = 1 every candidate also with its activation row copied by
-  one bulk copy per stage (``bulk_x``, one activation warp): 0.90-0.97x
+  one bulk copy per stage (``x_copy`` bulk, one activation warp): 0.90-0.97x
   on most of the table at M = 1, but already 1.01-1.21x at M = 2 and
   1.03-1.46x at M = 8, where several small bulk copies per stage cost
   more than 16-byte copies;
@@ -54,7 +57,7 @@ Pruning, before anything is measured (``base_candidates``):
 * measured neighbours: with ``bounded_prefetch`` (the default), last, each
   cell's
   ``BOUNDED_PREFETCH_TOP`` fastest are timed again with the L2 prefetch
-  bounded to 1-4 K tiles past the ring (``prefetch_tiles``), on
+  bounded to 1-4 K tiles past the ring (``l2_prefetch`` 1-4), on
   weights of every size. Between two calls
   HBM idles while the running grid drains and completes and the next one
   waits for it (~1 µs on 22-30 MB weights, which stream at 84-92% of the
@@ -63,7 +66,7 @@ Pruning, before anything is measured (``base_candidates``):
   prefetch) queued ahead of the running grid's refills;
 * measured neighbours: with ``tma`` (the default), each cell's ``TMA_TOP``
   fastest are timed again with their activations as TMA boxes
-  (``WarpSplitKTactic.tma_x``, one activation warp): 0.92-1.14x of the best
+  (``WarpSplitKTactic.x_copy`` tma, one activation warp): 0.92-1.14x of the best
   without them, a win at M >= 4 on most mid and large weights, so measured
   where the cell's own fastest are rather than across the whole space;
 * measured neighbours: with ``narrow`` (the default), at M <= 4 each cell's
@@ -80,12 +83,17 @@ import math
 
 from ..kernel import layout
 from ..tactics import (
+    BULK,
+    CP_ASYNC,
     DEFAULT_MAX_STAGES,
     DEFAULT_SM_COUNT,
     MAX_STAGES,
     MMA_TOKEN_TILES,
     NARROW_TOKEN_TILES,
     OUTPUT_TILES,
+    PREFETCH_ALL,
+    PREFETCH_OFF,
+    TMA,
     WIDE_TILE,
     WarpSplitKTactic,
     ctas_per_sm,
@@ -100,9 +108,9 @@ PREFETCH_TOP = 3
 PREFETCH_MAX_BYTES = 16 * 2**20
 
 
-def _activation_warps(token_tile, m, bulk_x=False):
+def _activation_warps(token_tile, m, bulk=False):
     """The b_loader_warps worth measuring (see the module docstring)."""
-    if bulk_x:
+    if bulk:
         return (1,)  # one lane per token row issues the bulk copies
     if token_tile == 8:
         return (1, 2) if m > 1 else (1,)
@@ -117,15 +125,16 @@ def base_candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = set()
-    for token_tile, output_tile, k_tile, k_split, b_warps, bulk_x in \
+    for token_tile, output_tile, k_tile, k_split, b_warps, bulk in \
             itertools.product(sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits,
                               (1, 2), bulk_xs):
-        if bulk_x and m > 1:
+        if bulk and m > 1:
             continue  # one bulk copy per stage pays; eight do not (module docstring)
-        if b_warps not in _activation_warps(token_tile, m, bulk_x):
+        if b_warps not in _activation_warps(token_tile, m, bulk):
             continue
+        x_copy = BULK if bulk else CP_ASYNC
         family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split,
-                                   bulk_x=bulk_x)
+                                   x_copy=x_copy)
                   for s in range(1, max_stages + 1)]
         family = [t for t in family if is_legal(t, n, k)]
         if not family:
@@ -154,7 +163,7 @@ def prefetch_twins(times, n, k, top=PREFETCH_TOP) -> list[WarpSplitKTactic]:
     if n * k * 2 > PREFETCH_MAX_BYTES:
         return []
     fastest = sorted((t for t in times if not t.l2_prefetch), key=times.get)[:top]
-    twins = [dataclasses.replace(t, l2_prefetch=True) for t in fastest]
+    twins = [prefetch_twin(t) for t in fastest]
     return [t for t in twins if t not in times and is_legal(t, n, k)]
 
 
@@ -165,6 +174,15 @@ BOUNDED_PREFETCH_TOP = 2
 BOUNDED_PREFETCH_DEPTHS = (1, 2, 3, 4)
 
 
+def prefetch_twin(tactic: WarpSplitKTactic, depth: int = PREFETCH_ALL
+                  ) -> WarpSplitKTactic | None:
+    """``tactic`` with the L2 prefetch of its whole K share past the ring, or
+    of ``depth`` K tiles of it; None where it has a prefetch."""
+    if tactic.l2_prefetch != PREFETCH_OFF:
+        return None
+    return dataclasses.replace(tactic, l2_prefetch=depth)
+
+
 def bounded_prefetch_twins(times, n, k, top=BOUNDED_PREFETCH_TOP,
                            depths=BOUNDED_PREFETCH_DEPTHS) -> list[WarpSplitKTactic]:
     """``{tactic: us}`` of one cell -> its ``top`` fastest tactics without
@@ -173,8 +191,7 @@ def bounded_prefetch_twins(times, n, k, top=BOUNDED_PREFETCH_TOP,
     the CTA's K share unprefetched; any weight size. None already in
     ``times``, all legal."""
     parents = sorted((t for t in times if not t.l2_prefetch), key=times.get)[:top]
-    twins = [dataclasses.replace(t, l2_prefetch=True, prefetch_tiles=p)
-             for t in parents for p in depths]
+    twins = [prefetch_twin(t, p) for t in parents for p in depths]
     return [t for t in dict.fromkeys(twins) if t not in times and is_legal(t, n, k)]
 
 
@@ -183,19 +200,37 @@ TMA_TOP = 3
 
 
 def with_tma_boxes(tactic: WarpSplitKTactic, **changes) -> WarpSplitKTactic:
-    """``tactic`` with its activations as TMA boxes: one activation warp, no
-    bulk rows (``check_tactic``'s rules for ``tma_x``), plus ``changes``."""
-    return dataclasses.replace(tactic, tma_x=True, bulk_x=False, b_loader_warps=1, **changes)
+    """``tactic`` with its activations as TMA boxes: one activation warp
+    (``check_tactic``'s rule for TMA copies), plus ``changes``."""
+    return dataclasses.replace(tactic, x_copy=TMA, b_loader_warps=1, **changes)
+
+
+def tma_twin(tactic: WarpSplitKTactic) -> WarpSplitKTactic | None:
+    """``tactic`` with TMA boxes (:func:`with_tma_boxes`); None where it has
+    them or its token tile is narrow (a box has 8 rows or more)."""
+    if tactic.x_copy == TMA or tactic.token_tile < layout.MMA_N:
+        return None
+    return with_tma_boxes(tactic)
 
 
 def tma_twins(times, n, k, top=TMA_TOP) -> list[WarpSplitKTactic]:
     """``{tactic: us}`` of one cell -> its ``top`` fastest tactics with their
     activations as TMA boxes (one activation warp); none already in
     ``times``, all legal."""
-    plain = sorted((t for t in times if not t.tma_x), key=times.get)
-    found = [with_tma_boxes(t) for t in plain[:top]]
-    unique = list(dict.fromkeys(found))
+    plain = sorted((t for t in times if t.x_copy != TMA), key=times.get)
+    found = [tma_twin(t) for t in plain[:top]]
+    unique = list(dict.fromkeys(t for t in found if t is not None))
     return [t for t in unique if t not in times and is_legal(t, n, k)]
+
+
+def k_split_twin(tactic: WarpSplitKTactic, k: int) -> WarpSplitKTactic | None:
+    """``tactic`` with two CTAs per tile along K, its ring no deeper than
+    the K tiles each then holds (768x7168 at M = 8: 18 stages against 14
+    tiles per CTA); None where it splits K or is a mixed grid."""
+    if tactic.k_split != 1 or tactic.half_tiles:
+        return None
+    return dataclasses.replace(tactic, k_split=2,
+                               stages=min(tactic.stages, k // 2 // tactic.k_tile))
 
 
 #: the mixed grids' measured-neighbour rule (module docstring)
@@ -279,7 +314,8 @@ def narrow_twin(parent: WarpSplitKTactic, m: int, n: int, k: int, resident: int,
     if m > NARROW_TOKEN_TILES[-1] or parent.token_tile != 8:
         return None
     token_tile = min(t for t in NARROW_TOKEN_TILES if t >= m)
-    twin = dataclasses.replace(parent, token_tile=token_tile, tma_x=False, bulk_x=bulk)
+    twin = dataclasses.replace(parent, token_tile=token_tile,
+                               x_copy=BULK if bulk else CP_ASYNC)
     copies = token_tile * twin.k_tile // layout.CHUNK
     if not bulk and copies % (twin.b_loader_warps * layout.WARP):
         twin = dataclasses.replace(twin, b_loader_warps=1)  # too few copies for two warps
@@ -307,7 +343,7 @@ def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
     for parent in parents:
         resident = ctas_per_sm(parent)
         # a narrow tile takes no TMA boxes: a TMA parent's twin copies by 16 bytes
-        for bulk in dict.fromkeys((False, parent.bulk_x)):
+        for bulk in dict.fromkeys((False, parent.x_copy == BULK)):
             for r in (resident, resident + 1):
                 twin = narrow_twin(parent, m, n, k, r, bulk)
                 if twin is not None:

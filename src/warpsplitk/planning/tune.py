@@ -50,7 +50,7 @@ import warnings
 from .. import jsonfile
 from ..kernel import layout
 from ..runtime import timing
-from .cost_model import SHORTLIST
+from .choose import SHORTLIST, default_tactic
 from .plans import CUBLAS, DecodePlan, is_time
 from .space import (
     base_candidates,
@@ -66,7 +66,6 @@ from ..tactics import (
     K_SPLITS,
     MAX_M,
     WarpSplitKTactic,
-    default_tactic,
     is_legal,
 )
 
@@ -488,7 +487,7 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     reps = sorted({representative(m) for m in ms})
     if shortlist:
-        from .cost_model import shortlist as ranked_shortlist
+        from .choose import shortlist as ranked_shortlist
         work = {(n, k, r): ranked_shortlist(r, n, k, sm_count, shortlist)
                 for n, k in shapes for r in reps}
     else:

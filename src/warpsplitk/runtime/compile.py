@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..contract import SUPPORTED_ARCHS, as_integer
 from ..kernel import layout
-from ..tactics import MAX_M, WarpSplitKTactic, check_tactic
+from ..tactics import BULK, MAX_M, TMA, WarpSplitKTactic, check_tactic
 from . import disk_cache
 from .dsl import build
 from .elf import read_resources
@@ -150,7 +150,8 @@ class CompileReport:
     def audit(self) -> list[str]:
         t = self.tactic
         return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split,
-                         l2_prefetch=t.l2_prefetch, bulk_x=t.bulk_x, tma_x=t.tma_x,
+                         l2_prefetch=bool(t.l2_prefetch), bulk_x=t.x_copy == BULK,
+                         tma_x=t.x_copy == TMA,
                          prefetch_bytes=self.prefetch_bytes, stages=t.stages,
                          swiglu=self.swiglu)
 
@@ -161,7 +162,7 @@ class CompileReport:
         if not t.l2_prefetch:
             return None
         k_tiles = self.k // (t.k_tile * t.k_split)
-        _, count = layout.l2_prefetch_span(k_tiles, t.stages, t.k_tile, t.prefetch_tiles)
+        _, count = layout.l2_prefetch_span(k_tiles, t.stages, t.k_tile, t.l2_prefetch)
         return count * layout.ELEMENT_BYTES
 
     def summary(self) -> str:

@@ -1,4 +1,4 @@
-"""Option effects read off the nearest measured cells.
+"""The default's options, applied where the nearest measured pairs gained.
 
 The cost model (:mod:`warpsplitk.planning.cost_model`) ranks the tactics of a cell
 by terms that follow the hardware: bytes per SM, waves, ring depth. The
@@ -9,7 +9,8 @@ capture: ranked by the linear model, the TMA twin of a near-best tactic was
 taken almost always and was no faster in median (docs/design-notes.md).
 
 So an option is applied as the measurements say: for each step of
-``OPTION_STEPS``, the tactic's twin with the option is taken when its
+``OPTION_STEPS``, the tactic's twin with the option (``TWINS``: ``space``'s
+twin rules) is taken when its
 ``NEIGHBOURS`` nearest measured (tactic, twin) pairs, all within ``RADIUS``
 of the tactic's own descriptor (:func:`describe`), have a median time ratio
 below ``1 - MARGIN``. Where fewer pairs lie that close, the option stays
@@ -25,13 +26,20 @@ so the tuner measures it.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 
 from ..kernel import layout
+from ..tactics import (
+    BULK,
+    DEFAULT_SM_COUNT,
+    TMA,
+    WarpSplitKTactic,
+    ctas_per_sm,
+    grid_ctas,
+    is_legal,
+)
 from . import space
-from ..tactics import DEFAULT_SM_COUNT, WarpSplitKTactic, ctas_per_sm, grid_ctas, is_legal
 
 #: pairs whose median decides (odd, so the median is one measured ratio)
 NEIGHBOURS = 9
@@ -66,34 +74,31 @@ def k_split_pays(t: WarpSplitKTactic, m: int, n: int, k: int,
 
 
 def _k_split(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
-    if t.k_split != 1 or t.half_tiles:
+    split = space.k_split_twin(t, k)
+    if split is None:
         return None
-    # each CTA holds half of K: a ring deeper than its K tiles shrinks to them
-    # (768x7168 at M = 8: 18 stages against 14 tiles per CTA)
-    split = dataclasses.replace(t, k_split=2, stages=min(t.stages, k // 2 // t.k_tile))
     return split if k_split_pays(split, m, n, k, sm_count, resident=ctas_per_sm(t)) else None
 
 
 def _narrow(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
-    if t.bulk_x or t.k_split > 1 or t.half_tiles:
+    if t.x_copy == BULK or t.k_split > 1 or t.half_tiles:
         return None
     return space.narrow_twin(t, m, n, k, ctas_per_sm(t))
 
 
 def _tma(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
-    return None if t.tma_x or t.token_tile < layout.MMA_N else space.with_tma_boxes(t)
+    return space.tma_twin(t)
 
 
 def _prefetch(tiles: int):
     def twin(t, m, n, k, sm_count=DEFAULT_SM_COUNT):
-        if t.l2_prefetch:
-            return None
-        return dataclasses.replace(t, l2_prefetch=True, prefetch_tiles=tiles)
+        return space.prefetch_twin(t, tiles)
     return twin
 
 
-#: name -> ``(tactic, m, n, k[, sm_count])`` -> the tactic's twin with that option
-#: (None where it has it or cannot take it; legality is checked apart)
+#: name -> ``(tactic, m, n, k[, sm_count])`` -> the tactic's twin with that
+#: option (``space``'s twin rules; a K split only where it pays), None where
+#: it has it or cannot take it; legality is checked apart
 TWINS = {
     "k_split": _k_split,
     "narrow": _narrow,
@@ -110,7 +115,7 @@ TWINS = {
 #: a split of a short K loses). A TMA box has 8 rows or more: no box on a
 #: narrow tile.
 OPTION_STEPS = (("k_split", "narrow"), ("tma",), ("prefetch2", "prefetch3", "prefetch4"))
-#: The steps of a call that streams with no overlap device (``cost_model.hbm_bound``).
+#: The steps of a call that streams with no overlap device (``choose.hbm_bound``).
 STEPS_WITHOUT_PREFETCH = tuple(step for step in OPTION_STEPS
                                if not any(name.startswith("prefetch") for name in step))
 
@@ -125,7 +130,7 @@ def describe(t: WarpSplitKTactic, m: int, n: int, k: int,
     return (math.log2(n), math.log2(k), math.log2(m), math.log2(t.token_tile),
             math.log2(t.output_tile), t.k_tile / 128, math.log2(t.stages),
             math.log2(occupancy), math.log2(n * k * layout.ELEMENT_BYTES),
-            float(t.tma_x), float(t.b_loader_warps))
+            float(t.x_copy == TMA), float(t.b_loader_warps))
 
 
 def pairs(cells, sm_count: int = DEFAULT_SM_COUNT) -> dict[str, list[list[float]]]:

@@ -1,0 +1,410 @@
+"""The default choice: which tactic (or cuBLAS) runs a cell without a plan entry.
+
+:func:`default_tactic` (the shipped model's :func:`choose`) ranks by
+predicted time (:mod:`warpsplitk.planning.cost_model`) the tuner's
+candidates of the cell with one CTA per tile along K (two for tiles of up
+to 32 rows at M <= 16, where the split fits one wave and each CTA streams
+8 K tiles or more), 16-byte activation copies and the late PDL trigger
+(``space.base_candidates``) and the reference wave heuristic's tactic
+(:func:`reference_tactic`), and keeps the reference's unless another is
+predicted ``REFERENCE_MARGIN`` faster. Where that grid leaves a third of
+the SMs idle on a large weight, its mixed grid replaces it
+(:func:`balanced_grid`). The options (K split, narrow token tiles, TMA
+boxes, bounded L2 prefetch) are then applied where the nearest measured
+pairs say they gain (:mod:`warpsplitk.planning.measured_options`): the
+linear terms for options are fitted on the few regimes where the tuner
+found them winning, and ranked freely they were picked far outside those
+regimes (docs/design-notes.md). The early PDL trigger is taken where the
+grid's shape says it pipelines (:func:`early_trigger_pays`), and on a short
+wave (:func:`short_wave`), whose measured gain ranking counts
+(:func:`rank_us`). On a weight that streams at the HBM rate whatever the
+tactic (:func:`hbm_bound`) the default takes a ring of
+``HBM_BOUND_MIN_STAGES`` or more and neither the early trigger nor the L2
+prefetch. Bulk activation rows are left to the tuner.
+
+Where no plan entry exists, ``plans.default_choice`` runs cuBLAS for an M
+whose predicted cuBLAS time is ``CUBLAS_MARGIN`` below the chosen tactic's,
+on a weight of K <= ``CUBLAS_MAX_K`` (:func:`prefers_cublas`); between
+kernel calls of a dependent chain only where it also makes up the PDL
+overlap it forfeits (``CHAIN_CUBLAS_US``). :func:`shortlist` is what the
+quick tuner measures instead of the whole space.
+
+Pure Python (no numpy): importable and usable where the package is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from ..kernel import layout
+from ..tactics import (
+    DEFAULT_SM_COUNT,
+    MAX_K_TILES,
+    MAX_STAGES,
+    MMA_TOKEN_TILES,
+    OUTPUT_TILES,
+    TMA,
+    WIDE_TILE,
+    WarpSplitKTactic,
+    check_m,
+    check_shape,
+    ctas_per_sm,
+    grid_ctas,
+    is_legal,
+    resolve_sm_count,
+)
+from . import measured_options, space
+from .cost_model import CostModel, shipped_model
+
+
+def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
+                   swiglu: bool = False) -> WarpSplitKTactic:
+    """The tactic the cost model predicts fastest for M tokens on an
+    ``[n, k]`` weight (:func:`choose`): the tuner's candidates and the
+    reference heuristic's tactic, ranked by the model fitted to the tuner's
+    measurements, then the options its nearest measured pairs say gain.
+    Legal for every M in 1..32, N a multiple of 16 and K a multiple of 128
+    up to 64 * 128 (of 256 up to 64 * 256), with ``swiglu`` for the SwiGLU
+    epilogue (no mixed grid); ``sm_count`` None: the current GPU's. The same
+    answer on every call.
+    """
+    m = check_m(m)
+    sm_count = resolve_sm_count(sm_count)
+    n, k = check_shape(n, k)
+    return choose_tactic(m, n, k, sm_count, swiglu=swiglu)
+
+
+def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:
+    """The reference wave heuristic: the baseline ``bench`` compares the
+    default and the plan with (a plain wave rule on this kernel, no
+    measurement behind it). Legal for every M, N and K ``default_tactic``
+    takes.
+
+    - output_tile: of the tiles that divide N, the one that minimises
+      ``ceil(CTAs / SMs) * output_tile`` (the rows the busiest SM streams),
+      the wider tile on ties;
+    - token_tile: 8, 16 or 32, the smallest covering M, then halved (not
+      below 8) while the doubled grid still fits in one wave;
+    - k_tile: 256 when K holds two of them and the tile takes it, else 128;
+    - b_loader_warps: 2 from 16 token rows or 8 K tiles on, else 1;
+    - stages: the deepest ring that keeps 2 CTAs per SM when the grid
+      exceeds the SMs, else the deepest legal one.
+    """
+    m = check_m(m)
+    sm_count = resolve_sm_count(sm_count)
+    n, k = check_shape(n, k)
+    token_tile = min(t for t in MMA_TOKEN_TILES if t >= m)
+    token_tiles = -(-m // token_tile)
+
+    def busiest_rows(tile):
+        return -(-(n // tile) * token_tiles // sm_count) * tile
+
+    # 48- and 64-row tiles take 128-wide K tiles only (check_tactic)
+    tiles = [t for t in OUTPUT_TILES
+             if n % t == 0 and (t < WIDE_TILE or k <= MAX_K_TILES * 128)]
+    output_tile = min(tiles, key=lambda t: (busiest_rows(t), -t))
+    row_tiles = n // output_tile
+    while token_tile > layout.MMA_N and row_tiles * -(-m // (token_tile // 2)) <= sm_count:
+        token_tile //= 2
+    wide = output_tile >= WIDE_TILE
+    k_tile = 256 if (not wide and k % 256 == 0
+                     and (k // 256 >= 2 or k // 128 > MAX_K_TILES)) else 128
+    k_tiles = k // k_tile
+    b_warps = 2 if token_tile >= 16 or k_tiles >= 8 else 1
+    legal = _rings(output_tile, token_tile, k_tile, b_warps, n, k)
+    if not legal:  # (two activation warps are too many for a tile's copies)
+        legal = _rings(output_tile, token_tile, k_tile, 1, n, k)
+    if grid_ctas(legal[0], m, n) > sm_count:
+        keeping_two = [t for t in legal if ctas_per_sm(t) >= 2]
+        if keeping_two:
+            return keeping_two[-1]
+    return legal[-1]
+
+
+def _rings(output_tile, token_tile, k_tile, b_warps, n, k) -> list[WarpSplitKTactic]:
+    """The legal tactics of one family, shallowest ring first."""
+    family = (WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
+              for s in range(1, min(k // k_tile, MAX_STAGES) + 1))
+    return [t for t in family if is_legal(t, n, k)]
+
+
+# ------------------------------------------------------------------ ranking
+
+
+#: the predicted fastest candidates whose twins (``_rank``'s rules) are ranked too
+TWIN_PARENTS = 3
+
+
+#: K splits ranked as candidates of their own (not only as an option of the
+#: fastest, ``measured_options``): of tiles of at most this many rows, at M
+#: up to ``K_SPLIT_BASE_MAX_M``, where the split fits one wave
+#: (``measured_options.k_split_pays``): a median 0.944 of the default's time
+#: without them over the 10 cells they change (docs/design-notes.md).
+K_SPLIT_BASE_MAX_TILE = 32
+K_SPLIT_BASE_MAX_M = 16
+
+
+def ranked(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
+           model: CostModel | None = None) -> list[tuple[WarpSplitKTactic, float]]:
+    """The cell's tactics without options, fastest first by
+    :func:`rank_us`: ``[(tactic, us)]``. The tuner's candidates with one CTA per
+    tile along K, 16-byte activation copies and the late trigger
+    (``space.base_candidates``), those with two CTAs per tile along K where
+    ``K_SPLIT_BASE_MAX_TILE`` and ``K_SPLIT_BASE_MAX_M`` allow, and the
+    reference heuristic's tactic."""
+    base = set(space.base_candidates(m, n, k, sm_count, k_splits=(1,), early_launches=(False,),
+                                     bulk_xs=(False,)))
+    if m <= K_SPLIT_BASE_MAX_M:
+        base.update(t for t in space.base_candidates(m, n, k, sm_count, k_splits=(2,),
+                                                     early_launches=(False,), bulk_xs=(False,))
+                    if t.output_tile <= K_SPLIT_BASE_MAX_TILE
+                    and measured_options.k_split_pays(t, m, n, k, sm_count))
+    base.add(reference_tactic(m, n, k, sm_count))
+    return _rank(m, n, k, sm_count, model or shipped_model(), base, ())
+
+
+#: What the early trigger makes of a short-wave grid's time
+#: (:func:`short_wave`): the records' early/late pairs of that class whose
+#: faster one is within 5-20% of its cell's fastest tactic, a median
+#: 0.883-0.890.
+SHORT_WAVE_EARLY_GAIN = 0.89
+
+
+def short_wave(tactic: WarpSplitKTactic, m: int, n: int, k: int,
+               sm_count: int = DEFAULT_SM_COUNT) -> bool:
+    """Whether ``tactic``'s grid is a short wave: tiles of 32 rows or more,
+    more CTAs than SMs but one wave of resident CTAs, each streaming 2 to 7
+    K tiles. Such a call is short beside its launch; with the early trigger
+    the next call's CTAs take each SM slot as this call's retire."""
+    grid = grid_ctas(tactic, m, n)
+    tiles = k // tactic.k_split // tactic.k_tile
+    return (tactic.output_tile >= 32 and 2 <= tiles < 8
+            and sm_count < grid <= sm_count * max(1, ctas_per_sm(tactic)))
+
+
+def rank_us(model: CostModel, tactic: WarpSplitKTactic, m: int, n: int, k: int,
+            sm_count: int = DEFAULT_SM_COUNT) -> float:
+    """The time ranking uses: the predicted time, times
+    ``SHORT_WAVE_EARLY_GAIN`` for a short wave (which :func:`choose` gives
+    the early trigger)."""
+    us = model.predict_us(tactic, m, n, k, sm_count)
+    return us * SHORT_WAVE_EARLY_GAIN if short_wave(tactic, m, n, k, sm_count) else us
+
+
+def _rank(m, n, k, sm_count, model, base, twin_rules) -> list[tuple[WarpSplitKTactic, float]]:
+    """``base`` and what each of ``twin_rules`` (``{tactic: us}`` -> twins)
+    makes of its ``TWIN_PARENTS`` fastest, by :func:`rank_us`; ties
+    broken by the tactic's own order (the same answer in every process)."""
+    predicted = {t: rank_us(model, t, m, n, k, sm_count) for t in base}
+    parents = dict(sorted(predicted.items(), key=lambda item: (item[1], item[0]))[:TWIN_PARENTS])
+    for rule in twin_rules:
+        for twin in rule(parents):
+            if twin not in predicted:
+                predicted[twin] = rank_us(model, twin, m, n, k, sm_count)
+    return sorted(predicted.items(), key=lambda item: (item[1], item[0]))
+
+
+# ------------------------------------------------------------------- choice
+
+
+#: how much faster than the reference heuristic's tactic another must be
+#: predicted to be chosen instead (shape-grouped cross-validation on the
+#: records: a 1% margin cut the picks measured more than 3% slower than the
+#: reference from 15 to 6 of 69)
+REFERENCE_MARGIN = 0.01
+
+
+#: A weight of this many bytes or more at M <= ``HBM_BOUND_MAX_M`` is
+#: streamed with no overlap device (:func:`hbm_bound`): such a call is 15 us
+#: or more at the HBM rate, and in a layer the next call is another
+#: projection's, while the early trigger and the L2 prefetch gain in
+#: independent timings only by overlapping the next call of the same weight
+#: (gemma-3-12b's TP1 layer chain at M = 8 ran 2.0 us behind the reference
+#: heuristic's with them). Rings shallower than ``HBM_BOUND_MIN_STAGES`` are
+#: not taken there: 28 of the 37 such rings the model ranks above the
+#: reference's deeper ring measured slower than it.
+HBM_BOUND_MIN_BYTES = 64 << 20
+HBM_BOUND_MAX_M = 8
+HBM_BOUND_MIN_STAGES = 4
+
+
+def hbm_bound(m: int, n: int, k: int) -> bool:
+    """Whether the default streams ``[n, k]`` at M = ``m`` without the early
+    trigger or the L2 prefetch, in a ring of ``HBM_BOUND_MIN_STAGES`` or
+    more: a weight of ``HBM_BOUND_MIN_BYTES`` or more at M <=
+    ``HBM_BOUND_MAX_M``."""
+    return m <= HBM_BOUND_MAX_M and n * k * layout.ELEMENT_BYTES >= HBM_BOUND_MIN_BYTES
+
+
+def choose(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
+           model: CostModel | None = None, *, swiglu: bool = False
+           ) -> tuple[WarpSplitKTactic, float]:
+    """The fastest-predicted tactic of :func:`ranked` (the reference
+    heuristic's unless another is predicted ``REFERENCE_MARGIN`` faster),
+    as its mixed grid where :func:`balanced_grid` says so (not with
+    ``swiglu``, for the SwiGLU epilogue), with the options its nearest
+    measured pairs say gain (``measured_options.apply_options``); and its
+    predicted time (the ranked time times the options' measured ratios: a
+    mixed grid is counted at its parent's, which it measured no slower)."""
+    model = model or shipped_model()
+    order = ranked(m, n, k, sm_count, model)
+    reference = reference_tactic(m, n, k, sm_count)
+    reference_us = dict(order)[reference]  # ranked holds the reference's prediction
+    streaming = hbm_bound(m, n, k)
+    if streaming:
+        order = [(t, t_us) for t, t_us in order
+                 if t.stages >= HBM_BOUND_MIN_STAGES or t == reference]
+    tactic, us = order[0]
+    if us > reference_us * (1.0 - REFERENCE_MARGIN):
+        tactic, us = reference, reference_us
+    if not swiglu:  # the SwiGLU epilogue takes no mixed grid (check_tactic)
+        tactic = balanced_grid(tactic, m, n, k, sm_count, model)
+    # streaming: no L2 prefetch (nor, below, the early trigger)
+    steps = (measured_options.STEPS_WITHOUT_PREFETCH if streaming
+             else measured_options.OPTION_STEPS)
+    tactic, factor = measured_options.apply_options(tactic, m, n, k, model.option_pairs,
+                                                    sm_count, steps)
+    if streaming:
+        return tactic, us * factor
+    if early_trigger_pays(tactic, m, n, sm_count) or short_wave(tactic, m, n, k, sm_count):
+        # (a short wave's gain is counted in ranking; the other's is not: it
+        # depends on the next kernel's grid)
+        tactic = dataclasses.replace(tactic, early_launch=True)
+    return tactic, us * factor
+
+
+#: A grid that keeps at most this share of the SMs busy, on a weight of
+#: ``BALANCE_MIN_BYTES`` or more, takes its mixed grid instead
+#: (:func:`balanced_grid`): tiles and their halves, one CTA per SM, so every
+#: SM streams its share. In the calibration records' 20 cells of that class
+#: the mixed grid timed a median 0.87 of the tactic it replaces, none
+#: slower; with more SMs busy, or on smaller weights (whose CTAs stream a few
+#: K tiles each), it gains nothing. The share applies to any SM count.
+BALANCE_MAX_FILL = 2 / 3
+BALANCE_MIN_BYTES = 16 << 20
+#: ...with TMA activation boxes from this M on: the records' mixed grids
+#: with boxes over row copies, a median 0.82 at M = 24, 0.99-1.03 below
+#: (where :mod:`measured_options` decides the boxes).
+BALANCE_BOXES_MIN_M = 24
+
+
+def balanced_grid(tactic: WarpSplitKTactic, m: int, n: int, k: int,
+                  sm_count: int = DEFAULT_SM_COUNT, model: CostModel | None = None
+                  ) -> WarpSplitKTactic:
+    """``tactic``, or where its grid (one CTA per tile along K) keeps at most
+    ``BALANCE_MAX_FILL`` of the SMs busy on a weight of
+    ``BALANCE_MIN_BYTES`` or more, the fastest-predicted of its mixed grids
+    (``space.mixed_grids``: 32- or 64-row tiles, the 32-row ones with either
+    K tile) with row copies, or TMA boxes from M = ``BALANCE_BOXES_MIN_M``
+    on. (A tactic with TMA boxes below that M is kept: the ranked bases
+    have none.)"""
+    if (tactic.k_split > 1 or tactic.half_tiles
+            or n * k * layout.ELEMENT_BYTES < BALANCE_MIN_BYTES
+            or grid_ctas(tactic, m, n) > BALANCE_MAX_FILL * sm_count):
+        return tactic
+    boxes = m >= BALANCE_BOXES_MIN_M
+    grids = space.mixed_grids(tactic, n, k, m, sm_count, k_tile_widths=(128, 256))
+    grids = [grid for grid in grids if (grid.x_copy == TMA) == boxes]
+    if not grids:
+        return tactic
+    model = model or shipped_model()
+    return min(grids, key=lambda grid: (model.predict_us(grid, m, n, k, sm_count), grid))
+
+
+def early_trigger_pays(tactic: WarpSplitKTactic, m: int, n: int,
+                       sm_count: int = DEFAULT_SM_COUNT) -> bool:
+    """Whether ``tactic``'s grid takes the early PDL trigger: its ring
+    fills an SM (one resident CTA) and its CTAs cover more than half the
+    SMs, at most one each. The next call's CTAs then start on each SM as
+    this grid's CTA there retires (the records' early/late pairs of that
+    class: a median 0.979). Where the next grid fits beside the running
+    one it streams alongside it instead, and a grid with some SMs holding
+    two CTAs and some one leaves stragglers."""
+    grid = grid_ctas(tactic, m, n)
+    return ctas_per_sm(tactic) == 1 and sm_count / 2 < grid <= sm_count
+
+
+@functools.lru_cache(maxsize=8192)
+def _shipped_choice(m, n, k, sm_count, swiglu=False) -> tuple[WarpSplitKTactic, float]:
+    return choose(m, n, k, sm_count, swiglu=swiglu)
+
+
+def choose_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, *,
+                  swiglu: bool = False) -> WarpSplitKTactic:
+    """The shipped model's choice (:func:`choose`), cached: ``default_tactic``
+    without the argument checks."""
+    return _shipped_choice(m, n, k, sm_count, bool(swiglu))[0]
+
+
+# ------------------------------------------------------------------- cuBLAS
+
+
+#: cuBLAS runs an M without a plan entry only where predicted this much
+#: faster than the chosen tactic (as ``REFERENCE_MARGIN``: a small predicted
+#: gain is within the model's error, a wrong switch costs as much)...
+CUBLAS_MARGIN = 0.02
+#: ...and only up to this K: above it the kernel's prediction runs high
+#: (measured over predicted, the default's tactic at M = 32: a median 0.87
+#: for K > 7168), and the cells predicted for cuBLAS measured the kernel
+#: 3-7% faster.
+CUBLAS_MAX_K = 6144
+#: In a dependent chain of kernel calls (a layer's projections back to back,
+#: ``bench --chain --model``), cuBLAS takes no part in PDL: the call before it
+#: cannot launch it early, and it does not launch the call after it early, so
+#: a cuBLAS call forfeits both overlaps. A chained call runs cuBLAS only
+#: where predicted this much faster than the kernel besides ``CUBLAS_MARGIN``
+#: (qwen3-4b TP2's layer at M = 32 on the H200, cuBLAS for gate_up: the chain
+#: took 4.1 us more than the sum of its calls' independent times).
+CHAIN_CUBLAS_US = 4.0
+
+
+@functools.lru_cache(maxsize=8192)
+def prefers_cublas(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, *,
+                   chained: bool = False) -> bool:
+    """Whether the shipped model predicts cuBLAS ``CUBLAS_MARGIN`` faster
+    than its choice, on a weight of K <= ``CUBLAS_MAX_K``; ``chained``: a call
+    between kernel calls of a dependent chain, where cuBLAS must also make up
+    the PDL overlap it forfeits (``CHAIN_CUBLAS_US``)."""
+    penalty = CHAIN_CUBLAS_US if chained else 0.0
+    return k <= CUBLAS_MAX_K and (shipped_model().predict_cublas_us(m, n, k) + penalty
+                                  < _shipped_choice(m, n, k, sm_count, False)[1]
+                                  * (1.0 - CUBLAS_MARGIN))
+
+
+# ---------------------------------------------------------------- shortlist
+
+
+#: Tactics the quick tuner measures per cell, by :func:`rank_us` (beside the
+#: early-trigger twin of each, the bounded-prefetch twins of the predicted
+#: fastest, and the default and reference tactics): replayed on the
+#: exhaustive tune's log of the shape table, the quick plan's median cell is
+#: 1.016 of the exhaustive one's time at 6 (13 a cell; BENCHMARKS.md).
+SHORTLIST = 6
+
+
+def shortlist(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, size: int = SHORTLIST,
+              model: CostModel | None = None) -> list[WarpSplitKTactic]:
+    """What the quick tuner measures in one cell: of the whole tuner space
+    (``space.base_candidates`` with K splits and bulk rows, late trigger,
+    and the TMA, narrow, L2-prefetch and mixed-grid twins of the predicted
+    three fastest), the ``size`` fastest predicted and the early-trigger twin
+    of each; the bounded-prefetch twins of the fastest
+    (effects the model knows least, so measured rather than ranked); and
+    ``default_tactic``'s and the reference heuristic's tactics, so that both
+    compete in every cell (``tune.choose_tactics`` then prefers a tactic
+    without the early trigger or a mixed grid, or one another M chose, when
+    within 2%)."""
+    base = set(space.base_candidates(m, n, k, sm_count, early_launches=(False,)))
+    reference = reference_tactic(m, n, k, sm_count)
+    base.add(reference)
+    order = [t for t, _ in _rank(m, n, k, sm_count, model or shipped_model(), base, (
+        lambda parents: space.tma_twins(parents, n, k),
+        lambda parents: space.narrow_twins(parents, n, k, m, sm_count),
+        lambda parents: space.prefetch_twins(parents, n, k),
+        lambda parents: space.mixed_twins(parents, n, k, m, sm_count)))]
+    chosen = order[:size]
+    chosen += [dataclasses.replace(t, early_launch=True) for t in chosen]
+    chosen += space.bounded_prefetch_twins({order[0]: 0.0}, n, k, top=1, depths=(2, 4))
+    chosen += [choose_tactic(m, n, k, sm_count), reference]
+    return list(dict.fromkeys(chosen))
