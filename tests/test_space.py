@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from warpsplitk.planning.tune import REPRESENTATIVE_MS, candidates
+from warpsplitk.planning.selection import REPRESENTATIVE_MS
+from warpsplitk.planning.tune import candidates
 from warpsplitk.tactics import WarpSplitKTactic, ctas_per_sm, default_tactic, grid_ctas, is_legal
 
 T = WarpSplitKTactic

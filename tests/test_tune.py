@@ -1,5 +1,6 @@
-"""The tuner (planning/tune.py): candidates, choices within tolerance, plans from
-logs, confirmations, stale records."""
+"""The tuner (planning/tune.py), its log (tune_log.py) and choosing rules
+(selection.py): candidates, choices within tolerance, plans from logs,
+confirmations, stale records."""
 
 import dataclasses
 import json
@@ -10,7 +11,8 @@ from warpsplitk import shapes
 from warpsplitk.runtime import timing
 from warpsplitk.planning.plans import builtin_plan, load_plan
 from warpsplitk.planning.space import base_candidates
-from warpsplitk.planning.tune import REPRESENTATIVE_MS, candidates, representative
+from warpsplitk.planning.selection import REPRESENTATIVE_MS, representative
+from warpsplitk.planning.tune import candidates
 from warpsplitk.tactics import WarpSplitKTactic, default_tactic, is_legal
 
 T = WarpSplitKTactic
@@ -65,7 +67,7 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
 
 
 def test_choose_tactics_reuses_within_tolerance():
-    from warpsplitk.planning.tune import choose_tactics
+    from warpsplitk.planning.selection import choose_tactics
     a, b, c = T(16, 8, 256, 9, 1), T(32, 8, 256, 11, 1), T(32, 32, 256, 6, 2)
     times = {32: {c: 15.6, a: 18.0}, 8: {a: 14.0, b: 13.8, c: 14.05}, 1: {a: 13.9, b: 13.7}}
     picks = choose_tactics(times, tolerance=0.02)
@@ -77,7 +79,7 @@ def test_choose_tactics_reuses_within_tolerance():
 
 
 def test_choose_tactics_takes_the_early_trigger_only_when_clearly_faster():
-    from warpsplitk.planning.tune import choose_tactics
+    from warpsplitk.planning.selection import choose_tactics
     a = T(16, 8, 256, 9, 1)
     early = dataclasses.replace(a, early_launch=True)
     b = T(32, 8, 256, 11, 1)
@@ -98,7 +100,7 @@ def test_choose_tactics_takes_the_early_trigger_only_when_clearly_faster():
 
 
 def test_choose_tactics_takes_a_mixed_grid_only_when_clearly_faster():
-    from warpsplitk.planning.tune import choose_tactics
+    from warpsplitk.planning.selection import choose_tactics
     uniform = T(32, 32, 128, 3, 1, early_launch=True, tma_x=True)
     late = dataclasses.replace(uniform, early_launch=False)
     mixed = T(64, 32, 128, 3, 1, tma_x=True, half_tiles=40)
@@ -114,7 +116,7 @@ def test_choose_tactics_takes_a_mixed_grid_only_when_clearly_faster():
 def test_choose_tactics_never_picks_outside_tolerance():
     import random
 
-    from warpsplitk.planning.tune import choose_tactics
+    from warpsplitk.planning.selection import choose_tactics
     rng = random.Random(0)
     tactics = [T(16, 8, 256, s, 1) for s in range(2, 12)]
     for _ in range(200):
@@ -127,7 +129,7 @@ def test_choose_tactics_never_picks_outside_tolerance():
 def _log(path, records):
     """A tuner log of ``(n, k, m, tactic, us or None)``; a K split's records
     carry the current kernel revision (the others none: revision 1)."""
-    from warpsplitk.planning.tune import KERNEL_REVISION
+    from warpsplitk.planning.tune_log import KERNEL_REVISION
     with open(path, "w") as f:
         for n, k, m, tactic, us in records:
             rec = {"key": f"{n},{k},{m},{tactic}", "n": n, "k": k, "m": m, "tactic": tactic}
@@ -139,7 +141,7 @@ def _log(path, records):
 
 
 def test_plan_from_log_makes_the_tuners_choices(tmp_path):
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     a, b = "16,8,256,4,1", "32,8,256,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
     records += [(1024, 4096, r, b, 4.0) for r in (1, 8)]          # faster at small M
@@ -163,7 +165,7 @@ def test_shipped_plan_is_what_its_log_gives():
     over the default space."""
     from pathlib import Path
 
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     log = Path(__file__).resolve().parent.parent / "bench/results/h200-tune-log.jsonl"
     if not log.exists():
         pytest.skip("the tuner log is not in this checkout")
@@ -199,7 +201,7 @@ def test_cli_tune_from_log_without_gpu(tmp_path, capsys):
 
 
 def test_plan_from_log_counts_confirmations_with_the_median(tmp_path):
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     a, b, c = "16,8,256,4,1", "32,8,256,4,1+early", "64,8,128,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
     records += [(1024, 4096, r, b, 4.0) for r in REPRESENTATIVE_MS]
@@ -229,7 +231,9 @@ def test_plan_from_log_counts_confirmations_with_the_median(tmp_path):
 
 
 def test_confirmation_helpers():
-    from warpsplitk.planning.tune import CONFIRM_ROUNDS, _cell_times, _confirm_candidates, _confirm_key
+    from warpsplitk.planning.selection import cell_times
+    from warpsplitk.planning.tune import CONFIRM_ROUNDS, _confirm_candidates
+    from warpsplitk.planning.tune_log import confirm_key
     a, b, c = T(16, 8, 256, 4, 1), T(32, 8, 256, 4, 1), T(32, 8, 256, 4, 1, early_launch=True)
     cell = {a: [5.0], b: [4.0, 4.4], c: [3.0]}
     assert _confirm_candidates(cell, 2) == [c, b]
@@ -241,10 +245,10 @@ def test_confirmation_helpers():
     assert _confirm_candidates(cell, 0, default=a) == []
     # two timings: their mean (as older logs were ranked); three:
     # the median, as the benchmark counts its graphs
-    assert _cell_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
-    assert _cell_times({a: [1.24, 1.48, 1.47], b: []}) == {a: 1.47}
-    assert _confirm_key(1, 2, 8, c) == "confirm:1,2,8,32,8,256,4,1+early"
-    assert _confirm_key(1, 2, 8, c, 2) == "confirm2:1,2,8,32,8,256,4,1+early"
+    assert cell_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
+    assert cell_times({a: [1.24, 1.48, 1.47], b: []}) == {a: 1.47}
+    assert confirm_key(1, 2, 8, c) == "confirm:1,2,8,32,8,256,4,1+early"
+    assert confirm_key(1, 2, 8, c, 2) == "confirm2:1,2,8,32,8,256,4,1+early"
     assert CONFIRM_ROUNDS + 1 == timing.ROUNDS
 
 
@@ -265,7 +269,7 @@ def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
     """A log from before M = 4 was measured (or a shape whose M = 4 cell
     failed): M 2-4 take the M = 8 winner, as they did then, and the plan
     says so; a shape missing its largest M is still left out."""
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     a, b = "16,8,256,4,1", "32,8,256,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in (1, 16, 24, 32)] + [(1024, 4096, 8, b, 4.0)]
     records += [(2048, 4096, r, a, 6.0) for r in (1, 4, 8, 16, 24)]
@@ -282,7 +286,7 @@ def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     """A log holds what any run measured; the plan counts narrow token tiles
     (and rings past 16 stages) unless told not to, and never the retired
     split of K in four, however fast it was."""
-    from warpsplitk.planning.tune import in_default_space, plan_from_log
+    from warpsplitk.planning.selection import in_default_space, plan_from_log
     wide, narrow, deep, four = ("32,8,256,4,1", "32,1,256,13,1", "16,8,256,18,1",
                                 "32,8,256,4,1,4")
     assert in_default_space(WarpSplitKTactic.parse(wide))
@@ -317,7 +321,7 @@ def test_plan_from_log_skips_tactics_this_version_refuses(tmp_path):
     one, as narrow tiles with bulk rows once were): a plan
     from that log never picks them, however fast they were."""
     from warpsplitk.tactics import is_legal
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     # a 1 x 256 stage is 32 copies: too few for two loader warps
     refused, ok = "32,1,256,13,2+early", "32,1,256,13,1+early"
     assert not is_legal(WarpSplitKTactic.parse(refused), 2624, 6144)
@@ -333,8 +337,8 @@ def test_timings_of_changed_kernels_are_stale(tmp_path):
     (no ``rev``) are stale: left out of a plan unless asked for, and of the
     tuner's resume set (so it measures them again); a newer record of the
     same key wins; records of cp.async tactics stay valid."""
-    from warpsplitk.planning.tune import (ASYNC_RING_REVISION, _read_log, is_stale, plan_from_log,
-                                 stale_records)
+    from warpsplitk.planning.selection import plan_from_log
+    from warpsplitk.planning.tune_log import ASYNC_RING_REVISION, is_stale, read_log, stale_records
     plain, tma, bulk = "16,8,256,4,1", "16,8,256,4,1+tma", "16,8,256,4,1+bulk"
     assert not is_stale({"tactic": plain})
     assert is_stale({"tactic": tma}) and is_stale({"tactic": bulk, "rev": 1})
@@ -348,8 +352,8 @@ def test_timings_of_changed_kernels_are_stale(tmp_path):
     _log(log, [(1024, 4096, r, plain, 5.0) for r in REPRESENTATIVE_MS]
          + [(1024, 4096, r, tma, 4.0) for r in REPRESENTATIVE_MS])
     assert stale_records(str(log)) == len(REPRESENTATIVE_MS)
-    assert len(_read_log(str(log))) == len(REPRESENTATIVE_MS)
-    assert len(_read_log(str(log), stale=True)) == 2 * len(REPRESENTATIVE_MS)
+    assert len(read_log(str(log))) == len(REPRESENTATIVE_MS)
+    assert len(read_log(str(log), stale=True)) == 2 * len(REPRESENTATIVE_MS)
 
     def picks(**kw):
         plan, _ = plan_from_log(str(log), **kw)
@@ -365,7 +369,7 @@ def test_timings_of_changed_kernels_are_stale(tmp_path):
                                 "tactic": tma, "ok": True, "us": 5.5,
                                 "rev": ASYNC_RING_REVISION}) + "\n")
     assert stale_records(str(log)) == 0
-    assert _read_log(str(log))[f"1024,4096,1,{tma}"]["us"] == 5.5
+    assert read_log(str(log))[f"1024,4096,1,{tma}"]["us"] == 5.5
     assert picks()[0] == {plain}
 
 
@@ -385,7 +389,7 @@ def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp
     cell's best valid timing is skipped on resume; a faster one is measured
     again; stale confirmations and failures are judged by nothing (their
     cell's candidates decide)."""
-    from warpsplitk.planning.tune import dominated_stale_keys
+    from warpsplitk.planning.tune_log import dominated_stale_keys
     log = tmp_path / "log.jsonl"
     plain, tma, bulk = "16,8,256,4,1", "16,8,256,4,1+tma", "16,8,256,4,1+bulk"
     _log(log, [(1024, 4096, 1, plain, 5.0), (1024, 4096, 1, tma, 6.0),
@@ -404,10 +408,11 @@ def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
     """Records of an experimental build (stamped ``variant`` by versions that
     built them) and of tactics this version no longer parses (a seventh
     comma field: the retired activation multicast) are skipped by
-    ``_read_log`` and so by plans and resumes, however fast they were; a new
+    ``read_log`` and so by plans and resumes, however fast they were; a new
     record carries the kernel revision and no ``variant``."""
-    from warpsplitk.planning.tune import KERNEL_REVISION, _read_log, _record, plan_from_log
-    fresh = _record(key="a")
+    from warpsplitk.planning.selection import plan_from_log
+    from warpsplitk.planning.tune_log import KERNEL_REVISION, new_record, read_log
+    fresh = new_record(key="a")
     assert fresh["rev"] == KERNEL_REVISION and "variant" not in fresh
     split, multicast = "32,8,256,4,1,2", "16,16,256,4,1,1,2"
     with pytest.raises(ValueError, match=f"a tactic is five integers .*, got '{multicast}'$"):
@@ -423,10 +428,10 @@ def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
             f.write(json.dumps({"key": f"1024,4096,{r},{multicast}", "n": 1024, "k": 4096,
                                 "m": r, "tactic": multicast, "ok": True, "us": 1.0,
                                 "rev": KERNEL_REVISION}) + "\n")
-    logged = _read_log(str(log))
+    logged = read_log(str(log))
     assert sorted(logged) == sorted(f"1024,4096,{r},{split}" for r in REPRESENTATIVE_MS)
     assert logged[f"1024,4096,1,{split}"]["us"] == 5.0
-    assert len(_read_log(str(log), stale=True)) == len(REPRESENTATIVE_MS)
+    assert len(read_log(str(log), stale=True)) == len(REPRESENTATIVE_MS)
     plan, partial = plan_from_log(str(log))
     assert partial == {}
     assert {(t.short(), us) for t, us in
@@ -459,12 +464,13 @@ HALF = b'{"key": "1024,4096,24,16,8,256,4,1", "n": 1024, "k": 40'
 def test_a_half_written_last_line_is_ignored_on_resume(tmp_path):
     import warnings
 
-    from warpsplitk.planning.tune import _read_log, plan_from_log, read_log_records
+    from warpsplitk.planning.selection import plan_from_log
+    from warpsplitk.planning.tune_log import read_log, read_log_records
     log = tmp_path / "log.jsonl"
     _write_log(log, _records(), HALF)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        assert sorted(_read_log(str(log))) == sorted(r["key"] for r in _records())
+        assert sorted(read_log(str(log))) == sorted(r["key"] for r in _records())
     assert len(record) == 1 and record[0].category is RuntimeWarning
     assert f"{log} line 4: ignoring the unfinished last line" in str(record[0].message)
     with pytest.warns(RuntimeWarning, match="line 4"):
@@ -478,7 +484,7 @@ def test_a_half_written_last_line_is_ignored_on_resume(tmp_path):
     log.write_bytes(log.read_bytes() + json.dumps(_records(3)[2]).encode())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert len(_read_log(str(log))) == 3
+        assert len(read_log(str(log))) == 3
 
 
 @pytest.mark.parametrize("text,line", [
@@ -487,34 +493,34 @@ def test_a_half_written_last_line_is_ignored_on_resume(tmp_path):
     (json.dumps(_records()[0]).encode() + b"\n" + HALF + b"\n", 2),  # ended: not cut short
 ])
 def test_a_broken_line_that_is_not_an_unfinished_tail_stays_an_error(tmp_path, text, line):
-    from warpsplitk.planning.tune import _read_log
+    from warpsplitk.planning.tune_log import read_log
     log = tmp_path / "log.jsonl"
     log.write_bytes(text)
     with pytest.raises(ValueError, match=f"^{log} line {line}: not valid JSON"):
-        _read_log(str(log))
+        read_log(str(log))
 
 
 def test_a_key_twice_in_a_log_line_is_an_error_naming_it(tmp_path):
-    from warpsplitk.planning.tune import _read_log
+    from warpsplitk.planning.tune_log import read_log
     log = tmp_path / "log.jsonl"
     _write_log(log, _records(1))
     with open(log, "a") as f:
         f.write('{"key": "a", "n": 1024, "k": 4096, "m": 1, "m": 8, "tactic": "cublas"}\n')
     with pytest.raises(ValueError, match=f"^{log} line 2: .*duplicate key 'm'"):
-        _read_log(str(log))
+        read_log(str(log))
 
 
 def _append_all(log, records):
-    from warpsplitk.planning.tune import _append
+    from warpsplitk.planning.tune_log import append_record
     with open(log, "ab+") as f:  # as tune opens its log
         for record in records:
-            _append(f, record, str(log))
+            append_record(f, record, str(log))
 
 
 def test_appending_after_a_half_line_removes_it(tmp_path):
     import warnings
 
-    from warpsplitk.planning.tune import read_log_records
+    from warpsplitk.planning.tune_log import read_log_records
     log = tmp_path / "log.jsonl"
     _write_log(log, _records(2), HALF)
     with pytest.warns(RuntimeWarning, match=f"{log} line 3: removed the unfinished last line"):
@@ -551,3 +557,4 @@ def test_appends_are_synced(tmp_path, monkeypatch):
     sizes = [len(b"".join(json.dumps(r).encode() + b"\n" for r in _records(i + 1)))
              for i in range(3)]
     assert synced == sizes
+

@@ -578,7 +578,7 @@ def _device_sm_count():
     return DEFAULT_SM_COUNT
 
 
-def _sm_count(sm_count):
+def checked_sm_count(sm_count):
     """``sm_count``, checked; None: the current GPU's (``DEFAULT_SM_COUNT`` without one)."""
     if sm_count is None:
         return _device_sm_count()
@@ -611,7 +611,7 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
     for the SwiGLU epilogue (no mixed grid); the same answer on every call.
     """
     m = _check_m(m)
-    sm_count = _sm_count(sm_count)
+    sm_count = checked_sm_count(sm_count)
     n, k = _check_shape(n, k)
     from .planning.cost_model import choose_tactic
     return choose_tactic(m, n, k, sm_count, swiglu=swiglu)
@@ -634,7 +634,7 @@ def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> War
       exceeds the SMs, else the deepest legal one.
     """
     m = _check_m(m)
-    sm_count = _sm_count(sm_count)
+    sm_count = checked_sm_count(sm_count)
     n, k = _check_shape(n, k)
     token_tile = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = -(-m // token_tile)
