@@ -558,3 +558,112 @@ def test_appends_are_synced(tmp_path, monkeypatch):
              for i in range(3)]
     assert synced == sizes
 
+
+# ------------------------------------------------ the measuring loop on a stand-in GPU
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The tuner's GPU work on the CPU: a tactic's kernel computes x @ w^T,
+    but not for ``broken`` (no compile) and ``wrong`` (wrong results); it
+    times at ``times[tactic]`` (10 us unless given), cuBLAS at
+    ``cublas_us[m]``. ``compiled``, ``timed`` and ``built`` record the calls."""
+    import types
+
+    import torch
+
+    pytest.importorskip("cuda.bindings")
+    from warpsplitk.planning import tune as tune_module
+    gpu = types.SimpleNamespace(times={}, cublas_us={}, broken=set(), wrong=set(), compiled=[],
+                                timed=[], built=[], last=None)
+    tensors = {}
+    real_randn, real_empty, real_matmul = torch.randn, torch.empty, torch.matmul
+
+    def keep(t):
+        tensors[t.data_ptr()] = t
+        return t
+
+    def matmul(a, b, out=None):
+        gpu.last = ("cublas", a.shape[0])
+        return real_matmul(a, b, out=out)
+
+    def compile_kernel(device, n, k, tactic):
+        if tactic in gpu.broken:
+            raise RuntimeError("no such kernel")
+        gpu.compiled.append(tactic)
+
+        def code(w, x, bias, out, m, stream):
+            result = tensors[x].float() @ tensors[w].float().t()
+            tensors[out].copy_(result * (2 if tactic in gpu.wrong else 1))
+            gpu.last = tactic
+        return code
+
+    def time_calls(calls):
+        calls[0]()
+        gpu.timed.append(gpu.last)
+        us = (gpu.cublas_us[gpu.last[1]] if isinstance(gpu.last, tuple)
+              else gpu.times.get(gpu.last, 10.0))
+        return timing.Timing(us, us, us, len(calls))
+
+    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **kw: keep(real_randn(*a, **kw)))
+    monkeypatch.setattr(torch, "empty", lambda *a, device=None, **kw: keep(real_empty(*a, **kw)))
+    monkeypatch.setattr(torch, "matmul", matmul)
+    for name, value in (("current_device", lambda: 0),
+                        ("get_device_name", lambda device: "NVIDIA H200"),
+                        ("get_device_properties",
+                         lambda device: types.SimpleNamespace(multi_processor_count=132)),
+                        ("synchronize", lambda: None), ("empty_cache", lambda: None)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(timing, "require_cuda", lambda what: None)
+    monkeypatch.setattr(timing, "copies_for", lambda weight_bytes: 2)
+    monkeypatch.setattr(timing, "random_weights", lambda n, k, copies, device, seed: [
+        keep(real_randn(n, k, dtype=torch.bfloat16)) for _ in range(copies)])
+    monkeypatch.setattr(timing, "time_calls", time_calls)
+    monkeypatch.setattr(tune_module, "compile_warp_splitk", compile_kernel)
+    monkeypatch.setattr(tune_module, "gmem_pointer", lambda address: address)
+    monkeypatch.setattr(tune_module, "_stream_handle", lambda device: 0)
+    monkeypatch.setattr(tune_module, "device_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(tune_module, "precompile",
+                        lambda kernels, arch, jobs, progress: gpu.built.append(kernels) or {})
+    return gpu
+
+
+def test_the_tuner_logs_each_measurement_once_and_resumes_from_the_log(fake_gpu, tmp_path):
+    from warpsplitk.planning import cost_model
+    from warpsplitk.planning.decode_plan import CUBLAS
+    from warpsplitk.planning.tune import SHORTLIST, tune
+    from warpsplitk.planning.tune_log import KERNEL_REVISION
+    n, k = 256, 512
+    work = {m: cost_model.shortlist(m, n, k, 132, SHORTLIST) for m in (1, 8)}
+    broken, wrong, too_fast, fast = work[1][:4]
+    fake_gpu.broken.add(broken)
+    fake_gpu.wrong.add(wrong)
+    fake_gpu.times.update({too_fast: 1e-3, fast: 5.0})  # 1 ns: under any HBM read of the weight
+    fake_gpu.cublas_us.update({1: 20.0, 8: 1.0})
+    lines, log = [], tmp_path / "log.jsonl"
+    plan = tune([(n, k)], [1, 8], log_path=str(log), progress=lines.append)
+    assert plan.lookup(n, k, 1) == fast and plan.lookup(n, k, 8) == CUBLAS
+    assert plan.entries[(n, k)][1] == (fast, 5.0)
+    meta, *records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert meta["meta"]["gpu"] == "NVIDIA H200" and meta["meta"]["sm_count"] == 132
+    keys = [r["key"] for r in records]
+    assert len(keys) == len(set(keys)) and all(r["rev"] == KERNEL_REVISION for r in records)
+    # every cell's work timed once, its fastest confirmed, cuBLAS beside them
+    assert {r["key"] for r in records if not r.get("confirm") and r["tactic"] != CUBLAS} == {
+        f"{n},{k},{m},{t.short()}" for m in work for t in work[m]}
+    assert {f"confirm:{n},{k},1,{fast.short()}", f"confirm2:{n},{k},1,{fast.short()}",
+            f"{n},{k},1,cublas", f"{n},{k},8,cublas"} <= set(keys)
+    failed = {r["tactic"]: r["error"] for r in records if r["m"] == 1 and not r["ok"]}
+    assert failed[broken.short()] == "compile: no such kernel"
+    assert failed[wrong.short()].startswith("relative error")
+    assert "any HBM read of the weight needs" in failed[too_fast.short()]
+    assert f"dropped {n},{k},1,{broken.short()}: compile: no such kernel" in lines
+    # all of it compiled before the first measurement
+    assert {t for _, _, t, *_ in fake_gpu.built[0]} == set(work[1]) | set(work[8])
+    # a rerun measures nothing the log holds: it appends its provenance only
+    measured, size = (len(fake_gpu.compiled), len(fake_gpu.timed)), len(records) + 1
+    again = tune([(n, k)], [1, 8], log_path=str(log), progress=lines.append)
+    assert again.entries == plan.entries and fake_gpu.built[-1] == []
+    assert (len(fake_gpu.compiled), len(fake_gpu.timed)) == measured
+    appended = [json.loads(line) for line in log.read_text().splitlines()][size:]
+    assert len(appended) == 1 and "meta" in appended[0]
