@@ -41,8 +41,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from warpsplitk import models
 from warpsplitk.runtime import timing
-from warpsplitk.planning import choose, measured_options, space, tune  # noqa: E402
+from warpsplitk.planning import choose, measured_options, space, tune, tune_log  # noqa: E402
 from warpsplitk.planning.choose import default_tactic, reference_tactic  # noqa: E402
+from warpsplitk.planning.decode_plan import CUBLAS  # noqa: E402
 from warpsplitk.tactics import is_legal, shape_refusal  # noqa: E402
 
 MS = (1, 4, 8, 16, 32)
@@ -147,8 +148,8 @@ def collect(log_path, shapes, budget_s, jobs, listed=None):  # pragma: no cover 
 
         def time_set(n, k, m, tactics, weights, x, out, ref, cell):
             for tactic in tactics:
-                rec = {"key": tune._log_key(n, k, m, tactic), "n": n, "k": k, "m": m,
-                       "tactic": tactic.short(), "rev": tune.KERNEL_REVISION}
+                rec = {"key": tune_log.log_key(n, k, m, tactic), "n": n, "k": k, "m": m,
+                       "tactic": tactic.short(), "rev": tune_log.KERNEL_REVISION}
                 launch = launcher(device, n, k, tactic)
                 out.fill_(float("nan"))
                 launch(weights[-1].data_ptr(), x.data_ptr(), weights[-1].data_ptr(),
@@ -197,8 +198,8 @@ def collect(log_path, shapes, budget_s, jobs, listed=None):  # pragma: no cover 
                 time_set(n, k, m, second[m], weights, x, out, ref, cells[m])
                 t = timing.time_rounds([[lambda w=w: torch.matmul(x, w.t(), out=out)
                                          for w in weights]], tune.CONFIRM_ROUNDS + 1)[0]
-                log.write(json.dumps({"key": tune._log_key(n, k, m, tune.CUBLAS), "n": n,
-                                      "k": k, "m": m, "tactic": tune.CUBLAS, "ok": True,
+                log.write(json.dumps({"key": tune_log.log_key(n, k, m, CUBLAS), "n": n,
+                                      "k": k, "m": m, "tactic": CUBLAS, "ok": True,
                                       "us": round(t.median_us, 3),
                                       "spread": round(t.spread, 3)}) + "\n")
                 print(f"N={n} K={k} M={m}: {len(cells[m])} timed, fastest "

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from warpsplitk import models
-from warpsplitk.planning import cost_model, measured_options, tune  # noqa: E402
+from warpsplitk.planning import cost_model, measured_options, tune_log  # noqa: E402
+from warpsplitk.planning.decode_plan import CUBLAS  # noqa: E402
 from warpsplitk.tactics import WarpSplitKTactic, is_legal, shape_refusal  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -82,17 +83,17 @@ def load_records():
             cells.setdefault((n, k, m), {})[tactic] = us
 
     for name in TUNE_LOGS:
-        for rec in tune._read_log(str(RESULTS / name)).values():
+        for rec in tune_log.read_log(str(RESULTS / name)).values():
             if not rec.get("ok") or rec.get("confirm"):
                 continue
-            if rec["tactic"] == tune.CUBLAS:
+            if rec["tactic"] == CUBLAS:
                 cublas[(rec["n"], rec["k"], rec["m"])] = rec["us"]
             else:
                 add(rec["n"], rec["k"], rec["m"], WarpSplitKTactic.parse(rec["tactic"]), rec["us"])
     for entry in json.loads((RESULTS / BENCH_MODELS).read_text())["models"]:
         for row in entry["rows"]:
             n, k, m = row["n"], row["k"], row["m"]
-            if row.get("source") == "default" and row.get("tactic") != tune.CUBLAS:
+            if row.get("source") == "default" and row.get("tactic") != CUBLAS:
                 add(n, k, m, WarpSplitKTactic.parse(row["tactic"]), row.get("default_us"))
             if row.get("reference_tactic"):
                 add(n, k, m, WarpSplitKTactic.parse(row["reference_tactic"]), row.get("reference_us"))

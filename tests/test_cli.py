@@ -305,6 +305,7 @@ def test_tune_calls_the_tuner_with_its_interface_only(tmp_path, monkeypatch):
 
 
 def test_tune_from_log_takes_the_gpu_the_log_names(tmp_path, monkeypatch, capsys):
+    import warpsplitk.planning.selection as selection_module
     import warpsplitk.planning.tune as tune_module
     calls = []
     real_meta = tune_module.plan_meta
@@ -317,7 +318,7 @@ def test_tune_from_log_takes_the_gpu_the_log_names(tmp_path, monkeypatch, capsys
         assert not kwargs
         return real_meta(*args)
 
-    monkeypatch.setattr(tune_module, "plan_from_log", plan_from_log)
+    monkeypatch.setattr(selection_module, "plan_from_log", plan_from_log)
     monkeypatch.setattr(tune_module, "plan_meta", plan_meta)
     log, out = tmp_path / "log.jsonl", tmp_path / "plan.json"
     record = {"key": "256,1024,8,cublas", "n": 256, "k": 1024, "m": 8, "tactic": "cublas",
@@ -336,7 +337,7 @@ def test_tune_from_log_takes_the_gpu_the_log_names(tmp_path, monkeypatch, capsys
 
 def test_tune_from_log_rebuilds_a_plan_without_gpu(tmp_path, capsys):
     from warpsplitk.planning.plans import load_plan
-    from warpsplitk.planning.tune import REPRESENTATIVE_MS
+    from warpsplitk.planning.selection import REPRESENTATIVE_MS
     log, out = tmp_path / "log.jsonl", tmp_path / "plan.json"
     with open(log, "w") as f:
         for m in REPRESENTATIVE_MS:
@@ -501,7 +502,7 @@ def test_tune_log_with_a_half_written_last_line(capsys, tmp_path, no_gpu_needed)
     """A log whose last record a crash or a full disk cut short: the records
     before it rebuild the plan, and a resuming tune gets past reading it."""
     from warpsplitk.planning.plans import load_plan
-    from warpsplitk.planning.tune import REPRESENTATIVE_MS
+    from warpsplitk.planning.selection import REPRESENTATIVE_MS
     log, out = tmp_path / "log.jsonl", tmp_path / "plan.json"
     with open(log, "w") as f:
         for m in REPRESENTATIVE_MS:
@@ -554,7 +555,7 @@ def test_tune_log_records_are_checked(changes, words, capsys, tmp_path, no_gpu_n
     _one_error(capsys, "tune", "argument --log", f"{log} line 3: ", *words)
     assert not out.exists()
     # the library's own reading of the log says the same
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     with pytest.raises(ValueError, match=f"^{log} line 3: "):
         plan_from_log(str(log))
     # a record that failed carries no time

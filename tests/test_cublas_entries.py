@@ -156,7 +156,7 @@ def _log(path, records):
 
 
 def test_plan_from_log_takes_cublas_only_where_it_wins_by_the_margin(tmp_path):
-    from warpsplitk.planning.tune import REPRESENTATIVE_MS, plan_from_log
+    from warpsplitk.planning.selection import REPRESENTATIVE_MS, plan_from_log
     a = "16,8,256,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
     records += [(1024, 4096, 1, "cublas", 5.5),    # slower: the kernel stays
@@ -175,10 +175,11 @@ def test_plan_from_log_takes_cublas_only_where_it_wins_by_the_margin(tmp_path):
 
 
 def test_cublas_records_are_current_and_never_stale():
-    from warpsplitk.planning.tune import _current, _log_key, is_stale, prefer_cublas
+    from warpsplitk.planning.selection import prefer_cublas
+    from warpsplitk.planning.tune_log import _current, is_stale, log_key
     rec = {"tactic": "cublas", "n": 1, "k": 1, "m": 1, "rev": 1}
     assert _current(rec) and not is_stale(rec)
-    assert _log_key(4096, 4096, 8, CUBLAS) == "4096,4096,8,cublas"
+    assert log_key(4096, 4096, 8, CUBLAS) == "4096,4096,8,cublas"
     best = {(1, 1, 1): (TACTIC, 10.0), (1, 1, 8): (TACTIC, 10.0), (1, 1, 16): (TACTIC, None)}
     chosen = prefer_cublas(best, {(1, 1, 1): 9.0, (1, 1, 8): 9.9, (1, 1, 16): 1.0})
     assert chosen == {(1, 1, 1): (CUBLAS, 9.0), (1, 1, 8): (TACTIC, 10.0),

@@ -10,7 +10,7 @@ import pytest
 
 from warpsplitk import jsonfile, models, shapes
 from warpsplitk.measure import plot
-from warpsplitk.planning import cost_model, plans
+from warpsplitk.planning import cost_model, decode_plan
 
 DATA = Path(resources.files("warpsplitk").joinpath("data"))
 
@@ -46,9 +46,9 @@ def test_a_plan_file_with_two_entries_for_one_m_is_refused(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text('{"format": "%s", "version": %d, "shapes": [{"n": 768, "k": 128, "entries": '
                     '{"1": {"tactic": "16,8,128,1,1"}, "1": {"tactic": "cublas"}}}]}'
-                    % (plans.PLAN_FORMAT, plans.PLAN_VERSION))
+                    % (decode_plan.PLAN_FORMAT, decode_plan.PLAN_VERSION))
     with pytest.raises(ValueError, match=rf"^{path}: not valid JSON \(duplicate key '1'\)$"):
-        plans.load_plan(path)
+        decode_plan.load_plan(path)
 
 
 def test_the_shipped_data_has_no_duplicate_key():
@@ -68,8 +68,8 @@ def _fake_package(tmp_path, name, text):
 
 # each reader of a shipped file: its module, the file, how to read it, and the caches to clear
 BUILT_IN = {
-    "plan": (plans, "plan-h200.json", lambda: plans.builtin_plan("h200"), "built-in plan 'h200'",
-             ()),
+    "plan": (decode_plan, "plan-h200.json", lambda: decode_plan.builtin_plan("h200"),
+             "built-in plan 'h200'", ()),
     "cost model": (cost_model, "cost-model-h200.json", lambda: cost_model.shipped_model("h200"),
                    "cost model 'h200'", (cost_model.shipped_model,)),
     "shapes": (shapes, "decode-shapes.json", shapes.load, "built-in shape table", ()),

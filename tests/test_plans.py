@@ -1,5 +1,5 @@
-"""Decode plans (planning/plans.py): file round trip, validation, lookup and
-fallback, the plan view."""
+"""Decode plans (planning/decode_plan.py, through planning/plans.py): file round
+trip, validation, lookup and fallback, prepare's refusals, the plan view."""
 
 import json
 import warnings

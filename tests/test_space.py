@@ -4,8 +4,9 @@ import dataclasses
 
 import pytest
 
-from warpsplitk.planning.tune import REPRESENTATIVE_MS, candidates
 from warpsplitk.planning.choose import default_tactic
+from warpsplitk.planning.selection import REPRESENTATIVE_MS
+from warpsplitk.planning.tune import candidates
 from warpsplitk.tactics import PREFETCH_ALL, WarpSplitKTactic, ctas_per_sm, grid_ctas, is_legal
 
 T = WarpSplitKTactic

@@ -1,5 +1,6 @@
-"""The tuner (planning/tune.py): candidates, choices within tolerance, plans from
-logs, confirmations, stale records."""
+"""The tuner (planning/tune.py), its log (tune_log.py) and choosing rules
+(selection.py): candidates, choices within tolerance, plans from logs,
+confirmations, stale records."""
 
 import dataclasses
 import json
@@ -10,8 +11,9 @@ from warpsplitk import shapes
 from warpsplitk.runtime import timing
 from warpsplitk.planning.plans import builtin_plan, load_plan
 from warpsplitk.planning.space import base_candidates
-from warpsplitk.planning.tune import REPRESENTATIVE_MS, candidates, representative
 from warpsplitk.planning.choose import default_tactic
+from warpsplitk.planning.selection import REPRESENTATIVE_MS, representative
+from warpsplitk.planning.tune import candidates
 from warpsplitk.tactics import WarpSplitKTactic, is_legal
 
 T = WarpSplitKTactic
@@ -66,7 +68,7 @@ def test_candidates_are_legal_small_and_include_default(m, n, k):
 
 
 def test_choose_tactics_reuses_within_tolerance():
-    from warpsplitk.planning.tune import choose_tactics
+    from warpsplitk.planning.selection import choose_tactics
     a, b, c = T(16, 8, 256, 9, 1), T(32, 8, 256, 11, 1), T(32, 32, 256, 6, 2)
     times = {32: {c: 15.6, a: 18.0}, 8: {a: 14.0, b: 13.8, c: 14.05}, 1: {a: 13.9, b: 13.7}}
     picks = choose_tactics(times, tolerance=0.02)
@@ -78,7 +80,7 @@ def test_choose_tactics_reuses_within_tolerance():
 
 
 def test_choose_tactics_takes_the_early_trigger_only_when_clearly_faster():
-    from warpsplitk.planning.tune import choose_tactics
+    from warpsplitk.planning.selection import choose_tactics
     a = T(16, 8, 256, 9, 1)
     early = dataclasses.replace(a, early_launch=True)
     b = T(32, 8, 256, 11, 1)
@@ -99,7 +101,7 @@ def test_choose_tactics_takes_the_early_trigger_only_when_clearly_faster():
 
 
 def test_choose_tactics_takes_a_mixed_grid_only_when_clearly_faster():
-    from warpsplitk.planning.tune import choose_tactics
+    from warpsplitk.planning.selection import choose_tactics
     uniform = T(32, 32, 128, 3, 1, early_launch=True, x_copy="tma")
     late = dataclasses.replace(uniform, early_launch=False)
     mixed = T(64, 32, 128, 3, 1, x_copy="tma", half_tiles=40)
@@ -115,7 +117,7 @@ def test_choose_tactics_takes_a_mixed_grid_only_when_clearly_faster():
 def test_choose_tactics_never_picks_outside_tolerance():
     import random
 
-    from warpsplitk.planning.tune import choose_tactics
+    from warpsplitk.planning.selection import choose_tactics
     rng = random.Random(0)
     tactics = [T(16, 8, 256, s, 1) for s in range(2, 12)]
     for _ in range(200):
@@ -128,7 +130,7 @@ def test_choose_tactics_never_picks_outside_tolerance():
 def _log(path, records):
     """A tuner log of ``(n, k, m, tactic, us or None)``; a K split's records
     carry the current kernel revision (the others none: revision 1)."""
-    from warpsplitk.planning.tune import KERNEL_REVISION
+    from warpsplitk.planning.tune_log import KERNEL_REVISION
     with open(path, "w") as f:
         for n, k, m, tactic, us in records:
             rec = {"key": f"{n},{k},{m},{tactic}", "n": n, "k": k, "m": m, "tactic": tactic}
@@ -140,7 +142,7 @@ def _log(path, records):
 
 
 def test_plan_from_log_makes_the_tuners_choices(tmp_path):
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     a, b = "16,8,256,4,1", "32,8,256,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
     records += [(1024, 4096, r, b, 4.0) for r in (1, 8)]          # faster at small M
@@ -164,7 +166,7 @@ def test_shipped_plan_is_what_its_log_gives():
     over the default space."""
     from pathlib import Path
 
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     log = Path(__file__).resolve().parent.parent / "bench/results/h200-tune-log.jsonl"
     if not log.exists():
         pytest.skip("the tuner log is not in this checkout")
@@ -200,7 +202,7 @@ def test_cli_tune_from_log_without_gpu(tmp_path, capsys):
 
 
 def test_plan_from_log_counts_confirmations_with_the_median(tmp_path):
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     a, b, c = "16,8,256,4,1", "32,8,256,4,1+early", "64,8,128,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in REPRESENTATIVE_MS]
     records += [(1024, 4096, r, b, 4.0) for r in REPRESENTATIVE_MS]
@@ -230,7 +232,9 @@ def test_plan_from_log_counts_confirmations_with_the_median(tmp_path):
 
 
 def test_confirmation_helpers():
-    from warpsplitk.planning.tune import CONFIRM_ROUNDS, _cell_times, _confirm_candidates, _confirm_key
+    from warpsplitk.planning.selection import cell_times
+    from warpsplitk.planning.tune import CONFIRM_ROUNDS, _confirm_candidates
+    from warpsplitk.planning.tune_log import confirm_key
     a, b, c = T(16, 8, 256, 4, 1), T(32, 8, 256, 4, 1), T(32, 8, 256, 4, 1, early_launch=True)
     cell = {a: [5.0], b: [4.0, 4.4], c: [3.0]}
     assert _confirm_candidates(cell, 2) == [c, b]
@@ -242,10 +246,10 @@ def test_confirmation_helpers():
     assert _confirm_candidates(cell, 0, default=a) == []
     # two timings: their mean (as older logs were ranked); three:
     # the median, as the benchmark counts its graphs
-    assert _cell_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
-    assert _cell_times({a: [1.24, 1.48, 1.47], b: []}) == {a: 1.47}
-    assert _confirm_key(1, 2, 8, c) == "confirm:1,2,8,32,8,256,4,1+early"
-    assert _confirm_key(1, 2, 8, c, 2) == "confirm2:1,2,8,32,8,256,4,1+early"
+    assert cell_times(cell) == {a: 5.0, b: 4.2, c: 3.0}
+    assert cell_times({a: [1.24, 1.48, 1.47], b: []}) == {a: 1.47}
+    assert confirm_key(1, 2, 8, c) == "confirm:1,2,8,32,8,256,4,1+early"
+    assert confirm_key(1, 2, 8, c, 2) == "confirm2:1,2,8,32,8,256,4,1+early"
     assert CONFIRM_ROUNDS + 1 == timing.ROUNDS
 
 
@@ -266,7 +270,7 @@ def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
     """A log from before M = 4 was measured (or a shape whose M = 4 cell
     failed): M 2-4 take the M = 8 winner, as they did then, and the plan
     says so; a shape missing its largest M is still left out."""
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     a, b = "16,8,256,4,1", "32,8,256,4,1"
     records = [(1024, 4096, r, a, 5.0) for r in (1, 16, 24, 32)] + [(1024, 4096, 8, b, 4.0)]
     records += [(2048, 4096, r, a, 6.0) for r in (1, 4, 8, 16, 24)]
@@ -283,7 +287,7 @@ def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     """A log holds what any run measured; the plan counts narrow token tiles
     (and rings past 16 stages) unless told not to, and never the retired
     split of K in four, however fast it was."""
-    from warpsplitk.planning.tune import in_default_space, plan_from_log
+    from warpsplitk.planning.selection import in_default_space, plan_from_log
     wide, narrow, deep, four = ("32,8,256,4,1", "32,1,256,13,1", "16,8,256,18,1",
                                 "32,8,256,4,1,4")
     assert in_default_space(WarpSplitKTactic.parse(wide))
@@ -318,7 +322,7 @@ def test_plan_from_log_skips_tactics_this_version_refuses(tmp_path):
     one, as narrow tiles with bulk rows once were): a plan
     from that log never picks them, however fast they were."""
     from warpsplitk.tactics import is_legal
-    from warpsplitk.planning.tune import plan_from_log
+    from warpsplitk.planning.selection import plan_from_log
     # a 1 x 256 stage is 32 copies: too few for two loader warps
     refused, ok = "32,1,256,13,2+early", "32,1,256,13,1+early"
     assert not is_legal(WarpSplitKTactic.parse(refused), 2624, 6144)
@@ -334,8 +338,8 @@ def test_timings_of_changed_kernels_are_stale(tmp_path):
     (no ``rev``) are stale: left out of a plan unless asked for, and of the
     tuner's resume set (so it measures them again); a newer record of the
     same key wins; records of cp.async tactics stay valid."""
-    from warpsplitk.planning.tune import (ASYNC_RING_REVISION, _read_log, is_stale, plan_from_log,
-                                 stale_records)
+    from warpsplitk.planning.selection import plan_from_log
+    from warpsplitk.planning.tune_log import ASYNC_RING_REVISION, is_stale, read_log, stale_records
     plain, tma, bulk = "16,8,256,4,1", "16,8,256,4,1+tma", "16,8,256,4,1+bulk"
     assert not is_stale({"tactic": plain})
     assert is_stale({"tactic": tma}) and is_stale({"tactic": bulk, "rev": 1})
@@ -349,8 +353,8 @@ def test_timings_of_changed_kernels_are_stale(tmp_path):
     _log(log, [(1024, 4096, r, plain, 5.0) for r in REPRESENTATIVE_MS]
          + [(1024, 4096, r, tma, 4.0) for r in REPRESENTATIVE_MS])
     assert stale_records(str(log)) == len(REPRESENTATIVE_MS)
-    assert len(_read_log(str(log))) == len(REPRESENTATIVE_MS)
-    assert len(_read_log(str(log), stale=True)) == 2 * len(REPRESENTATIVE_MS)
+    assert len(read_log(str(log))) == len(REPRESENTATIVE_MS)
+    assert len(read_log(str(log), stale=True)) == 2 * len(REPRESENTATIVE_MS)
 
     def picks(**kw):
         plan, _ = plan_from_log(str(log), **kw)
@@ -366,7 +370,7 @@ def test_timings_of_changed_kernels_are_stale(tmp_path):
                                 "tactic": tma, "ok": True, "us": 5.5,
                                 "rev": ASYNC_RING_REVISION}) + "\n")
     assert stale_records(str(log)) == 0
-    assert _read_log(str(log))[f"1024,4096,1,{tma}"]["us"] == 5.5
+    assert read_log(str(log))[f"1024,4096,1,{tma}"]["us"] == 5.5
     assert picks()[0] == {plain}
 
 
@@ -386,7 +390,7 @@ def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp
     cell's best valid timing is skipped on resume; a faster one is measured
     again; stale confirmations and failures are judged by nothing (their
     cell's candidates decide)."""
-    from warpsplitk.planning.tune import dominated_stale_keys
+    from warpsplitk.planning.tune_log import dominated_stale_keys
     log = tmp_path / "log.jsonl"
     plain, tma, bulk = "16,8,256,4,1", "16,8,256,4,1+tma", "16,8,256,4,1+bulk"
     _log(log, [(1024, 4096, 1, plain, 5.0), (1024, 4096, 1, tma, 6.0),
@@ -405,10 +409,11 @@ def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
     """Records of an experimental build (stamped ``variant`` by versions that
     built them) and of tactics this version no longer parses (a seventh
     comma field: the retired activation multicast) are skipped by
-    ``_read_log`` and so by plans and resumes, however fast they were; a new
+    ``read_log`` and so by plans and resumes, however fast they were; a new
     record carries the kernel revision and no ``variant``."""
-    from warpsplitk.planning.tune import KERNEL_REVISION, _read_log, _record, plan_from_log
-    fresh = _record(key="a")
+    from warpsplitk.planning.selection import plan_from_log
+    from warpsplitk.planning.tune_log import KERNEL_REVISION, new_record, read_log
+    fresh = new_record(key="a")
     assert fresh["rev"] == KERNEL_REVISION and "variant" not in fresh
     split, multicast = "32,8,256,4,1,2", "16,16,256,4,1,1,2"
     with pytest.raises(ValueError, match=f"a tactic is five integers .*, got '{multicast}'$"):
@@ -424,10 +429,10 @@ def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
             f.write(json.dumps({"key": f"1024,4096,{r},{multicast}", "n": 1024, "k": 4096,
                                 "m": r, "tactic": multicast, "ok": True, "us": 1.0,
                                 "rev": KERNEL_REVISION}) + "\n")
-    logged = _read_log(str(log))
+    logged = read_log(str(log))
     assert sorted(logged) == sorted(f"1024,4096,{r},{split}" for r in REPRESENTATIVE_MS)
     assert logged[f"1024,4096,1,{split}"]["us"] == 5.0
-    assert len(_read_log(str(log), stale=True)) == len(REPRESENTATIVE_MS)
+    assert len(read_log(str(log), stale=True)) == len(REPRESENTATIVE_MS)
     plan, partial = plan_from_log(str(log))
     assert partial == {}
     assert {(t.short(), us) for t, us in
@@ -460,12 +465,13 @@ HALF = b'{"key": "1024,4096,24,16,8,256,4,1", "n": 1024, "k": 40'
 def test_a_half_written_last_line_is_ignored_on_resume(tmp_path):
     import warnings
 
-    from warpsplitk.planning.tune import _read_log, plan_from_log, read_log_records
+    from warpsplitk.planning.selection import plan_from_log
+    from warpsplitk.planning.tune_log import read_log, read_log_records
     log = tmp_path / "log.jsonl"
     _write_log(log, _records(), HALF)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        assert sorted(_read_log(str(log))) == sorted(r["key"] for r in _records())
+        assert sorted(read_log(str(log))) == sorted(r["key"] for r in _records())
     assert len(record) == 1 and record[0].category is RuntimeWarning
     assert f"{log} line 4: ignoring the unfinished last line" in str(record[0].message)
     with pytest.warns(RuntimeWarning, match="line 4"):
@@ -479,7 +485,7 @@ def test_a_half_written_last_line_is_ignored_on_resume(tmp_path):
     log.write_bytes(log.read_bytes() + json.dumps(_records(3)[2]).encode())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert len(_read_log(str(log))) == 3
+        assert len(read_log(str(log))) == 3
 
 
 @pytest.mark.parametrize("text,line", [
@@ -488,34 +494,34 @@ def test_a_half_written_last_line_is_ignored_on_resume(tmp_path):
     (json.dumps(_records()[0]).encode() + b"\n" + HALF + b"\n", 2),  # ended: not cut short
 ])
 def test_a_broken_line_that_is_not_an_unfinished_tail_stays_an_error(tmp_path, text, line):
-    from warpsplitk.planning.tune import _read_log
+    from warpsplitk.planning.tune_log import read_log
     log = tmp_path / "log.jsonl"
     log.write_bytes(text)
     with pytest.raises(ValueError, match=f"^{log} line {line}: not valid JSON"):
-        _read_log(str(log))
+        read_log(str(log))
 
 
 def test_a_key_twice_in_a_log_line_is_an_error_naming_it(tmp_path):
-    from warpsplitk.planning.tune import _read_log
+    from warpsplitk.planning.tune_log import read_log
     log = tmp_path / "log.jsonl"
     _write_log(log, _records(1))
     with open(log, "a") as f:
         f.write('{"key": "a", "n": 1024, "k": 4096, "m": 1, "m": 8, "tactic": "cublas"}\n')
     with pytest.raises(ValueError, match=f"^{log} line 2: .*duplicate key 'm'"):
-        _read_log(str(log))
+        read_log(str(log))
 
 
 def _append_all(log, records):
-    from warpsplitk.planning.tune import _append
+    from warpsplitk.planning.tune_log import append_record
     with open(log, "ab+") as f:  # as tune opens its log
         for record in records:
-            _append(f, record, str(log))
+            append_record(f, record, str(log))
 
 
 def test_appending_after_a_half_line_removes_it(tmp_path):
     import warnings
 
-    from warpsplitk.planning.tune import read_log_records
+    from warpsplitk.planning.tune_log import read_log_records
     log = tmp_path / "log.jsonl"
     _write_log(log, _records(2), HALF)
     with pytest.warns(RuntimeWarning, match=f"{log} line 3: removed the unfinished last line"):
@@ -552,3 +558,113 @@ def test_appends_are_synced(tmp_path, monkeypatch):
     sizes = [len(b"".join(json.dumps(r).encode() + b"\n" for r in _records(i + 1)))
              for i in range(3)]
     assert synced == sizes
+
+
+# ------------------------------------------------ the measuring loop on a stand-in GPU
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The tuner's GPU work on the CPU: a tactic's kernel computes x @ w^T,
+    but not for ``broken`` (no compile) and ``wrong`` (wrong results); it
+    times at ``times[tactic]`` (10 us unless given), cuBLAS at
+    ``cublas_us[m]``. ``compiled``, ``timed`` and ``built`` record the calls."""
+    import types
+
+    import torch
+
+    pytest.importorskip("cuda.bindings")
+    from warpsplitk.planning import tune as tune_module
+    gpu = types.SimpleNamespace(times={}, cublas_us={}, broken=set(), wrong=set(), compiled=[],
+                                timed=[], built=[], last=None)
+    tensors = {}
+    real_randn, real_empty, real_matmul = torch.randn, torch.empty, torch.matmul
+
+    def keep(t):
+        tensors[t.data_ptr()] = t
+        return t
+
+    def matmul(a, b, out=None):
+        gpu.last = ("cublas", a.shape[0])
+        return real_matmul(a, b, out=out)
+
+    def compile_kernel(device, n, k, tactic):
+        if tactic in gpu.broken:
+            raise RuntimeError("no such kernel")
+        gpu.compiled.append(tactic)
+
+        def code(w, x, bias, out, m, stream):
+            result = tensors[x].float() @ tensors[w].float().t()
+            tensors[out].copy_(result * (2 if tactic in gpu.wrong else 1))
+            gpu.last = tactic
+        return code
+
+    def time_calls(calls):
+        calls[0]()
+        gpu.timed.append(gpu.last)
+        us = (gpu.cublas_us[gpu.last[1]] if isinstance(gpu.last, tuple)
+              else gpu.times.get(gpu.last, 10.0))
+        return timing.Timing(us, us, us, len(calls))
+
+    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **kw: keep(real_randn(*a, **kw)))
+    monkeypatch.setattr(torch, "empty", lambda *a, device=None, **kw: keep(real_empty(*a, **kw)))
+    monkeypatch.setattr(torch, "matmul", matmul)
+    for name, value in (("current_device", lambda: 0),
+                        ("get_device_name", lambda device: "NVIDIA H200"),
+                        ("get_device_properties",
+                         lambda device: types.SimpleNamespace(multi_processor_count=132)),
+                        ("synchronize", lambda: None), ("empty_cache", lambda: None)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(timing, "require_cuda", lambda what: None)
+    monkeypatch.setattr(timing, "copies_for", lambda weight_bytes: 2)
+    monkeypatch.setattr(timing, "random_weights", lambda n, k, copies, device, seed: [
+        keep(real_randn(n, k, dtype=torch.bfloat16)) for _ in range(copies)])
+    monkeypatch.setattr(timing, "time_calls", time_calls)
+    monkeypatch.setattr(tune_module, "compile_warp_splitk", compile_kernel)
+    monkeypatch.setattr(tune_module, "gmem_pointer", lambda address: address)
+    monkeypatch.setattr(tune_module, "_stream_handle", lambda device: 0)
+    monkeypatch.setattr(tune_module, "device_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(tune_module, "precompile",
+                        lambda kernels, arch, jobs, progress: gpu.built.append(kernels) or {})
+    return gpu
+
+
+def test_the_tuner_logs_each_measurement_once_and_resumes_from_the_log(fake_gpu, tmp_path):
+    from warpsplitk.planning import choose
+    from warpsplitk.planning.decode_plan import CUBLAS
+    from warpsplitk.planning.tune import SHORTLIST, tune
+    from warpsplitk.planning.tune_log import KERNEL_REVISION
+    n, k = 256, 512
+    work = {m: choose.shortlist(m, n, k, 132, SHORTLIST) for m in (1, 8)}
+    broken, wrong, too_fast, fast = work[1][:4]
+    fake_gpu.broken.add(broken)
+    fake_gpu.wrong.add(wrong)
+    fake_gpu.times.update({too_fast: 1e-3, fast: 5.0})  # 1 ns: under any HBM read of the weight
+    fake_gpu.cublas_us.update({1: 20.0, 8: 1.0})
+    lines, log = [], tmp_path / "log.jsonl"
+    plan = tune([(n, k)], [1, 8], log_path=str(log), progress=lines.append)
+    assert plan.lookup(n, k, 1) == fast and plan.lookup(n, k, 8) == CUBLAS
+    assert plan.entries[(n, k)][1] == (fast, 5.0)
+    meta, *records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert meta["meta"]["gpu"] == "NVIDIA H200" and meta["meta"]["sm_count"] == 132
+    keys = [r["key"] for r in records]
+    assert len(keys) == len(set(keys)) and all(r["rev"] == KERNEL_REVISION for r in records)
+    # every cell's work timed once, its fastest confirmed, cuBLAS beside them
+    assert {r["key"] for r in records if not r.get("confirm") and r["tactic"] != CUBLAS} == {
+        f"{n},{k},{m},{t.short()}" for m in work for t in work[m]}
+    assert {f"confirm:{n},{k},1,{fast.short()}", f"confirm2:{n},{k},1,{fast.short()}",
+            f"{n},{k},1,cublas", f"{n},{k},8,cublas"} <= set(keys)
+    failed = {r["tactic"]: r["error"] for r in records if r["m"] == 1 and not r["ok"]}
+    assert failed[broken.short()] == "compile: no such kernel"
+    assert failed[wrong.short()].startswith("relative error")
+    assert "any HBM read of the weight needs" in failed[too_fast.short()]
+    assert f"dropped {n},{k},1,{broken.short()}: compile: no such kernel" in lines
+    # all of it compiled before the first measurement
+    assert {t for _, _, t, *_ in fake_gpu.built[0]} == set(work[1]) | set(work[8])
+    # a rerun measures nothing the log holds: it appends its provenance only
+    measured, size = (len(fake_gpu.compiled), len(fake_gpu.timed)), len(records) + 1
+    again = tune([(n, k)], [1, 8], log_path=str(log), progress=lines.append)
+    assert again.entries == plan.entries and fake_gpu.built[-1] == []
+    assert (len(fake_gpu.compiled), len(fake_gpu.timed)) == measured
+    appended = [json.loads(line) for line in log.read_text().splitlines()][size:]
+    assert len(appended) == 1 and "meta" in appended[0]

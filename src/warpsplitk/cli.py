@@ -198,7 +198,7 @@ def _output_folder(flag, path):
 def _read_log(path, required):
     """The tuning log's records, checked line by line by the tuner's own
     reader (``[]`` when it is absent and not ``required``)."""
-    from .planning.tune import read_log_records
+    from .planning.tune_log import read_log_records
     try:
         numbered = read_log_records(path)
     except FileNotFoundError:
@@ -249,7 +249,7 @@ def _planned_ms(ms):
     """The Ms a plan tuned for ``ms`` covers: the tuner measures each M's
     bucket (``tune.REPRESENTATIVE_MS``), and every M of a measured bucket
     takes its winner."""
-    from .planning.tune import representative
+    from .planning.selection import representative
     buckets = {representative(m) for m in ms}
     return [m for m in range(1, shape_table.MAX_M + 1) if representative(m) in buckets]
 
@@ -390,7 +390,8 @@ def _cmd_tune(args, argv):
         else []
     ms = _planned_ms(args.m)
     if args.from_log:
-        from .planning.tune import plan_from_log, plan_meta
+        from .planning.selection import plan_from_log
+        from .planning.tune import plan_meta
         if args.shapes is not None or args.model is not None:
             raise UsageError(f"argument {'--model' if args.model else '--shapes'}: not with "
                              "--from-log (the plan has every shape the log measured)")

@@ -23,6 +23,7 @@ aside (``<gpu>.json.unreadable-<UTC time>``) before writing its own.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -32,10 +33,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import jsonfile
-from ..contract import BUILTIN_PLAN_GPUS, MAX_M
+from ..contract import BUILTIN_PLAN_GPUS, MAX_M, shape_refusal
 from ..runtime import disk_cache, private_files
-from .plans import DecodePlan, builtin_plan, plan_from_json
-
+from . import tune
+from .decode_plan import DecodePlan, builtin_plan, plan_from_json
 
 
 def builtin_plan_for(name: str, sm_count: int) -> str | None:
@@ -108,7 +109,6 @@ def load(key: str) -> DecodePlan:
 def _locked(key: str):
     """An exclusive lock on this GPU's plan file, across processes (in a
     folder ``private_files.private_dir`` made or checked)."""
-    import fcntl
     # no truncation and no link followed: a link planted in place of the
     # lock file must not make this process empty (or create) the file it
     # points at
@@ -202,9 +202,8 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
     built-in plan of this GPU model and the cached plan file, after tuning
     and storing every shape they do not cover for every M. Shapes the kernel
     does not take are left out (they run on cuBLAS)."""
-    import torch
+    import torch  # only plan="auto" needs it: importing plan_cache stays torch-free
 
-    from ..tactics import shape_refusal
     ms = tuple(ms)
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise ValueError("plan='auto' tunes the shapes its plan lacks before preparing; "
@@ -232,7 +231,6 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
                               if shape_refusal(n, k) is None
                               and not _covered(plan, n, k, ms)))
     if todo:
-        from .tune import tune
         if progress:
             progress(f"warpsplitk: tuning {len(todo)} shape(s) this {gpu[0]} has no plan for"
                      + (f"; kept in {plan_path(key)}" if keep else ""))
@@ -245,8 +243,8 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
                 _not_kept(error)
                 log = None
         # progress=None: a quiet tune (the tuner itself always reports)
-        tuned = tune(todo, ms, log_path=log, resume=True, jobs=jobs,
-                     progress=progress or (lambda line: None))
+        tuned = tune.tune(todo, ms, log_path=log, resume=True, jobs=jobs,
+                          progress=progress or (lambda line: None))
         if log:
             try:
                 store(key, tuned)
