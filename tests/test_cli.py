@@ -59,7 +59,7 @@ def no_gpu_needed(monkeypatch):
     """Fail the test if a command gets as far as its GPU check."""
     def refuse(command):
         raise AssertionError(f"{command} reached the GPU check")
-    monkeypatch.setattr(cli, "_require_gpu", refuse)
+    monkeypatch.setattr(cli.checks, "require_gpu", refuse)
 
 
 # ------------------------------------------------------------ no GPU
@@ -282,7 +282,7 @@ def test_tune_calls_the_tuner_with_its_interface_only(tmp_path, monkeypatch):
         return DecodePlan()
 
     monkeypatch.setattr(tune_module, "tune", fake_tune)
-    monkeypatch.setattr(cli, "_require_gpu", lambda command: None)
+    monkeypatch.setattr(cli.checks, "require_gpu", lambda command: None)
     out = tmp_path / "plan.json"
     log = tmp_path / "log.jsonl"
     assert main(["tune", "--shapes", "256,512", "--m", "1-4", "-o", str(out), "--log", str(log),
@@ -360,8 +360,8 @@ def test_bench_records_its_command_line(tmp_path, monkeypatch, capsys):
                 "cutlass_dsl": "c", "date": "d"}, []
 
     monkeypatch.setattr(bench, "run_bench", run_bench)
-    monkeypatch.setattr(cli, "_require_gpu", lambda command: None)
-    monkeypatch.setattr(cli, "_device_gpu", lambda: ("NVIDIA H200", 132))
+    monkeypatch.setattr(cli.checks, "require_gpu", lambda command: None)
+    monkeypatch.setattr(cli.bench, "_device_gpu", lambda: ("NVIDIA H200", 132))
     out = tmp_path / "bench.json"
     argv = ["bench", "--shapes", "768,128", "--m", "1,8", "--json", str(out)]
     assert main(argv) == 0
@@ -372,7 +372,7 @@ def test_bench_records_its_command_line(tmp_path, monkeypatch, capsys):
     assert main(["bench", "--plan", "none", "--shapes", "768,128"]) == 0
     assert isinstance(seen["plan"], DecodePlan) and seen["plan"].entries == {}
     # on a GPU no built-in plan was measured on, no plan unless one is named
-    monkeypatch.setattr(cli, "_device_gpu", lambda: ("NVIDIA H100 80GB HBM3", 132))
+    monkeypatch.setattr(cli.bench, "_device_gpu", lambda: ("NVIDIA H100 80GB HBM3", 132))
     assert main(["bench", "--shapes", "768,128"]) == 0 and seen["plan"].entries == {}
     assert main(["bench", "--plan", "h200", "--shapes", "768,128"]) == 0
     assert seen["plan"].entries == builtin_plan("h200").entries

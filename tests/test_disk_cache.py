@@ -486,7 +486,7 @@ def test_cache_cli_counts_what_it_removed(cache, compiled, capsys, monkeypatch):
            f"1 (e.g. {kept})" in out
     assert disk_cache.entries() == [kept]
     # a file gone between the listing and its size (another process clearing)
-    from warpsplitk.cli import _size
+    from warpsplitk.cli.cache import _size
     assert _size(cache / "gone.kernel") == 0
     # one another process removed first is not "could not remove"
     disk_cache.store("ef" * 20, compiled)

@@ -10,13 +10,18 @@ call's stream can exceed.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import platform
 import time
 from dataclasses import asdict, dataclass
 
+from .. import __version__, models
+from ..planning.plans import CUBLAS, DecodePlan, before_down, default_choice, prepare_choices
 from ..runtime import timing
 from ..planning.choose import reference_tactic
+from ..runtime.compile import device_arch
+from ..runtime.precompile import precompile
 from ..tactics import shape_refusal
 
 DEFAULT_MS = (1, 4, 8, 16, 32)
@@ -50,17 +55,15 @@ class BenchRow:
 
 
 def _environment():
-    import torch
+    import torch  # torch loads only when measuring
     gpu = torch.cuda.get_device_name()
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
            "gpu": gpu, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "datasheet_TBps": timing.datasheet_tbps(gpu)}  # the floors' unit
     try:
-        import importlib.metadata as md
-        env["cutlass_dsl"] = md.version("nvidia-cutlass-dsl")
+        env["cutlass_dsl"] = importlib.metadata.version("nvidia-cutlass-dsl")
     except Exception:  # pragma: no cover - a bundle without metadata
         env["cutlass_dsl"] = "unknown"
-    from .. import __version__
     env["warpsplitk"] = __version__
     return env
 
@@ -78,64 +81,90 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     reference_us), cublas)``."""
     rounds = timing.resolve_rounds(rounds)  # refused before anything is allocated
     timing.require_cuda("bench_shape")
-    import torch
+    import torch  # torch loads only when measuring
 
-    from ..planning.plans import CUBLAS, default_choice, prepare_choices
-
-    copies = timing.copies_for(n * k * 2)
-    weights = timing.random_weights(n, k, copies, "cuda", seed=seed)
+    weights = timing.random_weights(n, k, timing.copies_for(n * k * 2), "cuda", seed=seed)
     chosen = {m: tactic_for(m) for m in ms}
-    tactics = {m: t for m, (t, _) in chosen.items()}
-    defaults = {m: default_choice(m, n, k) for m in ms}
-    references = {m: reference_tactic(m, n, k) for m in ms}
-    prepared = [prepare_choices(w, tactics) for w in weights]
-    prepared_default = ([prepare_choices(w, defaults) for w in weights]
-                        if include_default and defaults != tactics else None)
-    own_reference = {m for m in ms if references[m] not in (tactics[m], defaults[m])}
-    prepared_reference = ([prepare_choices(w, {m: references[m] for m in own_reference})
-                           for w in weights] if include_default and own_reference else None)
+    runs = _ShapeRuns(weights, n, k, ms, {m: t for m, (t, _) in chosen.items()}, include_default)
     rows = []
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        calls = runs.calls(m, x, out)
+        check_out = _output_check(f"N={n} K={k} M={m}", x, weights[-1], out) if check else None
+        timed = dict(zip(calls, timing.time_rounds(list(calls.values()), rounds, check_out)))
+        rows.append((m, chosen[m], *runs.times(m, timed)))
+    del runs, weights
+    torch.cuda.empty_cache()
+    return rows
 
-        def check_out(m=m, x=x, out=out, w=weights[-1]):
-            ref = (x.double() @ w.double().t())
-            err = ((out.double() - ref).norm() / ref.norm()).item()
-            if not err < 1e-2 or torch.isnan(out).any():
-                raise RuntimeError(f"N={n} K={k} M={m}: relative error {err:.3g} (or NaN) after timing")
 
-        # ours (unless cuBLAS), the default (where it is neither ours nor
-        # cuBLAS), the reference heuristic's (where it is neither), cuBLAS
+class _ShapeRuns:
+    """The configurations ``bench_shape`` times on one weight, prepared once
+    per copy: ours (``tactics``), the default (``default_choice``) and the
+    reference heuristic (``reference_tactic``), the latter two where they
+    differ from what is timed already."""
+
+    def __init__(self, weights, n, k, ms, tactics, include_default):
+        self.weights, self.tactics, self.include_default = weights, tactics, include_default
+        self.defaults = {m: default_choice(m, n, k) for m in ms}
+        self.references = {m: reference_tactic(m, n, k) for m in ms}
+        self.ours = [prepare_choices(w, tactics) for w in weights]
+        self.default = ([prepare_choices(w, self.defaults) for w in weights]
+                        if include_default and self.defaults != tactics else None)
+        self.own_reference = {m for m in ms
+                              if self.references[m] not in (tactics[m], self.defaults[m])}
+        self.reference = ([prepare_choices(w, {m: self.references[m] for m in self.own_reference})
+                           for w in weights] if include_default and self.own_reference else None)
+
+    def calls(self, m, x, out) -> dict:
+        """``{configuration: calls over the copies}`` timed at ``m``: ours
+        (unless cuBLAS), the default (where it is neither ours nor cuBLAS),
+        the reference heuristic's (where it is neither), cuBLAS."""
+        import torch  # torch loads only when measuring
         runs = {}
-        if tactics[m] != CUBLAS:
-            runs["ours"] = [lambda p=p: p.run(x, out) for p in prepared]
-        if prepared_default is not None and defaults[m] not in (tactics[m], CUBLAS):
-            runs["default"] = [lambda p=p: p.run(x, out) for p in prepared_default]
-        if m in own_reference and prepared_reference is not None:
-            runs["reference"] = [lambda p=p: p.run(x, out) for p in prepared_reference]
-        runs["cublas"] = [lambda w=w: torch.matmul(x, w.t(), out=out) for w in weights]
-        timed = dict(zip(runs, timing.time_rounds(list(runs.values()), rounds,
-                                                  check_out if check else None)))
+        if self.tactics[m] != CUBLAS:
+            runs["ours"] = [lambda p=p: p.run(x, out) for p in self.ours]
+        if self.default is not None and self.defaults[m] not in (self.tactics[m], CUBLAS):
+            runs["default"] = [lambda p=p: p.run(x, out) for p in self.default]
+        if m in self.own_reference and self.reference is not None:
+            runs["reference"] = [lambda p=p: p.run(x, out) for p in self.reference]
+        runs["cublas"] = [lambda w=w: torch.matmul(x, w.t(), out=out) for w in self.weights]
+        return runs
+
+    def times(self, m, timed) -> tuple:
+        """``(ours, default_us, (reference tactic, reference_us), cublas)`` at
+        ``m`` from the timings of ``calls``: a configuration that is another's
+        call (a heuristic whose tactic is ours, a choice of cuBLAS) takes its time."""
         cublas = timed["cublas"]
         ours = timed.get("ours", cublas)
         default_us = reference_us = None
-        if include_default:
+        if self.include_default:
             default_us = (timed["default"] if "default" in timed
-                          else ours if defaults[m] == tactics[m] else cublas).median_us
+                          else ours if self.defaults[m] == self.tactics[m] else cublas).median_us
             if "reference" in timed:
                 reference_us = timed["reference"].median_us
             else:
-                reference_us = ours.median_us if references[m] == tactics[m] else default_us
-        rows.append((m, ours, default_us, (references[m], reference_us), cublas))
-    del prepared, prepared_default, prepared_reference, weights
-    torch.cuda.empty_cache()
-    return [(m, chosen[m], o, d, r, c) for m, o, d, r, c in rows]
+                reference_us = (ours.median_us if self.references[m] == self.tactics[m]
+                                else default_us)
+        return ours, default_us, (self.references[m], reference_us), cublas
+
+
+def _output_check(what, x, w, out):
+    """A check that ``out`` holds ``x @ w^T`` (relative error < 1e-2, no NaN)."""
+    import torch  # torch loads only when measuring
+
+    def check():
+        ref = (x.double() @ w.double().t())
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        if not err < 1e-2 or torch.isnan(out).any():
+            raise RuntimeError(f"{what}: relative error {err:.3g} (or NaN) after timing")
+    return check
 
 
 def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=print, rounds=None):
     """Benchmark every (shape, M); returns (environment, rows)."""
-    import torch
+    import torch  # torch loads only when measuring
     rounds = timing.resolve_rounds(rounds)
     timing.require_cuda("run_bench")
     env = _environment()
@@ -145,8 +174,6 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     env["read_TBps"] = round(read_tbps, 3)
     sheet = env["datasheet_TBps"]
 
-    from ..planning.plans import CUBLAS, default_choice
-
     def tactic_for(m, n, k):
         if plan is not None:
             t = plan.lookup(n, k, m)
@@ -155,8 +182,6 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
         return default_choice(m, n, k), "default"
 
     # every kernel of the run compiled up front, in parallel (warpsplitk.runtime.precompile)
-    from ..runtime.compile import device_arch
-    from ..runtime.precompile import precompile
     precompile([(n, k, t, False, True) for n, k in shapes for m in ms
                 for t in (tactic_for(m, n, k)[0], default_choice(m, n, k),
                           reference_tactic(m, n, k)) if t != CUBLAS],
@@ -237,7 +262,6 @@ def chain_choices(plan, shapes, ms, *, gate_up=()):
     calls (``default_choice(..., chained=True)``); cuBLAS for a shape the
     kernel refuses. The shapes in ``gate_up`` (an MLP's gate/up, followed by
     down) take the early PDL trigger at M <= 8 (``plans.before_down``)."""
-    from ..planning.plans import CUBLAS, before_down
     chosen = {(n, k): {m: plan.tactic_for(n, k, m, chained=True) if shape_refusal(n, k) is None
                        else CUBLAS for m in ms} for n, k in shapes}
     for shape in set(gate_up) & set(chosen):
@@ -254,7 +278,6 @@ def layer_choices(plan, layer, ms):
 
 def chain_kernels(chosen):
     """The kernels ``chain_choices`` runs, as ``precompile`` takes them."""
-    from ..planning.plans import CUBLAS
     return {(n, k, t, False, True) for (n, k), by_m in chosen.items()
             for t in by_m.values() if t != CUBLAS}
 
@@ -264,62 +287,78 @@ def bench_chain(pairs=DEFAULT_CHAINS, ms=DEFAULT_MS, plan=None, *, progress=prin
     pairs; with PDL the second kernel's weight stream starts before the first ends.
     Ours and cuBLAS each in ``rounds`` graphs (``timing.ROUNDS``), alternating;
     the median graph counts."""
-    import torch
+    import torch  # torch loads only when measuring
     rounds = timing.resolve_rounds(rounds)
     timing.require_cuda("bench_chain")
 
-    from ..planning.plans import DecodePlan, prepare_choices
-    from ..runtime.compile import device_arch
-    from ..runtime.precompile import precompile
     plan = plan if plan is not None else DecodePlan()
     sheet = timing.datasheet_tbps(torch.cuda.get_device_name())
     chosen = chain_choices(plan, [shape for pair in pairs for shape in pair], ms)
     precompile(sorted(chain_kernels(chosen)), device_arch(torch.cuda.current_device()), None,
                progress)
     rows = []
-    for (n1, k1), (n2, k2) in pairs:
-        if n1 != k2:
-            raise ValueError(f"a chain needs N of the first = K of the second, got "
-                             f"{(n1, k1)} then {(n2, k2)}")
-        pair_bytes = 2 * (n1 * k1 + n2 * k2)
-        copies = timing.copies_for(pair_bytes)
-        w1 = timing.random_weights(n1, k1, copies, "cuda", seed=1)
-        w2 = timing.random_weights(n2, k2, copies, "cuda", seed=2)
-        for w in w1 + w2:
-            w.mul_(w.shape[1] ** -0.5)  # keep the chained activations O(1)
-        p1 = [prepare_choices(w, chosen[(n1, k1)]) for w in w1]
-        p2 = [prepare_choices(w, chosen[(n2, k2)]) for w in w2]
-        for m in ms:
-            x = torch.randn(m, k1, device="cuda", dtype=torch.bfloat16)
-            h = torch.empty(m, n1, device="cuda", dtype=torch.bfloat16)
-            y = torch.full((m, n2), float("nan"), device="cuda", dtype=torch.bfloat16)
-            calls = []
-            for a, b in zip(p1, p2):
-                calls += [lambda a=a: a.run(x, h), lambda b=b: b.run(h, y)]
-            cublas_calls = []
-            for a, b in zip(w1, w2):
-                cublas_calls += [lambda a=a: torch.matmul(x, a.t(), out=h),
-                                 lambda b=b: torch.matmul(h, b.t(), out=y)]
-            def check_y(m=m, x=x, y=y, a=w1[-1], b=w2[-1]):
-                ref = ((x.double() @ a.double().t()).to(torch.bfloat16).double()
-                       @ b.double().t())
-                err = ((y.double() - ref).norm() / ref.norm()).item()
-                if not err < 2e-2 or torch.isnan(y).any():
-                    raise RuntimeError(f"chain {(n1, k1)}->{(n2, k2)} M={m}: "
-                                       f"relative error {err:.3g}")
-
-            ours, cublas = timing.time_rounds([calls, cublas_calls], rounds, check_y)
-            row = ChainRow((n1, k1), (n2, k2), m,
-                           f"{_short(p1[0].tactics[m])} -> {_short(p2[0].tactics[m])}",
-                           round(2 * ours.median_us, 3), round(2 * cublas.median_us, 3),
-                           round(chain_floor_us((n1, k1), (n2, k2), sheet), 3))
-            rows.append(row)
-            progress(f"{n1:>5}x{k1:<5} -> {n2:>5}x{k2:<5} M={m:>2} {row.tactics:>34} "
-                     f"{row.ours_us:8.2f} {row.cublas_us:8.2f} {row.speedup:6.2f}x "
-                     f"floor {row.floor_us:6.2f}")
-        del p1, p2, w1, w2
-        torch.cuda.empty_cache()
+    for first, second in pairs:
+        rows += _bench_pair(first, second, chosen, ms, rounds, sheet, progress)
+        torch.cuda.empty_cache()  # the pair's weights are gone with _bench_pair's frame
     return rows
+
+
+def _bench_pair(first, second, chosen, ms, rounds, sheet, progress) -> list[ChainRow]:
+    """``bench_chain``'s rows of one pair, over copies of its two weights."""
+    import torch  # torch loads only when measuring
+    (n1, k1), (n2, k2) = first, second
+    if n1 != k2:
+        raise ValueError(f"a chain needs N of the first = K of the second, got "
+                         f"{(n1, k1)} then {(n2, k2)}")
+    copies = timing.copies_for(2 * (n1 * k1 + n2 * k2))
+    w1 = timing.random_weights(n1, k1, copies, "cuda", seed=1)
+    w2 = timing.random_weights(n2, k2, copies, "cuda", seed=2)
+    for w in w1 + w2:
+        w.mul_(w.shape[1] ** -0.5)  # keep the chained activations O(1)
+    p1 = [prepare_choices(w, chosen[(n1, k1)]) for w in w1]
+    p2 = [prepare_choices(w, chosen[(n2, k2)]) for w in w2]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k1, device="cuda", dtype=torch.bfloat16)
+        h = torch.empty(m, n1, device="cuda", dtype=torch.bfloat16)
+        y = torch.full((m, n2), float("nan"), device="cuda", dtype=torch.bfloat16)
+        check_y = _chain_check(f"chain {(n1, k1)}->{(n2, k2)} M={m}", x, w1[-1], w2[-1], y)
+        ours, cublas = timing.time_rounds(_pair_calls(x, h, y, p1, p2, w1, w2), rounds, check_y)
+        row = ChainRow((n1, k1), (n2, k2), m,
+                       f"{_short(p1[0].tactics[m])} -> {_short(p2[0].tactics[m])}",
+                       round(2 * ours.median_us, 3), round(2 * cublas.median_us, 3),
+                       round(chain_floor_us((n1, k1), (n2, k2), sheet), 3))
+        rows.append(row)
+        progress(f"{n1:>5}x{k1:<5} -> {n2:>5}x{k2:<5} M={m:>2} {row.tactics:>34} "
+                 f"{row.ours_us:8.2f} {row.cublas_us:8.2f} {row.speedup:6.2f}x "
+                 f"floor {row.floor_us:6.2f}")
+    return rows
+
+
+def _pair_calls(x, h, y, p1, p2, w1, w2) -> list[list]:
+    """A chained pair's calls over the copies, ours then cuBLAS's: ``x -> h -> y``."""
+    import torch  # torch loads only when measuring
+    calls, cublas_calls = [], []
+    for a, b in zip(p1, p2):
+        calls += [lambda a=a: a.run(x, h), lambda b=b: b.run(h, y)]
+    for a, b in zip(w1, w2):
+        cublas_calls += [lambda a=a: torch.matmul(x, a.t(), out=h),
+                         lambda b=b: torch.matmul(h, b.t(), out=y)]
+    return [calls, cublas_calls]
+
+
+def _chain_check(what, x, a, b, y):
+    """A check that ``y`` holds ``(x @ a^T) @ b^T``, the middle rounded to
+    BF16 as stored (relative error < 2e-2, no NaN)."""
+    import torch  # torch loads only when measuring
+
+    def check():
+        ref = ((x.double() @ a.double().t()).to(torch.bfloat16).double()
+               @ b.double().t())
+        err = ((y.double() - ref).norm() / ref.norm()).item()
+        if not err < 2e-2 or torch.isnan(y).any():
+            raise RuntimeError(f"{what}: relative error {err:.3g}")
+    return check
 
 
 # ------------------------------------------------------------ a model's layer
@@ -360,7 +399,7 @@ def layer_reference(buffers, weights, m):
     rounded to BF16 as the kernels store it: ``buffers`` (two 1-D tensors,
     the initial contents) and ``weights`` (``[n, k]`` each, in order) ->
     (the two buffers after the chain, the last output ``[m, n]``)."""
-    import torch
+    import torch  # torch loads only when measuring
     steps = [tuple(w.shape) for w in weights]
     _, plan = layer_buffers(steps, m)
     state = [b.double().clone() for b in buffers]
@@ -379,10 +418,7 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     tactics, and cuBLAS for every projection. Attention and the activation
     between projections are left out; the dependency is kept through memory
     (``layer_buffers``)."""
-    import torch
-
-    from .. import models
-    from ..planning.plans import CUBLAS, DecodePlan, prepare_choices
+    import torch  # torch loads only when measuring
     rounds = timing.resolve_rounds(rounds)
     plan = plan if plan is not None else DecodePlan()
     layer = models.layer_chain(model_name, tp)
@@ -391,74 +427,108 @@ def bench_layer(model_name, tp=1, ms=DEFAULT_MS, plan=None, *, progress=print, r
     sheet = timing.datasheet_tbps(torch.cuda.get_device_name())
     takes = {s: shape_refusal(*s) is None for s in steps}
     chosen = layer_choices(plan, layer, ms)
-    from ..runtime.compile import device_arch
-    from ..runtime.precompile import precompile
     kernels = chain_kernels(chosen) | {(n, k, reference_tactic(m, n, k), False, True)
                                        for n, k in steps if takes[(n, k)] for m in ms}
     precompile(sorted(kernels), device_arch(torch.cuda.current_device()), None, progress)
     layer_bytes = sum(2 * n * k for n, k in steps)
-    copies = timing.copies_for(layer_bytes)
-    weights = [[w.mul_(w.shape[1] ** -0.5) for w in
-                (timing.random_weights(n, k, 1, "cuda", seed=1000 * c + i)[0]
-                 for i, (n, k) in enumerate(steps))] for c in range(copies)]
+    weights = _layer_weights(steps, timing.copies_for(layer_bytes))
+    chain = _LayerChain(model_name, tp, steps, weights, {
+        "ours": _prepare_layer(weights, ms, takes, lambda m, n, k: chosen[(n, k)][m]),
+        "reference": _prepare_layer(weights, ms, takes, reference_tactic)})
+    floor_us = round(layer_bytes / (sheet * 1e12) * 1e6, 3)
+    return [_layer_row(chain, m, rounds, floor_us, progress) for m in ms]
 
-    def prepared(choose):
-        out = []
-        for layer_weights in weights:
-            out.append([prepare_choices(w, {m: (choose(m, *w.shape) if takes[tuple(w.shape)]
-                                                else CUBLAS) for m in ms})
-                        for w in layer_weights])
-        return out
 
-    ours = prepared(lambda m, n, k: chosen[(n, k)][m])
-    reference = prepared(lambda m, n, k: reference_tactic(m, n, k))
-    rows = []
-    for m in ms:
-        size, order = layer_buffers(steps, m)
-        buffers = [torch.randn(size, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-        initial = [b.clone() for b in buffers]
+@dataclass
+class _LayerChain:
+    """What ``bench_layer`` times: the layer's ``steps`` (``[(n, k), ...]``),
+    copies of its weights, and per copy and step the weight prepared with
+    ours (``prepared["ours"]``) and the reference heuristic's tactics."""
+    model: str
+    tp: int
+    steps: list
+    weights: list
+    prepared: dict
 
-        def views(j, i):
-            (src, reads), (dst, writes) = order[i]
-            parity = j % 2  # a layer of odd length swaps the buffers on each copy
-            n, k = steps[i]
-            return (buffers[src ^ parity][:reads].view(m, k),
-                    buffers[dst ^ parity][:writes].view(m, n))
 
-        def calls(kind):
-            out = []
-            for c in range(copies):
-                for i in range(len(steps)):
-                    x, y = views(c * len(steps), i)
-                    if kind == "cublas":
-                        out.append(lambda w=weights[c][i], x=x, y=y: torch.matmul(x, w.t(), out=y))
-                    else:
-                        p = (ours if kind == "ours" else reference)[c][i]
-                        out.append(lambda p=p, x=x, y=y: p.run(x, y))
-            return out
+def _layer_weights(steps, copies) -> list[list]:
+    """``copies`` copies of a layer's random weights, each scaled to keep the
+    chained activations O(1)."""
+    return [[w.mul_(w.shape[1] ** -0.5) for w in
+             (timing.random_weights(n, k, 1, "cuda", seed=1000 * c + i)[0]
+              for i, (n, k) in enumerate(steps))] for c in range(copies)]
 
-        for kind in ("ours", "reference"):
-            # correctness: one layer from known buffers, every output NaN-poisoned first
-            for b, init in zip(buffers, initial):
-                b.copy_(init)
-            for i in range(len(steps)):
-                x, y = views(0, i)
-                y.fill_(float("nan"))
-                (ours if kind == "ours" else reference)[0][i].run(x, y)
-            torch.cuda.synchronize()
-            _, expected = layer_reference(initial, weights[0], m)
-            got = views(0, len(steps) - 1)[1].double()
-            err = ((got - expected).norm() / expected.norm()).item()
-            if not err < 2e-2 or torch.isnan(got).any():
-                raise RuntimeError(f"{model_name} TP{tp} layer M={m} ({kind}): relative error "
-                                   f"{err:.3g}")
-        timed = timing.time_rounds([calls("ours"), calls("reference"), calls("cublas")], rounds)
-        per_layer = [round(t.median_us * len(steps), 3) for t in timed]
-        tactics = " -> ".join(_short(p.tactics[m]) for p in ours[0])
-        row = LayerRow(model_name, tp, m, " -> ".join(f"{n}x{k}" for n, k in steps), tactics,
-                       *per_layer, round(layer_bytes / (sheet * 1e12) * 1e6, 3))
-        rows.append(row)
-        progress(f"{model_name} TP{tp} M={m:>2}: ours {row.ours_us:8.2f}  reference "
-                 f"{row.reference_us:8.2f}  cuBLAS {row.cublas_us:8.2f} us per layer  "
-                 f"{row.speedup:5.2f}x  floor {row.floor_us:7.2f}  [{tactics}]")
-    return rows
+
+def _prepare_layer(weights, ms, takes, choose) -> list[list]:
+    """Per copy and step, the weight prepared with ``choose(m, n, k)``'s
+    tactic at each M (cuBLAS for a shape the kernel refuses)."""
+    return [[prepare_choices(w, {m: (choose(m, *w.shape) if takes[tuple(w.shape)] else CUBLAS)
+                                 for m in ms})
+             for w in layer_weights] for layer_weights in weights]
+
+
+def _layer_row(chain, m, rounds, floor_us, progress) -> LayerRow:
+    """``bench_layer``'s row at ``m``: ours and the reference checked against
+    float64, then the three chains timed."""
+    import torch  # torch loads only when measuring
+    size, order = layer_buffers(chain.steps, m)
+    buffers = [torch.randn(size, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    initial = [b.clone() for b in buffers]
+    views = functools.partial(_step_views, chain.steps, m, buffers, order)
+    for kind in ("ours", "reference"):
+        _check_layer_chain(chain, kind, m, buffers, initial, views)
+    timed = timing.time_rounds([_layer_calls(chain, kind, views)
+                                for kind in ("ours", "reference", "cublas")], rounds)
+    per_layer = [round(t.median_us * len(chain.steps), 3) for t in timed]
+    tactics = " -> ".join(_short(p.tactics[m]) for p in chain.prepared["ours"][0])
+    row = LayerRow(chain.model, chain.tp, m, " -> ".join(f"{n}x{k}" for n, k in chain.steps),
+                   tactics, *per_layer, floor_us)
+    progress(f"{chain.model} TP{chain.tp} M={m:>2}: ours {row.ours_us:8.2f}  reference "
+             f"{row.reference_us:8.2f}  cuBLAS {row.cublas_us:8.2f} us per layer  "
+             f"{row.speedup:5.2f}x  floor {row.floor_us:7.2f}  [{tactics}]")
+    return row
+
+
+def _step_views(steps, m, buffers, order, j, i):
+    """Step ``i``'s input ``[m, k]`` and output ``[m, n]`` in the two buffers
+    (``layer_buffers``' ``order``), at step ``j`` of the whole chain."""
+    (src, reads), (dst, writes) = order[i]
+    parity = j % 2  # a layer of odd length swaps the buffers on each copy
+    n, k = steps[i]
+    return (buffers[src ^ parity][:reads].view(m, k),
+            buffers[dst ^ parity][:writes].view(m, n))
+
+
+def _layer_calls(chain, kind, views) -> list:
+    """The calls of one kind ("ours", "reference", "cublas") over every copy
+    of the layer, each step reading what the one before wrote."""
+    import torch  # torch loads only when measuring
+    out = []
+    for c in range(len(chain.weights)):
+        for i in range(len(chain.steps)):
+            x, y = views(c * len(chain.steps), i)
+            if kind == "cublas":
+                out.append(lambda w=chain.weights[c][i], x=x, y=y: torch.matmul(x, w.t(), out=y))
+            else:
+                p = chain.prepared[kind][c][i]
+                out.append(lambda p=p, x=x, y=y: p.run(x, y))
+    return out
+
+
+def _check_layer_chain(chain, kind, m, buffers, initial, views):
+    """One layer of ``kind`` from known buffers, every output NaN-poisoned
+    first, against float64 (``layer_reference``)."""
+    import torch  # torch loads only when measuring
+    for b, init in zip(buffers, initial):
+        b.copy_(init)
+    for i in range(len(chain.steps)):
+        x, y = views(0, i)
+        y.fill_(float("nan"))
+        chain.prepared[kind][0][i].run(x, y)
+    torch.cuda.synchronize()
+    _, expected = layer_reference(initial, chain.weights[0], m)
+    got = views(0, len(chain.steps) - 1)[1].double()
+    err = ((got - expected).norm() / expected.norm()).item()
+    if not err < 2e-2 or torch.isnan(got).any():
+        raise RuntimeError(f"{chain.model} TP{chain.tp} layer M={m} ({kind}): relative error "
+                           f"{err:.3g}")

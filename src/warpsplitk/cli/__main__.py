@@ -1,0 +1,7 @@
+"""``python -m warpsplitk.cli``: the ``warpsplitk`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
