@@ -92,7 +92,7 @@ def test_environment_names_the_versions_and_no_build_variant(monkeypatch):
     from warpsplitk import __version__
     from warpsplitk.measure import bench
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test GPU")
-    env = bench._environment()
+    env = bench.environment()
     assert env["gpu"] == "test GPU" and env["warpsplitk"] == __version__
     assert env["datasheet_TBps"] == 4.8  # the floors' unit (a GPU the table lacks: the H200's)
     assert env["torch"] == torch.__version__
@@ -101,7 +101,7 @@ def test_environment_names_the_versions_and_no_build_variant(monkeypatch):
     for name in ("WARPSPLITK_RELEASE_FENCE", "WARPSPLITK_EARLY_LAUNCH", "WARPSPLITK_THREAD_ARRIVE",
                  "WARPSPLITK_REMOTE_RELEASE", "WARPSPLITK_SPLIT_REDUCE"):
         monkeypatch.setenv(name, "0")
-    again = bench._environment()
+    again = bench.environment()
     assert set(again) == set(env) and "build_variant" not in again
 
 

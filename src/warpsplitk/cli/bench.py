@@ -9,6 +9,8 @@ import shlex
 from dataclasses import asdict
 
 from .. import models
+from ..measure import bench as measure_bench
+from ..measure import layer_bench, plot
 from ..runtime.timing import ROUNDS
 from . import checks, options
 from .options import UsageError
@@ -97,9 +99,8 @@ def _check_layer(args):
         raise UsageError("argument --layer: needs --model NAME (the layer's sizes)")
     if args.chain or args.shapes is not None or args.plot:
         raise UsageError("argument --layer: not with --chain, --shapes or --plot")
-    from ..measure.layer_bench import layer_shape  # the measuring code loads only for bench
     try:
-        layer_shape(args.model, _tp(args))
+        layer_bench.layer_shape(args.model, _tp(args))
     except ValueError as error:
         raise UsageError(f"argument --model: {error}") from None
 
@@ -121,8 +122,7 @@ def _progress(line):
 
 
 def _run_layer_path(args, plan, command):
-    from ..measure.layer_bench import bench_layer_path  # torch loads only for bench
-    rows = bench_layer_path(args.model, _tp(args), args.m, plan, rounds=args.rounds,
+    rows = layer_bench.bench_layer_path(args.model, _tp(args), args.m, plan, rounds=args.rounds,
                             progress=_progress)
     if args.json:
         _write_json(args.json, command, args.rounds, "layer-path", [asdict(r) for r in rows])
@@ -130,7 +130,6 @@ def _run_layer_path(args, plan, command):
 
 
 def _run_chain(args, plan, command):
-    from ..measure import bench as measure_bench  # torch loads only for bench
     if args.model is not None:
         mode = "layer"
         rows = measure_bench.bench_layer(args.model, _tp(args), args.m, plan,
@@ -150,15 +149,12 @@ def _run_chain(args, plan, command):
 
 def _write_json(path, command, rounds, mode, records):
     """The rows of --chain or --layer, with the environment and this command line."""
-    from ..measure import bench as measure_bench  # torch loads only for bench
     with open(path, "w") as f:
-        environment = {**measure_bench._environment(), "command": command, "rounds": rounds}
+        environment = {**measure_bench.environment(), "command": command, "rounds": rounds}
         json.dump({"environment": environment, "mode": mode, "rows": records}, f, indent=1)
 
 
 def _run_shapes(args, plan, shapes, command):
-    from ..measure import bench as measure_bench  # torch loads only for bench
-    from ..measure.plot import plot_rows
     print(measure_bench.HEADER, flush=True)
     env, rows = measure_bench.run_bench(shapes, args.m, plan, progress=_progress,
                                         rounds=args.rounds)
@@ -168,5 +164,5 @@ def _run_shapes(args, plan, shapes, command):
     if args.json:
         measure_bench.write_json(args.json, env, rows)
     if args.plot:
-        plot_rows(rows, env, args.plot)
+        plot.plot_rows(rows, env, args.plot)
     return 0

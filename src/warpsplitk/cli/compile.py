@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .. import tactics
 from ..planning import choose
+from ..runtime import compile as compiler
 from ..runtime import disk_cache
 from . import checks, options
 from .options import UsageError
@@ -31,8 +32,7 @@ def run(args, argv):
     checks.arch_defaults(args)
     tactic = _checked_tactic(args)
     checks.output_folder("--emit-ptx", args.emit_ptx)
-    from ..runtime.compile import compile_for_arch  # the CuTe DSL loads only for this command
-    report = compile_for_arch(args.n, args.k, tactic, args.arch, has_bias=args.bias)
+    report = compiler.compile_for_arch(args.n, args.k, tactic, args.arch, has_bias=args.bias)
     disk_cache.store_resources(
         disk_cache.key(args.arch, args.n, args.k, tactic, args.bias, True),
         {"registers": report.registers, "spill_bytes": report.spill_bytes,

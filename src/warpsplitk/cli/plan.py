@@ -9,7 +9,7 @@ from ..contract import ARCH_GPUS
 from ..kernel import layout
 from ..planning.plans import CUBLAS, default_choice
 from ..runtime import compile as compiler
-from ..runtime import disk_cache
+from ..runtime import disk_cache, precompile
 from ..runtime.timing import DATASHEET_TBPS
 from ..tactics import (
     ctas_per_sm,
@@ -80,10 +80,9 @@ def _rows(plan, entries, ms, sm_count) -> list[tuple]:
 def _compiled_registers(rows, arch, jobs) -> dict:
     """``{(n, k, tactic): registers}`` of the rows' kernels compiled for
     ``arch``: read from the disk cache, compiling first what it lacks."""
-    from ..runtime.precompile import precompile_resources  # the CuTe DSL loads only here
     kernels = [(s["n"], s["k"], t, False, True) for s, _, t, _ in rows
                if t is not None and t != CUBLAS]
-    precompile_resources(kernels, arch, jobs, _progress_line(arch))
+    precompile.precompile_resources(kernels, arch, jobs, _progress_line(arch))
     registers = {}
     for n, k, tactic, _, _ in kernels:
         if (n, k, tactic) not in registers:

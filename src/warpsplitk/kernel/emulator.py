@@ -133,6 +133,46 @@ def _tma_stage(ring, source_rows, k_tile_index, token_tile, k_tile, writes=None)
                     writes[dst:dst + layout.CHUNK] += 1
 
 
+def _check_stage_coverage(i, a_writes, b_writes, token_rows, t, bulk):
+    """Every element of K tile ``i``'s stages written exactly once (with
+    bulk copies: each token row inside M once, no pad and no row past M)."""
+    if bulk:
+        b_stage = len(b_writes)
+        expected = np.zeros(b_stage, dtype=np.int64)
+        for row, src in enumerate(token_rows):
+            if src is not None:
+                start = layout.padded(row, 0, t.k_tile)
+                expected[start:start + t.k_tile] = 1
+        b_ok = np.array_equal(b_writes, expected)
+    else:
+        b_ok = np.all(b_writes == 1)
+    if not (np.all(a_writes == 1) and b_ok):
+        raise AssertionError(f"stage of K tile {i}: elements written "
+                             f"{sorted(set(a_writes) | set(b_writes))} times, expected once")
+
+
+def _mma_tile(acc, a_view, b_view, t, kind):
+    """The four compute warps' MMAs over one K tile's stages, into ``acc``:
+    each warp its quarter of the tile's K steps, fragments by ``ldmatrix``."""
+    lanes = range(layout.WARP)
+    m_iters, n_iters = acc.shape[1], acc.shape[2]
+    for warp in range(layout.COMPUTE_WARPS):
+        for p in range(layout.k_steps(t.k_tile) // 2):
+            b_regs = [ldmatrix_x4(b_view, [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile,
+                                                                    kind, t.token_tile)
+                                           for lane in lanes])
+                      for ni in range(n_iters)]
+            for half in range(2):
+                s = 2 * p + half
+                for mi in range(m_iters):
+                    a_regs = ldmatrix_x4(a_view, [layout.a_fragment_offset(lane, warp, mi, s,
+                                                                           t.k_tile)
+                                                  for lane in lanes])
+                    for ni in range(n_iters):
+                        b_step = b_regs[ni][:, 2 * half:2 * half + 2]
+                        acc[warp, mi, ni] = mma_m16n8k16(a_regs, b_step, acc[warp, mi, ni])
+
+
 def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False):
     """One CTA's K loop over ``x`` and ``weight`` (its share of K): the four
     compute warps' FP32 accumulators ``[warp, m_iter, n_iter, lane, reg]``."""
@@ -156,9 +196,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False)
         token_rows.append(x[token] if token < m else None)
     m_iters = t.output_tile // layout.MMA_M
     n_iters = layout.mma_token_blocks(t.token_tile)
-    steps = layout.k_steps(t.k_tile)
     acc = np.zeros((layout.COMPUTE_WARPS, m_iters, n_iters, layout.WARP, 4), dtype=np.float32)
-    lanes = range(layout.WARP)
     for i in range(k_tiles):
         stage, _ = layout.ring_slot(i, t.stages)
         a_writes = np.zeros(a_stage, dtype=np.int64) if check_coverage else None
@@ -175,34 +213,8 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False)
         else:
             _load_stage(b_view, 0, token_rows, i, t.token_tile, t.k_tile, b_threads, b_writes)
         if check_coverage:
-            if bulk:
-                # every element of a token row inside M exactly once, no pad
-                # and no row past M ever written
-                expected = np.zeros(b_stage, dtype=np.int64)
-                for row, src in enumerate(token_rows):
-                    if src is not None:
-                        start = layout.padded(row, 0, t.k_tile)
-                        expected[start:start + t.k_tile] = 1
-                b_ok = np.array_equal(b_writes, expected)
-            else:
-                b_ok = np.all(b_writes == 1)
-            if not (np.all(a_writes == 1) and b_ok):
-                raise AssertionError(f"stage of K tile {i}: elements written "
-                                     f"{sorted(set(a_writes) | set(b_writes))} times, expected once")
-        for warp in range(layout.COMPUTE_WARPS):
-            for p in range(steps // 2):
-                b_regs = [ldmatrix_x4(b_view, [layout.b_fragment_offset(lane, warp, ni, p, t.k_tile,
-                                                                        kind, t.token_tile)
-                                               for lane in lanes])
-                          for ni in range(n_iters)]
-                for half in range(2):
-                    s = 2 * p + half
-                    for mi in range(m_iters):
-                        a_regs = ldmatrix_x4(a_view, [layout.a_fragment_offset(lane, warp, mi, s, t.k_tile)
-                                                      for lane in lanes])
-                        for ni in range(n_iters):
-                            b_step = b_regs[ni][:, 2 * half:2 * half + 2]
-                            acc[warp, mi, ni] = mma_m16n8k16(a_regs, b_step, acc[warp, mi, ni])
+            _check_stage_coverage(i, a_writes, b_writes, token_rows, t, bulk)
+        _mma_tile(acc, a_view, b_view, t, kind)
     return acc
 
 
@@ -231,36 +243,37 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
     warp's partials land in the first CTA's buffer (slot ``rank * 4 +
     warp``), each word once. With ``swiglu``, each vector is ``silu(gate) *
     up`` of the tile's gate rows and the up rows half a tile further."""
-    t = tactic
-    m, k = x.shape
-    k_cta = k // t.k_split
-    m_iters = t.output_tile // layout.MMA_M
-    n_iters = layout.mma_token_blocks(t.token_tile)
-    lanes = range(layout.WARP)
+    buf = _reduction_buffer(x, weight, tactic, tile_n, tile_t, swiglu, check_coverage)
+    return _epilogue(buf, x.shape[0], weight.shape[0] // 2, tactic, tile_n, tile_t, bias, swiglu)
+
+
+def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage):
+    """The first CTA's reduction buffer (the only one a K split writes):
+    each CTA of the cluster accumulates its share of K, each warp stores its
+    accumulators into its slot."""
+    k_cta = x.shape[1] // t.k_split
     slots = t.k_split * layout.COMPUTE_WARPS
     words = slots * layout.reduction_tokens(t.token_tile) * layout.reduction_row_words(t.output_tile)
-    # the first CTA's reduction buffer: the only one the K split writes
     buf = np.full(words, np.nan, dtype=np.float32)
-
-    def put(off, values):
-        if check_coverage and not np.all(np.isnan(buf[off:off + len(values)])):
-            raise AssertionError(f"reduction word {off} written twice")
-        buf[off:off + len(values)] = values
-
     for rank in range(t.k_split):
         share = slice(rank * k_cta, (rank + 1) * k_cta)
         acc = _accumulate(x[:, share], weight[:, share], t, tile_n, tile_t, check_coverage,
                           swiglu)
-        for warp in range(layout.COMPUTE_WARPS):
-            slot = rank * layout.COMPUTE_WARPS + warp
-            for mi in range(m_iters):
-                for ni in range(n_iters):
-                    for lane in lanes:
-                        for reg in range(4):
-                            row, token = layout.accumulator_coords(lane, mi, ni, reg)
-                            off = layout.reduction_offset(slot, token, row, t.output_tile,
-                                                          t.token_tile)
-                            put(off, [acc[warp, mi, ni, lane, reg]])
+        for warp, mi, ni, lane, reg in np.ndindex(acc.shape):
+            row, token = layout.accumulator_coords(lane, mi, ni, reg)
+            off = layout.reduction_offset(rank * layout.COMPUTE_WARPS + warp, token, row,
+                                          t.output_tile, t.token_tile)
+            if check_coverage and not np.isnan(buf[off]):
+                raise AssertionError(f"reduction word {off} written twice")
+            buf[off] = acc[warp, mi, ni, lane, reg]
+    return buf
+
+
+def _epilogue(buf, m, half, t, tile_n, tile_t, bias, swiglu):
+    """What the epilogue threads store from ``buf``: every warp's partials
+    summed in slot order (the kernel's fixed order), the bias added, the
+    SwiGLU applied."""
+    slots = t.k_split * layout.COMPUTE_WARPS
     rows = layout.output_rows(t.output_tile, swiglu)
     vectors = layout.epilogue_vectors(t.output_tile, t.token_tile, swiglu)
     threads = layout.COMPUTE_WARPS * layout.WARP
@@ -269,14 +282,12 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
               for v in range(round_ * threads, (round_ + 1) * threads)]
 
     def reduce(token, row):
-        # every warp's partials in slot order (the kernel's fixed order)
         total = np.zeros(layout.CHUNK, dtype=np.float32)
         for slot in range(slots):
             off = layout.reduction_offset(slot, token, row, t.output_tile, t.token_tile)
             total = (total + buf[off:off + layout.CHUNK]).astype(np.float32)
         return total
 
-    half = weight.shape[0] // 2
     stores = {}
     for vector, (token, row) in enumerate(coords):
         total = reduce(token, row)
@@ -290,10 +301,9 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
                     up = (up + bias[half + n0:half + n0 + layout.CHUNK]).astype(np.float32)
             if swiglu:
                 total = silu_mul(total, up)
-            key = (global_token, n0)
-            if key in stores:
-                raise AssertionError(f"output vector {key} stored twice")
-            stores[key] = total
+            if (global_token, n0) in stores:
+                raise AssertionError(f"output vector {(global_token, n0)} stored twice")
+            stores[(global_token, n0)] = total
     return stores
 
 

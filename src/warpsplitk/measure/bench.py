@@ -54,7 +54,7 @@ class BenchRow:
         return self.n * self.k * 2 / (self.ours_us * 1e-6) / 1e12
 
 
-def _environment():
+def environment():
     import torch  # torch loads only when measuring
     gpu = torch.cuda.get_device_name()
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
@@ -167,7 +167,7 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
     import torch  # torch loads only when measuring
     rounds = timing.resolve_rounds(rounds)
     timing.require_cuda("run_bench")
-    env = _environment()
+    env = environment()
     env["rounds"] = rounds
     if read_tbps is None:
         read_tbps = timing.measured_read_bandwidth() / 1e12

@@ -333,56 +333,59 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
     ring (``release_fence_problems``) are checked tile by tile. ``swiglu``
     requires the SwiGLU epilogue's exponential and division, forbidden
     without it."""
-    required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
-    if k_split > 1:
-        required += list(PTX_AUDIT_CLUSTER) + list(PTX_AUDIT_SPLIT)
-    if tma_x:
-        required += list(PTX_AUDIT_TMA_X)
-    if l2_prefetch:
-        required += list(PTX_AUDIT_PREFETCH)
-    if bulk_x:
-        required += list(PTX_AUDIT_BULK_X)
-    if swiglu:
-        required += list(PTX_AUDIT_SWIGLU)
+    required = _required_patterns(k_tiles, k_split, l2_prefetch, bulk_x, tma_x, swiglu)
     problems = [f"missing {why} ({pattern})" for pattern, why in required
                 if not re.search(pattern, ptx_text)]
     problems += [f"found {why} ({pattern})" for pattern, why in PTX_FORBIDDEN
                  if re.search(pattern, ptx_text)]
-    allowed = {p for p, _ in required}
-    if k_split == 1:
-        # (the split's expect_tx and cluster-scoped wait serve other features
-        # too: only its st.async stores are its own)
-        problems += [f"found {why} ({pattern}) without k_split"
-                     for pattern, why in PTX_AUDIT_CLUSTER + (PTX_SPLIT_STORES,)
-                     if pattern not in allowed and re.search(pattern, ptx_text)]
-    problems += [f"found {why} ({pattern})"
-                 for pattern, why in PTX_FORBIDDEN_CLUSTER if re.search(pattern, ptx_text)]
-    tma_patterns = [PTX_AUDIT_TMA_X[0], PTX_AUDIT_TMA_X[1]]
-    if tma_x:
-        # the boxes replace every other way activations arrive
-        problems += [f"found {why} ({pattern}) with tma_x"
-                     for pattern, why in (PTX_AUDIT_BULK_X[0], PTX_X_ZFILL)
-                     if re.search(pattern, ptx_text)]
-    else:
-        problems += [f"found {why} ({pattern}) without tma_x"
-                     for pattern, why in tma_patterns if re.search(pattern, ptx_text)]
-    if not bulk_x:
-        problems += [f"found {why} ({pattern}) without bulk_x"
-                     for pattern, why in PTX_AUDIT_BULK_X
-                     if pattern not in allowed and re.search(pattern, ptx_text)]
+    problems += _features_absent(ptx_text, {p for p, _ in required}, k_split, l2_prefetch,
+                                 bulk_x, tma_x, swiglu)
     problems += release_fence_problems(ptx_text, async_ring=bulk_x or tma_x,
                                        k_tiles=k_tiles, stages=stages)
-    if not swiglu:
-        problems += [f"found {why} ({pattern}) without swiglu"
-                     for pattern, why in PTX_AUDIT_SWIGLU if re.search(pattern, ptx_text)]
-    if not l2_prefetch:
-        problems += [f"found {why} ({pattern}) without l2_prefetch"
-                     for pattern, why in PTX_AUDIT_PREFETCH if re.search(pattern, ptx_text)]
-    elif prefetch_bytes is not None:
+    if l2_prefetch and prefetch_bytes is not None:
         sizes = prefetch_sizes(ptx_text)
         if set(sizes) != {prefetch_bytes}:
             problems.append(f"the L2 prefetch asks for {sizes} bytes per row, "
                             f"expected {prefetch_bytes}")
+    return problems
+
+
+def _required_patterns(k_tiles, k_split, l2_prefetch, bulk_x, tma_x, swiglu):
+    """``(pattern, why)`` the PTX must contain: the base audit and each feature's."""
+    required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
+    for on, patterns in ((k_split > 1, PTX_AUDIT_CLUSTER + PTX_AUDIT_SPLIT),
+                         (tma_x, PTX_AUDIT_TMA_X), (l2_prefetch, PTX_AUDIT_PREFETCH),
+                         (bulk_x, PTX_AUDIT_BULK_X), (swiglu, PTX_AUDIT_SWIGLU)):
+        if on:
+            required += list(patterns)
+    return required
+
+
+def _features_absent(ptx_text, allowed, k_split, l2_prefetch, bulk_x, tma_x, swiglu):
+    """Problems: a feature's instructions in a kernel whose tactic lacks it."""
+    def found(patterns, without=""):
+        return [f"found {why} ({pattern}){without}" for pattern, why in patterns
+                if pattern not in allowed and re.search(pattern, ptx_text)]
+
+    problems = []
+    if k_split == 1:
+        # (the split's expect_tx and cluster-scoped wait serve other features
+        # too: only its st.async stores are its own)
+        problems += found(PTX_AUDIT_CLUSTER + (PTX_SPLIT_STORES,), " without k_split")
+    problems += [f"found {why} ({pattern})"
+                 for pattern, why in PTX_FORBIDDEN_CLUSTER if re.search(pattern, ptx_text)]
+    if tma_x:  # the boxes replace every other way activations arrive
+        problems += [f"found {why} ({pattern}) with tma_x"
+                     for pattern, why in (PTX_AUDIT_BULK_X[0], PTX_X_ZFILL)
+                     if re.search(pattern, ptx_text)]
+    else:
+        problems += found(PTX_AUDIT_TMA_X[:2], " without tma_x")
+    if not bulk_x:
+        problems += found(PTX_AUDIT_BULK_X, " without bulk_x")
+    if not swiglu:
+        problems += found(PTX_AUDIT_SWIGLU, " without swiglu")
+    if not l2_prefetch:
+        problems += found(PTX_AUDIT_PREFETCH, " without l2_prefetch")
     return problems
 
 
