@@ -182,3 +182,13 @@ def test_every_environment_variable_read_is_documented():
     read = _environment_read()
     assert {"WARPSPLITK_CACHE_DIR", "WARPSPLITK_CACHE_MAX_SIZE", "HF_HOME"} <= read
     assert _environment_table() == read
+
+
+def test_architecture_states_the_layers_the_import_test_enforces():
+    """The numbered layer list in docs/ARCHITECTURE.md is tests/test_structure.py's LAYERS."""
+    from test_structure import LAYERS
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    listed = [tuple(name.replace("/", ".") for name in re.findall(r"`([\w/]+?)/?`", line.split(" (")[0]))
+              for line in text.splitlines() if re.match(r"\d\. `", line)]
+    expected = [tuple(name for name in layer if name not in ("", "__main__")) for layer in LAYERS]
+    assert listed == expected
