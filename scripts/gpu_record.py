@@ -26,8 +26,8 @@ import xml.etree.ElementTree as ElementTree
 
 
 def environment(command):
-    from warpsplitk.measure.bench import _environment
-    return {**_environment(), "command": command}
+    from warpsplitk.measure import bench
+    return {**bench.environment(), "command": command}
 
 
 def test_counts(report_dir):

@@ -3,7 +3,8 @@
 ``patch_model`` runs in three steps: ``_collect`` finds what to swap (and
 merges the groups of ``merge=True``), ``_precompile`` compiles every kernel
 in parallel workers and prepares the merged groups, ``_swap`` puts the
-``DecodeLinear`` modules (and SwiGLU MLPs) in place. ``unpatch`` puts the
+``DecodeLinear`` modules (and SwiGLU MLPs: merged gate/up, or a model's own
+``gate_up_proj``) in place. ``unpatch`` puts the
 original modules back.
 """
 
@@ -17,6 +18,7 @@ from torch import nn
 from ..contract import MAX_M
 from ..planning import plans
 from ..tactics import check_ms
+from .gate_up import GateUpSwiGLUMLP, gate_up_refusal
 from .linear import DecodeLinear, ineligibility
 from .merge import (MERGED_GROUPS, MergedPart, SwiGLUMLP, merge_linears, merge_refusal,
                     swiglu_refusal)
@@ -81,7 +83,10 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
     ``merge=True``: each module's ``q_proj``, ``k_proj``, ``v_proj`` and
     ``gate_proj``, ``up_proj`` (transformers' Llama-family names) become
     parts of one merged weight run in one launch (:mod:`warpsplitk.nn.merge`),
-    keeping their parameter names; ``report.merged`` lists the groups."""
+    keeping their parameter names; ``report.merged`` lists the groups. A
+    Llama-family MLP's merged gate/up, and an MLP's own ``[gate; up]``
+    ``gate_up_proj`` (Phi-3, GLM: :mod:`warpsplitk.nn.gate_up`), run with the
+    SwiGLU epilogue; ``report.swiglu`` lists those MLPs."""
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     plans.check_plan(plan)
@@ -105,6 +110,7 @@ def unpatch(model: nn.Module) -> list:
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     restored = []
     _replace(model, SwiGLUMLP, SwiGLUMLP.to_original, [])
+    _replace(model, GateUpSwiGLUMLP, GateUpSwiGLUMLP.to_original, [])
     _replace(model, MergedPart, MergedPart.to_linear, restored)
     _replace(model, DecodeLinear, DecodeLinear.to_linear, restored)
     return restored
@@ -123,6 +129,8 @@ class _Found:
     groups: list = field(default_factory=list)
     #: the MLPs whose merged gate/up run with the SwiGLU epilogue
     mlps: list = field(default_factory=list)
+    #: the MLPs holding one [gate; up] projection (``GATE_UP_MLPS``) to run so
+    gate_up_mlps: list = field(default_factory=list)
 
 
 def _collect(model, ms, filter, merge, report) -> _Found:
@@ -144,6 +152,11 @@ def _collect(model, ms, filter, merge, report) -> _Found:
         if [a for _, a in places] == ["gate_proj", "up_proj"] and swiglu_refusal(owner) is None:
             parts[0].group.swiglu = True
             found.mlps.append(owner)
+    if merge:
+        found.gate_up_mlps = [m for name, m in model.named_modules()
+                              if gate_up_refusal(m, ms) is None
+                              and (filter is None or filter(f"{name}.gate_up_proj",
+                                                            m.gate_up_proj))]
     for name, _, _, child in _children(model, nn.Linear):
         if id(child) in found.linears:
             continue
@@ -166,7 +179,9 @@ def _precompile(found, plan, ms, jobs, progress):
                if ineligibility(g.weight, g.bias, ms) is None]
     plan = plans.resolve_plan(plan, shapes, ms, progress=progress, jobs=jobs)
     _precompile_weights(linears + found.groups, plan, ms, jobs)
-    _precompile_weights([g for g in found.groups if g.swiglu], plan, ms, jobs, swiglu=True)
+    _precompile_weights([g for g in found.groups if g.swiglu]
+                        + [m.gate_up_proj for m in found.gate_up_mlps], plan, ms, jobs,
+                        swiglu=True)
     for group in found.groups:
         group.plan = plan
         group.prepare()
@@ -180,6 +195,9 @@ def _swap(model, found, plan, ms, report):
     _replace(model, nn.Module, SwiGLUMLP, report.swiglu, only={id(m) for m in found.mlps})
     _replace(model, nn.Linear, lambda lin: DecodeLinear.from_linear(lin, plan, ms),
              report.swapped, only=found.linears)
+    # after the linears: each wraps its gate_up_proj's DecodeLinear
+    _replace(model, nn.Module, lambda mlp: GateUpSwiGLUMLP(mlp, plan, ms), report.swiglu,
+             only={id(m) for m in found.gate_up_mlps})
 
 
 # ---------------------------------------------------------------- helpers
