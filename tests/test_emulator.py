@@ -166,7 +166,8 @@ def test_emulate_rounds_to_bf16_by_default():
     exact = emulate(x, w, tactic, round_output=False)
     out = emulate(x, w, tactic)
     np.testing.assert_array_equal(out, round_bf16(exact))
-    np.testing.assert_allclose(exact, x @ w.T, rtol=1e-4, atol=1e-4)
+    # of the inputs as the kernel sees them: rounded to BF16
+    np.testing.assert_allclose(exact, round_bf16(x) @ round_bf16(w).T, rtol=1e-4, atol=1e-4)
 
 
 def test_emulate_rejects_bad_input():
@@ -397,3 +398,15 @@ def test_refuses_what_is_no_array_or_tensor():
         with pytest.raises(ValueError, match=rf"^{name} must be a NumPy array or a torch\.Tensor, "
                                              rf"got {given}$"):
             emulate(*args)
+
+
+def test_inputs_are_rounded_to_bf16_as_the_kernel_sees_them():
+    """A float32 input computes as its BF16 rounding: what the kernel writes."""
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    w = rng.standard_normal((16, 256)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    assert not np.array_equal(round_bf16(x), x)  # the inputs are not BF16 values
+    exact = emulate(round_bf16(x), round_bf16(w), tactic, round_bf16(b), round_output=False)
+    assert np.array_equal(emulate(x, w, tactic, b, round_output=False), exact)

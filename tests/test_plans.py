@@ -281,3 +281,23 @@ def test_plan_data_built_in_python_may_key_m_by_int():
     data["shapes"][0]["entries"][1.0] = {"tactic": "cublas"}
     with pytest.raises(ValueError, match=r"M must be an integer in 1\.\.32, got 1\.0$"):
         plan_from_json(data)
+
+
+def test_a_plan_prints_in_one_short_line():
+    plan = builtin_plan("h200")
+    text = repr(plan)
+    assert text.startswith("DecodePlan(") and len(text) < 200 and "NVIDIA H200" in text
+    assert repr(DecodePlan()) == "DecodePlan(0 shapes, 0 entries)"
+
+
+def test_prepare_refuses_a_cpu_weight_before_reading_the_plan():
+    """The device error comes first: no plan-entry warning for a weight
+    that cannot run anyway."""
+    import warnings
+    torch = pytest.importorskip("torch")
+    from warpsplitk.planning.plans import prepare
+    weight = torch.randn(256, 1024, dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a plan warning would fail here
+        with pytest.raises(ValueError, match="^weight must be on a CUDA device, got cpu$"):
+            prepare(weight, DecodePlan(entries={(512, 512): {}}), ms=[1])

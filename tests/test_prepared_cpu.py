@@ -171,7 +171,8 @@ T128 = WarpSplitKTactic(16, 8, 128, 2, 1)
     ({"1": T128}, "got key '1'$"),
     ({True: T128}, "got key True$"),
     ({1.0: T128}, "got key 1.0$"),
-    ({8: "16,8,128,2,1"}, "tactic for M=8: expected a WarpSplitKTactic, got str$"),
+    ({8: "16,8,128,2,1"}, "tactic for M=8: expected a WarpSplitKTactic, got str "
+                          r"\(WarpSplitKTactic.parse\('16,8,128,2,1'\) reads a short form\)$"),
     ({8: WarpSplitKTactic(16, 8, 128, 4, 1)}, "tactic for M=8: .*stages=4 exceeds the 2 K tiles"),
     ({8: WarpSplitKTactic(16.0, 8, 128, 2, 1)}, "tactic for M=8: .*output_tile must be one of"),
 ])

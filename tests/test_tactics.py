@@ -659,9 +659,13 @@ def test_legal_tactics_refuses_what_default_tactic_refuses(n, k):
 
 
 def test_ctas_per_sm_refuses_what_is_no_tactic():
-    for bad, given in ((None, "NoneType"), ([16, 8, 128, 4, 1], "list"), ("16,8,128,4,1", "str")):
+    for bad, given in ((None, "NoneType"), ([16, 8, 128, 4, 1], "list"),
+                       ("16,8,128,4,1", re.escape("str (WarpSplitKTactic.parse('16,8,128,4,1') "
+                                                  "reads a short form)"))):
         with pytest.raises(ValueError, match=f"^expected a WarpSplitKTactic, got {given}$"):
             ctas_per_sm(bad)
+        with pytest.raises(ValueError, match=f"^expected a WarpSplitKTactic, got {given}$"):
+            check_tactic(bad, 256, 1024)
     with pytest.raises(ValueError, match=r"output_tile must be one of \(16, 32, 48, 64\), got 17"):
         ctas_per_sm(T(17, 8, 128, 4, 1))
     with pytest.raises(ValueError, match=r"stages must be in 1\.\.32, got 99"):

@@ -298,11 +298,19 @@ def _check_members(tactic, table) -> None:
             raise _field_error(name, value, allowed)
 
 
+def not_a_tactic(value) -> ValueError:
+    """The error for a value that is no ``WarpSplitKTactic``; a short form
+    string is pointed at ``WarpSplitKTactic.parse``."""
+    hint = (f" (WarpSplitKTactic.parse({value!r}) reads a short form)"
+            if isinstance(value, str) else "")
+    return ValueError(f"expected a WarpSplitKTactic, got {type(value).__name__}{hint}")
+
+
 def _check_values(tactic) -> None:
     """``ValueError`` unless each field of ``tactic`` holds a value the kernel
     takes (``check_tactic`` adds the rules of their combinations and the weight's)."""
     if not isinstance(tactic, WarpSplitKTactic):
-        raise ValueError(f"expected a WarpSplitKTactic, got {type(tactic).__name__}")
+        raise not_a_tactic(tactic)
     _check_members(tactic, _TILE_VALUES)
     if type(tactic.stages) is not int or not 1 <= tactic.stages <= MAX_STAGES:
         raise ValueError(f"warp split-K tactic: stages must be in 1..{MAX_STAGES}, "
@@ -564,7 +572,7 @@ def ctas_per_sm(tactic: WarpSplitKTactic) -> int:
     """CTAs of this tactic one SM holds at once (shared memory, threads,
     registers); ``ValueError`` for what is no tactic of the kernel's space."""
     if not isinstance(tactic, WarpSplitKTactic):  # before the cache: a list is unhashable
-        raise ValueError(f"expected a WarpSplitKTactic, got {type(tactic).__name__}")
+        raise not_a_tactic(tactic)
     return _ctas_per_sm(tactic)
 
 

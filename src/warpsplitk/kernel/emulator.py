@@ -334,10 +334,11 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, rou
     ``round_output`` applies the kernel's final BF16 rounding; without it the
     FP32 sums come back (exact for small-integer inputs). Raises if any output
     element is written twice or not at all. ``x``, ``weight`` and ``bias``:
-    NumPy arrays or torch tensors (any dtype, any device).
+    NumPy arrays or torch tensors (any dtype, any device), rounded to BF16
+    first, as the kernel's operands are (BF16 values pass unchanged).
     """
-    x = _float32("x", x)
-    weight = _float32("weight", weight)
+    x = round_bf16(_float32("x", x))
+    weight = round_bf16(_float32("weight", weight))
     if x.ndim != 2 or weight.ndim != 2:
         raise ValueError(f"x [M, K] and weight [N, K] must be 2-D, got shapes {x.shape} and "
                          f"{weight.shape}")
@@ -351,6 +352,7 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, rou
     bias = None if bias is None else _float32("bias", bias)
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must have shape ({n},), got {bias.shape}")
+    bias = None if bias is None else round_bf16(bias)
     columns = n // 2 if swiglu else n
     out = np.full((m, columns), np.nan, dtype=np.float32)
     written = np.zeros((m, columns), dtype=np.int64)

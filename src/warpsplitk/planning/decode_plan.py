@@ -89,6 +89,14 @@ class DecodePlan:
     entries: dict = field(default_factory=dict)
     _warned: set = field(default_factory=set, init=False, repr=False, compare=False)
 
+    def __repr__(self):
+        # the entries run to thousands of tactics: counts, and where the plan came from
+        count = sum(len(by_m) for by_m in self.entries.values())
+        made = ", ".join(f"{key}={self.meta[key]!r}" for key in ("gpu", "source")
+                         if key in self.meta)
+        return (f"DecodePlan({len(self.entries)} shapes, {count} entries"
+                + (f", {made}" if made else "") + ")")
+
     def lookup(self, n: int, k: int, m: int) -> WarpSplitKTactic | str | None:
         """The plan's choice for (N, K, M): a tactic, ``CUBLAS``, or None."""
         hit = self.entries.get((n, k), {}).get(m)

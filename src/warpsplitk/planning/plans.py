@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..contract import MAX_M, matrix_refusal, weight_refusal
+from ..contract import MAX_M, matrix_refusal, operand_refusal, weight_refusal
 from ..runtime.compile import device_arch
 from ..runtime.precompile import precompile
 from ..runtime.prepared import PreparedDecode, PreparedWarpSplitK
@@ -76,7 +76,13 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
     import torch  # not at the top: importing plans stays torch-free
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise ValueError(f"bias must be None or a torch.Tensor [N], got {type(bias).__name__}")
-    # a weight the kernel cannot take is refused by PreparedWarpSplitK, before any tuning
+    check_plan(plan)
+    # a tensor the kernel cannot take (device, dtype, layout) is refused before
+    # any plan is read or tuned; a shape it cannot take, by the default below
+    reason = operand_refusal("weight", weight) or (
+        bias is not None and operand_refusal("bias", bias, (n,), weight.device))
+    if reason:
+        raise ValueError(reason)
     plan = resolve_plan(plan, [(n, k)] if weight_refusal(weight, bias) is None else [], ms)
     plan = plan if plan is not None else DecodePlan()
     if swiglu:
