@@ -29,6 +29,7 @@ a CPU as a smoke test (nothing runs the kernel there, and it says so).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -101,24 +102,19 @@ def generate(torch, model, prompt, new_tokens, compiled):
     return out[:, prompt.shape[1]:]
 
 
-def ms_per_token(torch, model, prompt, args, compiled):
+def sample_ms(torch, model, prompt, args, compiled):
     """(ms per token, tokens of the longer run): the time of ``args.tokens``
-    new tokens minus that of 8, over the difference, median of ``args.reps``."""
-    short = 8
-    generate(torch, model, prompt, args.tokens, compiled)  # warm-up (and compile)
-    samples, tokens = [], None
-    for _ in range(args.reps):
-        times = []
-        for count in (short, args.tokens):
-            if prompt.is_cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            tokens = generate(torch, model, prompt, count, compiled)
-            if prompt.is_cuda:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        samples.append((times[1] - times[0]) * 1e3 / (args.tokens - short))
-    return statistics.median(samples), tokens
+    new tokens minus that of 8, over the difference."""
+    times, tokens = [], None
+    for count in (8, args.tokens):
+        if prompt.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        tokens = generate(torch, model, prompt, count, compiled)
+        if prompt.is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return (times[1] - times[0]) * 1e3 / (args.tokens - 8), tokens
 
 
 def projections_us(torch, model, batch, device):
@@ -128,22 +124,31 @@ def projections_us(torch, model, batch, device):
         return llama_decode.time_us(torch, run, device, device.type == "cuda", 20, 5)[0]
 
 
-def measure(torch, model, prompts, args, device, label):
-    """Rows of one model variant: per batch and mode, timings and tokens."""
+def measure(torch, models, prompts, args, device):
+    """Rows per model variant, batch and mode. The variants are timed in
+    turn, ``args.reps`` rounds, the median counting: drift on the machine
+    meets both alike."""
     rows = []
     for batch, prompt in prompts.items():
-        proj = projections_us(torch, model, batch, device)
+        proj = {label: projections_us(torch, m, batch, device) for label, m in models.items()}
         for compiled in ((False, True) if args.compile else (False,)):
-            torch._dynamo.reset()  # a variant's compiled step is its own
-            model.__dict__.pop("_compiled_call", None)
-            ms, tokens = ms_per_token(torch, model, prompt, args, compiled)
             mode = "compiled" if compiled else "eager"
-            rows.append({"variant": label, "mode": mode, "batch": batch, "ms_per_token": ms,
-                         "tokens_per_s": batch * 1e3 / ms, "proj_us": proj,
-                         "proj_share": proj / (ms * 1e3), "tokens": tokens.tolist()})
-            print(f"  {label:8s} {mode:8s} batch {batch:2d}: {ms:7.3f} ms/token, "
-                  f"{batch * 1e3 / ms:8.1f} tokens/s, projections {proj:7.1f} us "
-                  f"({100 * proj / (ms * 1e3):4.1f}% of a step)", flush=True)
+            samples, tokens = {label: [] for label in models}, {}
+            for model in models.values():
+                generate(torch, model, prompt, args.tokens, compiled)  # warm-up (and compile)
+            for _ in range(args.reps):
+                for label, model in models.items():
+                    ms, tokens[label] = sample_ms(torch, model, prompt, args, compiled)
+                    samples[label].append(ms)
+            for label in models:
+                ms = statistics.median(samples[label])
+                rows.append({"variant": label, "mode": mode, "batch": batch, "ms_per_token": ms,
+                             "samples_ms": samples[label], "tokens_per_s": batch * 1e3 / ms,
+                             "proj_us": proj[label], "proj_share": proj[label] / (ms * 1e3),
+                             "tokens": tokens[label].tolist()})
+                print(f"  {label:8s} {mode:8s} batch {batch:2d}: {ms:7.3f} ms/token, "
+                      f"{batch * 1e3 / ms:8.1f} tokens/s, projections {proj[label]:7.1f} us "
+                      f"({100 * proj[label] / (ms * 1e3):4.1f}% of a step)", flush=True)
     return rows
 
 
@@ -157,13 +162,13 @@ def compare(rows):
     (and, compiled, against the eager patched cell)."""
     cell = {(r["variant"], r["mode"], r["batch"]): r for r in rows}
     for (variant, mode, batch), row in cell.items():
+        if mode == "compiled":  # plain's too: what compiling alone changes
+            row["tokens_equal_eager"] = row["tokens"] == cell[(variant, "eager", batch)]["tokens"]
         if variant != "patched":
             continue
         plain = cell[("plain", mode, batch)]
         row["speedup"] = plain["ms_per_token"] / row["ms_per_token"]
         row["tokens_agree_plain"] = agreement(row["tokens"], plain["tokens"])
-        if mode == "compiled":
-            row["tokens_equal_eager"] = row["tokens"] == cell[("patched", "eager", batch)]["tokens"]
 
 
 def print_table(rows):
@@ -176,6 +181,10 @@ def print_table(rows):
               f"{row['ms_per_token']:9.3f} {row['speedup']:9.3f} {row['tokens_per_s']:9.1f} "
               f"{100 * row['proj_share']:9.1f}% {row['tokens_agree_plain']:6.3f} "
               f"{str(row.get('tokens_equal_eager', '')):>6}")
+    plain = [r for r in rows if r["variant"] == "plain" and "tokens_equal_eager" in r]
+    if plain:
+        print("plain model, compiled tokens equal to eager: "
+              + ", ".join(f"batch {r['batch']} {r['tokens_equal_eager']}" for r in plain))
 
 
 def record(args, argv, torch, model, rows, report, gpu):
@@ -210,11 +219,16 @@ def main(argv=None):
     prompts = {b: torch.randint(model.config.vocab_size, (b, args.prompt_len),
                                 generator=gen).to(device) for b in args.batch}
     print(f"{model.config.model_type}, {model.config.num_hidden_layers} layers on {gpu}")
-    rows = measure(torch, model, prompts, args, device, "plain")
-    report = patch_model(model, plan=llama_decode.load_plan(args.plan),
+    patched = copy.deepcopy(model)
+    report = patch_model(patched, plan=llama_decode.load_plan(args.plan),
                          ms=sorted(set(args.batch)), merge=True)
     print(f"patched: {report}")
-    rows += measure(torch, model, prompts, args, device, "patched")
+    # each variant keeps its compiled step: one graph per model and batch, static shapes
+    dynamo = torch._dynamo.config
+    setattr(dynamo, "recompile_limit" if hasattr(dynamo, "recompile_limit")
+            else "cache_size_limit", 64)
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    rows = measure(torch, {"plain": model, "patched": patched}, prompts, args, device)
     compare(rows)
     if (report.swapped or report.merged) and device.type == "cuda":
         print_table(rows)

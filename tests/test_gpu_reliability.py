@@ -600,14 +600,14 @@ def test_two_threads_preparing_one_new_shape_compile_once(monkeypatch):
     torch.manual_seed(8)
     w, bias = randn(n, k), randn(n)
     builds = []
-    real_build = compile_module._build
+    real_build = compile_module.build
 
     def counting_build(*args, **kwargs):
         builds.append(args[:5])
         time.sleep(0.5)  # hold the compile open while the other thread arrives
         return real_build(*args, **kwargs)
 
-    monkeypatch.setattr(compile_module, "_build", counting_build)
+    monkeypatch.setattr(compile_module, "build", counting_build)
     before = compile_module._compile_cached.cache_info()
     launchers_before = compile_module._launcher_cached.cache_info()
     barrier = threading.Barrier(2)
@@ -671,8 +671,8 @@ import warpsplitk.runtime.compile as c
 from warpsplitk import PreparedWarpSplitK, WarpSplitKTactic
 from warpsplitk.runtime import disk_cache
 builds = []
-real = c._build
-c._build = lambda *a, **k: builds.append(a[:3]) or real(*a, **k)
+real = c.build
+c.build = lambda *a, **k: builds.append(a[:3]) or real(*a, **k)
 torch.manual_seed(31)
 h = hashlib.sha256()
 for n, k, tactic in ((192, 640, WarpSplitKTactic(16, 8, 128, 3, 1)),
