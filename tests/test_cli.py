@@ -5,18 +5,20 @@ view's per-row source and its register counts from the disk cache."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from warpsplitk import cli
+from warpsplitk import cli, shapes as shape_table
 from warpsplitk.runtime import compile as compile_module
 from warpsplitk.runtime import disk_cache
 from warpsplitk.cli import main
 from warpsplitk.planning.plans import DecodePlan, builtin_plan
 from warpsplitk.planning.choose import default_tactic
+from warpsplitk.tactics import register_estimate
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -223,8 +225,8 @@ def test_same_flag_same_default_everywhere():
         assert parser.parse_args([command]).plan is None  # the target GPU's built-in plan
     args = parser.parse_args(["compile", "--n", "256", "--k", "1024"])
     assert args.m == 1 and args.arch == "sm_90a" and args.sm_count is None  # --arch's GPU's
-    args = parser.parse_args(["plan"])
-    assert args.arch == "sm_90a" and args.sm_count is None and args.tbps is None
+    args = parser.parse_args(["plan"])  # --gpu's, else sm_90a's (checks.target_gpu)
+    assert args.arch is None and args.gpu is None and args.sm_count is None and args.tbps is None
 
 
 def test_plan_defaults_to_the_built_in_plan_of_the_target_gpu(capsys):
@@ -235,28 +237,63 @@ def test_plan_defaults_to_the_built_in_plan_of_the_target_gpu(capsys):
     assert builtin_plan_for("NVIDIA H200", 132) == "h200"
     assert builtin_plan_for("NVIDIA H200", 114) is None  # another SM count: another model
     assert builtin_plan_for("NVIDIA B200", 148) is None
-    assert main(["plan", "--no-compile", "--shapes", "4224,7168", "--m", "1"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("# tactics from built-in H200 plan (1 of 1 rows")
-    assert main(["plan", "--no-compile", "--arch", "sm_100a", "--shapes", "4224,7168",
-                 "--m", "1"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("# tactics from no plan: the default (cost model) (0 of 1 rows")
-    assert _rows(out)[0][-11] == default_tactic(1, 4224, 7168, 148).short()
+    for gpu in ([], ["--gpu", "h200"]):
+        assert main(["plan", "--no-compile", "--shapes", "4224,7168", "--m", "1"] + gpu) == 0
+        out = capsys.readouterr().out
+        assert out.splitlines()[1].startswith("# tactics from built-in H200 plan (1 of 1 rows")
+    for gpu, sms, name in ((["--arch", "sm_100a"], 148, "B200"), (["--gpu", "h100"], 132, "H100")):
+        assert main(["plan", "--no-compile", "--shapes", "4224,7168", "--m", "1"] + gpu) == 0
+        out = capsys.readouterr().out
+        line = out.splitlines()[1]  # the plan an H100 runs: none, and the way to the H200's
+        assert line.startswith("# tactics from no plan: the default (cost model) (0 of 1 rows")
+        assert line.endswith(f"no plan was measured on the {name}"
+                             f"{' 80GB HBM3' if name == 'H100' else ''}: --plan h200 shows the "
+                             "H200's")
+        assert _rows(out)[0][-12] == default_tactic(1, 4224, 7168, sms).short()
 
 
 @pytest.mark.parametrize("given, shown", [
-    ([], "sm_90a, 132 SMs; floor at 4.8 TB/s"),
-    (["--arch", "sm_100a"], "sm_100a, 148 SMs; floor at 8.0 TB/s"),
+    ([], "NVIDIA H200 (--gpu h200): sm_90a, 132 SMs; floor at 4.8 TB/s (datasheet)"),
+    (["--arch", "sm_100a"], "NVIDIA B200 (--gpu b200): sm_100a, 148 SMs; floor at 8.0 TB/s"),
     (["--arch", "sm_100a", "--sm-count", "132", "--tbps", "4.8"],
-     "sm_100a, 132 SMs; floor at 4.8 TB/s")])
+     "sm_100a, 132 SMs (--sm-count); floor at 4.8 TB/s (--tbps)"),
+    (["--gpu", "h100"], "NVIDIA H100 80GB HBM3 (--gpu h100): sm_90a, 132 SMs; floor at 3.35 TB/s"),
+    (["--gpu", "B200"], "NVIDIA B200 (--gpu b200): sm_100a, 148 SMs; floor at 8.0 TB/s"),
+    (["--gpu", "b200", "--arch", "sm_100a", "--tbps", "7.7"], "sm_100a, 148 SMs; floor at 7.7"),
+    (["--gpu", "h100", "--sm-count", "114", "--tbps", "2.0"],
+     "H100 80GB HBM3 (--gpu h100): sm_90a, 114 SMs (--sm-count); floor at 2.0 TB/s (--tbps)")])
 def test_plan_targets_the_gpu_of_its_arch_unless_told(capsys, given, shown):
+    """--gpu (else --arch's GPU) sets the arch, SMs and the floor's HBM
+    bandwidth, and the header line says which and what a flag overrode."""
     assert main(["plan", "--no-compile", "--plan", "none", "--shapes", "4096,4096",
                  "--m", "1"] + given) == 0
     out = capsys.readouterr().out
-    assert shown in out.splitlines()[0]
-    floor = 4096 * 4096 * 2 / (float(shown.split()[-2]) * 1e6)
-    assert _rows(out)[0][-3] == f"{floor:.2f}"
+    assert out.splitlines()[0].startswith("# GPU ") and shown in out.splitlines()[0]
+    tbps = float(shown.partition("floor at ")[2].split()[0])
+    assert _rows(out)[0][-3] == f"{4096 * 4096 * 2 / (tbps * 1e6):.2f}"
+
+
+@pytest.mark.parametrize("given, words", [
+    (["--gpu", "a100"], ["argument --gpu: invalid choice: 'a100'", "'h100', 'h200', 'b200'"]),
+    (["--gpu", "b200", "--arch", "sm_90a"], ["argument --gpu: b200 is an sm_100a GPU",
+                                              "--arch sm_90a"])])
+def test_a_gpu_plan_does_not_target_is_one_line(capsys, given, words):
+    assert main(["plan", "--no-compile", "--shapes", "4096,4096"] + given) == 2
+    _one_error(capsys, "plan", *words)
+
+
+def test_plan_help_names_the_gpus_and_explains_every_column(capsys):
+    from warpsplitk.cli import plan as plan_command
+    assert main(["plan", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for gpu in ("h100: sm_90a, 132 SMs, 3.35 TB/s", "h200: sm_90a, 132 SMs, 4.8 TB/s",
+                "b200: sm_100a, 148 SMs, 8.0 TB/s", "the h200, the GPU the built-in plan"):
+        assert gpu in text
+    assert text.count("meas us the time the tuner measured for this cell when the plan was "
+                      "made (its own run and process); BENCHMARKS.md's come from a separate "
+                      "`bench` run") == 1
+    explained = {line.split("  ")[0] for line in plan_command.LEGEND_LINES if line[0] != " "}
+    assert explained == set(plan_command.HEADINGS) - {"projection", "N", "K", "M"} | {"N K M"}
 
 
 def test_tune_shows_only_what_a_user_needs(capsys):
@@ -382,7 +419,11 @@ def test_bench_records_its_command_line(tmp_path, monkeypatch, capsys):
 
 
 def _rows(out):
-    return [line.split() for line in out.splitlines()[2:] if line.strip()]
+    """The plan table's rows split on blanks: no '#' line (the header, the
+    legend, notes), no headings."""
+    lines = [line for line in out.splitlines() if line.strip() and not line.startswith("#")]
+    assert lines[0].split()[:2] == ["projection", "from"], lines[0]
+    return [line.split() for line in lines[1:]]
 
 
 def test_plan_view_says_per_row_where_the_tactic_came_from(capsys, tmp_path):
@@ -392,19 +433,19 @@ def test_plan_view_says_per_row_where_the_tactic_came_from(capsys, tmp_path):
     assert main(["plan", "--no-compile", "--shapes", "4224,7168", str(table), "--m", "1,8"]) == 0
     out = capsys.readouterr().out
     rows = _rows(out)
-    assert [r[-15] for r in rows] == ["plan", "plan", "default", "default"]
-    assert [tuple(r[-14:-11]) for r in rows] == [("4224", "7168", "1"), ("4224", "7168", "8"),
+    assert [r[-16] for r in rows] == ["plan", "plan", "default", "default"]
+    assert [tuple(r[-15:-12]) for r in rows] == [("4224", "7168", "1"), ("4224", "7168", "8"),
                                                  ("256", "1024", "1"), ("256", "1024", "8")]
     plan = builtin_plan("h200")
-    assert rows[0][-11] == plan.lookup(4224, 7168, 1).short()
-    assert rows[2][-11] == default_tactic(1, 256, 1024, 132).short()
+    assert rows[0][-12] == plan.lookup(4224, 7168, 1).short()
+    assert rows[2][-12] == default_tactic(1, 256, 1024, 132).short()
     assert rows[2][-2:] == ["-", "-"]  # nothing measured for a default row
-    assert "2 of 4 rows" in out.splitlines()[0]
+    assert "2 of 4 rows" in out.splitlines()[1]
     assert "'default': the cost model's choice where the plan has none;" in out
     assert main(["plan", "--plan", "none", "--no-compile", "--shapes", "4224,7168",
                  "--m", "1"]) == 0
     out = capsys.readouterr().out
-    assert _rows(out)[0][-15] == "default"
+    assert _rows(out)[0][-16] == "default"
     assert "'default': the cost model's choice;" in out  # no plan to have none
 
 
@@ -449,8 +490,8 @@ def test_plan_view_registers_from_the_disk_cache_without_compiling(tmp_path, mon
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[-1] == "False 0"
-    assert [row[-5] for row in _rows("\n".join(lines[:-1]))] == [str(planted[1]),
-                                                                 str(planted[32])]
+    assert [row[-6:-4] for row in _rows("\n".join(lines[:-1]))] == [[str(planted[1]), "0"],
+                                                                    [str(planted[32]), "0"]]
     assert "compiling" not in done.stderr
 
 
@@ -468,9 +509,71 @@ def test_plan_view_compiles_what_the_cache_lacks_and_keeps_it(capsys, monkeypatc
     assert main(["plan", "--shapes", "256,1024", "--m", "1", "--plan", "none",
                  "--arch", "sm_100a"]) == 0
     captured = capsys.readouterr()
-    assert _rows(captured.out)[0][-5] == "42"
+    assert _rows(captured.out)[0][-6:-4] == ["42", "0"]  # registers, local frame
     assert calls == [(256, 1024, default_tactic(1, 256, 1024, 148), "sm_100a")]  # a B200
     assert "compiling 1/1" in captured.err
+
+
+def test_plan_view_shows_the_local_frame_where_compiled(capsys, monkeypatch):
+    """A kernel ptxas gives a local frame (spills) shows it next to its
+    registers; --no-compile models the registers and knows no frame."""
+    from warpsplitk.runtime import precompile
+    monkeypatch.setattr(precompile, "precompile_resources", lambda *a: {})
+    monkeypatch.setattr(compile_module, "arch_resources", lambda *a, **k: {
+        "registers": 56, "spill_bytes": 24, "local_bytes": 24})
+    argv = ["plan", "--shapes", "3216,7168", "--m", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert _rows(out)[0][-6:-4] == ["56", "24"]
+    assert "# local B   local memory frame per thread, bytes" in out
+    assert main(argv + ["--no-compile"]) == 0
+    row = _rows(capsys.readouterr().out)[0]
+    tactic = builtin_plan("h200").lookup(3216, 7168, 1)
+    assert row[-6:-4] == [str(register_estimate(tactic)), "-"]
+
+
+def _table_lines(out):
+    lines = [line for line in out.splitlines() if not line.startswith("#")]
+    return lines[0], lines[1:]
+
+
+def test_plan_table_columns_line_up_whatever_the_tactic(capsys):
+    """Every column as wide as its widest cell: the headings' right ends
+    (left end for the projection) are the cells' in every row, long tactics
+    (+halfH) and long projection names included."""
+    from warpsplitk.cli.plan import HEADINGS
+    assert main(["plan", "--no-compile", "--m", "1,32"]) == 0
+    heading, rows = _table_lines(capsys.readouterr().out)
+    assert any("+half" in row for row in rows)
+    ends, at = [], 0
+    for name in HEADINGS[1:]:
+        at = heading.index(name, at) + len(name)
+        ends.append(at)
+    for row in rows:
+        cells = list(re.finditer(r"\S+", row))[-len(ends):]  # from 'from' on: no blanks inside
+        assert [cell.end() for cell in cells] == ends, row
+
+
+def test_plan_table_names_every_row_apart(capsys, tmp_path):
+    """A name is never cut: two projections never print alike; a shape
+    given as N,K is named N×K."""
+    table = shape_table.load()["shapes"]
+    (tmp_path / "t.json").write_text(json.dumps({"shapes": table}))
+    assert main(["plan", "--no-compile", "--m", "1", "--shapes", "4096,11008",
+                 str(tmp_path / "t.json")]) == 0
+    heading, rows = _table_lines(capsys.readouterr().out)
+    names = [re.match(r"(.+?) +(plan|default|cublas) +\d+ +\d+ +1 ", row)[1] for row in rows]
+    assert names == ["4096×11008"] + [f"{s['model']} {s['projection']}" for s in table]
+    assert "kimi-k3 shared_gate_up_proj / mla_g_proj (TP16)" in names
+    assert len(set(names)) == len({(s["model"], s["projection"]) for s in table}) + 1
+
+
+def test_plan_legend_follows_the_table(capsys):
+    assert main(["plan", "--no-compile", "--shapes", "768,128", "--m", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    from warpsplitk.cli.plan import LEGEND_LINES
+    assert lines[-len(LEGEND_LINES):] == ["# " + line for line in LEGEND_LINES]
+    assert lines[-len(LEGEND_LINES) - 1].startswith("768×128 ")
 
 
 def test_cache_lists_resource_records(capsys, tmp_path, monkeypatch):

@@ -140,8 +140,8 @@ def test_plan_view_shows_cublas_entries(tmp_path, capsys):
                  "--no-compile"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if f" {N}   {K} " in line]
     assert len(rows) == 2
-    assert "16,8,128,2,1" in rows[0] and rows[0].split()[0] == "plan"
-    assert rows[1].split()[:5] == ["plan", str(N), str(K), "8", "cublas"]
+    assert "16,8,128,2,1" in rows[0] and rows[0].split()[:2] == [f"{N}×{K}", "plan"]
+    assert rows[1].split()[1:6] == ["plan", str(N), str(K), "8", "cublas"]
     assert rows[1].split()[-1] == "2.50"
 
 

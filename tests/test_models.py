@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from warpsplitk import models
+from warpsplitk import models, shapes as shape_table
 from warpsplitk.cli import main
 from warpsplitk.planning.choose import reference_tactic
 from warpsplitk.tactics import check_tactic, ctas_per_sm, grid_ctas
@@ -115,6 +115,68 @@ def test_plan_view_leaves_refused_shapes_to_cublas(capsys):
     out = capsys.readouterr().out
     assert "cublas" in out and "K must be a positive multiple of 128" in out and "got 2880" in out
     assert " default " in out  # o_proj (2880 x 4096) takes the kernel
+
+
+def test_every_model_of_the_shape_table_is_a_model_name(capsys):
+    """The built-in shape table's models (kimi-k3, glm-5.2: no config here)
+    are --model names: their rows are the table's, as listed."""
+    table = shape_table.load()["shapes"]
+    named = sorted({s["model"] for s in table})
+    assert named == ["glm-5.2", "kimi-k3"] and set(named) <= set(models.names())
+    for name in named:
+        rows = [(s["n"], s["k"], s["projection"]) for s in table if s["model"] == name]
+        assert [(p["n"], p["k"], p["projection"]) for p in models.projections(name)] == rows
+        assert main(["plan", "--no-compile", "--model", name.upper(), "--m", "1"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert sum(line.startswith(f"{name} ") for line in out) == len(rows)
+        assert not any(line.startswith("# ") and "alias" in line for line in out)
+    with pytest.raises(ValueError, match="kimi-k3: no layer config, only the built-in shape "
+                                         "table's rows"):
+        models.config("kimi-k3")
+    with pytest.raises(ValueError, match="glm-5.2: the built-in shape table lists its "
+                                         "projections but not a layer"):
+        models.layer_chain("glm-5.2")
+    assert main(["plan", "--no-compile", "--model", "kimi-k3", "--tp", "8"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "kimi-k3: the built-in shape table lists its shapes as they " \
+        "are (full weights and marked TP shards); no --tp for it (got tp 8)" in err[0]
+
+
+def test_an_alias_says_what_it_stands_for_once(capsys):
+    assert main(["plan", "--no-compile", "--model", "llama-3-70b", "--m", "1,8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# llama-3-70b: alias of llama-3.1-70b"
+    assert sum("alias" in line for line in out) == 1
+    assert models.alias_of("LLAMA-3-70B") == "llama-3.1-70b"
+    assert models.alias_of("llama-3.1-70b") is None
+    assert main(["plan", "--no-compile", "--model", "llama-3.1-70b", "--m", "1"]) == 0
+    assert "alias" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["plan", "bench", "tune"])
+def test_model_list_prints_every_name_one_a_line(command, capsys):
+    """--model list: every name, one a line (an alias and a shape-table model
+    say what they are), exit 0 before anything else (no GPU, no -o)."""
+    assert main([command, "--model", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == models.names()
+    assert "llama-3-70b       (alias of llama-3.1-70b)" in lines
+    assert "kimi-k3           (the built-in shape table's rows; no config, no --tp)" in lines
+    assert "llama-3.1-8b" in lines
+
+
+@pytest.mark.parametrize("name,closest", [
+    ("kimi-k4", "kimi-k3, kimi-k2"), ("qwen3-30b", "qwen3-32b, qwen3-0.6b, qwen3-8b"),
+    ("Llama-3.1-8B-Instruct", "llama-3.1-8b, llama-3.1-70b, llama-3-8b"), ("glm-5", "glm-5.2")])
+def test_an_unknown_model_gets_the_closest_names_not_all(name, closest, capsys):
+    assert main(["plan", "--no-compile", "--model", name]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"unknown model {name!r}: closest {closest} (every name: " \
+        "`warpsplitk plan --model list`)" in err[0]
+    assert len(err[0]) < 300 and "qwen2.5-0.5b" not in err[0]
+    with pytest.raises(ValueError) as refused:
+        models.config("nope")
+    assert "closest" not in str(refused.value)  # nothing near it
 
 
 @pytest.mark.parametrize("argv,problem", [
@@ -275,10 +337,11 @@ def test_config_json_refusals_name_the_file(config, match, tmp_path):
 
 def test_unknown_model_says_a_config_json_would_do(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(ValueError, match=rf"unknown model 'llama-9': give the path of its "
-                                         rf"config\.json, the id of a model in the Hugging Face "
-                                         rf"cache \({re.escape(str(tmp_path / 'hub'))}\), or one "
-                                         rf"of deepseek-v3, "):
+    with pytest.raises(ValueError, match=rf"unknown model 'llama-9': closest llama-3-8b, "
+                                         rf"llama-3-70b, llama-3\.2-3b \(every name: "
+                                         rf"`warpsplitk plan --model list`\); or give the path of "
+                                         rf"its config\.json or the id of a model in the Hugging "
+                                         rf"Face cache \({re.escape(str(tmp_path / 'hub'))}\)$"):
         models.config("llama-9")
     empty = tmp_path / "empty"
     empty.mkdir()  # a folder without a config.json is no model either

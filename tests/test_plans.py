@@ -233,7 +233,7 @@ def test_plan_view_without_gpu(capsys):
     assert main(["plan", "--no-compile", "--m", "1,32"]) == 0
     out = capsys.readouterr().out
     assert "built-in H200 plan" in out
-    lines = [line for line in out.splitlines()[2:] if line.strip()]
+    lines = [line for line in out.splitlines()[3:] if line.strip() and not line.startswith("#")]
     assert len(lines) == 2 * len(shapes.load()["shapes"])
     # the plan's own tactic shows for a tuned shape, with the time the tuner measured
     row = next(line for line in lines if " 4224  7168   1 " in line).split()
@@ -251,8 +251,9 @@ def test_plan_view_takes_shapes_as_bench_and_tune_do(tmp_path, capsys):
     table = tmp_path / "t.json"
     table.write_text(json.dumps({"shapes": [{"n": 256, "k": 1024, "model": "x", "projection": "y"}]}))
     assert main(["plan", "--no-compile", "--shapes", "4224,7168", str(table), "--m", "1,8"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
-    assert [tuple(r[-14:-11]) for r in rows] == [("4224", "7168", "1"), ("4224", "7168", "8"),
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[3:]
+            if not line.startswith("#")]
+    assert [tuple(r[-15:-12]) for r in rows] == [("4224", "7168", "1"), ("4224", "7168", "8"),
                                                  ("256", "1024", "1"), ("256", "1024", "8")]
     assert rows[2][:2] == ["x", "y"]
     assert main(["plan", "--no-compile", "--shapes", "4224x7168"]) == 2
@@ -264,11 +265,11 @@ def test_plan_view_compiles_registers(tmp_path, capsys):
     table = tmp_path / "t.json"
     table.write_text(json.dumps({"shapes": [{"n": 256, "k": 1024, "model": "x", "projection": "y"}]}))
     assert main(["plan", "--plan", "none", "--shapes", str(table), "--m", "8"]) == 0
-    row = capsys.readouterr().out.splitlines()[-1].split()
+    row = [line for line in capsys.readouterr().out.splitlines() if line[0] != "#"][-1].split()
     tactic = default_tactic(8, 256, 1024, 132)
     assert tactic.short() in row
-    regs = int(row[-5])
-    assert 16 <= regs <= 255
+    regs, local = int(row[-6]), int(row[-5])  # and the local frame, compiled
+    assert 16 <= regs <= 255 and local >= 0
     from warpsplitk.tactics import l2_read_factor
     assert float(row[-4]) == pytest.approx(l2_read_factor(tactic, 8), abs=0.005)
     assert row[-2:] == ["-", "-"]  # no plan: nothing measured

@@ -27,17 +27,24 @@ A model the table lacks is read from its own Hugging Face ``config.json``
 (:func:`hf_config`), named by its path or, once downloaded, by its model id
 (:func:`hub_config_path`): the same fields under transformers' names.
 
+The models the built-in shape table (``shapes.load()``) names without a
+config here (``shape_table_models``) are reachable by name too: their
+projections are that table's rows, as listed (full weights and marked TP
+shards), with no layer config behind them.
+
 Whether the kernel takes a shape is a separate question
 (``tactics.shape_refusal``); a shape it refuses runs on cuBLAS.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from . import shapes as shape_table
 from .jsonfile import loads, read_json
 
 
@@ -46,6 +53,9 @@ VOCAB_PADDING = 64
 #: A layer's projections in the order a decode step runs them: the chain
 #: ``bench --chain`` times (attention's own kernels sit between qkv and o).
 LAYER_ORDER = ("qkv_a", "q_b", "qkv", "o", "gate_up", "down")
+#: An unknown name's suggestions are the known names at least this similar
+#: (difflib's ratio): "qwen3-30b" finds qwen3-32b, "nope" nothing.
+CLOSE_NAME_CUTOFF = 0.5
 
 
 @cache
@@ -59,27 +69,78 @@ def model_names() -> list[str]:
     return sorted(_table()["models"])
 
 
+@cache
+def _shape_table_rows() -> dict:
+    """``{model: ((n, k, projection), ...)}`` of the built-in shape table's
+    models the model table lacks."""
+    rows = {}
+    for shape in shape_table.load()["shapes"]:
+        model = str(shape.get("model", "")).lower()
+        if model and model not in _table()["models"]:
+            rows.setdefault(model, []).append((shape["n"], shape["k"],
+                                               shape.get("projection", "")))
+    return {model: tuple(found) for model, found in rows.items()}
+
+
+def shape_table_models() -> list[str]:
+    """The models the built-in shape table names that the model table lacks:
+    their projections are the shape table's rows."""
+    return sorted(_shape_table_rows())
+
+
+def names() -> list[str]:
+    """Every name ``--model`` takes from the package: the table's models,
+    their aliases and the shape table's models (``shape_table_models``)."""
+    return sorted({*_table()["models"], *_table()["aliases"], *shape_table_models()})
+
+
+def alias_of(name) -> str | None:
+    """The model ``name`` is an alias of (any case), or None."""
+    return _table()["aliases"].get(str(name).strip().lower())
+
+
+def listing() -> list[str]:
+    """One line per name of ``names()``: the name, and what an alias or a
+    shape-table model stands for."""
+    notes = {alias: f"alias of {target}" for alias, target in _table()["aliases"].items()}
+    notes.update({model: "the built-in shape table's rows; no config, no --tp"
+                  for model in shape_table_models()})
+    width = max(map(len, names()))
+    return [f"{name:<{width}}  ({notes[name]})" if name in notes else name for name in names()]
+
+
+def _shape_table_model(name) -> str | None:
+    """``name`` (any case) where it is one of ``shape_table_models()``."""
+    key = str(name).strip().lower()
+    return key if key in _shape_table_rows() else None
+
+
 def config(name) -> dict:
     """The table's entry for model ``name`` (case-insensitive; aliases
     resolved); else, for the path of a Hugging Face ``config.json`` or of the
     folder holding one, or for a model id (``org/name``) in the local
     Hugging Face cache, that config's (:func:`hf_config`); ``ValueError``
-    naming the known models otherwise."""
+    naming the closest known models otherwise (and for a model of the shape
+    table alone, which has no config)."""
     table = _table()
     key = str(name).strip().lower()
     key = table["aliases"].get(key, key)
     if key in table["models"]:
         return {"name": key, **table["models"][key]}
+    if _shape_table_model(name):
+        raise ValueError(f"{key}: no layer config, only the built-in shape table's rows "
+                         f"(`warpsplitk plan --model {key}` lists them)")
     path = Path(name)
     if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
         return hf_config(path)
     downloaded = hub_config_path(str(name))
     if downloaded is not None:
         return hf_config(downloaded, str(name).rpartition("/")[2])
-    raise ValueError(f"unknown model {name!r}: give the path of its config.json, the id of a "
-                     f"model in the Hugging Face cache ({hub_cache()}), or one of "
-                     f"{', '.join(model_names())} "
-                     f"(aliases: {', '.join(sorted(table['aliases']))})")
+    closest = difflib.get_close_matches(key, names(), n=3, cutoff=CLOSE_NAME_CUTOFF)
+    hint = f": closest {', '.join(closest)}" if closest else ""
+    raise ValueError(f"unknown model {name!r}{hint} (every name: "
+                     f"`warpsplitk plan --model list`); or give the path of its config.json "
+                     f"or the id of a model in the Hugging Face cache ({hub_cache()})")
 
 
 def hub_cache() -> Path:
@@ -346,6 +407,8 @@ def projections(name: str, tp: int = 1, lm_head: bool = True) -> list[dict]:
     layers run it), then the LM head (with ``lm_head``)."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    if _shape_table_model(name):
+        return _shape_table_projections(_shape_table_model(name), tp)
     c = config(name)
     model = c["name"]
     label = model if tp == 1 else f"{model} tp{tp}"
@@ -385,8 +448,21 @@ def projections(name: str, tp: int = 1, lm_head: bool = True) -> list[dict]:
     return found
 
 
+def _shape_table_projections(model: str, tp: int) -> list[dict]:
+    """The shape table's rows of ``model``, in ``projections``' form (neither
+    how they shard nor how many layers run them is known: None)."""
+    if tp != 1:
+        raise ValueError(f"{model}: the built-in shape table lists its shapes as they are "
+                         f"(full weights and marked TP shards); no --tp for it (got tp {tp})")
+    return [{"n": n, "k": k, "model": model, "projection": projection, "parallel": None,
+             "per_step": None} for n, k, projection in _shape_table_rows()[model]]
+
+
 def layer_chain(name: str, tp: int = 1) -> list[dict]:
     """One layer's projections in the order a decode step runs them
     (``LAYER_ORDER``; the LM head is not part of a layer)."""
+    if _shape_table_model(name):
+        raise ValueError(f"{_shape_table_model(name)}: the built-in shape table lists its "
+                         f"projections but not a layer of them (no config to chain)")
     shapes = {p["projection"]: p for p in projections(name, tp, lm_head=False)}
     return [shapes[p] for p in LAYER_ORDER if p in shapes]

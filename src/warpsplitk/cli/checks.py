@@ -11,7 +11,7 @@ from ..planning.plan_cache import builtin_plan_for
 from ..planning.plans import DecodePlan, builtin_plan, load_plan
 from ..runtime.timing import DATASHEET_TBPS
 from ..tactics import shape_refusal
-from .options import UsageError
+from .options import GPUS, UsageError
 
 
 def shape_entries(args) -> list[dict]:
@@ -33,13 +33,17 @@ def shape_entries(args) -> list[dict]:
 
 
 def _model_entries(model, tp) -> list[dict]:
-    """``model``'s projections on one rank of ``tp``; a line where it leaves
-    out the MLPs of experts."""
+    """``model``'s projections on one rank of ``tp``; a line where the name
+    is an alias, and one where it leaves out the MLPs of experts."""
     try:
         entries = models.projections(model, tp)
-        config = models.config(model)
+        # the shape table's own models have its rows and no config
+        config = {} if model.strip().lower() in models.shape_table_models() else \
+            models.config(model)
     except ValueError as error:
         raise UsageError(f"argument --model: {error}") from None
+    if models.alias_of(model):
+        print(f"# {model}: alias of {models.alias_of(model)}", flush=True)
     if config.get("mlp") == "moe" or "dense_layers" in config:
         dense = config.get("dense_layers", 0)
         print(f"# {config['name']}: the MLPs of experts ({config['layers'] - dense} of "
@@ -129,3 +133,21 @@ def arch_defaults(args):
         args.sm_count = sm_count
     if getattr(args, "tbps", 0) is None:
         args.tbps = DATASHEET_TBPS[gpu]
+
+
+def target_gpu(args) -> tuple:
+    """``plan``'s ``--gpu`` and ``--arch``: either names the other (neither:
+    sm_90a), and ``--sm-count`` and ``--tbps`` not given take the GPU's.
+    The GPU's ``(name, SMs, arch)``; a ``UsageError`` where the two disagree."""
+    if args.gpu is None:
+        args.arch = args.arch or ARCHS[0]
+        args.gpu = next(key for key, gpu in GPUS.items() if gpu[:2] == ARCH_GPUS[args.arch])
+    elif args.arch not in (None, GPUS[args.gpu][2]):
+        raise UsageError(f"argument --gpu: {args.gpu} is an {GPUS[args.gpu][2]} GPU, not "
+                         f"--arch {args.arch}'s (give one of the two)")
+    name, sm_count, args.arch = GPUS[args.gpu]
+    if args.sm_count is None:
+        args.sm_count = sm_count
+    if args.tbps is None:
+        args.tbps = DATASHEET_TBPS[name]
+    return GPUS[args.gpu]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import shapes as shape_table
+from .. import models, shapes as shape_table
 from ..contract import ARCH_GPUS, SUPPORTED_ARCHS as ARCHS
 from ..tactics import WarpSplitKTactic
 
@@ -17,8 +17,16 @@ PLAN_HELP = ("'h200': the built-in H200 plan; 'none': the default (cost model); 
              "JSON file (default: the built-in plan of the target GPU model, if one was "
              "measured on it: 'h200' on the H200, else none)")
 MODEL_HELP = ("the decode projections of a model (warpsplitk.models: e.g. llama-3.1-8b, "
-              "qwen3-32b, deepseek-v3; or a Hugging Face config.json: its path, its folder, "
-              "or the id of a downloaded model), merged and sharded as vLLM runs them")
+              "qwen3-32b, deepseek-v3, kimi-k3; 'list' prints every name; or a Hugging Face "
+              "config.json: its path, its folder, or the id of a downloaded model), merged and "
+              "sharded as vLLM runs them")
+
+
+#: ``--gpu``: the GPU models ``plan`` targets, each (name as the driver
+#: reports it, SMs, arch); an arch's default is the one ``ARCH_GPUS`` names.
+GPUS = {"h100": ("NVIDIA H100 80GB HBM3", 132, "sm_90a"),
+        "h200": ("NVIDIA H200", 132, "sm_90a"),
+        "b200": ("NVIDIA B200", 148, "sm_100a")}
 
 
 class UsageError(Exception):
@@ -101,10 +109,21 @@ def add_plan(p):
     p.add_argument("--plan", help=PLAN_HELP)
 
 
+class ModelName(argparse.Action):
+    """--model: the name kept; ``list`` prints every name, one a line, and
+    ends the command (exit 0) before anything else is checked."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if value.strip().lower() == "list":
+            print("\n".join(models.listing()), flush=True)
+            parser.exit(0)
+        setattr(namespace, self.dest, value)
+
+
 def add_shapes(p):
     """--shapes, then --model and --tp: the shapes a command runs on."""
     p.add_argument("--shapes", nargs="*", help=SHAPES_HELP)
-    p.add_argument("--model", metavar="NAME", help=MODEL_HELP)
+    p.add_argument("--model", metavar="NAME", action=ModelName, help=MODEL_HELP)
     p.add_argument("--tp", type=int_at_least(1), metavar="P",
                    help="with --model: the shards one rank of P holds (column-parallel N / P, "
                         "row-parallel K / P; default 1)")
@@ -114,8 +133,8 @@ def add_ms(p, text=M_HELP):
     p.add_argument("--m", type=ms, default=DEFAULT_M_TEXT, help=text)
 
 
-def add_arch(p):
-    p.add_argument("--arch", default="sm_90a", choices=ARCHS, help="target arch (default sm_90a)")
+def add_arch(p, default="sm_90a", text="target arch (default sm_90a)"):
+    p.add_argument("--arch", default=default, choices=ARCHS, help=text)
 
 
 def add_sm_count(p, chosen_for):
