@@ -57,6 +57,8 @@ TUNED = RESULTS / "h200-bench-heldout-tuned.json"
 LAYERS = RESULTS / "h200-bench-layers.json"
 LAYER_PATH = RESULTS / "h200-bench-layer-path.json"
 DECODE = RESULTS / "h200-llama-decode.json"
+#: examples/generate.py records, one per model (any GPU: each names its own)
+GENERATE = sorted(RESULTS.glob("*-generate-*.json"))
 COST_MODEL = ROOT / "src" / "warpsplitk" / "data" / "cost-model-h200.json"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 README = ROOT / "README.md"
@@ -298,6 +300,8 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
         out += layer_path_md(layer_path)
     if decode:
         out += decode_md(decode)
+    if GENERATE:
+        out += generate_md([load(path) for path in GENERATE])
     return "\n".join(out) + "\n"
 
 
@@ -400,6 +404,43 @@ def decode_md(record: dict) -> list[str]:
             f"{m['torch']['rel_err_fp64']:.1e}/{p['rel_err_fp64']:.1e}/{m['rel_err_fp64']:.1e} | "
             f"{m['torch']['top1_agree_fp64']:.2f}/{p['top1_agree_fp64']:.2f}/"
             f"{m['top1_agree_fp64']:.2f} |")
+    return out
+
+
+def generate_cells(record: dict) -> dict:
+    """{(mode, batch): (plain row, patched row)} of an examples/generate.py record."""
+    rows = {(r["variant"], r["mode"], r["batch"]): r for r in record["rows"]}
+    return {(mode, batch): (rows[("plain", mode, batch)], r)
+            for (variant, mode, batch), r in sorted(rows.items(), key=lambda kv: kv[0][2])
+            if variant == "patched"}
+
+
+def generate_md(records: list[dict]) -> list[str]:
+    """``examples/generate.py``: transformers' generate() loop, plain and
+    patched with ``merge=True``, eager and with the compiled decode step."""
+    out = ["", "## transformers `generate()`", "",
+           "Data: " + ", ".join(f"`{_rel(p)}`" for p in GENERATE) + " (`examples/generate.py`). "
+           "Greedy decoding, static KV cache, random BF16 weights; plain and patched "
+           "(`merge=True`) timed in turn, eager and with the decode step compiled "
+           "(`reduce-overhead`, `fullgraph=True`). ms/token: the difference of two generate "
+           "lengths, median of rounds. Projections: each launch once in a CUDA graph. "
+           "Compiled = eager: greedy tokens unchanged by compiling (plain / patched).", ""]
+    for record in records:
+        m = record["model"]
+        out += [f"**{m['model_type']}**, {m['num_hidden_layers']} layers, hidden "
+                f"{m['hidden_size']}, intermediate {m['intermediate_size']} ({record['date']}, "
+                f"{record['gpu']}, torch {record['torch']}, transformers "
+                f"{record['transformers']}):", "",
+                "| mode | batch | ms/token plain / patched | speedup | projections, µs | "
+                "share of plain step | compiled = eager |", "|---|---|---|---|---|---|---|"]
+        for (mode, batch), (plain, patched) in generate_cells(record).items():
+            same = (f"{plain['tokens_equal_eager']} / {patched['tokens_equal_eager']}"
+                    if "tokens_equal_eager" in patched else "–")
+            out.append(f"| {mode} | {batch} | {plain['ms_per_token']:.2f} / "
+                       f"{patched['ms_per_token']:.2f} | {patched['speedup']:.2f}× | "
+                       f"{plain['proj_us']:.0f} / {patched['proj_us']:.0f} | "
+                       f"{100 * plain['proj_share']:.0f}% | {same} |")
+        out.append("")
     return out
 
 
@@ -598,6 +639,19 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
                    f"{d['min']:.2f}–{d['max']:.2f}× "
                    f"over batches; logits within {d['err']:.1e} of float64 (plain BF16: "
                    f"{d['torch_err']:.1e})")
+    models = []
+    for path in GENERATE:
+        record = load(path)
+        compiled = {b: p["speedup"] for (mode, b), (_, p) in generate_cells(record).items()
+                    if mode == "compiled"}
+        if compiled:
+            models.append(f"{record['model']['model_type']} "
+                          + "/".join(f"{compiled[b]:.2f}" for b in sorted(compiled))
+                          + f"× ({record['gpu']}, {record['model']['num_hidden_layers']} layers)")
+            batches = "/".join(str(b) for b in sorted(compiled))
+    if models:
+        out.append(f"- transformers `generate()` with the compiled decode step, patched over "
+                   f"plain at batch {batches}: " + "; ".join(models))
     out += ["", "| M | median speedup | min | max | median TB/s, weights ≥ 16 MB |",
             "|---|---|---|---|---|"]
     for m in s["ms"]:
