@@ -97,3 +97,19 @@ def test_plan_is_read_as_the_cli_reads_it(tmp_path, capsys):
         assert example.main(["--device", "cpu", "--tiny", "--plan", spec]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+
+
+def test_no_speedup_is_reported_where_nothing_ran_the_kernel(tmp_path, capsys):
+    """On a CPU with no stand-in, every linear falls back: the table gives no
+    speedup and a note says why."""
+    out = tmp_path / "llama.json"
+    code = load_example().main(["--device", "cpu", "--tiny", "--batch", "1", "--steps", "2",
+                                "--iters", "1", "--reps", "1", "--layers", "1",
+                                "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed[-2000:]
+    rows = [line.split() for line in printed.splitlines() if line.strip().startswith("warpsplitk")
+            and len(line.split()) == 11]
+    assert rows and all(row[6] == "-" for row in rows), printed[-2000:]
+    data = json.loads(out.read_text())
+    assert all(r["speedup"] is None for r in data["results"])
