@@ -239,30 +239,52 @@ def make_decode_step(torch, model, config, batch, args, device):
     return step
 
 
-def make_linear_pass(torch, model, batch, device):
+def make_linear_pass(torch, model, batch, device, separated=False):
     """Every projection launch of the model (patched or not) once, at M = batch,
     back to back: what the projections cost without the rest of the step. A
-    merged group is one launch (its SwiGLU epilogue included, for an MLP)."""
+    merged group is one launch (its SwiGLU epilogue included, for an MLP), as
+    is an MLP's own [gate; up] projection with the epilogue. With
+    ``separated``, a one-element add runs before each projection, as the
+    model's own small kernels do: no projection then overlaps the one before
+    (PDL); time ``separators(...)`` alone and subtract it."""
     from torch import nn
+    from warpsplitk.nn.gate_up import GateUpSwiGLUMLP
     from warpsplitk.nn.linear import DecodeLinear
     from warpsplitk.nn.merge import MergedPart, SwiGLUMLP
-    calls, groups = [], set()
+    calls, groups, fused = [], set(), set()
     for m in model.modules():
         if isinstance(m, SwiGLUMLP) and m.group.swiglu_prepared is not None:
             groups.add(id(m.group))
             calls.append((m.group.swiglu_output, m.group.weight))
+        elif isinstance(m, GateUpSwiGLUMLP) and m.prepared is not None:
+            fused.add(id(m.gate_up_proj))
+            calls.append((m.fused, m.gate_up_proj.weight))
     for m in model.modules():
         if isinstance(m, MergedPart) and m.group.linear is not None:
             if id(m.group) not in groups:
                 groups.add(id(m.group))
                 calls.append((m.group.linear, m.group.weight))
-        elif isinstance(m, (nn.Linear, DecodeLinear, MergedPart)):
+        elif isinstance(m, (nn.Linear, DecodeLinear, MergedPart)) and id(m) not in fused:
             calls.append((m, m.weight))
     inputs = [torch.randn(batch, w.shape[1], device=device, dtype=w.dtype) for _, w in calls]
+    gap = torch.zeros(1, device=device)
 
     def run():
         for (fn, _), x in zip(calls, inputs):
+            if separated:
+                gap.add_(1)
             fn(x)
+    run.calls = len(calls)
+    return run
+
+
+def separators(torch, count, device):
+    """``count`` one-element adds: the part of a ``separated`` pass that is no projection."""
+    gap = torch.zeros(1, device=device)
+
+    def run():
+        for _ in range(count):
+            gap.add_(1)
     return run
 
 

@@ -37,3 +37,4 @@ def test_generate_runs_both_variants_and_reports_honestly(tmp_path, capsys, conf
     assert cells == {(v, "eager", b) for v in ("plain", "patched") for b in (1, 2)}
     # the patched model falls back to F.linear on a CPU: the same greedy tokens
     assert all(r["tokens_agree_plain"] == 1.0 for r in data["rows"] if r["variant"] == "patched")
+    assert all(r["proj_separated_us"] >= 0 and r["proj_us"] > 0 for r in data["rows"])
