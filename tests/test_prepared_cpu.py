@@ -119,7 +119,7 @@ def test_run_single_row_x_may_have_any_row_stride(prepared, monkeypatch):
     x and out in the compiled code's argument order (the launcher stubbed
     out: importing the DSL here would fix the process's compile arch)."""
     import warpsplitk.runtime.prepared as module
-    monkeypatch.setattr(module, "_stream_handle", lambda device: 0x5EED)
+    monkeypatch.setattr(module, "stream_handle", lambda device: 0x5EED)
     prepared._weight_address, prepared._bias_address = 0x1000, 0x2000
     calls = []
     prepared._launchers[1] = lambda *args: calls.append(args)
@@ -134,7 +134,7 @@ def test_run_single_row_x_may_have_any_row_stride(prepared, monkeypatch):
 def test_unchecked_launch_passes_what_run_passes(prepared, monkeypatch):
     """DecodeLinear's eager path (launch_unchecked) launches exactly as run() does."""
     import warpsplitk.runtime.prepared as module
-    monkeypatch.setattr(module, "_stream_handle", lambda device: 0x5EED)
+    monkeypatch.setattr(module, "stream_handle", lambda device: 0x5EED)
     prepared._weight_address, prepared._bias_address = 0x1000, 0x2000
     calls = []
     prepared._launchers[8] = lambda *args: calls.append(args)
@@ -148,13 +148,13 @@ def test_stream_handle_prefers_the_raw_current_stream(monkeypatch):
     calls = []
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream",
                         lambda index: calls.append(index) or 0xABC, raising=False)
-    assert module._stream_handle(torch.device("cuda", 3)) == 0xABC and calls == [3]
+    assert module.stream_handle(torch.device("cuda", 3)) == 0xABC and calls == [3]
     monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream")
 
     class Stream:
         cuda_stream = 0xDEF
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: Stream())
-    assert module._stream_handle(torch.device("cuda", 0)) == 0xDEF
+    assert module.stream_handle(torch.device("cuda", 0)) == 0xDEF
 
 
 # ------------------------------------------- the tactics mapping, no GPU needed

@@ -152,6 +152,30 @@ def test_imports_inside_functions_keep_heavy_modules_lazy(module):
     assert not bad, bad
 
 
+def test_no_module_uses_another_modules_private_names():
+    """``from x import _name`` and ``module._name`` of a package module stay
+    inside their module: what another module needs is public."""
+    found = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        aliases = set()  # names bound to package modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                for alias, target in zip(node.names, _targets(module, node)):
+                    if target.startswith("ext:"):
+                        continue
+                    if target.split(".")[-1] == alias.name:  # a module, not a name in one
+                        aliases.add(alias.asname or alias.name)
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{module}:{node.lineno} imports {alias.name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in aliases and node.attr.startswith("_") \
+                    and not node.attr.startswith("__"):
+                found.append(f"{module}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert not found, found
+
+
 #: Lines a function may span (its docstring included). The kernel's warp-role
 #: methods are exempt: each is one warp's whole program, read top to bottom.
 MAX_FUNCTION_LINES = 60

@@ -622,7 +622,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(timing, "time_calls", time_calls)
     monkeypatch.setattr(tune_module, "compile_warp_splitk", compile_kernel)
     monkeypatch.setattr(tune_module, "gmem_pointer", lambda address: address)
-    monkeypatch.setattr(tune_module, "_stream_handle", lambda device: 0)
+    monkeypatch.setattr(tune_module, "stream_handle", lambda device: 0)
     monkeypatch.setattr(tune_module, "device_arch", lambda device: "sm_90a")
     monkeypatch.setattr(tune_module, "precompile",
                         lambda kernels, arch, jobs, progress: gpu.built.append(kernels) or {})

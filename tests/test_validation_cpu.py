@@ -270,7 +270,7 @@ N, K = 64, 256
 @pytest.fixture
 def prepared(monkeypatch):
     """An instance as __init__ would leave it, on the CPU, whose code records launches."""
-    monkeypatch.setattr(prepared_module, "_stream_handle", lambda device: 0x5EED)
+    monkeypatch.setattr(prepared_module, "stream_handle", lambda device: 0x5EED)
     p = PreparedWarpSplitK.__new__(PreparedWarpSplitK)
     p.weight = aligned(N, K)
     p.bias = None

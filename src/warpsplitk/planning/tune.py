@@ -37,7 +37,7 @@ from ..runtime import timing
 from ..runtime.compile import compile_warp_splitk, device_arch
 from ..runtime.dsl import gmem_pointer
 from ..runtime.precompile import precompile
-from ..runtime.prepared import _stream_handle
+from ..runtime.prepared import stream_handle
 from ..tactics import (
     DEFAULT_MAX_STAGES,
     DEFAULT_SM_COUNT,
@@ -394,7 +394,7 @@ class Tuner:
 
     def _stream(self):
         # looked up at each call, as run() does: timing captures on its own stream
-        return self._cu_stream(_stream_handle(self.cuda_device))
+        return self._cu_stream(stream_handle(self.cuda_device))
 
     def _time_code(self, cell: _Cell, code):
         """``code`` timed as the benchmark times, over the cell's weight copies."""

@@ -20,7 +20,7 @@ def _torch():
     return torch
 
 
-def _stream_handle(device) -> int:
+def stream_handle(device) -> int:
     """The handle of the current stream on a CUDA ``device``, as an int.
 
     ``torch._C._cuda_getCurrentRawStream`` (what Triton's launcher uses)
@@ -172,7 +172,7 @@ class PreparedWarpSplitK:
         (``DecodeLinear``: x checked, ``out`` freshly allocated). Internal."""
         m = x.shape[0]
         self._launchers[m](self._weight_address, x.data_ptr(), self._bias_address,
-                           out.data_ptr(), m, _stream_handle(self.device))
+                           out.data_ptr(), m, stream_handle(self.device))
         return out
 
     def launch_unchecked(self, x, out):
