@@ -135,7 +135,7 @@ def collect(log_path, shapes, budget_s, jobs, listed=None):  # pragma: no cover 
 
     from warpsplitk.runtime.compile import device_arch, launcher
     from warpsplitk.runtime.precompile import precompile
-    from warpsplitk.runtime.prepared import _stream_handle
+    from warpsplitk.runtime.prepared import stream_handle
 
     device = torch.cuda.current_device()
     cuda_device = torch.device("cuda", device)
@@ -153,7 +153,7 @@ def collect(log_path, shapes, budget_s, jobs, listed=None):  # pragma: no cover 
                 launch = launcher(device, n, k, tactic)
                 out.fill_(float("nan"))
                 launch(weights[-1].data_ptr(), x.data_ptr(), weights[-1].data_ptr(),
-                       out.data_ptr(), m, _stream_handle(cuda_device))
+                       out.data_ptr(), m, stream_handle(cuda_device))
                 torch.cuda.synchronize()
                 err = ((out.double() - ref).norm() / ref.norm()).item()
                 if not err < 1e-2:
@@ -162,7 +162,7 @@ def collect(log_path, shapes, budget_s, jobs, listed=None):  # pragma: no cover 
                     # the stream is looked up per call: the graph captures on its own
                     t = timing.time_calls([
                         lambda w=w.data_ptr(): launch(w, x.data_ptr(), w, out.data_ptr(), m,
-                                                      _stream_handle(cuda_device))
+                                                      stream_handle(cuda_device))
                         for w in weights])
                     if t.median_us < timing.physical_floor_us(n * k * 2, gpu):
                         raise SystemExit(f"{rec['key']}: {t.median_us} us is under the HBM "
