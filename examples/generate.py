@@ -49,9 +49,7 @@ CONFIGS = {
     "qwen2.5-7b": ("qwen2", dict(hidden_size=3584, intermediate_size=18944,
                                  num_attention_heads=28, num_key_value_heads=4,
                                  vocab_size=152064)),
-    "phi-3-mini": ("phi3", dict(hidden_size=3072, intermediate_size=8192,
-                                num_attention_heads=32, num_key_value_heads=32,
-                                vocab_size=32064)),
+    **llama_decode.FAMILY_CONFIGS,
 }
 TINY = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=1024)

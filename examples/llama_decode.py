@@ -22,7 +22,8 @@ downloaded), then for each batch size:
    SwiGLU epilogue), after ``unpatch``.
 
 ``--config llama-3-8b --layers 4`` takes a model's sizes from
-``warpsplitk.models`` instead. ``--device cpu --tiny`` runs the same code on a CPU (everything falls back
+``warpsplitk.models`` instead; ``--family phi3`` (or ``--config phi-3-mini``)
+builds a Phi-3, whose own ``gate_up_proj`` gets the SwiGLU epilogue. ``--device cpu --tiny`` runs the same code on a CPU (everything falls back
 to F.linear) as a smoke test of the script itself.
 """
 
@@ -63,6 +64,9 @@ def parse_args(argv=None):
                         "warpsplitk.models (e.g. llama-3-8b), a config.json or a downloaded "
                         "model's id (random weights, --layers of them; default: the "
                         "small Llama above)")
+    p.add_argument("--family", choices=("llama", "qwen2", "phi3"), default="llama",
+                   help="the transformers model class: llama (default), qwen2 (q/k/v "
+                        "biases) or phi3 (its own fused qkv_proj and [gate; up] gate_up_proj)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = p.parse_args(argv)
@@ -77,13 +81,25 @@ def parse_args(argv=None):
 # ------------------------------------------------------------------ model
 
 
+#: Models of other transformers families by their own sizes (``--config``
+#: NAME): (family, sizes). ``examples/generate.py`` builds from these too.
+FAMILY_CONFIGS = {
+    "phi-3-mini": ("phi3", dict(hidden_size=3072, intermediate_size=8192,
+                                num_attention_heads=32, num_key_value_heads=32,
+                                vocab_size=32064)),
+}
+
+
 def build_model(args, torch, device):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     sizes = (dict(hidden_size=256, intermediate_size=768, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=1024) if args.tiny else
              dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16,
                   num_key_value_heads=4, vocab_size=32000))
-    if args.config:
+    family = args.family
+    if args.config in FAMILY_CONFIGS:
+        family, sizes = FAMILY_CONFIGS[args.config][0], dict(FAMILY_CONFIGS[args.config][1])
+    elif args.config:
         from warpsplitk import models
         known = models.config(args.config)  # ValueError naming the known models
         if known.get("attention") != "gqa" or "intermediate" not in known:
@@ -95,10 +111,13 @@ def build_model(args, torch, device):
                      num_attention_heads=known["heads"], num_key_value_heads=known["kv_heads"],
                      head_dim=known.get("head_dim", known["hidden"] // known["heads"]),
                      vocab_size=known["vocab"])
-    config = LlamaConfig(num_hidden_layers=args.layers, max_position_embeddings=4096, **sizes)
+    # Phi-3's default padding token lies past a small vocabulary
+    extra = {} if family == "llama" else {"pad_token_id": 0}
+    config = AutoConfig.for_model(family, num_hidden_layers=args.layers,
+                                  max_position_embeddings=4096, **sizes, **extra)
     torch.manual_seed(args.seed)
     with torch.device(device):  # initialise on the device: fast, no CPU copy
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     return model.to(torch.bfloat16).eval(), config
 
 
@@ -339,7 +358,7 @@ def main(argv=None):
         print(f"error: {error}", file=sys.stderr)
         return 2
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"model: Llama {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+    print(f"model: {config.model_type} {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
           f"vocab {config.vocab_size}, bf16 on {gpu}; torch {torch.__version__}, "
           f"transformers {transformers.__version__}, warpsplitk {warpsplitk.__version__}")
 

@@ -113,3 +113,29 @@ def test_no_speedup_is_reported_where_nothing_ran_the_kernel(tmp_path, capsys):
     assert rows and all(row[6] == "-" for row in rows), printed[-2000:]
     data = json.loads(out.read_text())
     assert all(r["speedup"] is None for r in data["results"])
+
+
+def test_a_phi3_step_runs_its_own_gate_up_with_the_swiglu_epilogue(tmp_path, monkeypatch, capsys):
+    """--family phi3: the model's own fused projections; with merge=True its
+    MLPs run gate_up with the SwiGLU epilogue (a stand-in kernel here)."""
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(plans, "prepare",
+                        lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
+                        FakePrepared(weight, plan, ms, bias, swiglu))
+    out = tmp_path / "phi3.json"
+    code = load_example().main(["--device", "cpu", "--tiny", "--family", "phi3", "--layers", "2",
+                                "--batch", "2", "--steps", "3", "--iters", "1", "--reps", "1",
+                                "--json", str(out)])
+    assert code == 0, capsys.readouterr().out[-2000:]
+    data = json.loads(out.read_text())
+    assert data["merge"]["swiglu"] == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert all(row["kernel_calls"] > 0 and row["rel_err"] < 1e-2
+               for row in data["merge"]["results"])
+
+
+def test_phi3_mini_sizes_by_name():
+    example = load_example()
+    args = example.parse_args(["--config", "phi-3-mini", "--layers", "1", "--device", "meta"])
+    model, config = example.build_model(args, torch, torch.device("meta"))
+    mlp = model.model.layers[0].mlp
+    assert config.model_type == "phi3" and mlp.gate_up_proj.out_features == 2 * 8192
