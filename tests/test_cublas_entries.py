@@ -89,7 +89,7 @@ class FakeKernel:
     def __init__(self, weight, tactics, bias=None):
         self.weight, self.tactics, self.bias, self.seen = weight, dict(tactics), bias, []
 
-    def _launch(self, x, out):
+    def launch_unchecked(self, x, out):
         self.seen.append(x.shape[0])
         return out.copy_(F.linear(x, self.weight, self.bias))
 

@@ -165,22 +165,17 @@ class PreparedWarpSplitK:
         ``KeyError`` for an M with no prepared tactic, before any launch.
         """
         _check_run(self, x, out)
-        return self._launch(x, out)
-
-    def _launch(self, x, out):
-        """``run`` without its checks, for callers that made them already
-        (``DecodeLinear``: x checked, ``out`` freshly allocated). Internal."""
-        m = x.shape[0]
-        self._launchers[m](self._weight_address, x.data_ptr(), self._bias_address,
-                           out.data_ptr(), m, stream_handle(self.device))
-        return out
+        return self.launch_unchecked(x, out)
 
     def launch_unchecked(self, x, out):
         """``run`` without its checks, for a caller that has made them: x a
         packed, aligned BF16 ``[M, K]`` on the weight's device with M among
         ``ms``, ``out`` a packed, aligned ``[M, out_columns]`` overlapping
         nothing (a fresh allocation). Anything else is undefined on the GPU."""
-        return self._launch(x, out)
+        m = x.shape[0]
+        self._launchers[m](self._weight_address, x.data_ptr(), self._bias_address,
+                           out.data_ptr(), m, stream_handle(self.device))
+        return out
 
     __call__ = run
 
@@ -232,21 +227,17 @@ class PreparedDecode:
         """As ``PreparedWarpSplitK.run``: checks, then one call (the kernel,
         or cuBLAS for ``cublas_ms``) on the current stream; returns ``out``."""
         _check_run(self, x, out)
-        return self._launch(x, out)
+        return self.launch_unchecked(x, out)
 
-    def _launch(self, x, out):
-        """``run`` without its checks (``DecodeLinear``'s eager path). Internal."""
+    def launch_unchecked(self, x, out):
+        """As ``PreparedWarpSplitK.launch_unchecked``: ``run`` without its
+        checks, only for a caller that has made them."""
         if x.shape[0] in self.cublas_ms:
             torch = _torch()
             if self.bias is None:
                 return torch.matmul(x, self._weight_t, out=out)
             return torch.addmm(self.bias, x, self._weight_t, out=out)
-        return self.kernel._launch(x, out)
-
-    def launch_unchecked(self, x, out):
-        """As ``PreparedWarpSplitK.launch_unchecked``: ``run`` without its
-        checks, only for a caller that has made them."""
-        return self._launch(x, out)
+        return self.kernel.launch_unchecked(x, out)
 
     __call__ = run
 
