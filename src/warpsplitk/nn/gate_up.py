@@ -17,7 +17,7 @@ from torch import nn
 from . import ops
 from ..planning import plans
 from .linear import DecodeLinear, ineligibility
-from .merge import SILU_ACTIVATIONS
+from .merge import SILU_ACTIVATIONS, swiglu_launch
 
 #: transformers MLPs computing ``down(up * silu(gate))`` from one
 #: ``gate_up_proj`` whose rows are ``[gate; up]`` (``chunk(2, dim=-1)``).
@@ -94,17 +94,7 @@ class GateUpSwiGLUMLP(nn.Module):
             return None  # replaced since preparation: the MLP's own computation
         if torch.is_grad_enabled() and (x.requires_grad or gate_up.weight.requires_grad):
             return None
-        if not gate_up.accepts(x):  # device, dtype, K, M prepared, packed, aligned
-            return None
-        x2d = x.reshape(-1, gate_up.in_features)
-        if torch.compiler.is_compiling():
-            out = torch.ops.warpsplitk.decode_swiglu(x2d, gate_up.weight, gate_up.bias,
-                                                     self._handle)
-        else:
-            # accepts() has made run()'s checks on x, and out is new
-            out = prepared.launch_unchecked(x2d, x2d.new_empty((x2d.shape[0],
-                                                                prepared.out_columns)))
-        return out.view(*x.shape[:-1], prepared.out_columns)
+        return swiglu_launch(gate_up, prepared, self._handle, x)
 
     def forward(self, x):
         fused = self.fused(x)

@@ -244,25 +244,30 @@ class MergedGroup:
         prepared, or autograd needing a graph: the caller then runs the parts
         and the activation as the model would). Under torch.compile, the
         ``warpsplitk::decode_swiglu`` op."""
-        prepared = self.swiglu_prepared
-        if prepared is None or not self.merged():
+        if self.swiglu_prepared is None or not self.merged():
             return None
         if torch.is_grad_enabled() and (x.requires_grad or self.parts[0].weight.requires_grad):
             return None
-        # the merged weight's DecodeLinear (prepared for the same Ms) says
-        # whether the kernel takes x: device, dtype, K, M, packed, aligned
-        if not self.linear.accepts(x):
-            return None
-        x2d = x.reshape(-1, self.weight.shape[1])
-        if torch.compiler.is_compiling():
-            # the DecodeLinear's Parameters: static addresses for CUDA graph trees
-            out = torch.ops.warpsplitk.decode_swiglu(x2d, self.linear.weight, self.linear.bias,
-                                                     self._swiglu_handle)
-        else:
-            # accepts() has made run()'s checks on x, and out is new
-            out = prepared.launch_unchecked(x2d, x2d.new_empty((x2d.shape[0],
-                                                                prepared.out_columns)))
-        return out.view(*x.shape[:-1], prepared.out_columns)
+        return swiglu_launch(self.linear, self.swiglu_prepared, self._swiglu_handle, x)
+
+
+def swiglu_launch(linear, prepared, handle, x):
+    """``silu(gate(x)) * up(x)`` by ``prepared`` (the SwiGLU kernel of
+    ``linear``'s ``[gate; up]`` weight, registered as ``handle``) in one
+    launch, or None where ``linear`` (prepared for the same Ms) would not run
+    the kernel on x: device, dtype, K, M, packed, aligned. Under
+    torch.compile, the ``warpsplitk::decode_swiglu`` op."""
+    if not linear.accepts(x):
+        return None
+    x2d = x.reshape(-1, linear.in_features)
+    if torch.compiler.is_compiling():
+        # the DecodeLinear's Parameters: static addresses for CUDA graph trees
+        out = torch.ops.warpsplitk.decode_swiglu(x2d, linear.weight, linear.bias, handle)
+    else:
+        # accepts() has made run()'s checks on x, and out is new
+        out = prepared.launch_unchecked(x2d, x2d.new_empty((x2d.shape[0],
+                                                            prepared.out_columns)))
+    return out.view(*x.shape[:-1], prepared.out_columns)
 
 
 class MergedPart(nn.Module):
