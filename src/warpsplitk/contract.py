@@ -23,12 +23,19 @@ ALIGN_BYTES = 32
 #: The archs the kernel is built for (Hopper and Blackwell).
 SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
 
+#: The GPUs a target can name (``warpsplitk plan --gpu``): (the name torch
+#: reports, SM count, arch).
+GPUS = {"h100": ("NVIDIA H100 80GB HBM3", 132, "sm_90a"),
+        "h200": ("NVIDIA H200", 132, "sm_90a"),
+        "b200": ("NVIDIA B200", 148, "sm_100a")}
+
 #: The GPU (name, SM count) an arch stands for where none is present
-#: (``warpsplitk plan --arch`` without ``--sm-count``).
-ARCH_GPUS = {"sm_90a": ("NVIDIA H200", 132), "sm_100a": ("NVIDIA B200", 148)}
+#: (``warpsplitk plan --arch`` without ``--gpu``): the H200 for sm_90a, the
+#: GPU the built-in plan and the cost model were measured on.
+ARCH_GPUS = {"sm_90a": GPUS["h200"][:2], "sm_100a": GPUS["b200"][:2]}
 
 #: The built-in plans and the GPU (name, SM count) each was measured on.
-BUILTIN_PLAN_GPUS = {"h200": ("NVIDIA H200", 132)}
+BUILTIN_PLAN_GPUS = {"h200": GPUS["h200"][:2]}
 
 #: K tiles per CTA at most: the compute loop is fully unrolled over them.
 MAX_K_TILES = 64
@@ -150,7 +157,7 @@ def weight_refusal(weight, bias=None) -> str | None:
     return reason or shape_refusal(*weight.shape)
 
 
-__all__ = ["MAX_M", "ALIGN_BYTES", "SUPPORTED_ARCHS", "ARCH_GPUS", "BUILTIN_PLAN_GPUS",
+__all__ = ["MAX_M", "ALIGN_BYTES", "SUPPORTED_ARCHS", "GPUS", "ARCH_GPUS", "BUILTIN_PLAN_GPUS",
            "MAX_K_TILES", "MAX_N", "DTYPE_NAME", "as_integer", "shape_refusal",
            "n_bound_refusal", "DEVICE_TYPE", "describe", "operand_refusal", "matrix_refusal",
            "weight_refusal"]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 
 from .. import models, shapes as shape_table
-from ..contract import ARCH_GPUS, SUPPORTED_ARCHS as ARCHS
+from ..contract import ARCH_GPUS, GPUS, SUPPORTED_ARCHS as ARCHS
 from ..planning.plan_cache import builtin_plan_for
 from ..planning.plans import DecodePlan, builtin_plan, load_plan
 from ..runtime.timing import DATASHEET_TBPS
 from ..tactics import shape_refusal
-from .options import GPUS, UsageError
+from .options import UsageError
 
 
 def shape_entries(args) -> list[dict]:

@@ -22,13 +22,6 @@ MODEL_HELP = ("the decode projections of a model (warpsplitk.models: e.g. llama-
               "sharded as vLLM runs them")
 
 
-#: ``--gpu``: the GPU models ``plan`` targets, each (name as the driver
-#: reports it, SMs, arch); an arch's default is the one ``ARCH_GPUS`` names.
-GPUS = {"h100": ("NVIDIA H100 80GB HBM3", 132, "sm_90a"),
-        "h200": ("NVIDIA H200", 132, "sm_90a"),
-        "b200": ("NVIDIA B200", 148, "sm_100a")}
-
-
 class UsageError(Exception):
     """A bad argument or input file: one line, exit status 2."""
 

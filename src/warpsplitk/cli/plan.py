@@ -8,6 +8,7 @@ import argparse
 import sys
 import textwrap
 
+from ..contract import GPUS
 from ..kernel import layout
 from ..planning.plans import CUBLAS, default_choice
 from ..runtime import compile as compiler
@@ -61,7 +62,7 @@ LEGEND_LINES = tuple(line for name, text in LEGEND for line in textwrap.wrap(
 
 GPU_HELP = ("the target GPU: its arch, SMs and datasheet HBM bandwidth ("
             + "; ".join(f"{key}: {arch}, {sms} SMs, {DATASHEET_TBPS[name]} TB/s"
-                        for key, (name, sms, arch) in options.GPUS.items())
+                        for key, (name, sms, arch) in GPUS.items())
             + "). Default: --arch's; for sm_90a the h200, the GPU the built-in plan and the "
               "cost model were measured on (on an H100 give h100: its floor, and no plan "
               "unless --plan h200)")
@@ -75,7 +76,7 @@ def add_parser(sub):
     options.add_plan(p)
     options.add_shapes(p)
     options.add_ms(p)
-    p.add_argument("--gpu", type=str.lower, choices=tuple(options.GPUS), help=GPU_HELP)
+    p.add_argument("--gpu", type=str.lower, choices=tuple(GPUS), help=GPU_HELP)
     options.add_arch(p, default=None, text="target arch (default: --gpu's, else sm_90a)")
     p.add_argument("--sm-count", type=options.int_at_least(1),
                    help="SMs of the target GPU (default: --gpu's)")
