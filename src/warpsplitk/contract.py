@@ -149,15 +149,23 @@ def matrix_refusal(name, t, dims="[N, K]") -> str | None:
 
 
 def weight_refusal(weight, bias=None) -> str | None:
-    """Why no tactic can run ``weight`` (with ``bias``), or None: an operand
-    refusal of either, or the weight's shape (``shape_refusal``)."""
+    """Why no tactic can run ``weight`` (with ``bias``), or None: a tensor
+    refusal of either (``weight_tensors_refusal``), or the weight's shape
+    (``shape_refusal``)."""
+    return weight_tensors_refusal(weight, bias) or shape_refusal(*weight.shape)
+
+
+def weight_tensors_refusal(weight, bias=None) -> str | None:
+    """Why ``weight`` (a 2-D ``[N, K]``) or ``bias`` (``[N]``, on the
+    weight's device) is no operand the kernel takes, whatever the shape
+    rules say, or None."""
     reason = operand_refusal("weight", weight)
     if reason is None and bias is not None:
         reason = operand_refusal("bias", bias, (weight.shape[0],), weight.device)
-    return reason or shape_refusal(*weight.shape)
+    return reason
 
 
 __all__ = ["MAX_M", "ALIGN_BYTES", "SUPPORTED_ARCHS", "GPUS", "ARCH_GPUS", "BUILTIN_PLAN_GPUS",
            "MAX_K_TILES", "MAX_N", "DTYPE_NAME", "as_integer", "shape_refusal",
            "n_bound_refusal", "DEVICE_TYPE", "describe", "operand_refusal", "matrix_refusal",
-           "weight_refusal"]
+           "weight_refusal", "weight_tensors_refusal"]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..contract import MAX_M, matrix_refusal, operand_refusal, weight_refusal
+from ..contract import MAX_M, matrix_refusal, weight_refusal, weight_tensors_refusal
 from ..runtime.compile import device_arch
 from ..runtime.precompile import precompile
 from ..runtime.prepared import PreparedDecode, PreparedWarpSplitK
@@ -79,8 +79,7 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
     check_plan(plan)
     # a tensor the kernel cannot take (device, dtype, layout) is refused before
     # any plan is read or tuned; a shape it cannot take, by the default below
-    reason = operand_refusal("weight", weight) or (
-        bias is not None and operand_refusal("bias", bias, (n,), weight.device))
+    reason = weight_tensors_refusal(weight, bias)
     if reason:
         raise ValueError(reason)
     plan = resolve_plan(plan, [(n, k)] if weight_refusal(weight, bias) is None else [], ms)

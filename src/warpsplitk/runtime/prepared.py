@@ -44,9 +44,7 @@ def _check_packed(name, t, shape, device):
 def _check_weight(weight, bias):
     """``(N, K)`` of a weight the kernel can take with ``bias``: ``ValueError``
     with the contract's reason otherwise (its shape rules are the tactics')."""
-    reason = contract.operand_refusal("weight", weight)
-    if reason is None and bias is not None:
-        reason = contract.operand_refusal("bias", bias, (weight.shape[0],), weight.device)
+    reason = contract.weight_tensors_refusal(weight, bias)
     if reason is not None:
         raise ValueError(reason)
     return weight.shape
