@@ -72,6 +72,7 @@ def test_emulate_exact_on_integers(tactic, m, n, k):
     (WarpSplitKTactic(48, 16, 128, 2, 2, 2), 17, 48, 512),
     (WarpSplitKTactic(48, 8, 128, 2, 1, 2), 5, 96, 1024),    # 4 tiles per CTA
     (WarpSplitKTactic(16, 1, 256, 1, 1, 2), 1, 32, 512),     # one tile per CTA, narrow
+    (WarpSplitKTactic(16, 16, 256, 6, 2, 2), 16, 16, 66 * 256),  # K past 64 tiles: 33 per CTA
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_cluster_split_of_k_exact(tactic, m, n, k):
     """k_split 2: each CTA of the cluster takes half of K; the eight warps'

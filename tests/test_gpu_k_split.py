@@ -29,6 +29,8 @@ K_SPLIT_CASES = [
     (WarpSplitKTactic(32, 1, 256, 7, 1, 2), 1536, 7168),  # a narrow token tile
     (WarpSplitKTactic(32, 8, 256, 4, 1, 2, x_copy="tma", l2_prefetch=2),
      2112, 7168),
+    (WarpSplitKTactic(32, 8, 256, 5, 2, 2), 8192, 28672),  # K past 64 tiles: 56 per CTA
+    (WarpSplitKTactic(16, 16, 256, 6, 2, 2), 48, 16896),   # 33 per CTA
 ]
 
 

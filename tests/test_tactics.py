@@ -10,6 +10,7 @@ from warpsplitk import shapes
 from warpsplitk.kernel import layout
 from warpsplitk.tactics import (
     B_LOADER_WARPS,
+    K_SPLITS,
     K_TILES,
     MAX_K_TILES,
     MAX_STAGES,
@@ -63,7 +64,9 @@ REJECTIONS = [
     (T(16, 8, 128, 2, 1), 256, 1000, r"K must be a positive multiple of k_tile 128"),
     (T(16, 8, 128, 2, 1), 256, 0, r"K must be a positive multiple of k_tile"),
     (T(16, 8, 128, 4, 1), 256, 65 * 128, r"65 tiles of 128.*at most 64"),
-    (T(16, 8, 256, 4, 1), 256, 65 * 256, r"65 tiles of 256.*at most 64 \(K <= 16384\)"),
+    (T(16, 8, 256, 4, 1), 256, 65 * 256, r"65 tiles of 256;.*at most 64 \(K <= 16384; a k_split of 2"),
+    (T(16, 8, 256, 4, 1, 2), 256, 130 * 256, r"65 tiles of 256 per CTA, k_split 2;.*\(K <= 32768\)"),
+    (T(16, 8, 256, 4, 1, 2), 256, 65 * 256, r"k_split 2 must divide the 65 K tiles"),
     (T(16, 8, 128, 5, 1), 256, 512, r"stages=5 exceeds the 4 K tiles of K=512"),
     (T(16, 8, 256, 2, 1), 256, 256, r"stages=2 exceeds the 1 K tiles"),
     (T(16, 8, 128, 1, 1), 256, 256, r"one-stage ring.*spans 2 tiles, use stages >= 2"),
@@ -96,6 +99,8 @@ REJECTION_IDS = ['output_tile-8',
                  'K-zero',
                  'K-65-tiles-128',
                  'K-65-tiles-256',
+                 'K-65-tiles-256-per-cta',
+                 'K-split-odd-tiles',
                  'stages-over-tiles',
                  'stages-over-one-tile',
                  'one-stage-ring',
@@ -192,9 +197,10 @@ def test_default_tactic_single_k_tile_uses_one_stage():
     (0, 256, 1024, r"M must be in 1\.\.32, got 0$"),
     (33, 256, 1024, r"M must be in 1\.\.32, got 33$"),
     (1, 40, 1024, r"N must be a positive multiple of 16, got 40$"),
-    (1, 256, 1000, r"K must be a positive multiple of 128 up to 8192, or of 256 up to 16384; "
-                   r"got 1000$"),
+    (1, 256, 1000, r"K must be a positive multiple of 128 up to 8192, of 256 up to 16384, "
+                   r"or of 512 up to 32768; got 1000$"),
     (1, 256, 65 * 256, r"K must be .*; got 16640$"),
+    (1, 256, 33280, r"K must be .*; got 33280$"),
     (1, 0, 1024, r"N must be a positive multiple of 16, got 0$"),
     (1, 2 ** 30, 1024, r"N must be below 1073741824 \(32-bit output offsets\), got N=1073741824$")])
 def test_default_tactic_rejects_bad_shapes(m, n, k, message):
@@ -207,8 +213,12 @@ def test_shape_refusal_names_the_rule():
     assert shape_refusal(16384, 16384) is None  # K: 64 tiles of 256
     assert "multiple of 128" in shape_refusal(1280, 2880)  # gpt-oss
     assert "multiple of 16, got 1000" in shape_refusal(1000, 4096)
-    assert "of 256 up to 16384; got 28672" in shape_refusal(8192, 28672)  # 70B's down at TP 1
-    assert "of 256 up to 16384; got 8320" in shape_refusal(4096, 8320)  # 65 tiles of 128
+    assert shape_refusal(8192, 28672) is None  # 70B's down at TP 1: 2 x 56 tiles of 256
+    assert shape_refusal(4096, 32768) is None  # 2 x 64 tiles of 256
+    assert "of 512 up to 32768; got 8320" in shape_refusal(4096, 8320)  # 65 tiles of 128
+    assert "got 13696" in shape_refusal(4096, 13696)  # GLM-4's down: 107 tiles of 128
+    assert "got 16640" in shape_refusal(4096, 16640)  # 65 tiles of 256, an odd count
+    assert "got 33280" in shape_refusal(4096, 33280)  # 2 x 65 tiles of 256
     assert "below 1073741824" in shape_refusal(2 ** 30, 128)
 
 
@@ -218,16 +228,17 @@ def test_shape_refusal_names_the_rule():
     (16.0, 128.0, "N must be a positive multiple of 16, got 16.0"),
     ("16", 128, "N must be a positive multiple of 16, got '16'"),
     (True, 128, "N must be a positive multiple of 16, got True"),
-    (16, 0, "K must be a positive multiple of 128 up to 8192, or of 256 up to 16384; got 0"),
-    (16, 128.0, "K must be a positive multiple of 128 up to 8192, or of 256 up to 16384; "
-                "got 128.0")])
+    (16, 0, "K must be a positive multiple of 128 up to 8192, of 256 up to 16384, or of 512 "
+            "up to 32768; got 0"),
+    (16, 128.0, "K must be a positive multiple of 128 up to 8192, of 256 up to 16384, or of "
+                "512 up to 32768; got 128.0")])
 def test_shape_refusal_of_what_is_no_size(n, k, reason):
     assert shape_refusal(n, k) == reason
 
 
 def test_default_tactic_takes_exactly_the_shapes_shape_refusal_takes():
     for n in (16, 32, 48, 1000, 4096, 2 ** 30 - 16, 2 ** 30):
-        for k in (128, 384, 8192, 8320, 8448, 16384, 16640):
+        for k in (128, 384, 8192, 8320, 8448, 16384, 16640, 16896, 28672, 32768, 33280):
             if shape_refusal(n, k) is None:
                 assert check_tactic(default_tactic(1, n, k, sm_count=132), n, k) is None
             else:
@@ -245,7 +256,7 @@ def test_default_tactic_unsupported_k_is_a_value_error():
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 16, 128), (8, 48, 384), (9, 4096, 7168), (32, 256, 16384),
-                                   (17, 2112, 7168), (32, 65536, 1024)])
+                                   (17, 2112, 7168), (32, 65536, 1024), (1, 256, 28672)])
 def test_legal_tactics(m, n, k):
     tactics = legal_tactics(m, n, k)
     assert tactics
@@ -256,7 +267,8 @@ def test_legal_tactics(m, n, k):
         assert t.token_tile <= need
     assert any(t.token_tile == need for t in tactics)
     # nothing legal is left out
-    expected = {t for t in all_tactics() if is_legal(t, n, k) and t.token_tile <= need}
+    splits = K_SPLITS if k > 16384 else (1,)  # a long K takes the split it needs
+    expected = {t for t in all_tactics(splits) if is_legal(t, n, k) and t.token_tile <= need}
     assert set(tactics) == expected
 
 
@@ -329,6 +341,22 @@ def test_k_split_rules():
     with pytest.raises(ValueError, match="spans 2 tiles per CTA"):
         check_tactic(T(16, 8, 128, 1, 1, 2), 1536, 512)
     check_tactic(T(16, 8, 128, 1, 1, 2), 1536, 256)  # one tile per CTA: one stage is fine
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 8192, 28672), (8, 8192, 28672), (32, 8192, 28672),
+                                   (1, 4096, 32768), (16, 48, 16896), (4, 256, 16384)])
+def test_long_k_takes_a_split_of_at_most_64_tiles_per_cta(m, n, k):
+    """Past 64 tiles of 256 the default, the reference heuristic and every
+    tuning candidate split K over two CTAs, each streaming at most 64 tiles."""
+    from warpsplitk.planning import choose, space
+
+    picked = [default_tactic(m, n, k, sm_count=132), choose.reference_tactic(m, n, k, 132)]
+    picked += space.base_candidates(m, n, k, 132, k_splits=(1,))
+    assert picked
+    for t in picked:
+        check_tactic(t, n, k)
+        assert k // t.k_tile // t.k_split <= MAX_K_TILES
+        assert t.k_split == (2 if k > 16384 else t.k_split)
     # the first CTA holds the cluster's partial sums: twice the reduction buffer
     one, two = T(32, 32, 128, 2, 2), T(32, 32, 128, 2, 2, 2)
     words = layout.COMPUTE_WARPS * 32 * layout.reduction_row_words(32)
@@ -650,7 +678,7 @@ def test_sizes_of_any_integral_type_are_their_int():
 
 
 @pytest.mark.parametrize("n,k", [(4095, 4096), (4096, 4000), (2 ** 30, 128), (16.0, 128),
-                                 (16, 28672)])
+                                 (16, 13696), (16, 33280)])
 def test_legal_tactics_refuses_what_default_tactic_refuses(n, k):
     with pytest.raises(ValueError) as refused:
         default_tactic(1, n, k, sm_count=132)

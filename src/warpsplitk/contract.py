@@ -39,6 +39,12 @@ BUILTIN_PLAN_GPUS = {"h200": GPUS["h200"][:2]}
 
 #: K tiles per CTA at most: the compute loop is fully unrolled over them.
 MAX_K_TILES = 64
+#: CTAs of a cluster that may share one output tile's K at most: a split of
+#: 2 halves each CTA's K tiles, so K up to 2 x 64 tiles of 256 (32768: a
+#: 70B model's ``down`` at TP 1) stays within ``MAX_K_TILES`` per CTA.
+MAX_K_SPLIT = 2
+#: The K tile widths (elements) of the kernel's pipeline stages.
+K_TILE_WIDTHS = (128, 256)
 #: Weight rows at most, exclusive: the epilogue's byte offsets of output
 #: columns (and the bias's) are 32-bit.
 MAX_N = 2 ** 30
@@ -73,22 +79,33 @@ def _size(value):
     return value if value is not None and value > 0 else None
 
 
+def min_k_split(k, k_tile) -> int | None:
+    """The fewest CTAs (1..``MAX_K_SPLIT``) that can share K so each streams
+    at most ``MAX_K_TILES`` whole tiles of ``k_tile``, or None where none can."""
+    for split in range(1, MAX_K_SPLIT + 1):
+        if k % (k_tile * split) == 0 and k // (k_tile * split) <= MAX_K_TILES:
+            return split
+    return None
+
+
 def shape_refusal(n, k) -> str | None:
     """Why no tactic takes an ``[n, k]`` weight, or None when some does: N a
-    positive multiple of 16 below ``MAX_N``; K a positive multiple of 128 up
-    to ``MAX_K_TILES`` tiles of 128, or of 256 up to as many of 256. The one
-    statement of these rules: ``default_tactic`` raises it, the model tables
-    and the CLI leave such a weight to cuBLAS with it. N and K may be any
-    integral type."""
+    positive multiple of 16 below ``MAX_N``; K whole tiles of 128 or 256,
+    at most ``MAX_K_TILES`` of them per CTA with K split over up to
+    ``MAX_K_SPLIT`` CTAs (``min_k_split``): a multiple of 128 up to 8192, of
+    256 up to 16384, or of 512 up to 32768. The one statement of these
+    rules: ``default_tactic`` raises it, the model tables and the CLI leave
+    such a weight to cuBLAS with it. N and K may be any integral type."""
     n, k = as_integer(n, n), as_integer(k, k)
     if _size(n) is None or n % 16:
         return f"N must be a positive multiple of 16, got {n!r}"
     if n >= MAX_N:
         return n_bound_refusal(n)
-    if (_size(k) is None or k % 128 or k > MAX_K_TILES * 256
-            or (k > MAX_K_TILES * 128 and k % 256)):
-        return (f"K must be a positive multiple of 128 up to {MAX_K_TILES * 128}, "
-                f"or of 256 up to {MAX_K_TILES * 256}; got {k!r}")
+    if _size(k) is None or not any(min_k_split(k, width) for width in K_TILE_WIDTHS):
+        small, large = K_TILE_WIDTHS
+        return (f"K must be a positive multiple of {small} up to {MAX_K_TILES * small}, "
+                f"of {large} up to {MAX_K_TILES * large}, or of {large * MAX_K_SPLIT} "
+                f"up to {MAX_K_TILES * large * MAX_K_SPLIT}; got {k!r}")
     return None
 
 

@@ -11,7 +11,8 @@ import itertools
 import operator
 from dataclasses import dataclass
 
-from .contract import MAX_K_TILES, MAX_M, MAX_N, as_integer, n_bound_refusal, shape_refusal
+from .contract import (K_TILE_WIDTHS, MAX_K_SPLIT, MAX_K_TILES, MAX_M, MAX_N, as_integer,
+                       min_k_split, n_bound_refusal, shape_refusal)
 from .kernel import layout
 
 OUTPUT_TILES = (16, 32, 48, 64)
@@ -26,7 +27,7 @@ MMA_TOKEN_TILES = (8, 16, 32)
 #: cell's fastest 8-row tactics (``space.narrow_twins``).
 NARROW_TOKEN_TILES = (1, 2, 4)
 TOKEN_TILES = NARROW_TOKEN_TILES + MMA_TOKEN_TILES
-K_TILES = (128, 256)
+K_TILES = K_TILE_WIDTHS
 #: Ring depth at most. 16 bounds every 8-row stage the shared memory holds
 #: but one (16-row tiles x 256 K: 18 stages); narrow token tiles make
 #: stages small enough for up to 26 (16 rows x 256 K, one token row).
@@ -38,8 +39,8 @@ DEFAULT_MAX_STAGES = 16
 B_LOADER_WARPS = (1, 2)
 #: CTAs of a cluster that share one output tile's K (each streams 1/k_split
 #: of K; the second's partial sums meet the first's in its shared memory):
-#: for weights whose N leaves SMs idle.
-K_SPLITS = (1, 2)
+#: for weights whose N leaves SMs idle, and for K past ``MAX_K_TILES`` tiles.
+K_SPLITS = tuple(range(1, MAX_K_SPLIT + 1))
 #: Where the kernel lets the next PDL kernel launch: False after its last
 #: activation tile is issued, True before its griddepcontrol.wait (see
 #: WarpSplitKTactic.early_launch).
@@ -384,18 +385,20 @@ def _rows_fill_n(t, n, k, swiglu):
 
 
 def _k_fills_tiles(t, n, k, swiglu):
-    """K is whole K tiles, at most ``MAX_K_TILES`` of them, split evenly."""
+    """K is whole K tiles, split evenly, at most ``MAX_K_TILES`` per CTA."""
     if type(k) is not int or k <= 0 or k % t.k_tile:
         raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
                          f"{t.k_tile}, got K={k!r}")
     k_tiles = k // t.k_tile
-    if k_tiles > MAX_K_TILES:
-        raise ValueError(f"warp split-K: K={k} is {k_tiles} tiles of {t.k_tile}; "
-                         f"the unrolled compute loop takes at most {MAX_K_TILES} "
-                         f"(K <= {MAX_K_TILES * t.k_tile})")
     if k_tiles % t.k_split:
         raise ValueError(f"warp split-K: k_split {t.k_split} must divide the {k_tiles} "
                          f"K tiles of K={k} (k_tile {t.k_tile})")
+    if k_tiles // t.k_split > MAX_K_TILES:
+        per_cta = "" if t.k_split == 1 else f" per CTA, k_split {t.k_split}"
+        raise ValueError(f"warp split-K: K={k} is {k_tiles // t.k_split} tiles of {t.k_tile}"
+                         f"{per_cta}; the unrolled compute loop takes at most {MAX_K_TILES} "
+                         f"(K <= {MAX_K_TILES * t.k_tile * t.k_split}"
+                         f"{'' if t.k_split > 1 else '; a k_split of 2 halves the tiles'})")
 
 
 def _cta_tiles(t, k):
@@ -492,13 +495,21 @@ def legal_tactics(m: int, n: int, k: int, k_splits=(1,), early_launches=(False,)
                   l2_prefetches=(PREFETCH_OFF,), x_copies=(CP_ASYNC,)) -> list[WarpSplitKTactic]:
     """The tuning space for one shape: legal tactics whose token tile is no
     larger than the mma-wide tile needed to cover ``m`` in one tile (a bigger
-    tile only loads zeros); narrow tiles included. ``ValueError`` for an M,
-    N or K ``default_tactic`` refuses."""
+    tile only loads zeros); narrow tiles included. A K that needs a split
+    (``needed_k_split``) gets it whatever ``k_splits`` says. ``ValueError``
+    for an M, N or K ``default_tactic`` refuses."""
     m = check_m(m)
     n, k = check_shape(n, k)
     need = min(t for t in MMA_TOKEN_TILES if t >= m)
+    k_splits = tuple(sorted(set(k_splits) | {needed_k_split(k)}))
     return [t for t in all_tactics(k_splits, early_launches, l2_prefetches, x_copies)
             if t.token_tile <= need and is_legal(t, n, k)]
+
+
+def needed_k_split(k: int) -> int:
+    """The fewest CTAs along K any tactic for K needs: 1 up to ``MAX_K_TILES``
+    tiles of 256, 2 past them (a shape ``shape_refusal`` accepts)."""
+    return min(s for s in (min_k_split(k, width) for width in K_TILES) if s)
 
 
 def check_m(m) -> int:

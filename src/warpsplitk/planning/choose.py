@@ -37,10 +37,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from ..contract import min_k_split
 from ..kernel import layout
 from ..tactics import (
     DEFAULT_SM_COUNT,
-    MAX_K_TILES,
     MAX_STAGES,
     MMA_TOKEN_TILES,
     OUTPUT_TILES,
@@ -52,6 +52,7 @@ from ..tactics import (
     ctas_per_sm,
     grid_ctas,
     is_legal,
+    needed_k_split,
     resolve_sm_count,
 )
 from . import measured_options, space
@@ -87,6 +88,8 @@ def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> War
     - token_tile: 8, 16 or 32, the smallest covering M, then halved (not
       below 8) while the doubled grid still fits in one wave;
     - k_tile: 256 when K holds two of them and the tile takes it, else 128;
+    - k_split: 1, or 2 where K needs it (``needed_k_split``: past 64 tiles
+      of 256);
     - b_loader_warps: 2 from 16 token rows or 8 K tiles on, else 1;
     - stages: the deepest ring that keeps 2 CTAs per SM when the grid
       exceeds the SMs, else the deepest legal one.
@@ -100,21 +103,23 @@ def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> War
     def busiest_rows(tile):
         return -(-(n // tile) * token_tiles // sm_count) * tile
 
-    # 48- and 64-row tiles take 128-wide K tiles only (check_tactic)
+    # the split only where K needs it; 48- and 64-row tiles take 128-wide K
+    # tiles only (check_tactic), so not where those would need a wider split
+    k_split = needed_k_split(k)
     tiles = [t for t in OUTPUT_TILES
-             if n % t == 0 and (t < WIDE_TILE or k <= MAX_K_TILES * 128)]
+             if n % t == 0 and (t < WIDE_TILE or min_k_split(k, 128) == k_split)]
     output_tile = min(tiles, key=lambda t: (busiest_rows(t), -t))
     row_tiles = n // output_tile
     while token_tile > layout.MMA_N and row_tiles * -(-m // (token_tile // 2)) <= sm_count:
         token_tile //= 2
     wide = output_tile >= WIDE_TILE
     k_tile = 256 if (not wide and k % 256 == 0
-                     and (k // 256 >= 2 or k // 128 > MAX_K_TILES)) else 128
-    k_tiles = k // k_tile
-    b_warps = 2 if token_tile >= 16 or k_tiles >= 8 else 1
-    legal = _rings(output_tile, token_tile, k_tile, b_warps, n, k)
+                     and (k // 256 >= 2 or min_k_split(k, 128) != k_split)) else 128
+    cta_tiles = k // k_tile // k_split
+    b_warps = 2 if token_tile >= 16 or cta_tiles >= 8 else 1
+    legal = _rings(output_tile, token_tile, k_tile, b_warps, k_split, n, k)
     if not legal:  # (two activation warps are too many for a tile's copies)
-        legal = _rings(output_tile, token_tile, k_tile, 1, n, k)
+        legal = _rings(output_tile, token_tile, k_tile, 1, k_split, n, k)
     if grid_ctas(legal[0], m, n) > sm_count:
         keeping_two = [t for t in legal if ctas_per_sm(t) >= 2]
         if keeping_two:
@@ -122,10 +127,10 @@ def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> War
     return legal[-1]
 
 
-def _rings(output_tile, token_tile, k_tile, b_warps, n, k) -> list[WarpSplitKTactic]:
+def _rings(output_tile, token_tile, k_tile, b_warps, k_split, n, k) -> list[WarpSplitKTactic]:
     """The legal tactics of one family, shallowest ring first."""
-    family = (WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps)
-              for s in range(1, min(k // k_tile, MAX_STAGES) + 1))
+    family = (WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split)
+              for s in range(1, min(k // k_tile // k_split, MAX_STAGES) + 1))
     return [t for t in family if is_legal(t, n, k)]
 
 

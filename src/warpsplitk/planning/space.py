@@ -33,7 +33,8 @@ Pruning, before anything is measured (``base_candidates``):
   which take 128);
 * with ``k_splits=(1, 2)`` (the default) the cluster split of K too, only
   where ``N / output_tile`` token-tile CTAs leave SMs idle, pruned like the
-  rest;
+  rest; a K past ``MAX_K_TILES`` tiles of 256 takes the split it needs
+  (``tactics.needed_k_split``) whatever ``k_splits`` says;
 * with ``early_launches=(False, True)`` (the default) every candidate also with the early PDL trigger
   (``WarpSplitKTactic.early_launch``), which can be 16% faster or slower
   depending on the tactic's residency, so it is measured rather than modelled;
@@ -87,6 +88,7 @@ from ..tactics import (
     CP_ASYNC,
     DEFAULT_MAX_STAGES,
     DEFAULT_SM_COUNT,
+    K_TILES,
     MAX_STAGES,
     MMA_TOKEN_TILES,
     NARROW_TOKEN_TILES,
@@ -99,6 +101,7 @@ from ..tactics import (
     ctas_per_sm,
     grid_ctas,
     is_legal,
+    needed_k_split,
     sm_balance,
 )
 
@@ -125,9 +128,12 @@ def base_candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = set()
+    forced_split = needed_k_split(k)
     for token_tile, output_tile, k_tile, k_split, b_warps, bulk in \
-            itertools.product(sorted(token_tiles), OUTPUT_TILES, (128, 256), k_splits,
+            itertools.product(sorted(token_tiles), OUTPUT_TILES, K_TILES, k_splits,
                               (1, 2), bulk_xs):
+        optional_split = k_split > forced_split
+        k_split = max(k_split, forced_split)
         if bulk and m > 1:
             continue  # one bulk copy per stage pays; eight do not (module docstring)
         if b_warps not in _activation_warps(token_tile, m, bulk):
@@ -139,7 +145,7 @@ def base_candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         family = [t for t in family if is_legal(t, n, k)]
         if not family:
             continue
-        if k_split > 1 and grid_ctas(family[0], m, n) // k_split >= sm_count:
+        if optional_split and grid_ctas(family[0], m, n) // k_split >= sm_count:
             continue  # the grid already covers the SMs: no reason to split K
         if k_tile == 128 and output_tile < WIDE_TILE and k % 256 == 0 and k // 256 >= 2:
             continue  # 256-wide tiles reach the same depth with half the barriers
