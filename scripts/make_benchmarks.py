@@ -59,6 +59,10 @@ LAYER_PATH = RESULTS / "h200-bench-layer-path.json"
 DECODE = RESULTS / "h200-llama-decode.json"
 #: examples/generate.py records, one per model (any GPU: each names its own)
 GENERATE = sorted(RESULTS.glob("*-generate-*.json"))
+#: examples/llama_decode.py records of other model families (each names its GPU)
+DECODE_FAMILIES = sorted(RESULTS.glob("*-llama-decode-*.json"))
+#: `bench` on weights whose K needs the cluster split (each names its GPU)
+LONG_K = sorted(RESULTS.glob("*-bench-long-k.json"))
 COST_MODEL = ROOT / "src" / "warpsplitk" / "data" / "cost-model-h200.json"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 README = ROOT / "README.md"
@@ -299,7 +303,11 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
     if layer_path:
         out += layer_path_md(layer_path)
     if decode:
-        out += decode_md(decode)
+        out += decode_md(decode, DECODE)
+    for path in DECODE_FAMILIES:
+        out += decode_md(load(path), path, heading=False)
+    for path in LONG_K:
+        out += long_k_md(load(path), path)
     if GENERATE:
         out += generate_md([load(path) for path in GENERATE])
     return "\n".join(out) + "\n"
@@ -371,22 +379,28 @@ def decode_summary(record: dict) -> dict:
             "torch_err": max(r["torch"]["rel_err_fp64"] for r in merged.values())}
 
 
-def decode_md(record: dict) -> list[str]:
+#: examples/llama_decode.py --family: how the section names the model
+FAMILY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "phi3": "Phi-3"}
+
+
+def decode_md(record: dict, path: Path, heading: bool = True) -> list[str]:
     """``examples/llama_decode.py``: a whole decode step, plain, patched and
     patched with ``merge=True``."""
     c = record["config"]
+    family = FAMILY_NAMES[record["args"].get("family", "llama")]
     out = [
         "",
-        "## A model's decode step",
-        "",
-        f"Data: `{_rel(DECODE)}` (`{record['command']}`): a Llama-style model of "
+        *(["## A model's decode step", ""] if heading else []),
+        f"Data: `{_rel(path)}` (`{record['command']}`): a {family}-style model of "
         f"{c['num_hidden_layers']} layers, hidden {c['hidden_size']}, intermediate "
         f"{c['intermediate_size']}, {c['num_attention_heads']}/{c['num_key_value_heads']} heads, "
-        f"vocab {c['vocab_size']}, random BF16 weights, transformers {record['transformers']}, "
-        "static KV cache, one CUDA graph per step. Cells: plain / patched / patched with "
-        "`merge=True`. Projections: each projection launch of the step once. Error: "
-        "relative logits error against a float64 copy of the model, and how often the "
-        f"top-1 token is float64's ({record['args']['steps']} teacher-forced steps).",
+        f"vocab {c['vocab_size']}, transformers {record['transformers']}"
+        + (", random BF16 weights, static KV cache, one CUDA graph per step. Cells: plain / "
+           "patched / patched with `merge=True`. Projections: each projection launch of the "
+           "step once. Error: relative logits error against a float64 copy of the model, and "
+           "how often the top-1 token is float64's "
+           f"({record['args']['steps']} teacher-forced steps)." if heading else
+           "; measured as above."),
         "",
         f"{record['date']}, {record['device']}, torch {record['torch']}.",
         "",
@@ -407,6 +421,20 @@ def decode_md(record: dict) -> list[str]:
     return out
 
 
+def long_k_md(record: dict, path: Path) -> list[str]:
+    """``bench`` on weights whose K is past 64 tiles of 256: two CTAs per
+    output tile share K (``k_split`` 2)."""
+    env = record["environment"]
+    rows = record["rows"]
+    big = [r for r in rows if r["n"] * r["k"] * 2 >= BIG]
+    return ["", "## K past 64 tiles", "",
+            f"Data: `{_rel(path)}` (`{env['command']}`). The default tactic (cost model) "
+            "splits K over the two CTAs of a cluster; µs warpsplitk/cuBLAS (speedup).", "",
+            *environment_lines(env)[1:3], "", *grid(rows), "",
+            f"Weights ≥ 16 MB stream at {min(weight_tbps(big)):.2f}–{max(weight_tbps(big)):.2f} "
+            f"TB/s (measured read: {env['read_TBps']} TB/s)."]
+
+
 def generate_cells(record: dict) -> dict:
     """{(mode, batch): (plain row, patched row)} of an examples/generate.py record."""
     rows = {(r["variant"], r["mode"], r["batch"]): r for r in record["rows"]}
@@ -424,6 +452,8 @@ def generate_md(records: list[dict]) -> list[str]:
            "(`merge=True`) timed in turn, eager and with the decode step compiled "
            "(`reduce-overhead`, `fullgraph=True`). ms/token: the difference of two generate "
            "lengths, median of rounds. Projections: each launch once in a CUDA graph. "
+           "Bound: the speedup if only the projections changed, each timed after a small "
+           "kernel as in the step (no overlap with the one before). "
            "Compiled = eager: greedy tokens unchanged by compiling (plain / patched).", ""]
     for record in records:
         m = record["model"]
@@ -431,13 +461,14 @@ def generate_md(records: list[dict]) -> list[str]:
                 f"{m['hidden_size']}, intermediate {m['intermediate_size']} ({record['date']}, "
                 f"{record['gpu']}, torch {record['torch']}, transformers "
                 f"{record['transformers']}):", "",
-                "| mode | batch | ms/token plain / patched | speedup | projections, µs | "
-                "share of plain step | compiled = eager |", "|---|---|---|---|---|---|---|"]
+                "| mode | batch | ms/token plain / patched | speedup | bound | projections, µs | "
+                "share of plain step | compiled = eager |", "|---|---|---|---|---|---|---|---|"]
         for (mode, batch), (plain, patched) in generate_cells(record).items():
             same = (f"{plain['tokens_equal_eager']} / {patched['tokens_equal_eager']}"
                     if "tokens_equal_eager" in patched else "–")
             out.append(f"| {mode} | {batch} | {plain['ms_per_token']:.2f} / "
                        f"{patched['ms_per_token']:.2f} | {patched['speedup']:.2f}× | "
+                       f"{patched.get('bound', 0):.2f}× | "
                        f"{plain['proj_us']:.0f} / {patched['proj_us']:.0f} | "
                        f"{100 * plain['proj_share']:.0f}% | {same} |")
         out.append("")
