@@ -411,3 +411,113 @@ def test_inputs_are_rounded_to_bf16_as_the_kernel_sees_them():
     assert not np.array_equal(round_bf16(x), x)  # the inputs are not BF16 values
     exact = emulate(round_bf16(x), round_bf16(w), tactic, round_bf16(b), round_output=False)
     assert np.array_equal(emulate(x, w, tactic, b, round_output=False), exact)
+
+
+# ----------------------------------------------------------- FP8 weights
+
+from warpsplitk.kernel import emulator as _emulator  # noqa: E402
+
+
+def fp8_problem(m, n, k, seed, scale_kind):
+    """Small-integer activations, e4m3 codes of values up to 4 in magnitude
+    (subnormals and both zeros among them), power-of-two scales: every sum
+    is exact in FP32."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 4, size=(m, k)).astype(np.float32)
+    values = _emulator.e4m3_value(np.arange(256))
+    codes = [c for c in range(256) if not np.isnan(values[c]) and abs(values[c]) <= 4]
+    w = rng.choice(codes, size=(n, k)).astype(np.uint8)
+    scale = (np.float32(0.5) if scale_kind == "tensor"
+             else (2.0 ** rng.integers(-3, 3, size=n)).astype(np.float32))
+    bias = rng.integers(-4, 5, size=n).astype(np.float32)
+    return x, w, scale, bias
+
+
+def fp8_reference(x, w, scale, bias):
+    n = w.shape[0]
+    out = (x.astype(np.float64) @ _emulator.e4m3_value(w).T) * np.broadcast_to(scale, (n,))
+    return (out + bias).astype(np.float32)
+
+
+def test_fp8_conversion_is_exact_for_every_code():
+    codes = np.arange(256)
+    values = _emulator.e4m3_value(codes)
+    converted = _emulator.fp8_to_bf16(codes).astype(np.float64)
+    finite = ~np.isnan(values)
+    assert np.array_equal(converted[finite], values[finite])
+    assert values[0x01] == 2.0 ** -9 and values[0x7E] == 448 and values[0x80] == 0  # -0
+    assert np.signbit(converted[0x80]) and converted[0x7F] == 480  # NaN codes read as +-480
+    assert sorted(layout.fp8_k_of_slot(s) for s in range(16)) == list(range(16))
+
+
+FP8_CASES = [
+    (WarpSplitKTactic(16, 8, 128, 2, 1), 1, 16, 256, "tensor"),
+    (WarpSplitKTactic(16, 8, 128, 2, 1), 5, 32, 512, "channel"),
+    (WarpSplitKTactic(32, 16, 256, 3, 2), 13, 64, 1024, "channel"),
+    (WarpSplitKTactic(64, 32, 128, 2, 2), 32, 64, 512, "channel"),
+    (WarpSplitKTactic(48, 8, 128, 4, 1), 7, 96, 512, "tensor"),
+    (WarpSplitKTactic(16, 1, 256, 2, 1), 1, 16, 512, "tensor"),          # narrow token tile
+    (WarpSplitKTactic(16, 8, 256, 2, 1, 2), 3, 32, 1024, "channel"),     # k_split
+    (WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=1), 1, 48, 512, "channel"),  # mixed grid
+]
+
+
+@pytest.mark.parametrize("tactic,m,n,k,scale_kind", FP8_CASES,
+                         ids=[f"{c[0].short()}-{c[1]}x{c[2]}x{c[3]}-{c[4]}" for c in FP8_CASES])
+def test_fp8_emulate_exact_on_integers(tactic, m, n, k, scale_kind):
+    x, w, scale, bias = fp8_problem(m, n, k, m + n + k, scale_kind)
+    out = _emulator.emulate_fp8(x, w, scale, tactic, bias, round_output=False,
+                                check_coverage=True)
+    np.testing.assert_array_equal(out, fp8_reference(x, w, scale, bias))
+
+
+def test_fp8_layouts_have_no_bank_conflicts():
+    for tactic, *_ in FP8_CASES:
+        assert _emulator.fp8_bank_conflicts(tactic) == [], tactic.short()
+
+
+def test_fp8_activations_in_bf16_swizzle_would_conflict(monkeypatch):
+    # rows 2r and 2r + 1 of the plain swizzle share the banks of a k-step's span
+    monkeypatch.setattr(layout, "swizzle_pairs", layout.swizzle)
+    assert any(p.startswith("B load") for p in
+               _emulator.fp8_bank_conflicts(WarpSplitKTactic(16, 8, 128, 2, 1)))
+
+
+def test_fp8_unpermuted_slots_break_emulation(monkeypatch):
+    # the B registers must follow the weights' k permutation
+    x, w, scale, bias = fp8_problem(3, 16, 256, 7, "channel")
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    monkeypatch.setattr(layout, "fp8_k_of_slot", lambda slot: (slot % 8) // 2 * 4 + slot % 2
+                        + 2 * (slot // 8))
+    out = _emulator.emulate_fp8(x, w, scale, tactic, bias, round_output=False)
+    assert not np.array_equal(out, fp8_reference(x, w, scale, bias))
+
+
+def test_fp8_wrong_matrix_order_breaks_emulation(monkeypatch):
+    x, w, scale, bias = fp8_problem(3, 16, 256, 8, "tensor")
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    original = layout.fp8_a_fragment_offset
+
+    def steps_swapped(lane, warp, m_iter, pair, k_tile):
+        j = lane // 8
+        return original((j % 2) * 16 + (j // 2) * 8 + lane % 8, warp, m_iter, pair, k_tile)
+
+    monkeypatch.setattr(layout, "fp8_a_fragment_offset", steps_swapped)
+    out = _emulator.emulate_fp8(x, w, scale, tactic, bias, round_output=False)
+    assert not np.array_equal(out, fp8_reference(x, w, scale, bias))
+
+
+def test_fp8_emulate_refuses_what_the_kernel_refuses():
+    x, w, scale, bias = fp8_problem(2, 16, 256, 9, "channel")
+    with pytest.raises(ValueError, match="FP8 weights take x_copy 'cp.async', got 'tma'"):
+        _emulator.emulate_fp8(x, w, scale, WarpSplitKTactic(16, 8, 128, 2, 1, x_copy="tma"))
+    with pytest.raises(ValueError, match=r"scale must be one value or \[N\]"):
+        _emulator.emulate_fp8(x, w, scale[:4], WarpSplitKTactic(16, 8, 128, 2, 1))
+    with pytest.raises(ValueError, match="e4m3 bytes"):
+        _emulator.emulate_fp8(x, w.astype(np.float32), scale, WarpSplitKTactic(16, 8, 128, 2, 1))
+    torch = pytest.importorskip("torch")
+    as_fp8 = torch.from_numpy(w).view(torch.float8_e4m3fn)
+    np.testing.assert_array_equal(
+        _emulator.emulate_fp8(x, as_fp8, scale, WarpSplitKTactic(16, 8, 128, 2, 1), bias,
+                              round_output=False),
+        fp8_reference(x, w, scale, bias))

@@ -700,3 +700,16 @@ def test_ctas_per_sm_refuses_what_is_no_tactic():
         ctas_per_sm(T(16, 8, 128, 99, 1))
     # a combination no weight takes still has an occupancy (the model's space is wider)
     assert ctas_per_sm(T(64, 8, 256, 4, 1)) >= 0
+
+
+def test_fp8_rules():
+    check_tactic(T(16, 8, 128, 4, 1), 256, 1024, fp8=True)
+    for x_copy in ("bulk", "tma"):
+        with pytest.raises(ValueError, match=f"FP8 weights take x_copy 'cp.async', got '{x_copy}'"):
+            check_tactic(T(16, 8, 128, 4, 1, x_copy=x_copy), 256, 1024, fp8=True)
+    with pytest.raises(ValueError, match="SwiGLU epilogue is for BF16 weights"):
+        check_tactic(T(16, 8, 128, 4, 1), 256, 1024, swiglu=True, fp8=True)
+    # the BF16 rules hold first
+    with pytest.raises(ValueError, match="multiple of output_tile"):
+        check_tactic(T(16, 8, 128, 4, 1), 40, 1024, fp8=True)
+    assert layout.smem_plan(16, 8, 128, 4, weight_bytes=1).a_stage_bytes == 16 * 128

@@ -455,14 +455,29 @@ _RULES = (_one_lane_copies, _no_narrow_boxes, _even_thread_copies, _wide_tiles_t
           _fits_shared_memory, _swiglu_takes_one_tile_size)
 
 
-def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False) -> None:
+def _fp8_rules(t, swiglu):
+    """What the FP8-weight kernel takes beyond the BF16 one's rules."""
+    if t.x_copy != CP_ASYNC:
+        # its activation stage is laid out for its 8-byte B loads
+        # (layout.swizzle_pairs), which bulk rows and TMA boxes are not
+        raise ValueError(f"warp split-K tactic: FP8 weights take x_copy {CP_ASYNC!r}, "
+                         f"got {t.x_copy!r}")
+    if swiglu:
+        raise ValueError("warp split-K: the SwiGLU epilogue is for BF16 weights")
+
+
+def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False,
+                 fp8: bool = False) -> None:
     """Raise ``ValueError`` naming the first rule ``tactic`` breaks for an
     ``[n, k]`` weight (with ``swiglu``: a ``[gate; up]`` weight run with the
-    SwiGLU epilogue, ``n / 2`` outputs). N and K may be any integral type."""
+    SwiGLU epilogue, ``n / 2`` outputs; with ``fp8``: e4m3 weights). N and
+    K may be any integral type."""
     _check_values(tactic)
     n, k = as_integer(n, n), as_integer(k, k)
     for rule in _RULES:
         rule(tactic, n, k, swiglu)
+    if fp8:
+        _fp8_rules(tactic, swiglu)
 
 
 def is_legal(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False) -> bool:

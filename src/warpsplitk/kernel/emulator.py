@@ -85,21 +85,26 @@ def round_bf16(values: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------ the CTA
 
 
-def _load_stage(ring, stage_base, source_rows, k_tile_index, rows, k_tile, threads, writes=None):
+def _load_stage(ring, stage_base, source_rows, k_tile_index, rows, k_tile, threads, writes=None,
+                kind="swizzle"):
     """Every loader thread's copies of one K tile. ``source_rows[row]`` is the
-    global row (None: past M, zero-filled without a read)."""
+    global row (None: past M, zero-filled without a read). ``kind``: the
+    stage layout (``layout.B_LAYOUTS``' 16-byte-copy ones, or "fp8" for an
+    FP8 weight stage, 16 bytes of ``layout.FP8_CHUNK`` weights per copy)."""
+    chunk = layout.FP8_CHUNK if kind == "fp8" else layout.CHUNK
     for thread in range(threads):
-        for copy in range(layout.copies_per_thread(rows, k_tile, threads)):
-            row, col = layout.loader_copy(thread, copy, k_tile, threads)
-            dst = stage_base + layout.swizzle(row, col, k_tile)
+        for copy in range(layout.copies_per_thread(rows, k_tile, threads, chunk)):
+            row, col = layout.loader_copy(thread, copy, k_tile, threads, chunk)
+            dst = stage_base + (layout.fp8_swizzle(row, col, k_tile) if kind == "fp8"
+                                else layout.b_offset(row, col, k_tile, kind))
             src = source_rows[row]
             if src is None:
-                ring[dst:dst + layout.CHUNK] = 0
+                ring[dst:dst + chunk] = 0
             else:
                 start = k_tile_index * k_tile + col
-                ring[dst:dst + layout.CHUNK] = src[start:start + layout.CHUNK]
+                ring[dst:dst + chunk] = src[start:start + chunk]
             if writes is not None:
-                writes[dst:dst + layout.CHUNK] += 1
+                writes[dst:dst + chunk] += 1
 
 
 def _bulk_stage(ring, source_rows, k_tile_index, k_tile, writes=None):
@@ -173,17 +178,94 @@ def _mma_tile(acc, a_view, b_view, t, kind):
                         acc[warp, mi, ni] = mma_m16n8k16(a_regs, b_step, acc[warp, mi, ni])
 
 
-def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False):
+def fp8_to_bf16(codes) -> np.ndarray:
+    """e4m3 bytes -> the BF16 values the kernel multiplies (as float32): the
+    bits ``layout.fp8_to_bf16_bits`` makes, times ``2 ** FP8_BF16_SHIFT``
+    (one BF16x2 multiply, exact). The NaN codes 0x7f and 0xff come out as
+    +-480: the kernel does not see NaN, so prepared FP8 weights are checked
+    for them once, on the host."""
+    codes = np.asarray(codes, dtype=np.uint32)
+    bits = ((codes // 128) * 0x8000 + (codes % 128) * 16).astype(np.uint32) << 16
+    return bits.view(np.float32) * np.float32(2.0 ** layout.FP8_BF16_SHIFT)
+
+
+def fp8x4_to_bf16x2(codes) -> tuple[np.ndarray, np.ndarray]:
+    """The two BF16x2 registers the kernel makes of one 32-bit register of
+    four e4m3 bytes (``ptx.fp8x4_to_bf16x2``, ``codes[..., 4]``): the even
+    bytes ``(0, 2)`` and the odd ``(1, 3)``, each pair's first in the low
+    half. They become the mma's a0/a1 and a2/a3 registers as they are."""
+    values = fp8_to_bf16(codes)
+    return values[..., [0, 2]], values[..., [1, 3]]
+
+
+def e4m3_value(codes) -> np.ndarray:
+    """The value of each e4m3 byte by the format's definition (bias 7,
+    subnormals, NaN at 0x7f and 0xff, no infinities): float64."""
+    codes = np.asarray(codes, dtype=np.int64)
+    exponent, mantissa = (codes >> 3) & 0xF, codes & 0x7
+    magnitude = np.where(exponent == 0, mantissa / 8.0 * 2.0 ** -6,
+                         (1 + mantissa / 8.0) * 2.0 ** (exponent - 7.0))
+    value = np.where(codes & 0x80, -magnitude, magnitude)
+    return np.where((codes & 0x7F) == 0x7F, np.nan, value)
+
+
+def ld_shared_v2(view: np.ndarray, lane_offsets) -> np.ndarray:
+    """Four consecutive elements per lane (one 8-byte ``ld.shared.v2.b32``
+    of BF16): ``[lane, 4]``."""
+    return np.stack([view[o:o + 4] for o in lane_offsets])
+
+
+def _fp8_mma_tile(acc, a_view, b_view, t):
+    """``_mma_tile`` for FP8 weights: one ``ldmatrix.x4`` of weight bytes per
+    16 rows and K pair, converted (``fp8_to_bf16``) into the permuted k slots
+    (``layout.fp8_k_of_slot``); the activations of each step by 8-byte loads,
+    their B registers permuted alike."""
+    lanes = range(layout.WARP)
+    m_iters, n_iters = acc.shape[1], acc.shape[2]
+    # which of lane t's four activations (k 4t .. 4t + 3) go into its B
+    # register of slots (2t, 2t + 1), and into that of (2t + 8, 2t + 9)
+    low = [layout.fp8_k_of_slot(slot) for slot in (0, 1)]
+    high = [layout.fp8_k_of_slot(slot) for slot in (8, 9)]
+    for warp in range(layout.COMPUTE_WARPS):
+        for p in range(layout.k_steps(t.k_tile) // 2):
+            b_regs = {}
+            for ni in range(n_iters):
+                for step in range(2):
+                    e = ld_shared_v2(b_view, [layout.fp8_b_offset(lane, warp, ni, p, step,
+                                                                  t.k_tile, t.token_tile)
+                                              for lane in lanes])
+                    b_regs[ni, step] = np.stack([e[:, low], e[:, high]], axis=1)
+            for mi in range(m_iters):
+                offs = [layout.fp8_a_fragment_offset(lane, warp, mi, p, t.k_tile)
+                        for lane in lanes]
+                # lane 4g + t of matrix j: row g's bytes 4t .. 4t + 3
+                codes = np.stack([[a_view[offs[8 * j + lane // 4] + 4 * (lane % 4):][:4]
+                                   for j in range(4)] for lane in lanes])
+                even, odd = fp8x4_to_bf16x2(codes)  # [lane, matrix, 2] each
+                for step in range(2):
+                    top, bottom = 2 * step, 2 * step + 1  # rows 0-7, rows 8-15
+                    a_regs = np.stack([even[:, top], even[:, bottom],
+                                       odd[:, top], odd[:, bottom]], axis=1)
+                    for ni in range(n_iters):
+                        acc[warp, mi, ni] = mma_m16n8k16(a_regs, b_regs[ni, step],
+                                                         acc[warp, mi, ni])
+
+
+def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False, fp8=False):
     """One CTA's K loop over ``x`` and ``weight`` (its share of K): the four
-    compute warps' FP32 accumulators ``[warp, m_iter, n_iter, lane, reg]``."""
+    compute warps' FP32 accumulators ``[warp, m_iter, n_iter, lane, reg]``.
+    ``fp8``: ``weight`` holds e4m3 bytes (uint8)."""
     t = tactic
     m, k = x.shape
     k_tiles = k // t.k_tile
     bulk = t.x_copy == BULK  # row-padded stages filled by bulk copies
-    kind = t.activation_layout
+    kind = "pairs" if fp8 else t.activation_layout
     a_stage = t.output_tile * t.k_tile
     b_stage = t.token_tile * (t.k_tile + (layout.B_ROW_PAD if bulk else 0))
-    a_ring = np.full(t.stages * a_stage, np.nan, dtype=np.float32)
+    # an FP8 ring starts as 0x7f bytes, which convert to 480, never a weight
+    # of the integer tests: a missed copy shows
+    a_ring = (np.full(t.stages * a_stage, 0x7F, dtype=np.uint8) if fp8 else
+              np.full(t.stages * a_stage, np.nan, dtype=np.float32))
     b_ring = np.full(t.stages * b_stage, np.nan, dtype=np.float32)
     a_threads = layout.A_LOADER_WARPS * layout.WARP
     b_threads = t.b_loader_warps * layout.WARP
@@ -203,18 +285,23 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False)
         b_writes = np.zeros(b_stage, dtype=np.int64) if check_coverage else None
         a_view = a_ring[stage * a_stage:(stage + 1) * a_stage]
         b_view = b_ring[stage * b_stage:(stage + 1) * b_stage]
-        a_view[:] = np.nan  # a stale stage must not hide a missed copy
+        a_view[:] = 0x7F if fp8 else np.nan  # a stale stage must not hide a missed copy
         b_view[:] = np.nan
-        _load_stage(a_view, 0, weight_rows, i, t.output_tile, t.k_tile, a_threads, a_writes)
+        _load_stage(a_view, 0, weight_rows, i, t.output_tile, t.k_tile, a_threads, a_writes,
+                    "fp8" if fp8 else "swizzle")
         if t.x_copy == TMA:
             _tma_stage(b_view, token_rows, i, t.token_tile, t.k_tile, b_writes)
         elif bulk:
             _bulk_stage(b_view, token_rows, i, t.k_tile, b_writes)
         else:
-            _load_stage(b_view, 0, token_rows, i, t.token_tile, t.k_tile, b_threads, b_writes)
+            _load_stage(b_view, 0, token_rows, i, t.token_tile, t.k_tile, b_threads, b_writes,
+                        kind)
         if check_coverage:
             _check_stage_coverage(i, a_writes, b_writes, token_rows, t, bulk)
-        _mma_tile(acc, a_view, b_view, t, kind)
+        if fp8:
+            _fp8_mma_tile(acc, a_view, b_view, t)
+        else:
+            _mma_tile(acc, a_view, b_view, t, kind)
     return acc
 
 
@@ -237,17 +324,21 @@ NEG_LOG2E = np.float32(-1.4426950408889634)
 
 
 def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
-                check_coverage=False):
+                check_coverage=False, scale=None):
     """Output vectors ``{(token, first output column): 8 FP32}`` one CTA
     (with ``k_split`` > 1: one cluster of CTAs sharing K) stores. Every
     warp's partials land in the first CTA's buffer (slot ``rank * 4 +
     warp``), each word once. With ``swiglu``, each vector is ``silu(gate) *
-    up`` of the tile's gate rows and the up rows half a tile further."""
-    buf = _reduction_buffer(x, weight, tactic, tile_n, tile_t, swiglu, check_coverage)
-    return _epilogue(buf, x.shape[0], weight.shape[0] // 2, tactic, tile_n, tile_t, bias, swiglu)
+    up`` of the tile's gate rows and the up rows half a tile further. With
+    ``scale`` (float32 ``[N]``), ``weight`` is e4m3 bytes and each output
+    column's sum is multiplied by its scale before the bias."""
+    buf = _reduction_buffer(x, weight, tactic, tile_n, tile_t, swiglu, check_coverage,
+                            scale is not None)
+    return _epilogue(buf, x.shape[0], weight.shape[0] // 2, tactic, tile_n, tile_t, bias, swiglu,
+                     scale)
 
 
-def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage):
+def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage, fp8=False):
     """The first CTA's reduction buffer (the only one a K split writes):
     each CTA of the cluster accumulates its share of K, each warp stores its
     accumulators into its slot."""
@@ -258,7 +349,7 @@ def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage):
     for rank in range(t.k_split):
         share = slice(rank * k_cta, (rank + 1) * k_cta)
         acc = _accumulate(x[:, share], weight[:, share], t, tile_n, tile_t, check_coverage,
-                          swiglu)
+                          swiglu, fp8)
         for warp, mi, ni, lane, reg in np.ndindex(acc.shape):
             row, token = layout.accumulator_coords(lane, mi, ni, reg)
             off = layout.reduction_offset(rank * layout.COMPUTE_WARPS + warp, token, row,
@@ -269,7 +360,7 @@ def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage):
     return buf
 
 
-def _epilogue(buf, m, half, t, tile_n, tile_t, bias, swiglu):
+def _epilogue(buf, m, half, t, tile_n, tile_t, bias, swiglu, scale=None):
     """What the epilogue threads store from ``buf``: every warp's partials
     summed in slot order (the kernel's fixed order), the bias added, the
     SwiGLU applied."""
@@ -295,6 +386,8 @@ def _epilogue(buf, m, half, t, tile_n, tile_t, bias, swiglu):
         global_token = tile_t * t.token_tile + token
         if vector < vectors and global_token < m:
             n0 = tile_n * rows + row
+            if scale is not None:
+                total = (total * scale[n0:n0 + layout.CHUNK]).astype(np.float32)
             if bias is not None:
                 total = (total + bias[n0:n0 + layout.CHUNK]).astype(np.float32)
                 if swiglu:
@@ -353,6 +446,14 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, rou
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must have shape ({n},), got {bias.shape}")
     bias = None if bias is None else round_bf16(bias)
+    out = _run_grid(x, weight, tactic, bias, swiglu, check_coverage)
+    return round_bf16(out) if round_output else out
+
+
+def _run_grid(x, weight, tactic, bias, swiglu, check_coverage, scale=None):
+    """Every CTA of the grid, each output element checked stored once: FP32."""
+    m = x.shape[0]
+    n = weight.shape[0]
     columns = n // 2 if swiglu else n
     out = np.full((m, columns), np.nan, dtype=np.float32)
     written = np.zeros((m, columns), dtype=np.int64)
@@ -364,13 +465,58 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, rou
         cta_tactic = tactic if rows == tactic.output_tile else half_tactic
         for tile_t in range(-(-m // tactic.token_tile)):
             stores = emulate_cta(x, weight, cta_tactic, index, tile_t, bias, swiglu=swiglu,
-                                 check_coverage=check_coverage)
+                                 check_coverage=check_coverage, scale=scale)
             for (token, n0), values in stores.items():
                 out[token, n0:n0 + layout.CHUNK] = values
                 written[token, n0:n0 + layout.CHUNK] += 1
     if not np.all(written == 1):
         raise AssertionError("output elements written "
                              f"{sorted(set(written.ravel().tolist()))} times, expected once")
+    return out
+
+
+def _fp8_codes(weight) -> np.ndarray:
+    """``weight`` (a torch float8_e4m3fn tensor or e4m3 bytes as uint8) as a uint8 array."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(weight, torch.Tensor):
+        if weight.dtype not in (torch.float8_e4m3fn, torch.uint8):
+            raise ValueError(f"weight must be float8_e4m3fn (or its bytes as uint8), "
+                             f"got {weight.dtype}")
+        return weight.detach().cpu().contiguous().view(torch.uint8).numpy()
+    if not isinstance(weight, np.ndarray) or weight.dtype != np.uint8:
+        raise ValueError("weight must be e4m3 bytes: a uint8 NumPy array or a float8_e4m3fn "
+                         f"tensor, got {type(weight).__name__} {getattr(weight, 'dtype', '')}")
+    return weight
+
+
+def emulate_fp8(x, weight, scale, tactic: WarpSplitKTactic, bias=None, *, round_output=True,
+                check_coverage=False) -> np.ndarray:
+    """What the FP8-weight kernel writes for ``out = x @ (scale * W)^T (+
+    bias)``, as float32: ``weight`` ``[N, K]`` e4m3 (a float8_e4m3fn tensor or
+    its bytes as uint8), ``scale`` one FP32 for the tensor or ``[N]`` per
+    output channel, ``x`` and ``bias`` rounded to BF16 as for ``emulate``.
+    The weights go through the kernel's conversion (``fp8_to_bf16``), its
+    k permutation and its loads; the scale multiplies each column's FP32
+    sum, then the bias is added."""
+    x = round_bf16(_float32("x", x))
+    codes = _fp8_codes(weight)
+    if x.ndim != 2 or codes.ndim != 2:
+        raise ValueError(f"x [M, K] and weight [N, K] must be 2-D, got shapes {x.shape} and "
+                         f"{codes.shape}")
+    (m, k), (n, k_w) = x.shape, codes.shape
+    if k != k_w:
+        raise ValueError(f"x has K={k} but weight has K={k_w}")
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"M must be in 1..{MAX_M}, got {m}")
+    check_tactic(tactic, n, k, fp8=True)
+    scale = _float32("scale", scale).reshape(-1)
+    if scale.shape not in ((1,), (n,)):
+        raise ValueError(f"scale must be one value or [N] = ({n},), got shape {scale.shape}")
+    scale = np.broadcast_to(scale, (n,)).astype(np.float32)
+    bias = None if bias is None else round_bf16(_float32("bias", bias))
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias must have shape ({n},), got {bias.shape}")
+    out = _run_grid(x, codes, tactic, bias, False, check_coverage, scale)
     return round_bf16(out) if round_output else out
 
 
@@ -452,3 +598,46 @@ def bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
                     if not conflict_free(addrs, 4):
                         problems.append(f"reduction store warp {warp} m {mi} n {ni} reg {reg}")
     return problems
+
+
+def fp8_bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
+    """``bank_conflicts`` for the FP8-weight kernel: its weight copies and
+    ``ldmatrix`` reads of byte stages (``layout.fp8_swizzle``), its
+    activation copies into "pairs" stages and their 8-byte B loads (two
+    16-lane phases each), and the reduction stores."""
+    t = tactic
+    problems = []
+    lanes = range(layout.WARP)
+    a_threads = layout.A_LOADER_WARPS * layout.WARP
+    b_threads = t.b_loader_warps * layout.WARP
+    for copy in range(layout.copies_per_thread(t.output_tile, t.k_tile, a_threads,
+                                               layout.FP8_CHUNK)):
+        for first in range(0, a_threads, 8):
+            phase = [layout.fp8_swizzle(*layout.loader_copy(th, copy, t.k_tile, a_threads,
+                                                            layout.FP8_CHUNK), t.k_tile)
+                     for th in range(first, first + 8)]
+            if not conflict_free(phase, 16):
+                problems.append(f"A copy round {copy}: {phase}")
+    for copy in range(layout.copies_per_thread(t.token_tile, t.k_tile, b_threads)):
+        for first in range(0, b_threads, 8):
+            phase = [layout.swizzle_pairs(*layout.loader_copy(th, copy, t.k_tile, b_threads),
+                                          t.k_tile) * layout.ELEMENT_BYTES
+                     for th in range(first, first + 8)]
+            if not conflict_free(phase, 16):
+                problems.append(f"B copy round {copy}: {phase}")
+    for warp in range(layout.COMPUTE_WARPS):
+        for p in range(layout.k_steps(t.k_tile) // 2):
+            for mi in range(t.output_tile // layout.MMA_M):
+                offs = [layout.fp8_a_fragment_offset(lane, warp, mi, p, t.k_tile)
+                        for lane in lanes]
+                for j in range(4):
+                    if not conflict_free([offs[8 * j + r] for r in range(8)], 16):
+                        problems.append(f"A ldmatrix warp {warp} pair {p} m {mi} matrix {j}")
+            for ni in range(layout.mma_token_blocks(t.token_tile)):
+                for step in range(2):
+                    addrs = [layout.ELEMENT_BYTES * layout.fp8_b_offset(
+                        lane, warp, ni, p, step, t.k_tile, t.token_tile) for lane in lanes]
+                    for half in (addrs[:16], addrs[16:]):
+                        if not conflict_free(half, 8):
+                            problems.append(f"B load warp {warp} pair {p} n {ni} step {step}")
+    return problems + [p for p in bank_conflicts(t) if p.startswith("reduction")]

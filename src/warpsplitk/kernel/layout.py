@@ -51,6 +51,15 @@ def swizzle(row, col, k_tile):
     return row * k_tile + (col ^ ((row % 8) * CHUNK))
 
 
+def swizzle_pairs(row, col, k_tile):
+    """Element offset of activation ``(row, col)`` in the stage of a kernel
+    with FP8 weights: the 16-byte chunk index XORed with ``2 * (row % 8)``,
+    so the 32-byte span each row gives an FP8 k-step's B loads
+    (``fp8_b_offset``) lands in its own quarter of the banks for 4
+    consecutive rows (with ``swizzle`` rows 2r and 2r + 1 share one)."""
+    return row * k_tile + (col ^ ((row % 8) * 2 * CHUNK))
+
+
 #: Dynamic shared memory a block may opt into on sm_90 and sm_100.
 SMEM_PER_BLOCK = 227 * 1024
 
@@ -95,8 +104,9 @@ def tma_boxes(k_tile):
 
 #: How an activation stage is laid out, by how it is filled:
 #: 16-byte cp.async copies (swizzled), one bulk copy per row (row-padded),
-#: or TMA boxes (128-byte swizzled boxes).
-B_LAYOUTS = ("swizzle", "padded", "tma")
+#: or TMA boxes (128-byte swizzled boxes); "pairs": 16-byte copies beside
+#: FP8 weights (``swizzle_pairs``).
+B_LAYOUTS = ("swizzle", "padded", "tma", "pairs")
 
 
 def b_offset(row, col, k_tile, kind="swizzle", token_tile=0):
@@ -106,25 +116,28 @@ def b_offset(row, col, k_tile, kind="swizzle", token_tile=0):
         return padded(row, col, k_tile)
     if kind == "tma":
         return tma_swizzle(row, col, k_tile, token_tile)
+    if kind == "pairs":
+        return swizzle_pairs(row, col, k_tile)
     return swizzle(row, col, k_tile)
 
 
 # ---------------------------------------------------------------- loaders
 
 
-def copies_per_thread(rows, k_tile, threads):
-    """16-byte copies one loader thread issues per stage of a ``[rows, k_tile]`` tile."""
-    return rows * k_tile // (CHUNK * threads)
+def copies_per_thread(rows, k_tile, threads, chunk=CHUNK):
+    """16-byte copies one loader thread issues per stage of a ``[rows,
+    k_tile]`` tile of ``chunk`` elements per copy (``FP8_CHUNK`` for FP8 weights)."""
+    return rows * k_tile // (chunk * threads)
 
 
-def loader_copy(thread, copy, k_tile, threads):
+def loader_copy(thread, copy, k_tile, threads, chunk=CHUNK):
     """Logical ``(row, col)`` of copy ``copy`` of loader thread ``thread``.
 
     Consecutive threads take consecutive 16-byte chunks of a row, so a warp's
     global reads are whole 128-byte lines; each further copy moves all
-    threads on by ``threads * 8`` elements (a whole number of rows).
+    threads on by ``threads * chunk`` elements (a whole number of rows).
     """
-    linear = thread * CHUNK + copy * threads * CHUNK
+    linear = thread * chunk + copy * threads * chunk
     return linear // k_tile, linear % k_tile
 
 
@@ -203,6 +216,76 @@ def b_fragment_offset(lane, warp, n_iter, pair, k_tile, kind="swizzle", token_ti
     row = stage_row(lane % 8 + n_iter * MMA_N, token_tile)
     col = (lane // 8) * CHUNK + pair * 2 * MMA_K + warp * (k_tile // COMPUTE_WARPS)
     return b_offset(row, col, k_tile, kind, token_tile)
+
+
+# -------------------------------------------------- FP8 (e4m3) weights
+#
+# A weight stage of FP8 is ``[rows, k_tile]`` bytes, swizzled as BF16 stages
+# are (16-byte chunk index XOR ``row % 8``). ``ldmatrix`` reads its bytes as
+# b16 pairs: of each 8-row x 16-byte matrix, lane ``4 g + t`` receives row g's
+# bytes ``4 t .. 4 t + 3``, four weights of consecutive k. The conversion
+# (``fp8_to_bf16_bits``) makes of them two BF16x2 registers, the even k
+# ``(4 t, 4 t + 2)`` and the odd ``(4 t + 1, 4 t + 3)``, which go into the
+# mma as its k slots ``(2 t, 2 t + 1)`` and ``(2 t + 8, 2 t + 9)``: a fixed
+# permutation of the 16 k of a step (``fp8_k_of_slot``), which the
+# activations' B registers follow (``fp8_b_offset``), so the mma's sum over
+# its slots is the sum over the step's k.
+
+#: bytes of one FP8 weight, and FP8 weights per 16-byte copy.
+FP8_BYTES = 1
+FP8_CHUNK = 16
+#: the BF16 that ``fp8_to_bf16_bits`` makes of an e4m3 byte is the weight
+#: times 2 ** -FP8_BF16_SHIFT: exact for every code, subnormals included
+#: (e4m3's exponent bias is 7, BF16's 127); one BF16x2 multiply by 2 ** 120
+#: restores it.
+FP8_BF16_SHIFT = 120
+
+
+def fp8_swizzle(row, col, k_tile):
+    """Byte offset of weight ``(row, col)`` in a swizzled ``[rows, k_tile]`` FP8 stage."""
+    return row * k_tile + (col ^ ((row % 8) * FP8_CHUNK))
+
+
+def fp8_a_fragment_offset(lane, warp, m_iter, pair, k_tile):
+    """Byte offset of lane's ``ldmatrix.x4`` row address for FP8 operand A.
+
+    One x4 covers two k-steps (32 K) of 16 weight rows: matrix ``j = lane //
+    8`` is rows ``8 (j % 2) .. +7`` at the step ``j // 2``'s 16 bytes, of
+    the K pair ``pair`` of this warp's quarter. Registers 0, 1 are rows 0-7
+    and 8-15 of step ``2 pair``, registers 2, 3 of step ``2 pair + 1``.
+    """
+    j = lane // 8
+    row = lane % 8 + (j % 2) * 8 + m_iter * MMA_M
+    col = (j // 2) * MMA_K + pair * 2 * MMA_K + warp * (k_tile // COMPUTE_WARPS)
+    return fp8_swizzle(row, col, k_tile)
+
+
+def fp8_k_of_slot(slot):
+    """The k (0..15) within a step that mma k slot ``slot`` multiplies in an
+    FP8-weight kernel: slots ``2 t, 2 t + 1`` hold lane t's even weights
+    ``4 t, 4 t + 2``, slots ``2 t + 8, 2 t + 9`` its odd ones ``4 t + 1, 4 t + 3``."""
+    t = (slot % 8) // 2
+    return 4 * t + 2 * (slot % 2) + slot // 8
+
+
+def fp8_b_offset(lane, warp, n_iter, pair, step, k_tile, token_tile=MMA_N):
+    """Element offset of the 4 activations (8 bytes, one ``ld.shared.v2``)
+    lane ``4 g + t`` loads for k-step ``step`` (0, 1) of K pair ``pair``:
+    token ``g`` of block ``n_iter`` at k ``4 t .. 4 t + 3`` of the step.
+    Its B registers are ``(e0, e2)`` and ``(e1, e3)`` (``fp8_k_of_slot``).
+    The stage is laid out "pairs" (``swizzle_pairs``)."""
+    row = stage_row(lane // 4 + n_iter * MMA_N, token_tile)
+    col = ((lane % 4) * 4 + step * MMA_K + pair * 2 * MMA_K
+           + warp * (k_tile // COMPUTE_WARPS))
+    return swizzle_pairs(row, col, k_tile)
+
+
+def fp8_to_bf16_bits(code):
+    """The BF16 bits the kernel makes of e4m3 byte ``code``: sign to bit 15,
+    exponent and mantissa (7 bits) shifted left by 4, so the BF16 is the
+    weight times ``2 ** -FP8_BF16_SHIFT``. The kernel does it for two bytes
+    of each half of a register at once (``ptx.fp8x4_to_bf16x2``)."""
+    return (code // 128) * 0x8000 + (code % 128) * 16
 
 
 # ------------------------------------------------------ split-K reduction
@@ -340,7 +423,8 @@ class SmemPlan:
 
 
 @functools.lru_cache(maxsize=65536)  # a pure function of a few ints: ranking asks often
-def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, b_layout="swizzle"):
+def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, b_layout="swizzle",
+              weight_bytes=ELEMENT_BYTES):
     """Where the two rings, the reduction buffer and the mbarriers live.
 
     With ``k_split`` CTAs per cluster sharing K, the reduction buffer holds
@@ -349,6 +433,7 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, b_layout="swiz
     their bytes complete its ``partials`` mbarrier. ``b_layout`` is the
     activation stages' (``B_LAYOUTS``): "padded" rows (``padded``) for bulk
     copies, "tma" boxes (``tma_swizzle``, 1024-byte aligned) for TMA ones.
+    ``weight_bytes``: 2 for BF16 weights, 1 (``FP8_BYTES``) for FP8 ones.
 
     A ring too deep to fit beside the reduction buffer in one block
     (``SMEM_PER_BLOCK``) gets the buffer laid over its start instead
@@ -357,7 +442,7 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, b_layout="swiz
     which the kernel makes sure of with a barrier of the compute warps
     before the first partial is stored. Only then: a ring that fits either
     way keeps its own buffer, and with it the kernel the tuner measured."""
-    a_stage = output_tile * k_tile * ELEMENT_BYTES
+    a_stage = output_tile * k_tile * weight_bytes
     b_row = k_tile + (B_ROW_PAD if b_layout == "padded" else 0)
     # 16-byte aligned rows either way (a multiple of 128 B from 8 rows on)
     b_stage = token_tile * b_row * ELEMENT_BYTES
