@@ -242,8 +242,8 @@ def test_loader_gap_is_caught_by_coverage(monkeypatch):
     """A loader that writes one chunk twice (and so misses one) fails check_coverage."""
     good = layout.loader_copy
 
-    def overlapping(thread, copy, k_tile, threads):
-        return good(thread - 1 if thread == 1 else thread, copy, k_tile, threads)
+    def overlapping(thread, copy, k_tile, threads, chunk=layout.CHUNK):
+        return good(thread - 1 if thread == 1 else thread, copy, k_tile, threads, chunk)
 
     monkeypatch.setattr(layout, "loader_copy", overlapping)
     x, w, _ = integer_problem(2, 16, 256, seed=6)
