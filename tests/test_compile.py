@@ -631,3 +631,47 @@ def test_a_compile_report_prints_in_one_short_line():
     report = compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 128, 2, 1), "sm_90a")
     assert len(repr(report)) < 400 and "ptx=" not in repr(report)
     assert len(report.ptx) > 10_000
+
+
+FP8_COMPILES = [
+    (WarpSplitKTactic(16, 8, 128, 4, 1), 4096, 4096, "channel", False),
+    (WarpSplitKTactic(32, 8, 256, 6, 2), 4096, 4096, "tensor", True),
+    (WarpSplitKTactic(32, 1, 256, 4, 1, early_launch=True, l2_prefetch=2), 2048, 2048, "channel",
+     True),
+    (WarpSplitKTactic(32, 8, 256, 5, 2, 2), 8192, 28672, "channel", False),  # K past 64 tiles
+    (WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=1), 48, 512, "tensor", True),
+]
+
+
+@pytest.mark.parametrize("tactic,n,k,scales,bias", FP8_COMPILES,
+                         ids=[f"{c[0].short()}-{c[1]}x{c[2]}-{c[3]}" for c in FP8_COMPILES])
+def test_fp8_kernel_compiles_audited_with_its_conversion(tactic, n, k, scales, bias):
+    """The FP8-weight kernel: audit clean, no spills, and per CTA K tile and
+    warp one weight ``ldmatrix.x4`` per 16 rows and K pair, its four
+    registers converted by two BF16x2 multiplies each, two 8-byte activation
+    loads per 8 tokens and K pair, one mma per step and block."""
+    import re
+    report = compile_for_arch(n, k, tactic, "sm_90a", fp8_scales=scales, has_bias=bias)
+    assert report.audit() == []
+    assert report.spill_bytes == 0 and report.local_bytes == 0
+    assert report.smem_bytes < tactic.smem_bytes  # half the weight bytes per stage
+    tiles = k // (tactic.k_tile * tactic.k_split)
+    pairs = layout.k_steps(tactic.k_tile) // 2
+    paths = 2 if tactic.half_tiles else 1  # a mixed grid traces both tile sizes
+    m_iters = sum(o // layout.MMA_M for o in (tactic.output_tile, tactic.output_tile // 2)[:paths])
+    n_iters = layout.mma_token_blocks(tactic.token_tile)
+    count = lambda pattern: len(re.findall(pattern, report.ptx))  # noqa: E731
+    assert count(r"ldmatrix\.sync") == m_iters * pairs * tiles
+    assert count(r"mul\.rn\.bf16x2") == 8 * m_iters * pairs * tiles
+    assert count(r"ld\.shared\.v2\.b32") == paths * 2 * n_iters * pairs * tiles
+    assert count(r"mma\.sync") == m_iters * n_iters * 2 * pairs * tiles
+    assert count(r"ld\.global\.nc\.v4\.f32" if scales == "channel" else r"ld\.global\.nc\.f32")
+
+
+def test_fp8_compile_refuses_what_it_does_not_take():
+    with pytest.raises(ValueError, match="fp8_scales must be one of"):
+        compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 128, 4, 1), fp8_scales="block")
+    with pytest.raises(ValueError, match="FP8 weights take x_copy 'cp.async'"):
+        compile_for_arch(256, 1024, WarpSplitKTactic(16, 8, 128, 4, 1, x_copy="tma"),
+                         fp8_scales="tensor")
+    assert "mul.rn.bf16x2" not in report_for(256, 1024, WarpSplitKTactic(16, 8, 128, 4, 1)).ptx

@@ -254,7 +254,69 @@ def mma_m16n8k16_bf16(a, b, c, *, loc=None, ip=None):
     return _unpack(res, f32, 4, Float32, loc, ip)
 
 
+@dsl_user_op
+def fp8x4_to_bf16x2(word, *, loc=None, ip=None):
+    """Four e4m3 bytes -> two BF16x2, exactly: ``(even, odd)``, bytes (0, 2)
+    and (1, 3), each pair's first in the low half. Per half: the sign to bit
+    15, the 7 exponent and mantissa bits shifted right by 4 from the byte's
+    place (``layout.fp8_to_bf16_bits``: the weight times 2 ** -120, subnormals
+    too), then one BF16x2 multiply by 2 ** 120 (0x7B80)."""
+    i32 = Int32.mlir_type
+    res = _asm(_struct(i32, 2), [Int32(word)],
+               "{\n.reg .b32 s, m, w, two120;\n"
+               "mov.b32 two120, 0x7B807B80;\n"
+               "shl.b32 w, $2, 8;\n"
+               "and.b32 s, w, 0x80008000;\n"
+               "and.b32 m, w, 0x7f007f00;\n"
+               "shr.b32 m, m, 4;\n"
+               "or.b32 $0, s, m;\n"
+               "mul.rn.bf16x2 $0, $0, two120;\n"
+               "and.b32 s, $2, 0x80008000;\n"
+               "and.b32 m, $2, 0x7f007f00;\n"
+               "shr.b32 m, m, 4;\n"
+               "or.b32 $1, s, m;\n"
+               "mul.rn.bf16x2 $1, $1, two120;\n}",
+               "=r,=r,r", loc, ip, side_effects=False)
+    return _unpack(res, i32, 2, Int32, loc, ip)
+
+
+@dsl_user_op
+def ld_shared_v2_b32(address, *, loc=None, ip=None):
+    """Eight bytes of shared memory as two words."""
+    i32 = Int32.mlir_type
+    res = _asm(_struct(i32, 2), [Int32(address)], "ld.shared.v2.b32 {$0, $1}, [$2];",
+               "=r,=r,r", loc, ip)
+    return _unpack(res, i32, 2, Int32, loc, ip)
+
+
+@dsl_user_op
+def prmt_b32(a, b, selector, *, loc=None, ip=None):
+    """``prmt.b32``: four bytes picked from ``(b, a)`` by ``selector``."""
+    return Int32(_asm(Int32.mlir_type, [Int32(a), Int32(b)], f"prmt.b32 $0, $1, $2, {selector};",
+                      "=r,r,r", loc, ip, side_effects=False))
+
+
 # --------------------------------------------------------- epilogue
+
+
+@dsl_user_op
+def ld_global_f32(address, *, loc=None, ip=None):
+    """One FP32 from global memory (read-only path)."""
+    return Float32(_asm(Float32.mlir_type, [Int64(address)], "ld.global.nc.f32 $0, [$1];",
+                        "=f,l", loc, ip))
+
+
+@dsl_user_op
+def ld_global_v4_f32_if(address, predicate, *, loc=None, ip=None):
+    """Four FP32 (one 16-byte load, if ``predicate``); zeros otherwise."""
+    f32 = Float32.mlir_type
+    res = _asm(_struct(f32, 4), [Int64(address), Int32(predicate)],
+               "{\n.reg .pred P1;\nsetp.ne.u32 P1, $5, 0;\n"
+               "mov.b32 $0, 0f00000000;\nmov.b32 $1, 0f00000000;\n"
+               "mov.b32 $2, 0f00000000;\nmov.b32 $3, 0f00000000;\n"
+               "@P1 ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];\n}",
+               "=f,=f,=f,=f,l,r", loc, ip)
+    return _unpack(res, f32, 4, Float32, loc, ip)
 
 
 @dsl_user_op

@@ -82,6 +82,9 @@ class WarpSplitKKernel:
     (``layout.weight_row``), so both sums of an output meet in its own
     reduction buffer and the activation costs no extra pass over memory."""
 
+    #: e4m3 weights (``WarpSplitKFp8Kernel``): byte stages, converted in registers
+    fp8 = False
+
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
                  use_pdl: bool = True, swiglu: bool = False):
         t = tactic
@@ -90,6 +93,8 @@ class WarpSplitKKernel:
         self.has_bias = has_bias
         self.use_pdl = use_pdl
         self.swiglu = swiglu
+        self.weight_bytes = layout.FP8_BYTES if self.fp8 else _BYTES
+        self.b_layout = "pairs" if self.fp8 else t.activation_layout
         self.out_columns = n // 2 if swiglu else n
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
         # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)
@@ -98,7 +103,7 @@ class WarpSplitKKernel:
         self.k_cta = k // t.k_split
         self.k_tiles = self.k_cta // t.k_tile
         self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
-                                     t.activation_layout)
+                                     self.b_layout, self.weight_bytes)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
         self.b_threads = t.b_loader_warps * layout.WARP
         self.compute_threads = layout.COMPUTE_WARPS * layout.WARP
@@ -260,9 +265,10 @@ class WarpSplitKKernel:
     def _barrier(self, smem, region, stage):
         return smem + region + stage * layout.MBARRIER_BYTES
 
-    def _k_base(self, rank):
-        """Byte offset of this CTA's share of K within a row."""
-        return Int64(rank) * (self.k_cta * _BYTES)
+    def _k_base(self, rank, element_bytes=_BYTES):
+        """Byte offset of this CTA's share of K within a row (of x, or of the
+        weight with its ``element_bytes``)."""
+        return Int64(rank) * (self.k_cta * element_bytes)
 
     # ---------------------------------------------------- weight loader
 
@@ -273,14 +279,19 @@ class WarpSplitKKernel:
         # the tile's first weight row: tile_n * rows (with the SwiGLU
         # epilogue, tile_n * rows / 2 of the gate half)
         tile_rows = layout.output_rows(t.output_tile, self.swiglu)
-        base = weight.toint() + Int64(tile_n) * (tile_rows * self.k * _BYTES)
+        wb = self.weight_bytes
+        base = weight.toint() + Int64(tile_n) * (tile_rows * self.k * wb)
         if self.split:
-            base = base + self._k_base(rank)
-        for chunk in range(layout.copies_per_thread(t.output_tile, t.k_tile, self.a_threads)):
-            row, col = layout.loader_copy(thread, chunk, t.k_tile, self.a_threads)
+            base = base + self._k_base(rank, wb)
+        elements = layout.FP8_CHUNK if self.fp8 else layout.CHUNK
+        for chunk in range(layout.copies_per_thread(t.output_tile, t.k_tile, self.a_threads,
+                                                    elements)):
+            row, col = layout.loader_copy(thread, chunk, t.k_tile, self.a_threads, elements)
+            # one expression, in this order: the BF16 kernel's PTX is pinned
             dst = (smem + self.smem.a_ring + stage * self.smem.a_stage_bytes
-                   + layout.swizzle(row, col, t.k_tile) * _BYTES)
-            src = base + Int64((row * self.k + col) * _BYTES) + k_tile_index * t.k_tile * _BYTES
+                   + (layout.fp8_swizzle(row, col, t.k_tile) if self.fp8
+                      else layout.swizzle(row, col, t.k_tile) * _BYTES))
+            src = base + Int64((row * self.k + col) * wb) + k_tile_index * t.k_tile * wb
             if self.swiglu:
                 # up rows: the same outputs' rows in the second half of W
                 first_row, _ = layout.loader_copy(0, chunk, t.k_tile, self.a_threads)
@@ -302,17 +313,18 @@ class WarpSplitKKernel:
         first, count = layout.l2_prefetch_span(self.k_tiles, t.stages, t.k_tile,
                                                t.l2_prefetch)
         valid = thread < layout.l2_prefetch_threads(t.output_tile)  # row = thread
+        wb = self.weight_bytes
         if self.swiglu:
             row = layout.weight_row(tile_n, cutlass.select_(valid, thread, Int32(0)),
                                     t.output_tile, self.n, True)
             src = weight.toint() + Int64(row) * (self.k * _BYTES) + first * _BYTES
         else:
-            src = (weight.toint() + Int64(tile_n) * (t.output_tile * self.k * _BYTES)
-                   + Int64(cutlass.select_(valid, thread, Int32(0))) * (self.k * _BYTES)
-                   + first * _BYTES)
+            src = (weight.toint() + Int64(tile_n) * (t.output_tile * self.k * wb)
+                   + Int64(cutlass.select_(valid, thread, Int32(0))) * (self.k * wb)
+                   + first * wb)
         if self.split:
-            src = src + self._k_base(rank)
-        ptx.cp_async_bulk_prefetch_l2_if(src, count * _BYTES,
+            src = src + self._k_base(rank, wb)
+        ptx.cp_async_bulk_prefetch_l2_if(src, count * wb,
                                          cutlass.select_(valid, Int32(1), Int32(0)))
 
     def weight_loader(self, smem, weight, thread, tile_n, rank):
@@ -374,7 +386,7 @@ class WarpSplitKKernel:
                 src = x_base + Int64(cutlass.select_(valid, token, Int32(0)) * (self.k * _BYTES)
                                      + (col + i * t.k_tile) * _BYTES)
                 dst = (smem + self.smem.b_ring + stage * self.smem.b_stage_bytes
-                       + layout.swizzle(row, col, t.k_tile) * _BYTES)
+                       + layout.b_offset(row, col, t.k_tile, self.b_layout) * _BYTES)
                 ptx.cp_async_16_zfill(dst, src, cutlass.select_(valid, Int32(16), Int32(0)))
             ptx.cp_async_mbarrier_arrive_noinc(self._barrier(smem, self.smem.full_b, stage))
         self._pdl_after_x()
@@ -476,7 +488,7 @@ class WarpSplitKKernel:
         """Warps 0-3: the K loop, the partials into the reduction buffer,
         then the sum over the warps (and the split's CTAs) and the store."""
         lane = tidx % layout.WARP
-        acc = self.mma_mainloop(smem, lane, warp)
+        acc = (self.fp8_mainloop if self.fp8 else self.mma_mainloop)(smem, lane, warp)
         self.store_partials(smem, acc, lane, warp, rank)
         self.epilogue(smem, tidx, tile_n, tile_t, m, bias, out, rank)
 
@@ -529,6 +541,52 @@ class WarpSplitKKernel:
             # ldmatrix reads are done (compute-sanitizer's racecheck follows
             # per-lane arrivals; one arrival per warp after a warp sync it
             # reports as a hazard).
+            ptx.mbarrier_arrive(self._barrier(smem, self.smem.empty, stage))
+        return acc
+
+    def fp8_mainloop(self, smem, lane, warp):
+        """``mma_mainloop`` for e4m3 weights: per 16 weight rows and K pair one
+        ``ldmatrix.x4`` of weight bytes (``layout.fp8_a_fragment_offset``),
+        converted in registers (``ptx.fp8x4_to_bf16x2``: even and odd k of
+        each lane's four), and per 8 tokens and k-step one 8-byte load of
+        activations (``layout.fp8_b_offset``) permuted to the same k slots
+        (``layout.fp8_k_of_slot``: ``(e0, e2)`` and ``(e1, e3)``)."""
+        t = self.tactic
+        m_iters = t.output_tile // layout.MMA_M
+        n_iters = layout.mma_token_blocks(t.token_tile)
+        pairs = layout.k_steps(t.k_tile) // 2
+        a_addr = [[smem + self.smem.a_ring + layout.fp8_a_fragment_offset(lane, warp, mi, p,
+                                                                          t.k_tile)
+                   for p in range(pairs)] for mi in range(m_iters)]
+        b_addr = [[[smem + self.smem.b_ring
+                    + layout.fp8_b_offset(lane, warp, ni, p, s, t.k_tile, t.token_tile) * _BYTES
+                    for s in range(2)] for p in range(pairs)] for ni in range(n_iters)]
+        zero = Float32(0.0)
+        acc = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)]
+        for i in range(self.k_tiles):
+            stage, parity = layout.ring_slot(i, t.stages)
+            ptx.mbarrier_wait(self._barrier(smem, self.smem.full_a, stage), parity)
+            ptx.mbarrier_wait(self._barrier(smem, self.smem.full_b, stage), parity)
+            a_off = stage * self.smem.a_stage_bytes
+            b_off = stage * self.smem.b_stage_bytes
+            for p in range(pairs):
+                b = []
+                for ni in range(n_iters):
+                    steps = []
+                    for s in range(2):
+                        lo, hi = ptx.ld_shared_v2_b32(b_addr[ni][p][s] + b_off)
+                        # (e0, e2) and (e1, e3): the low halves, then the high ones
+                        steps.append((ptx.prmt_b32(lo, hi, "0x5410"),
+                                      ptx.prmt_b32(lo, hi, "0x7632")))
+                    b.append(steps)
+                for mi in range(m_iters):
+                    regs = ptx.ldmatrix_x4(a_addr[mi][p] + a_off)
+                    converted = [ptx.fp8x4_to_bf16x2(r) for r in regs]  # (even, odd) each
+                    for s in range(2):
+                        top, bottom = converted[2 * s], converted[2 * s + 1]
+                        a = (top[0], bottom[0], top[1], bottom[1])
+                        for ni in range(n_iters):
+                            acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b[ni][s], acc[mi][ni])
             ptx.mbarrier_arrive(self._barrier(smem, self.smem.empty, stage))
         return acc
 
@@ -614,6 +672,8 @@ class WarpSplitKKernel:
             if cutlass.const_expr(self.swiglu):
                 words = self._swiglu_words(reduce, token, row, rows, n_index, bias, store)
             else:
+                if cutlass.const_expr(self.fp8):
+                    total = self._scaled(total, n_index, store)
                 if cutlass.const_expr(self.has_bias):
                     b_vals = ptx.ld_global_bf16x8_as_f32(
                         bias.toint() + Int64(n_index * _BYTES), store)
@@ -637,3 +697,63 @@ class WarpSplitKKernel:
             up = [up[j] + up_bias[j] for j in range(layout.CHUNK)]
         out = [ptx.silu_mul_f32(gate[j], up[j]) for j in range(layout.CHUNK)]
         return [ptx.pack_bf16x2(out[2 * j], out[2 * j + 1]) for j in range(4)]
+
+
+class WarpSplitKFp8Kernel(WarpSplitKKernel):
+    """The kernel for e4m3 weights ``[N, K]`` (one byte each) and FP32 scales:
+    ``out = scale * (x @ W^T) (+ bias)``, ``scale`` one value for the tensor
+    (``per_channel`` False) or ``[N]``. Same roles and rings, the weight
+    stages half the bytes; the compute warps convert the weight in registers
+    (``fp8_mainloop``) and the epilogue scales each column's sum before the
+    bias. Its signature has a fifth pointer, the scales."""
+
+    fp8 = True
+
+    def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
+                 use_pdl: bool = True, per_channel: bool = True):
+        # before the base makes a mixed grid's half view, a copy of this one
+        self.per_channel = per_channel
+        self.scale = None
+        super().__init__(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl)
+
+    @cute.jit
+    def __call__(self, weight: cute.Pointer, x: cute.Pointer, bias: cute.Pointer,
+                 scale: cute.Pointer, out: cute.Pointer, m: Int32,
+                 stream: cuda_driver.CUstream):
+        t = self.tactic
+        token_tiles = (m + (t.token_tile - 1)) // t.token_tile
+        cluster = {"cluster": [1, 1, self.k_split]} if self.split else {}
+        self.kernel_fp8(weight, x, bias, scale, out, m).launch(
+            grid=[self.full_tiles + self.half_tiles, token_tiles, self.k_split],
+            block=[self.threads, 1, 1],
+            **cluster,
+            smem=self.smem.total,
+            stream=stream,
+            use_pdl=self.use_pdl,
+            preferred_smem_carveout=100,
+        )
+
+    @cute.kernel
+    def kernel_fp8(self, weight: cute.Pointer, x: cute.Pointer, bias: cute.Pointer,
+                   scale: cute.Pointer, out: cute.Pointer, m: Int32):
+        self._hold_scale(scale)
+        self.body(weight, x, bias, out, m, None)
+
+    def _hold_scale(self, scale):
+        """The scales' pointer, for the epilogue (``_scaled``) to read at
+        trace time; a mixed grid's half view too. Plain Python: not staged."""
+        self.scale = scale
+        if self.half_view is not None:
+            self.half_view.scale = scale
+
+    def _scaled(self, total, n_index, store):
+        """The 8 sums of one output vector times their columns' scales (or
+        the one scale of the tensor)."""
+        if self.per_channel:
+            address = self.scale.toint() + Int64(n_index * 4)
+            scales = (ptx.ld_global_v4_f32_if(address, store)
+                      + ptx.ld_global_v4_f32_if(address + 16, store))
+        else:
+            one = ptx.ld_global_f32(self.scale.toint())
+            scales = [one] * layout.CHUNK
+        return [total[j] * scales[j] for j in range(layout.CHUNK)]

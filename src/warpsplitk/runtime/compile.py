@@ -27,9 +27,9 @@ from .launch import Launcher
 _lock = threading.Lock()
 
 
-def _checked(tactic, n, k, swiglu):
+def _checked(tactic, n, k, swiglu, fp8=False):
     """``(n, k)`` as ints (cache and disk keys), once ``check_tactic`` takes them."""
-    check_tactic(tactic, n, k, swiglu=swiglu)
+    check_tactic(tactic, n, k, swiglu=swiglu, fp8=fp8)
     return operator.index(n), operator.index(k)
 
 
@@ -146,6 +146,8 @@ class CompileReport:
     ptx: str = field(repr=False)  # ~300 KB: print .summary() or write .ptx out
     cubin: bytes | None = field(repr=False)
     swiglu: bool = False
+    #: the scales of an FP8-weight kernel ("tensor", "channel"), None for BF16
+    fp8_scales: str | None = None
 
     def audit(self) -> list[str]:
         t = self.tactic
@@ -163,7 +165,7 @@ class CompileReport:
             return None
         k_tiles = self.k // (t.k_tile * t.k_split)
         _, count = layout.l2_prefetch_span(k_tiles, t.stages, t.k_tile, t.l2_prefetch)
-        return count * layout.ELEMENT_BYTES
+        return count * (layout.ELEMENT_BYTES if self.fp8_scales is None else layout.FP8_BYTES)
 
     def summary(self) -> str:
         t = self.tactic
@@ -172,25 +174,36 @@ class CompileReport:
                 f"spills={self.spill_bytes} local={self.local_bytes}")
 
 
+#: The scales an FP8-weight kernel takes: one FP32 for the tensor, or [N].
+FP8_SCALES = ("tensor", "channel")
+
+
 def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_90a", *,
                      has_bias: bool = False, use_pdl: bool = True,
-                     swiglu: bool = False) -> CompileReport:
-    """Compile for ``arch`` with no GPU; returns PTX, CUBIN and the resource usage."""
+                     swiglu: bool = False, fp8_scales: str | None = None) -> CompileReport:
+    """Compile for ``arch`` with no GPU; returns PTX, CUBIN and the resource
+    usage. ``fp8_scales`` (``FP8_SCALES``): the kernel for e4m3 weights."""
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch!r}")
-    n, k = _checked(tactic, n, k, swiglu)
+    if fp8_scales is not None and fp8_scales not in FP8_SCALES:
+        raise ValueError(f"fp8_scales must be one of {FP8_SCALES} or None, got {fp8_scales!r}")
+    n, k = _checked(tactic, n, k, swiglu, fp8_scales is not None)
     with _lock:
         # the DSL writes the kept PTX/CUBIN files too: keep them out of the cwd
         with tempfile.TemporaryDirectory(prefix="warpsplitk-") as dump:
             compiled = build(n, k, tactic, has_bias, use_pdl, arch,
-                              options=f"--keep-ptx --keep-cubin --dump-dir={dump}", swiglu=swiglu)
+                              options=f"--keep-ptx --keep-cubin --dump-dir={dump}", swiglu=swiglu,
+                              fp8_scales=fp8_scales)
     ptx_text = compiled.artifacts.PTX
     if isinstance(ptx_text, bytes):
         ptx_text = ptx_text.decode()
     cubin = compiled.artifacts.CUBIN
     registers, spills, local = cubin_resources(cubin) if cubin else (None, None, None)
-    return CompileReport(arch, n, k, tactic, tactic.threads, tactic.smem_bytes, registers, spills,
-                         local, ptx_text, cubin, swiglu)
+    smem = tactic.smem_bytes if fp8_scales is None else layout.smem_plan(
+        tactic.output_tile, tactic.token_tile, tactic.k_tile, tactic.stages, tactic.k_split,
+        "pairs", layout.FP8_BYTES).total
+    return CompileReport(arch, n, k, tactic, tactic.threads, smem, registers, spills,
+                         local, ptx_text, cubin, swiglu, fp8_scales)
 
 
 def arch_resources(n: int, k: int, tactic, arch: str = "sm_90a", has_bias: bool = False,

@@ -50,23 +50,32 @@ def gmem_pointer(address: int):
     return make_ptr(cutlass.BFloat16, address, cute.AddressSpace.gmem, assumed_align=ALIGN_BYTES)
 
 
-def fake_args():
-    """Stand-ins of the compiled signature: four 32 B aligned pointers, a
-    run-time M and a stream. The addresses are never dereferenced."""
+def fake_args(pointers=4):
+    """Stand-ins of the compiled signature: ``pointers`` 32 B aligned
+    pointers (5 with FP8 weights: the scales), a run-time M and a stream.
+    The addresses are never dereferenced."""
     cutlass, _ = import_dsl()
     from cutlass.cute.runtime import make_fake_stream
-    pointers = [gmem_pointer(0x1000 * (i + 1)) for i in range(4)]
-    return (*pointers, cutlass.Int32(1), make_fake_stream())
+    addresses = [gmem_pointer(0x1000 * (i + 1)) for i in range(pointers)]
+    return (*addresses, cutlass.Int32(1), make_fake_stream())
 
 
-def build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False):
+def build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False, fp8_scales=None):
     """Trace and compile the kernel for an ``[n, k]`` weight and ``tactic``
-    (checked by the caller) for ``arch``, with extra compiler ``options``."""
+    (checked by the caller) for ``arch``, with extra compiler ``options``.
+    ``fp8_scales`` "tensor" or "channel": the kernel for e4m3 weights with
+    those scales (``WarpSplitKFp8Kernel``)."""
     _, cute = import_dsl()
-    from ..kernel.warp_splitk import WarpSplitKKernel  # imports the DSL
-    kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl, swiglu=swiglu)
+    from ..kernel.warp_splitk import WarpSplitKFp8Kernel, WarpSplitKKernel  # imports the DSL
+    if fp8_scales is None:
+        kernel = WarpSplitKKernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl, swiglu=swiglu)
+        args = fake_args()
+    else:
+        kernel = WarpSplitKFp8Kernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
+                                     per_channel=fp8_scales == "channel")
+        args = fake_args(5)
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
-    return cute.compile(kernel, *fake_args(), options=f"--gpu-arch {arch} {options}".strip())
+    return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())
 
 
 __all__ = ["DSL_REQUIREMENT", "require_dsl", "import_dsl", "gmem_pointer", "fake_args", "build"]
