@@ -665,7 +665,13 @@ def test_fp8_kernel_compiles_audited_with_its_conversion(tactic, n, k, scales, b
     assert count(r"mul\.rn\.bf16x2") == 8 * m_iters * pairs * tiles
     assert count(r"ld\.shared\.v2\.b32") == paths * 2 * n_iters * pairs * tiles
     assert count(r"mma\.sync") == m_iters * n_iters * 2 * pairs * tiles
-    assert count(r"ld\.global\.nc\.v4\.f32" if scales == "channel" else r"ld\.global\.nc\.f32")
+    # per epilogue round: the bias's 16-byte load, and the scales' (two for
+    # channel scales, one 4-byte load of the tensor's)
+    rounds = sum(layout.epilogue_rounds(o, tactic.token_tile)
+                 for o in (tactic.output_tile, tactic.output_tile // 2)[:paths])
+    channel = scales == "channel"
+    assert count(r"ld\.global\.nc\.v4\.b32") == rounds * (2 * channel + bias)
+    assert count(r"ld\.global\.nc\.f32") == (0 if channel else rounds)
 
 
 def test_fp8_compile_refuses_what_it_does_not_take():

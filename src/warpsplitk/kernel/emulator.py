@@ -184,9 +184,8 @@ def fp8_to_bf16(codes) -> np.ndarray:
     (one BF16x2 multiply, exact). The NaN codes 0x7f and 0xff come out as
     +-480: the kernel does not see NaN, so prepared FP8 weights are checked
     for them once, on the host."""
-    codes = np.asarray(codes, dtype=np.uint32)
-    bits = ((codes // 128) * 0x8000 + (codes % 128) * 16).astype(np.uint32) << 16
-    return bits.view(np.float32) * np.float32(2.0 ** layout.FP8_BF16_SHIFT)
+    bits = layout.fp8_to_bf16_bits(np.asarray(codes, dtype=np.uint32)) << 16
+    return bits.astype(np.uint32).view(np.float32) * np.float32(2.0 ** layout.FP8_BF16_SHIFT)
 
 
 def fp8x4_to_bf16x2(codes) -> tuple[np.ndarray, np.ndarray]:
@@ -545,14 +544,19 @@ def ldmatrix_phases(lane_offsets_elements):
             for j in range(4)]
 
 
-def copy_store_phases(rows, k_tile, threads, copy):
-    """Quarter-warp phases (8 threads x 16 B) of one cp.async copy round."""
+def _bf16_stage_byte(row, col, k_tile):
+    return layout.swizzle(row, col, k_tile) * layout.ELEMENT_BYTES
+
+
+def copy_store_phases(rows, k_tile, threads, copy, chunk=layout.CHUNK, place=_bf16_stage_byte):
+    """Quarter-warp phases (8 threads x 16 B) of one cp.async copy round of
+    ``chunk`` elements per copy, each at byte ``place(row, col, k_tile)``."""
     phases = []
     for first in range(0, threads, 8):
         group = []
         for thread in range(first, first + 8):
-            row, col = layout.loader_copy(thread, copy, k_tile, threads)
-            group.append(layout.swizzle(row, col, k_tile) * layout.ELEMENT_BYTES)
+            row, col = layout.loader_copy(thread, copy, k_tile, threads, chunk)
+            group.append(place(row, col, k_tile))
         phases.append(group)
     return phases
 
@@ -610,21 +614,14 @@ def fp8_bank_conflicts(tactic: WarpSplitKTactic) -> list[str]:
     lanes = range(layout.WARP)
     a_threads = layout.A_LOADER_WARPS * layout.WARP
     b_threads = t.b_loader_warps * layout.WARP
-    for copy in range(layout.copies_per_thread(t.output_tile, t.k_tile, a_threads,
-                                               layout.FP8_CHUNK)):
-        for first in range(0, a_threads, 8):
-            phase = [layout.fp8_swizzle(*layout.loader_copy(th, copy, t.k_tile, a_threads,
-                                                            layout.FP8_CHUNK), t.k_tile)
-                     for th in range(first, first + 8)]
-            if not conflict_free(phase, 16):
-                problems.append(f"A copy round {copy}: {phase}")
-    for copy in range(layout.copies_per_thread(t.token_tile, t.k_tile, b_threads)):
-        for first in range(0, b_threads, 8):
-            phase = [layout.swizzle_pairs(*layout.loader_copy(th, copy, t.k_tile, b_threads),
-                                          t.k_tile) * layout.ELEMENT_BYTES
-                     for th in range(first, first + 8)]
-            if not conflict_free(phase, 16):
-                problems.append(f"B copy round {copy}: {phase}")
+    copied = [(t.output_tile, a_threads, layout.FP8_CHUNK, layout.fp8_swizzle, "A copy"),
+              (t.token_tile, b_threads, layout.CHUNK,
+               lambda r, c, kt: layout.swizzle_pairs(r, c, kt) * layout.ELEMENT_BYTES, "B copy")]
+    for rows, threads, chunk, place, name in copied:
+        for copy in range(layout.copies_per_thread(rows, t.k_tile, threads, chunk)):
+            for phase in copy_store_phases(rows, t.k_tile, threads, copy, chunk, place):
+                if not conflict_free(phase, 16):
+                    problems.append(f"{name} round {copy}: {phase}")
     for warp in range(layout.COMPUTE_WARPS):
         for p in range(layout.k_steps(t.k_tile) // 2):
             for mi in range(t.output_tile // layout.MMA_M):

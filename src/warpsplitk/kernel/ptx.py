@@ -309,14 +309,9 @@ def ld_global_f32(address, *, loc=None, ip=None):
 @dsl_user_op
 def ld_global_v4_f32_if(address, predicate, *, loc=None, ip=None):
     """Four FP32 (one 16-byte load, if ``predicate``); zeros otherwise."""
-    f32 = Float32.mlir_type
-    res = _asm(_struct(f32, 4), [Int64(address), Int32(predicate)],
-               "{\n.reg .pred P1;\nsetp.ne.u32 P1, $5, 0;\n"
-               "mov.b32 $0, 0f00000000;\nmov.b32 $1, 0f00000000;\n"
-               "mov.b32 $2, 0f00000000;\nmov.b32 $3, 0f00000000;\n"
-               "@P1 ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$4];\n}",
-               "=f,=f,=f,=f,l,r", loc, ip)
-    return _unpack(res, f32, 4, Float32, loc, ip)
+    return [Float32(_asm(Float32.mlir_type, [w], "mov.b32 $0, $1;", "=f,r", loc, ip,
+                         side_effects=False))
+            for w in ld_global_v4_b32_if(address, predicate, loc=loc, ip=ip)]
 
 
 @dsl_user_op
@@ -333,15 +328,21 @@ def ld_shared_v4_f32(address, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def ld_global_bf16x8_as_f32(address, predicate, *, loc=None, ip=None):
-    """Eight BF16 (one 16-byte load, if ``predicate``) widened to FP32; zeros otherwise."""
+def ld_global_v4_b32_if(address, predicate, *, loc=None, ip=None):
+    """Four words (one 16-byte read-only load, if ``predicate``); zeros otherwise."""
     i32 = Int32.mlir_type
     res = _asm(_struct(i32, 4), [Int64(address), Int32(predicate)],
                "{\n.reg .pred P1;\nsetp.ne.u32 P1, $5, 0;\n"
                "mov.b32 $0, 0;\nmov.b32 $1, 0;\nmov.b32 $2, 0;\nmov.b32 $3, 0;\n"
                "@P1 ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];\n}",
                "=r,=r,=r,=r,l,r", loc, ip)
-    words = _unpack(res, i32, 4, Int32, loc, ip)
+    return _unpack(res, i32, 4, Int32, loc, ip)
+
+
+@dsl_user_op
+def ld_global_bf16x8_as_f32(address, predicate, *, loc=None, ip=None):
+    """Eight BF16 (one 16-byte load, if ``predicate``) widened to FP32; zeros otherwise."""
+    words = ld_global_v4_b32_if(address, predicate, loc=loc, ip=ip)
     out = []
     for w in words:
         out.append(bf16_low_to_f32(w, loc=loc, ip=ip))

@@ -128,8 +128,6 @@ class WarpSplitKKernel:
         # it takes pointers: a pointer argument costs the host ~1 us to build,
         # a DLPack tensor view with a dynamic extent ~20 us.
         t = self.tactic
-        token_tiles = (m + (t.token_tile - 1)) // t.token_tile
-        cluster = {"cluster": [1, 1, self.k_split]} if self.split else {}
         if cutlass.const_expr(t.x_copy == TMA):
             # The tensor map of x: built here, on the host, at every call (x's
             # address and M change between calls), and passed by value as a
@@ -142,6 +140,13 @@ class WarpSplitKKernel:
             launch = self.kernel_tma(weight, x, bias, out, m, tma_atom, tma_x)
         else:
             launch = self.kernel(weight, x, bias, out, m)
+        self._launch(launch, m, stream)
+
+    def _launch(self, launch, m, stream):
+        """Launch a traced kernel: one CTA per output tile, token tile and
+        (k_split) share of K, the cluster, shared memory and PDL."""
+        token_tiles = (m + (self.tactic.token_tile - 1)) // self.tactic.token_tile
+        cluster = {"cluster": [1, 1, self.k_split]} if self.split else {}
         launch.launch(
             grid=[self.full_tiles + self.half_tiles, token_tiles, self.k_split],
             block=[self.threads, 1, 1],
@@ -512,12 +517,8 @@ class WarpSplitKKernel:
                    for p in range(pairs)] for ni in range(n_iters)]
         zero = Float32(0.0)
         acc = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)]
-        for i in range(self.k_tiles):
-            stage, parity = layout.ring_slot(i, t.stages)
-            ptx.mbarrier_wait(self._barrier(smem, self.smem.full_a, stage), parity)
-            ptx.mbarrier_wait(self._barrier(smem, self.smem.full_b, stage), parity)
-            a_off = stage * self.smem.a_stage_bytes
-            b_off = stage * self.smem.b_stage_bytes
+
+        def consume(a_off, b_off):
             # K steps in pairs: one ldmatrix.x4 brings B of two steps for 8 tokens
             for p in range(pairs):
                 b = [ptx.ldmatrix_x4(b_addr[ni][p] + b_off) for ni in range(n_iters)]
@@ -528,6 +529,20 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             b_step = (b[ni][2 * half], b[ni][2 * half + 1])
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b_step, acc[mi][ni])
+
+        self._stages_in_turn(smem, consume)
+        return acc
+
+    def _stages_in_turn(self, smem, consume):
+        """The compute warps' walk over the ring: for each K tile, wait until
+        both stages landed, ``consume(a_offset, b_offset)`` (the stage's byte
+        offsets in the rings: its MMAs), then release the stage."""
+        t = self.tactic
+        for i in range(self.k_tiles):
+            stage, parity = layout.ring_slot(i, t.stages)
+            ptx.mbarrier_wait(self._barrier(smem, self.smem.full_a, stage), parity)
+            ptx.mbarrier_wait(self._barrier(smem, self.smem.full_b, stage), parity)
+            consume(stage * self.smem.a_stage_bytes, stage * self.smem.b_stage_bytes)
             if t.async_activation_ring and layout.stage_refilled(i, t.stages, self.k_tiles):
                 # The next copy into this activation stage is a TMA or bulk
                 # copy: a write by the async proxy, which the mbarrier
@@ -542,7 +557,6 @@ class WarpSplitKKernel:
             # per-lane arrivals; one arrival per warp after a warp sync it
             # reports as a hazard).
             ptx.mbarrier_arrive(self._barrier(smem, self.smem.empty, stage))
-        return acc
 
     def fp8_mainloop(self, smem, lane, warp):
         """``mma_mainloop`` for e4m3 weights: per 16 weight rows and K pair one
@@ -563,22 +577,11 @@ class WarpSplitKKernel:
                     for s in range(2)] for p in range(pairs)] for ni in range(n_iters)]
         zero = Float32(0.0)
         acc = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)]
-        for i in range(self.k_tiles):
-            stage, parity = layout.ring_slot(i, t.stages)
-            ptx.mbarrier_wait(self._barrier(smem, self.smem.full_a, stage), parity)
-            ptx.mbarrier_wait(self._barrier(smem, self.smem.full_b, stage), parity)
-            a_off = stage * self.smem.a_stage_bytes
-            b_off = stage * self.smem.b_stage_bytes
+
+        def consume(a_off, b_off):
             for p in range(pairs):
-                b = []
-                for ni in range(n_iters):
-                    steps = []
-                    for s in range(2):
-                        lo, hi = ptx.ld_shared_v2_b32(b_addr[ni][p][s] + b_off)
-                        # (e0, e2) and (e1, e3): the low halves, then the high ones
-                        steps.append((ptx.prmt_b32(lo, hi, "0x5410"),
-                                      ptx.prmt_b32(lo, hi, "0x7632")))
-                    b.append(steps)
+                b = [[self._fp8_b_step(b_addr[ni][p][s] + b_off) for s in range(2)]
+                     for ni in range(n_iters)]
                 for mi in range(m_iters):
                     regs = ptx.ldmatrix_x4(a_addr[mi][p] + a_off)
                     converted = [ptx.fp8x4_to_bf16x2(r) for r in regs]  # (even, odd) each
@@ -587,8 +590,17 @@ class WarpSplitKKernel:
                         a = (top[0], bottom[0], top[1], bottom[1])
                         for ni in range(n_iters):
                             acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b[ni][s], acc[mi][ni])
-            ptx.mbarrier_arrive(self._barrier(smem, self.smem.empty, stage))
+
+        self._stages_in_turn(smem, consume)
         return acc
+
+    @staticmethod
+    def _fp8_b_step(address):
+        """The B registers of one k-step for 8 tokens: four activations
+        ``e0..e3`` by one 8-byte load, as ``(e0, e2)`` and ``(e1, e3)``
+        (the low halves of the two words, then the high ones)."""
+        lo, hi = ptx.ld_shared_v2_b32(address)
+        return ptx.prmt_b32(lo, hi, "0x5410"), ptx.prmt_b32(lo, hi, "0x7632")
 
     def store_partials(self, smem, acc, lane, warp, rank):
         """The accumulators into the reduction buffer (slot ``warp``), then a
@@ -720,18 +732,7 @@ class WarpSplitKFp8Kernel(WarpSplitKKernel):
     def __call__(self, weight: cute.Pointer, x: cute.Pointer, bias: cute.Pointer,
                  scale: cute.Pointer, out: cute.Pointer, m: Int32,
                  stream: cuda_driver.CUstream):
-        t = self.tactic
-        token_tiles = (m + (t.token_tile - 1)) // t.token_tile
-        cluster = {"cluster": [1, 1, self.k_split]} if self.split else {}
-        self.kernel_fp8(weight, x, bias, scale, out, m).launch(
-            grid=[self.full_tiles + self.half_tiles, token_tiles, self.k_split],
-            block=[self.threads, 1, 1],
-            **cluster,
-            smem=self.smem.total,
-            stream=stream,
-            use_pdl=self.use_pdl,
-            preferred_smem_carveout=100,
-        )
+        self._launch(self.kernel_fp8(weight, x, bias, scale, out, m), m, stream)
 
     @cute.kernel
     def kernel_fp8(self, weight: cute.Pointer, x: cute.Pointer, bias: cute.Pointer,

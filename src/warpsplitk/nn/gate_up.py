@@ -14,10 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import ops
-from ..planning import plans
 from .linear import DecodeLinear, ineligibility
-from .merge import SILU_ACTIVATIONS, swiglu_launch
+from .merge import SILU_ACTIVATIONS, release_swiglu, swiglu_kernel, swiglu_launch
 
 #: transformers MLPs computing ``down(up * silu(gate))`` from one
 #: ``gate_up_proj`` whose rows are ``[gate; up]`` (``chunk(2, dim=-1)``).
@@ -68,13 +66,11 @@ class GateUpSwiGLUMLP(nn.Module):
         self._release()
         gate_up = self.gate_up_proj
         if isinstance(gate_up, DecodeLinear) and gate_up.prepared is not None:
-            self.prepared = plans.prepare(gate_up.weight, self.plan, self.ms, gate_up.bias,
-                                          swiglu=True)
-            self._handle = ops.register(self.prepared)
+            self.prepared, self._handle = swiglu_kernel(gate_up.weight, gate_up.bias, self.plan,
+                                                        self.ms)
 
     def _release(self):
-        if self._handle is not None:
-            ops.unregister(self._handle)
+        release_swiglu(self._handle)
         self.prepared, self._handle = None, None
 
     def __getstate__(self):

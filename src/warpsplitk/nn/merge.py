@@ -209,13 +209,11 @@ class MergedGroup:
         self.linear = DecodeLinear(self.weight, self.bias, self.plan, self.ms)
         self._release_swiglu()
         if self.swiglu and self.linear.prepared is not None:
-            self.swiglu_prepared = plans.prepare(self.weight, self.plan, self.ms, self.bias,
-                                                 swiglu=True)
-            self._swiglu_handle = ops.register(self.swiglu_prepared)
+            self.swiglu_prepared, self._swiglu_handle = swiglu_kernel(
+                self.weight, self.bias, self.plan, self.ms)
 
     def _release_swiglu(self):
-        if self._swiglu_handle is not None:
-            ops.unregister(self._swiglu_handle)
+        release_swiglu(self._swiglu_handle)
         self.swiglu_prepared = None
         self._swiglu_handle = None
 
@@ -249,6 +247,19 @@ class MergedGroup:
         if torch.is_grad_enabled() and (x.requires_grad or self.parts[0].weight.requires_grad):
             return None
         return swiglu_launch(self.linear, self.swiglu_prepared, self._swiglu_handle, x)
+
+
+def swiglu_kernel(weight, bias, plan, ms):
+    """``(prepared, handle)``: the SwiGLU kernel of a ``[gate; up]`` weight
+    (compiled, or loaded from the disk cache) and its custom-op handle."""
+    prepared = plans.prepare(weight, plan, ms, bias, swiglu=True)
+    return prepared, ops.register(prepared)
+
+
+def release_swiglu(handle):
+    """Unregister a ``swiglu_kernel`` handle (None: nothing to release)."""
+    if handle is not None:
+        ops.unregister(handle)
 
 
 def swiglu_launch(linear, prepared, handle, x):
