@@ -213,6 +213,14 @@ class WarpSplitKTactic:
         return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages,
                                 self.k_split, self.activation_layout)
 
+    def smem_plan_for(self, fp8: bool = False) -> layout.SmemPlan:
+        """``smem_plan``, or with ``fp8`` the FP8-weight kernel's: weight
+        stages of one byte per element, "pairs" activation stages."""
+        if not fp8:
+            return self.smem_plan
+        return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages,
+                                self.k_split, layout.FP8_ACTIVATION_LAYOUT, layout.FP8_BYTES)
+
     @property
     def reduction_aliased(self) -> bool:
         """The ring is too deep for the reduction buffer beside it: the buffer

@@ -258,7 +258,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False,
     m, k = x.shape
     k_tiles = k // t.k_tile
     bulk = t.x_copy == BULK  # row-padded stages filled by bulk copies
-    kind = "pairs" if fp8 else t.activation_layout
+    kind = layout.FP8_ACTIVATION_LAYOUT if fp8 else t.activation_layout
     a_stage = t.output_tile * t.k_tile
     b_stage = t.token_tile * (t.k_tile + (layout.B_ROW_PAD if bulk else 0))
     # an FP8 ring starts as 0x7f bytes, which convert to 480, never a weight
@@ -431,22 +431,34 @@ def emulate(x, weight, tactic: WarpSplitKTactic, bias=None, *, swiglu=False, rou
     """
     x = round_bf16(_float32("x", x))
     weight = round_bf16(_float32("weight", weight))
+    n, k = _problem_shape(x, weight)
+    check_tactic(tactic, n, k, swiglu=swiglu)
+    out = _run_grid(x, weight, tactic, _bias(bias, n), swiglu, check_coverage)
+    return round_bf16(out) if round_output else out
+
+
+def _problem_shape(x, weight) -> tuple[int, int]:
+    """``(N, K)`` of ``x [M, K]`` and ``weight [N, K]``; ``ValueError``
+    unless both are 2-D, K agrees and M is in 1..``MAX_M``."""
     if x.ndim != 2 or weight.ndim != 2:
         raise ValueError(f"x [M, K] and weight [N, K] must be 2-D, got shapes {x.shape} and "
                          f"{weight.shape}")
-    m, k = x.shape
-    n, k_w = weight.shape
+    (m, k), (n, k_w) = x.shape, weight.shape
     if k != k_w:
         raise ValueError(f"x has K={k} but weight has K={k_w}")
     if not 1 <= m <= MAX_M:
         raise ValueError(f"M must be in 1..{MAX_M}, got {m}")
-    check_tactic(tactic, n, k, swiglu=swiglu)
-    bias = None if bias is None else _float32("bias", bias)
-    if bias is not None and bias.shape != (n,):
+    return n, k
+
+
+def _bias(bias, n):
+    """``bias`` as BF16-rounded float32 ``[n]`` (None stays None)."""
+    if bias is None:
+        return None
+    bias = _float32("bias", bias)
+    if bias.shape != (n,):
         raise ValueError(f"bias must have shape ({n},), got {bias.shape}")
-    bias = None if bias is None else round_bf16(bias)
-    out = _run_grid(x, weight, tactic, bias, swiglu, check_coverage)
-    return round_bf16(out) if round_output else out
+    return round_bf16(bias)
 
 
 def _run_grid(x, weight, tactic, bias, swiglu, check_coverage, scale=None):
@@ -499,23 +511,13 @@ def emulate_fp8(x, weight, scale, tactic: WarpSplitKTactic, bias=None, *, round_
     sum, then the bias is added."""
     x = round_bf16(_float32("x", x))
     codes = _fp8_codes(weight)
-    if x.ndim != 2 or codes.ndim != 2:
-        raise ValueError(f"x [M, K] and weight [N, K] must be 2-D, got shapes {x.shape} and "
-                         f"{codes.shape}")
-    (m, k), (n, k_w) = x.shape, codes.shape
-    if k != k_w:
-        raise ValueError(f"x has K={k} but weight has K={k_w}")
-    if not 1 <= m <= MAX_M:
-        raise ValueError(f"M must be in 1..{MAX_M}, got {m}")
+    n, k = _problem_shape(x, codes)
     check_tactic(tactic, n, k, fp8=True)
     scale = _float32("scale", scale).reshape(-1)
     if scale.shape not in ((1,), (n,)):
         raise ValueError(f"scale must be one value or [N] = ({n},), got shape {scale.shape}")
     scale = np.broadcast_to(scale, (n,)).astype(np.float32)
-    bias = None if bias is None else round_bf16(_float32("bias", bias))
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias must have shape ({n},), got {bias.shape}")
-    out = _run_grid(x, codes, tactic, bias, False, check_coverage, scale)
+    out = _run_grid(x, codes, tactic, _bias(bias, n), False, check_coverage, scale)
     return round_bf16(out) if round_output else out
 
 

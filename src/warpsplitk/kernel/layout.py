@@ -233,6 +233,8 @@ def b_fragment_offset(lane, warp, n_iter, pair, k_tile, kind="swizzle", token_ti
 
 #: bytes of one FP8 weight, and FP8 weights per 16-byte copy.
 FP8_BYTES = 1
+#: the activation stage layout (``B_LAYOUTS``) of an FP8-weight kernel
+FP8_ACTIVATION_LAYOUT = "pairs"
 FP8_CHUNK = 16
 #: the BF16 that ``fp8_to_bf16_bits`` makes of an e4m3 byte is the weight
 #: times 2 ** -FP8_BF16_SHIFT: exact for every code, subnormals included

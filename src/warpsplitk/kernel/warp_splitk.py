@@ -94,7 +94,7 @@ class WarpSplitKKernel:
         self.use_pdl = use_pdl
         self.swiglu = swiglu
         self.weight_bytes = layout.FP8_BYTES if self.fp8 else _BYTES
-        self.b_layout = "pairs" if self.fp8 else t.activation_layout
+        self.b_layout = layout.FP8_ACTIVATION_LAYOUT if self.fp8 else t.activation_layout
         self.out_columns = n // 2 if swiglu else n
         # k_split > 1: a cluster of k_split CTAs shares each output tile, CTA
         # (rank) r streaming K columns [r * k_cta, (r + 1) * k_cta)
@@ -102,8 +102,7 @@ class WarpSplitKKernel:
         self.split = t.k_split > 1
         self.k_cta = k // t.k_split
         self.k_tiles = self.k_cta // t.k_tile
-        self.smem = layout.smem_plan(t.output_tile, t.token_tile, t.k_tile, t.stages, t.k_split,
-                                     self.b_layout, self.weight_bytes)
+        self.smem = t.smem_plan_for(self.fp8)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
         self.b_threads = t.b_loader_warps * layout.WARP
         self.compute_threads = layout.COMPUTE_WARPS * layout.WARP

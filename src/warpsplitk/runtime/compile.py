@@ -199,9 +199,7 @@ def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_9
         ptx_text = ptx_text.decode()
     cubin = compiled.artifacts.CUBIN
     registers, spills, local = cubin_resources(cubin) if cubin else (None, None, None)
-    smem = tactic.smem_bytes if fp8_scales is None else layout.smem_plan(
-        tactic.output_tile, tactic.token_tile, tactic.k_tile, tactic.stages, tactic.k_split,
-        "pairs", layout.FP8_BYTES).total
+    smem = tactic.smem_plan_for(fp8_scales is not None).total
     return CompileReport(arch, n, k, tactic, tactic.threads, smem, registers, spills,
                          local, ptx_text, cubin, swiglu, fp8_scales)
 
