@@ -75,3 +75,32 @@ def test_weight_refusal_adds_the_bias_and_the_shape_rules(cpu_kernel):
                                       (True, 128, False)])
 def test_shape_rules(n, k, ok):
     assert (shape_refusal(n, k) is None) == ok
+
+
+def test_fp8_scale_kinds_by_shape():
+    from warpsplitk.contract import fp8_scale_kind
+    assert fp8_scale_kind(torch.ones(()), 64) == fp8_scale_kind(torch.ones(1), 64) == "tensor"
+    assert fp8_scale_kind(torch.ones(64), 64) == fp8_scale_kind(torch.ones(64, 1), 64) == "channel"
+    for shape in [(2,), (64, 2), (1, 64), (1, 1, 1)]:
+        assert fp8_scale_kind(torch.ones(shape), 64) is None
+
+
+def test_fp8_operands(cpu_kernel):
+    from warpsplitk.contract import fp8_refusal, fp8_value_refusal
+    weight = aligned(64, 256, dtype=torch.float32).to(torch.float8_e4m3fn)
+    scale = aligned(64, dtype=torch.float32)
+    assert fp8_refusal(weight, scale) is None and fp8_value_refusal(weight, scale) is None
+    assert fp8_refusal(weight, scale, aligned(64)) is None
+    assert fp8_refusal(aligned(64, 256), scale) == (
+        "weight must be float8_e4m3fn, got torch.bfloat16")
+    assert fp8_refusal(weight, scale, aligned(32)) == "bias must have shape (64,), got (32,)"
+    assert fp8_refusal(weight, scale, scale_kind="tensor") == (
+        "weight_scale must have shape () or (1,), got (64,)")
+    # every NaN code, either sign, and nothing else is refused
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    nan = codes.float().isnan()
+    assert int(nan.sum()) == 2
+    for code in range(256):
+        one = weight.clone()
+        one.view(torch.uint8)[0, 0] = code
+        assert (fp8_value_refusal(one, scale) is not None) == bool(nan[code])

@@ -45,7 +45,8 @@ def test_key_names_every_input():
     changes = [("arch", "sm_100a"), ("n", 512), ("k", 1024),
                ("tactic", WarpSplitKTactic(16, 8, 128, 3, 1)),
                ("tactic", WarpSplitKTactic(16, 8, 128, 2, 1, 2)),
-               ("has_bias", True), ("use_pdl", False), ("swiglu", True)]
+               ("has_bias", True), ("use_pdl", False), ("swiglu", True),
+               ("fp8_scales", "tensor"), ("fp8_scales", "channel")]
     stems = {disk_cache.key(**{**base, field: value}) for field, value in changes}
     assert len(stems) == len(changes) and stem not in stems
 
@@ -57,7 +58,7 @@ def test_key_takes_the_kernel_inputs_and_the_build():
     import hashlib
     import inspect
     assert list(inspect.signature(disk_cache.key).parameters) == [
-        "arch", "n", "k", "tactic", "has_bias", "use_pdl", "swiglu"]
+        "arch", "n", "k", "tactic", "has_bias", "use_pdl", "swiglu", "fp8_scales"]
     with pytest.raises(TypeError):
         disk_cache.key("sm_90a", N, K, TACTIC, False, True, arrivals="lane0")
     fields = {"format": disk_cache.FORMAT, **disk_cache._versions(),
@@ -66,6 +67,10 @@ def test_key_takes_the_kernel_inputs_and_the_build():
               "bias": False, "pdl": True, "swiglu": False}
     assert disk_cache.key("sm_90a", N, K, TACTIC, False, True) == hashlib.sha256(
         json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
+    # an FP8-weight kernel's key adds its scales (a BF16 key has no such field)
+    assert disk_cache.key("sm_90a", N, K, TACTIC, False, True, fp8_scales="channel") == (
+        hashlib.sha256(json.dumps({**fields, "fp8_scales": "channel"}, sort_keys=True)
+                       .encode()).hexdigest()[:40])
     build = disk_cache.build_identity()
     assert set(build) == {"dsl_cuda", "dsl_settings", "machine"}
     assert build["dsl_cuda"].startswith(("12.", "13.")) and "-" in build["machine"]

@@ -26,7 +26,7 @@ class Marshalling:
         values += [ctypes.c_uint64(0)] * self.extra
         self._keep = values
         slots = [ctypes.addressof(v) for v in values]
-        return [slots[i] for i in self.order] + slots[6:], []
+        return [slots[i] for i in self.order] + slots[len(self.order):], []
 
     def to(self, device):
         self.devices.append(device)
@@ -98,3 +98,32 @@ def test_generic_path_when_the_layout_differs():
     (call,) = compiled.calls
     assert [p._pointer for p in call[:4]] == [0x1000, 0x2000, 0x3000, 0x4000]
     assert call[4] == 9 and int(call[5]) == 0xABC
+
+
+class Marshalling5(Marshalling):
+    """The FP8 kernel's signature: five pointers (the scales fourth), M, stream."""
+
+    def __init__(self):
+        super().__init__(order=range(7))
+
+    def to(self, device):
+        self.devices.append(device)
+        return Executor5(self)
+
+
+class Executor5(Executor):
+    def run_compiled_program(self, args):
+        read = [ctypes.c_uint64.from_address(a).value for a in args[:5]]
+        read.append(ctypes.c_int32.from_address(args[5]).value)
+        read.append(ctypes.c_uint64.from_address(args[6]).value)
+        self.compiled.calls.append(tuple(read))
+
+
+def test_five_pointer_signature_takes_the_fast_path():
+    compiled = Marshalling5()
+    assert launch.marshals_as_slots(compiled, pointers=5)
+    assert not launch.marshals_as_slots(compiled)  # counted as four: a seventh argument
+    launcher = launch.Launcher(compiled, 0, pointers=5)
+    assert launcher.fast
+    launcher(0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 3, 0xABC)
+    assert compiled.calls == [(0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 3, 0xABC)]

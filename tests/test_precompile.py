@@ -49,6 +49,19 @@ def test_missing_dedups_and_skips_stored(cache):
     assert precompile.missing(KERNELS, "sm_100a") == KERNELS
 
 
+def test_fp8_kernels_are_items_of_their_own(cache):
+    """A seventh field names an FP8 kernel's scales: another kernel, another
+    file, compiled by the workers under the key the process looks up."""
+    n, k, tactic, has_bias, pdl = KERNELS[0]
+    fp8 = [(n, k, tactic, has_bias, pdl, False, "tensor"),
+           (n, k, tactic, has_bias, pdl, False, "channel")]
+    assert precompile.missing(KERNELS[:1] + fp8 + fp8, "sm_90a") == KERNELS[:1] + fp8
+    assert precompile.precompile(fp8, "sm_90a", jobs=2) == {}
+    assert {p.stem for p in disk_cache.entries()} == {
+        disk_cache.key("sm_90a", n, k, tactic, has_bias, pdl, False, scales)
+        for scales in ("tensor", "channel")}
+
+
 @pytest.mark.parametrize("setting", ["one job", "cache off", "one kernel"])
 def test_nothing_to_gain_does_nothing(cache, monkeypatch, setting):
     kernels, jobs = KERNELS, 4

@@ -190,3 +190,145 @@ def test_the_tactics_mapping_takes_ms_of_any_integer_type_as_ints():
                               np.int8(1): T128}, 256, 256)
     assert checked == {1: T128, 32: WarpSplitKTactic(16, 32, 128, 2, 2)}
     assert [type(m) for m in checked] == [int, int]
+
+
+# -------------------------------------------------- FP8 weights (W8A16), no GPU
+
+E4M3 = torch.float8_e4m3fn
+
+
+def fp8_weight(n=N, k=K):
+    """A packed e4m3 ``[n, k]`` of small finite values (no NaN code)."""
+    return (aligned(n, k, dtype=torch.float32) * 0.5).to(E4M3)
+
+
+@pytest.fixture
+def fp8_world(monkeypatch):
+    """PreparedWarpSplitK's whole __init__ on CPU tensors: the contract takes
+    the CPU, the compile and launcher are recorded stand-ins."""
+    from warpsplitk import contract
+    import warpsplitk.runtime.prepared as module
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(module, "stream_handle", lambda device: 0x5EED)
+    compiled, launches = [], []
+
+    def compile_(index, n, k, tactic, **options):
+        compiled.append((n, k, tactic, options))
+        return object()
+
+    def launcher(index, n, k, tactic, **options):
+        return lambda *args: launches.append(args)
+    monkeypatch.setattr(module, "compile_warp_splitk", compile_)
+    monkeypatch.setattr(module, "launcher", launcher)
+    return compiled, launches
+
+
+@pytest.mark.parametrize("scale, kind", [
+    (aligned(1, dtype=torch.float32), "tensor"),
+    (aligned(1, dtype=torch.float32).view(()), "tensor"),
+    (aligned(N, dtype=torch.float32), "channel"),
+    (aligned(N, 1, dtype=torch.float32), "channel"),
+])
+def test_fp8_weight_compiles_its_scale_kind_and_launches_the_scale_fifth(fp8_world, scale, kind):
+    compiled, launches = fp8_world
+    weight, bias = fp8_weight(), aligned(N)
+    prepared = PreparedWarpSplitK(weight, {8: T128}, bias=bias, weight_scale=scale)
+    assert prepared.fp8_scales == kind and prepared.weight_scale is scale
+    assert compiled == [(N, K, T128, dict(has_bias=True, swiglu=False, fp8_scales=kind))]
+    x, out = aligned(8, K), aligned(8, N)
+    assert prepared.run(x, out) is out
+    assert launches == [(weight.data_ptr(), x.data_ptr(), bias.data_ptr(), scale.data_ptr(),
+                         out.data_ptr(), 8, 0x5EED)]
+    assert "fp8 " + kind in repr(prepared)
+
+
+def test_fp8_scale_kind_given_must_match_the_scale(fp8_world):
+    scale = aligned(N, dtype=torch.float32)
+    PreparedWarpSplitK(fp8_weight(), {8: T128}, weight_scale=scale, scale_kind="channel")
+    with pytest.raises(ValueError, match=r"weight_scale must have shape \(\) or \(1,\), got \(64,\)"):
+        PreparedWarpSplitK(fp8_weight(), {8: T128}, weight_scale=scale, scale_kind="tensor")
+    with pytest.raises(ValueError, match=r"scale_kind must be one of \('tensor', 'channel'\)"):
+        PreparedWarpSplitK(fp8_weight(), {8: T128}, weight_scale=scale, scale_kind="block128")
+
+
+def nan_weight():
+    weight = fp8_weight()
+    weight.view(torch.uint8)[3, 5] = 0xFF
+    weight.view(torch.uint8)[7, 0] = 0x7F
+    return weight
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: (fp8_weight(), None), r"an FP8 \(float8_e4m3fn\) weight needs weight_scale"),
+    (lambda: (fp8_weight(), 2.0), "weight_scale must be a float32 torch.Tensor, got float"),
+    (lambda: (fp8_weight(), aligned(N // 2, dtype=torch.float32)),
+     r"weight_scale must have shape \(\) or \(1,\) \(one scale\) or \(64,\) or \(64, 1\)"),
+    (lambda: (fp8_weight(), aligned(N, dtype=torch.bfloat16)), "weight_scale must be float32"),
+    (lambda: (fp8_weight(), aligned(N, 2, dtype=torch.float32)[:, :1]),
+     "weight_scale must be contiguous"),
+    (lambda: (fp8_weight(), aligned(N + 1, dtype=torch.float32)[1:]),
+     "weight_scale must be 32-byte aligned"),
+    (lambda: (fp8_weight(), torch.tensor([float("inf")])), "weight_scale must be finite"),
+    (lambda: (nan_weight(), aligned(1, dtype=torch.float32)),
+     r"weight holds 2 NaN code\(s\) \(0x7F or 0xFF\)"),
+    (lambda: (fp8_weight(K, N).t(), aligned(1, dtype=torch.float32)),
+     "weight must be packed row-major"),
+    (lambda: (aligned(N, K), aligned(1, dtype=torch.float32)),
+     "weight_scale and scale_kind are for float8_e4m3fn weights, got a torch.bfloat16 weight"),
+])
+def test_fp8_operands_are_refused_before_any_compile(fp8_world, make, message):
+    compiled, _ = fp8_world
+    weight, scale = make()
+    with pytest.raises(ValueError, match=message):
+        PreparedWarpSplitK(weight, {8: T128}, weight_scale=scale)
+    assert compiled == []
+
+
+@pytest.mark.parametrize("tactic, swiglu, message", [
+    (WarpSplitKTactic(16, 8, 128, 2, 1, x_copy="tma"), False, "FP8 weights take x_copy 'cp.async'"),
+    (T128, True, "the SwiGLU epilogue is for BF16 weights"),
+])
+def test_fp8_tactics_follow_the_fp8_rules(fp8_world, tactic, swiglu, message):
+    with pytest.raises(ValueError, match=message):
+        PreparedWarpSplitK(fp8_weight(), {8: tactic}, weight_scale=aligned(1, dtype=torch.float32),
+                           swiglu=swiglu)
+
+
+def test_fp8_run_refuses_out_over_the_scale(fp8_world):
+    scale = aligned(8 * N, dtype=torch.float32)
+    prepared = PreparedWarpSplitK(fp8_weight(), {8: T128}, weight_scale=scale[:N])
+    with pytest.raises(ValueError, match="out must not overlap the weight scale"):
+        prepared.run(aligned(8, K), scale.view(torch.bfloat16)[:8 * N].view(8, N))
+
+
+def test_prepare_runs_an_fp8_weight_on_the_fp8_default(fp8_world):
+    from warpsplitk.planning import plans
+    from warpsplitk.planning.choose import default_tactic
+    compiled, _ = fp8_world
+    weight, scale = fp8_weight(), aligned(N, dtype=torch.float32)
+    plan = plans.DecodePlan()
+    plan.set(N, K, 1, WarpSplitKTactic(16, 8, 128, 2, 1, x_copy="tma"))  # a BF16 entry
+    prepared = plans.prepare(weight, plan, ms=(1, 32), weight_scale=scale)
+    assert prepared.tactics == {m: default_tactic(m, N, K, fp8=True) for m in (1, 32)}
+    assert {options["fp8_scales"] for *_, options in compiled} == {"channel"}
+    with pytest.raises(ValueError, match="needs weight_scale"):
+        plans.prepare(weight, None, ms=(1,))
+    with pytest.raises(ValueError, match="the SwiGLU epilogue is for BF16 weights"):
+        plans.prepare(weight, None, ms=(1,), weight_scale=scale, swiglu=True)
+    with pytest.raises(ValueError, match="are for float8_e4m3fn weights"):
+        plans.prepare(aligned(N, K), None, ms=(1,), weight_scale=scale)
+
+
+def test_prepare_model_takes_fp8_weights_with_their_scales(fp8_world, monkeypatch):
+    from warpsplitk.planning import plans
+    monkeypatch.setattr(plans, "precompile_for", lambda *args, **kwargs: {})
+    monkeypatch.setattr(plans, "_precompile_fp8", lambda *args, **kwargs: None)
+    weight, scale = fp8_weight(), aligned(1, dtype=torch.float32)
+    prepared = plans.prepare_model({"q": weight}, ms=(1, 8), progress=None,
+                                   weight_scales={"q": scale})
+    assert prepared["q"].fp8_scales == "tensor"
+    with pytest.raises(ValueError, match=r"weights\['q'\]: an FP8 .* needs weight_scale"):
+        plans.prepare_model({"q": weight}, ms=(1,), progress=None)
+    with pytest.raises(ValueError, match=r"weight_scales names weights not in weights: \['k'\]"):
+        plans.prepare_model({"q": weight}, ms=(1,), progress=None, weight_scales={"k": scale})

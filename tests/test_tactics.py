@@ -713,3 +713,27 @@ def test_fp8_rules():
     with pytest.raises(ValueError, match="multiple of output_tile"):
         check_tactic(T(16, 8, 128, 4, 1), 40, 1024, fp8=True)
     assert layout.smem_plan(16, 8, 128, 4, weight_bytes=1).a_stage_bytes == 16 * 128
+
+
+def test_fp8_rings_may_be_deeper_within_shared_memory():
+    """The shared-memory rule counts an FP8 weight's stages at one byte per
+    element: a ring too deep for a BF16 weight can fit an e4m3 one."""
+    deep = T(32, 8, 256, 12, 2)
+    assert deep.smem_plan_for(True).total <= SMEM_PER_BLOCK < deep.smem_bytes
+    with pytest.raises(ValueError, match="of shared memory"):
+        check_tactic(deep, 4096, 4096)
+    check_tactic(deep, 4096, 4096, fp8=True)
+    with pytest.raises(ValueError, match="of shared memory"):
+        check_tactic(T(32, 8, 256, 19, 2), 4096, 8192, fp8=True)
+
+
+@pytest.mark.parametrize("n, k", [(768, 128), (1024, 4096), (4096, 14336), (28672, 4096),
+                                  (8192, 28672), (6144, 4096), (152064, 3584)])
+def test_the_fp8_default_is_legal_for_fp8_weights_at_every_m(n, k):
+    from warpsplitk.planning.choose import default_tactic
+    for m in range(1, 33):
+        tactic = default_tactic(m, n, k, 132, fp8=True)
+        check_tactic(tactic, n, k, fp8=True)
+        assert tactic.x_copy == "cp.async"
+    with pytest.raises(ValueError, match="SwiGLU epilogue is for BF16 weights"):
+        default_tactic(1, n, k, 132, fp8=True, swiglu=True)

@@ -1,6 +1,7 @@
-"""warpsplitk: warp split-K BF16 GEMM kernels for the decode step of LLMs.
+"""warpsplitk: warp split-K GEMM kernels for the decode step of LLMs.
 
-``out[M, N] = x[M, K] @ W[N, K]^T`` for M <= 32, streaming W from HBM.
+``out[M, N] = x[M, K] @ W[N, K]^T`` for M <= 32, streaming W from HBM: BF16
+weights, or e4m3 (FP8) weights with FP32 scales (activations BF16).
 
     from warpsplitk import PreparedWarpSplitK, default_tactic
     prepared = PreparedWarpSplitK(weight, {m: default_tactic(m, n, k) for m in (1, 8)})
@@ -24,6 +25,7 @@ _LAZY = {
     "compile_warp_splitk": ("runtime.compile", "compile_warp_splitk"),
     "compile_for_arch": ("runtime.compile", "compile_for_arch"),
     "emulate": ("kernel.emulator", "emulate"),
+    "emulate_fp8": ("kernel.emulator", "emulate_fp8"),
     "DecodePlan": ("planning.decode_plan", "DecodePlan"),
     "load_plan": ("planning.decode_plan", "load_plan"),
     "builtin_plan": ("planning.decode_plan", "builtin_plan"),
@@ -59,7 +61,7 @@ def __dir__():
 
 __all__ = ["WarpSplitKTactic", "check_tactic", "default_tactic", "legal_tactics", "all_tactics",
            "ctas_per_sm", "PreparedWarpSplitK", "PreparedDecode", "compile_warp_splitk",
-           "compile_for_arch", "emulate", "DecodePlan", "load_plan", "builtin_plan", "prepare",
+           "compile_for_arch", "emulate", "emulate_fp8", "DecodePlan", "load_plan", "builtin_plan", "prepare",
            "prepare_model", "DecodeLinear", "PatchReport", "patch_model", "unpatch",
            "merge_linears", "ColumnParallelDecodeLinear", "RowParallelDecodeLinear",
            "ensure_no_multicast", "MulticastEnabledError", "shard_plan", "column_shard",

@@ -49,8 +49,13 @@ K_TILE_WIDTHS = (128, 256)
 #: columns (and the bias's) are 32-bit.
 MAX_N = 2 ** 30
 
-#: The one element type of every operand.
+#: The element type of every operand but an FP8 weight and its scales.
 DTYPE_NAME = "bfloat16"
+#: The element type of an FP8 weight (W8A16: activations stay BF16).
+FP8_DTYPE_NAME = "float8_e4m3fn"
+#: The scales an FP8 weight takes, FP32: one for the whole tensor (shape
+#: ``()`` or ``(1,)``), or one per output channel (``[N]`` or ``[N, 1]``).
+FP8_SCALE_KINDS = ("tensor", "channel")
 
 #: The device type the kernel runs on. Read at call time, so CPU tests can
 #: set it to "cpu" and exercise the kernel paths on CPU tensors.
@@ -121,9 +126,10 @@ def _packed(t, shape) -> bool:
     return tuple(t.stride()) == ((1,) if len(shape) == 1 else (shape[1], 1))
 
 
-def operand_refusal(name, t, shape=None, device=None) -> str | None:
+def operand_refusal(name, t, shape=None, device=None, dtype_name=DTYPE_NAME) -> str | None:
     """Why ``t`` cannot be the kernel's operand ``name`` (weight, x, out,
-    bias), or None: a packed row-major bfloat16 tensor on ``device`` (default:
+    bias), or None: a packed row-major tensor of ``dtype_name`` (bfloat16)
+    on ``device`` (default:
     any device of ``DEVICE_TYPE``), of ``shape`` (default: any 2-D ``[N,
     K]``), its address a multiple of ``ALIGN_BYTES``. The device is checked
     first, the most common mistake. The reason reads ``"<name> must ...,
@@ -142,8 +148,8 @@ def operand_refusal(name, t, shape=None, device=None) -> str | None:
         if reason is not None:
             return reason
         shape = tuple(t.shape)
-    if t.dtype != torch.bfloat16:
-        return f"{name} must be {DTYPE_NAME}, got {t.dtype}"
+    if t.dtype != getattr(torch, dtype_name):
+        return f"{name} must be {dtype_name}, got {t.dtype}"
     if tuple(t.shape) != tuple(shape):
         return f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}"
     if not _packed(t, shape):
@@ -182,7 +188,71 @@ def weight_tensors_refusal(weight, bias=None) -> str | None:
     return reason
 
 
+def fp8_scale_kind(scale, n) -> str | None:
+    """The kind (``FP8_SCALE_KINDS``) an FP8 ``[n, K]`` weight's ``scale``
+    has by its shape, or None when it has neither shape."""
+    shape = tuple(scale.shape)
+    if shape in ((), (1,)):
+        return "tensor"
+    if shape in ((n,), (n, 1)) and n > 1:
+        return "channel"
+    return None
+
+
+def fp8_refusal(weight, scale, bias=None, scale_kind=None) -> str | None:
+    """Why an FP8 ``weight`` (packed ``float8_e4m3fn [N, K]``) with ``scale``
+    (FP32, contiguous, on the weight's device: one, or one per row) and
+    ``bias`` (BF16 ``[N]``) is no operand set the kernel takes, or None.
+    ``scale_kind``: the kind the caller means (None: by the scale's shape).
+    The values are not read (``fp8_value_refusal`` reads them)."""
+    import torch
+
+    reason = operand_refusal("weight", weight, dtype_name=FP8_DTYPE_NAME)
+    if reason is None and bias is not None:
+        reason = operand_refusal("bias", bias, (weight.shape[0],), weight.device)
+    if reason is not None:
+        return reason
+    if scale_kind is not None and scale_kind not in FP8_SCALE_KINDS:
+        return f"scale_kind must be one of {FP8_SCALE_KINDS} or None, got {scale_kind!r}"
+    n = weight.shape[0]
+    if not isinstance(scale, torch.Tensor):
+        return f"weight_scale must be a float32 torch.Tensor, got {type(scale).__name__}"
+    kind = fp8_scale_kind(scale, n)
+    wanted = {"tensor": "() or (1,)", "channel": f"({n},) or ({n}, 1)"}
+    if kind is None or (scale_kind is not None and kind != scale_kind):
+        expected = (wanted[scale_kind] if scale_kind is not None
+                    else f"{wanted['tensor']} (one scale) or {wanted['channel']} (one per row)")
+        return f"weight_scale must have shape {expected}, got {tuple(scale.shape)}"
+    if scale.device != weight.device:
+        return f"weight_scale must be on {weight.device}, got {scale.device}"
+    if scale.dtype != torch.float32:
+        return f"weight_scale must be float32, got {scale.dtype}"
+    if not scale.is_contiguous():
+        return f"weight_scale must be contiguous, got {describe(scale)}"
+    if scale.data_ptr() % ALIGN_BYTES:
+        return (f"weight_scale must be {ALIGN_BYTES}-byte aligned, its address is "
+                f"{scale.data_ptr() % ALIGN_BYTES} bytes past a boundary")
+    return None
+
+
+def fp8_value_refusal(weight, scale) -> str | None:
+    """Why the values of an FP8 weight and its scales cannot run, or None:
+    e4m3 has NaN codes (``0x7F``, ``0xFF``), which the kernel's exact
+    conversion would read as ±480, and a scale must be finite. Reads the
+    tensors (a device synchronisation: preparation only)."""
+    import torch
+
+    bits = weight.view(torch.uint8)
+    nan_codes = int(torch.count_nonzero((bits & 0x7F) == 0x7F))
+    if nan_codes:
+        return f"weight holds {nan_codes} NaN code(s) (0x7F or 0xFF); e4m3 weights must be finite"
+    if not bool(torch.isfinite(scale).all()):
+        return "weight_scale must be finite, got a NaN or infinity"
+    return None
+
+
 __all__ = ["MAX_M", "ALIGN_BYTES", "SUPPORTED_ARCHS", "GPUS", "ARCH_GPUS", "BUILTIN_PLAN_GPUS",
-           "MAX_K_TILES", "MAX_N", "DTYPE_NAME", "as_integer", "shape_refusal",
+           "MAX_K_TILES", "MAX_N", "DTYPE_NAME", "FP8_DTYPE_NAME", "FP8_SCALE_KINDS", "as_integer", "shape_refusal",
            "n_bound_refusal", "DEVICE_TYPE", "describe", "operand_refusal", "matrix_refusal",
-           "weight_refusal", "weight_tensors_refusal"]
+           "weight_refusal", "weight_tensors_refusal", "fp8_scale_kind", "fp8_refusal",
+           "fp8_value_refusal"]

@@ -444,8 +444,9 @@ def _ring_of_two(t, n, k, swiglu):
                          f"K={k} spans {cta_tiles} tiles{per_cta}, use stages >= 2")
 
 
-def _fits_shared_memory(t, n, k, swiglu):
-    smem = t.smem_bytes
+def _fits_shared_memory(t, fp8):
+    # an FP8 weight's stages are half the bytes: deeper rings fit
+    smem = t.smem_plan_for(fp8).total
     if smem > SMEM_PER_BLOCK:
         raise ValueError(f"warp split-K: tactic {t.short()} needs {smem} B of shared "
                          f"memory, over the {SMEM_PER_BLOCK} B a block may use")
@@ -459,8 +460,7 @@ def _swiglu_takes_one_tile_size(t, n, k, swiglu):
 
 
 _RULES = (_one_lane_copies, _no_narrow_boxes, _even_thread_copies, _wide_tiles_take_k_tile_128,
-          _rows_fill_n, _k_fills_tiles, _ring_within_k, _prefetch_past_ring, _ring_of_two,
-          _fits_shared_memory, _swiglu_takes_one_tile_size)
+          _rows_fill_n, _k_fills_tiles, _ring_within_k, _prefetch_past_ring, _ring_of_two)
 
 
 def _fp8_rules(t, swiglu):
@@ -484,13 +484,16 @@ def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = Fal
     n, k = as_integer(n, n), as_integer(k, k)
     for rule in _RULES:
         rule(tactic, n, k, swiglu)
+    _fits_shared_memory(tactic, fp8)
+    _swiglu_takes_one_tile_size(tactic, n, k, swiglu)
     if fp8:
         _fp8_rules(tactic, swiglu)
 
 
-def is_legal(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False) -> bool:
+def is_legal(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False,
+             fp8: bool = False) -> bool:
     try:
-        check_tactic(tactic, n, k, swiglu=swiglu)
+        check_tactic(tactic, n, k, swiglu=swiglu, fp8=fp8)
     except ValueError:
         return False
     return True

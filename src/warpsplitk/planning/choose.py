@@ -40,6 +40,7 @@ import functools
 from ..contract import min_k_split
 from ..kernel import layout
 from ..tactics import (
+    CP_ASYNC,
     DEFAULT_SM_COUNT,
     MAX_STAGES,
     MMA_TOKEN_TILES,
@@ -49,6 +50,7 @@ from ..tactics import (
     WarpSplitKTactic,
     check_m,
     check_shape,
+    check_tactic,
     ctas_per_sm,
     grid_ctas,
     is_legal,
@@ -60,20 +62,38 @@ from .cost_model import CostModel, shipped_model
 
 
 def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
-                   swiglu: bool = False) -> WarpSplitKTactic:
+                   swiglu: bool = False, fp8: bool = False) -> WarpSplitKTactic:
     """The tactic the cost model predicts fastest for M tokens on an
     ``[n, k]`` weight (:func:`choose`): the tuner's candidates and the
     reference heuristic's tactic, ranked by the model fitted to the tuner's
     measurements, then the options its nearest measured pairs say gain.
-    Legal for every M in 1..32, N a multiple of 16 and K a multiple of 128
-    up to 64 * 128 (of 256 up to 64 * 256), with ``swiglu`` for the SwiGLU
-    epilogue (no mixed grid); ``sm_count`` None: the current GPU's. The same
-    answer on every call.
+    Legal for every M in 1..32 and every shape ``contract.shape_refusal``
+    accepts, with ``swiglu`` for the SwiGLU epilogue (no mixed grid), with
+    ``fp8`` for e4m3 weights (:func:`fp8_tactic`); ``sm_count`` None: the
+    current GPU's. The same answer on every call.
     """
     m = check_m(m)
     sm_count = resolve_sm_count(sm_count)
     n, k = check_shape(n, k)
+    if fp8:
+        tactic = fp8_tactic(m, n, k, sm_count)
+        check_tactic(tactic, n, k, swiglu=swiglu, fp8=True)  # (no SwiGLU on FP8 weights)
+        return tactic
     return choose_tactic(m, n, k, sm_count, swiglu=swiglu)
+
+
+@functools.lru_cache(maxsize=8192)
+def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> WarpSplitKTactic:
+    """The FP8-weight default: the BF16 choice (the model is fitted to BF16
+    measurements; an e4m3 weight streams half its bytes through the same
+    tiles) with 16-byte activation copies, the FP8 kernel's only kind; where
+    that breaks a rule, the first of :func:`ranked`'s order that keeps them."""
+    candidates = [choose_tactic(m, n, k, sm_count)] + [t for t, _ in ranked(m, n, k, sm_count)]
+    for tactic in candidates:
+        twin = dataclasses.replace(tactic, x_copy=CP_ASYNC)
+        if is_legal(twin, n, k, fp8=True):
+            return twin
+    raise AssertionError(f"no FP8 tactic for M={m} N={n} K={k}")  # ranked holds cp.async ones
 
 
 def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> WarpSplitKTactic:

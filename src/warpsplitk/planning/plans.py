@@ -13,7 +13,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..contract import MAX_M, matrix_refusal, weight_refusal, weight_tensors_refusal
+from ..contract import (
+    FP8_DTYPE_NAME,
+    MAX_M,
+    fp8_refusal,
+    fp8_scale_kind,
+    matrix_refusal,
+    weight_refusal,
+    weight_tensors_refusal,
+)
 from ..runtime.compile import device_arch
 from ..runtime.precompile import precompile
 from ..runtime.prepared import PreparedDecode, PreparedWarpSplitK
@@ -62,21 +70,46 @@ def _check_prepare_ms(ms) -> tuple[int, ...]:
     return checked
 
 
+def is_fp8(weight) -> bool:
+    """Whether ``weight`` is an e4m3 tensor (``contract.FP8_DTYPE_NAME``)."""
+    import torch
+    return isinstance(weight, torch.Tensor) and weight.dtype == getattr(torch, FP8_DTYPE_NAME)
+
+
 def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1), bias=None, *,
-            swiglu: bool = False):
+            swiglu: bool = False, weight_scale=None, scale_kind: str | None = None):
     """``weight`` prepared with the plan's choice for each M in ``ms`` (the
     default (cost model) where the plan has none; ``plan="auto"``: this GPU's
     plan, tuned first where it lacks the shape), all compiled now: a
     ``PreparedWarpSplitK``, or, where the plan or the cost model runs some Ms
     on cuBLAS, a ``PreparedDecode`` with the same interface. With ``swiglu``
     (``weight`` is ``[gate; up]``): a ``PreparedWarpSplitK`` with the SwiGLU
-    epilogue, every M on the kernel (:func:`swiglu_tactic`)."""
+    epilogue, every M on the kernel (:func:`swiglu_tactic`).
+
+    An FP8 weight (``float8_e4m3fn``, with ``weight_scale`` and optionally
+    ``scale_kind`` as ``PreparedWarpSplitK`` takes them) runs the FP8
+    default (``default_tactic(..., fp8=True)``) for every M: plans hold
+    BF16 measurements and are not consulted for it."""
     n, k = _weight_shape("weight", weight)
     ms = _check_prepare_ms(ms)
     import torch  # not at the top: importing plans stays torch-free
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise ValueError(f"bias must be None or a torch.Tensor [N], got {type(bias).__name__}")
     check_plan(plan)
+    if is_fp8(weight):
+        if swiglu:
+            raise ValueError("the SwiGLU epilogue is for BF16 weights, got a float8_e4m3fn weight")
+        reason = (fp8_refusal(weight, weight_scale, bias, scale_kind) if weight_scale is not None
+                  else "an FP8 (float8_e4m3fn) weight needs weight_scale: one FP32 scale, or "
+                       "one per output row")
+        if reason:
+            raise ValueError(reason)
+        tactics = {m: default_tactic(m, n, k, fp8=True) for m in ms}
+        return PreparedWarpSplitK(weight, tactics, bias=bias, weight_scale=weight_scale,
+                                  scale_kind=scale_kind)
+    if weight_scale is not None or scale_kind is not None:
+        raise ValueError("weight_scale and scale_kind are for float8_e4m3fn weights, "
+                         f"got a {weight.dtype} weight")
     # a tensor the kernel cannot take (device, dtype, layout) is refused before
     # any plan is read or tuned; a shape it cannot take, by the default below
     reason = weight_tensors_refusal(weight, bias)
@@ -171,8 +204,32 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
     return failures
 
 
+def _precompile_fp8(weights, ms, jobs, progress):
+    """As :func:`precompile_for`, for ``{name: (fp8 weight, scale)}``: the FP8
+    default's kernels, compiled in worker processes into the disk cache."""
+    import torch  # as in prepare
+
+    by_arch = {}
+    for weight, scale in weights.values():
+        if not is_fp8(weight) or not weight.is_cuda or weight.dim() != 2:
+            continue  # prepare says what is wrong
+        n, k = weight.shape
+        kind = fp8_scale_kind(scale, n) if hasattr(scale, "shape") else None
+        try:
+            arch = device_arch(weight.device.index if weight.device.index is not None
+                               else torch.cuda.current_device())
+            kernels = [(n, k, default_tactic(m, n, k, fp8=True), False, True, False, kind)
+                       for m in ms]
+        except ValueError:
+            continue
+        if kind is not None:
+            by_arch.setdefault(arch, []).extend(kernels)
+    for arch, kernels in by_arch.items():
+        precompile(kernels, arch, jobs, progress)
+
+
 def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1), progress=print,
-                  jobs=None):
+                  jobs=None, *, weight_scales=None):
     """Prepare every weight of ``{name: weight}`` before graph capture; reports
     progress and the total compile time. Returns ``{name: prepared}`` (each a
     ``PreparedWarpSplitK`` or ``PreparedDecode``, as :func:`prepare`).
@@ -182,21 +239,33 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     disk cache, from which each weight's preparation then loads them.
 
     ``plan="auto"``: the plan for this GPU (``warpsplitk.planning.plan_cache``), tuning
-    first the weights' shapes it lacks and keeping them for the next process."""
+    first the weights' shapes it lacks and keeping them for the next process.
+    ``weight_scales``: ``{name: scale}`` for the FP8 weights among ``weights``
+    (as :func:`prepare`'s ``weight_scale``)."""
     start = time.perf_counter()
     if not isinstance(weights, Mapping):
         raise ValueError(f"weights must be a mapping {{name: torch.Tensor}}, got "
                          f"{type(weights).__name__}")
+    scales = dict(weight_scales or {})
+    strays = sorted(set(scales) - set(weights), key=str)
+    if strays:
+        raise ValueError(f"weight_scales names weights not in weights: {strays[:3]}")
     for name, weight in weights.items():
         _weight_shape(f"weights[{name!r}]", weight)
     ms = _check_prepare_ms(ms)
-    plan = resolve_plan(plan, [tuple(w.shape) for w in weights.values()], ms,
+    bf16 = {name: w for name, w in weights.items() if name not in scales and not is_fp8(w)}
+    plan = resolve_plan(plan, [tuple(w.shape) for w in bf16.values()], ms,
                         progress=progress, jobs=jobs)
-    precompile_for(weights.values(), plan, ms, jobs, progress)
+    precompile_for(bf16.values(), plan, ms, jobs, progress)
+    _precompile_fp8({name: (weights[name], scale) for name, scale in scales.items()}, ms, jobs,
+                    progress)
     prepared = {}
     for i, (name, weight) in enumerate(weights.items(), 1):
         t0 = time.perf_counter()
-        prepared[name] = prepare(weight, plan, ms)
+        try:
+            prepared[name] = prepare(weight, plan, ms, weight_scale=scales.get(name))
+        except ValueError as error:
+            raise ValueError(f"weights[{name!r}]: {error}") from None
         if progress:
             progress(f"[{i}/{len(weights)}] {name} {tuple(weight.shape)} "
                      f"{time.perf_counter() - t0:.1f} s")
@@ -205,7 +274,7 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     return prepared
 
 
-__all__ = ["resolve_plan", "prepare", "prepare_model", "prepare_choices", "precompile_for",
+__all__ = ["resolve_plan", "prepare", "prepare_model", "is_fp8", "prepare_choices", "precompile_for",
            "swiglu_tactic", "before_down", "BEFORE_DOWN_MAX_M",
            # from decode_plan
            "CUBLAS", "PLAN_FORMAT", "PLAN_VERSION", "DecodePlan", "builtin_plan", "builtin_plans",

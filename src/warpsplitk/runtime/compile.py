@@ -16,7 +16,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
-from ..contract import SUPPORTED_ARCHS, as_integer
+from ..contract import FP8_SCALE_KINDS, SUPPORTED_ARCHS, as_integer
 from ..kernel import layout
 from ..tactics import BULK, MAX_M, TMA, WarpSplitKTactic, check_tactic
 from . import disk_cache
@@ -27,24 +27,33 @@ from .launch import Launcher
 _lock = threading.Lock()
 
 
-def _checked(tactic, n, k, swiglu, fp8=False):
-    """``(n, k)`` as ints (cache and disk keys), once ``check_tactic`` takes them."""
-    check_tactic(tactic, n, k, swiglu=swiglu, fp8=fp8)
+#: The scales an FP8-weight kernel takes (``contract.FP8_SCALE_KINDS``).
+FP8_SCALES = FP8_SCALE_KINDS
+
+
+def _checked(tactic, n, k, swiglu, fp8_scales=None):
+    """``(n, k)`` as ints (cache and disk keys), once ``check_tactic`` takes
+    them and ``fp8_scales`` is None or one of ``FP8_SCALES``."""
+    if fp8_scales is not None and fp8_scales not in FP8_SCALES:
+        raise ValueError(f"fp8_scales must be one of {FP8_SCALES} or None, got {fp8_scales!r}")
+    check_tactic(tactic, n, k, swiglu=swiglu, fp8=fp8_scales is not None)
     return operator.index(n), operator.index(k)
 
 
 @functools.cache
-def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu=False):
+def _compile_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu=False,
+                    fp8_scales=None):
     import torch
 
     arch = device_arch(device_index)
-    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, swiglu)
+    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, swiglu, fp8_scales)
     with torch.cuda.device(device_index):
         compiled = disk_cache.load(stem)
         if compiled is not None and not _initialises(compiled, device_index, stem):
             compiled = None
         if compiled is None:
-            compiled = build(n, k, tactic, has_bias, use_pdl, arch, swiglu=swiglu)
+            compiled = build(n, k, tactic, has_bias, use_pdl, arch, swiglu=swiglu,
+                             fp8_scales=fp8_scales)
             disk_cache.store(stem, compiled)
         return compiled
 
@@ -91,7 +100,8 @@ def device_arch(device_index: int) -> str:
 
 
 def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTactic, *,
-                        has_bias: bool = False, use_pdl: bool = True, swiglu: bool = False):
+                        has_bias: bool = False, use_pdl: bool = True, swiglu: bool = False,
+                        fp8_scales: str | None = None):
     """Compiled code for an ``[n, k]`` weight on CUDA device ``device_index``.
 
     Dynamic M (1..32 rows of x and out); PDL on. Cached per argument tuple and
@@ -103,30 +113,34 @@ def compile_warp_splitk(device_index: int, n: int, k: int, tactic: WarpSplitKTac
     callers validate first (as :class:`PreparedWarpSplitK` does). With
     ``swiglu`` the ``[n, k]`` weight is ``[gate; up]`` and ``out`` is
     ``[M, n / 2]`` (the SwiGLU epilogue, :class:`~warpsplitk.kernel.warp_splitk.WarpSplitKKernel`).
+    With ``fp8_scales`` (``FP8_SCALES``) the weight is e4m3 and the code takes
+    ``(weight, x, bias, scale, out, m, stream)``, ``scale`` the FP32 scales
+    (:class:`~warpsplitk.kernel.warp_splitk.WarpSplitKFp8Kernel`).
     """
-    n, k = _checked(tactic, n, k, swiglu)
+    n, k = _checked(tactic, n, k, swiglu, fp8_scales)
     device_index = _device_index(device_index)
     with _lock:
         return _compile_cached(device_index, n, k, tactic, bool(has_bias), bool(use_pdl),
-                               bool(swiglu))
+                               bool(swiglu), fp8_scales)
 
 
 @functools.cache
-def _launcher_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu):
-    return Launcher(_compile_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu),
-                    device_index)
+def _launcher_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu, fp8_scales):
+    compiled = _compile_cached(device_index, n, k, tactic, has_bias, use_pdl, swiglu, fp8_scales)
+    return Launcher(compiled, device_index, pointers=4 if fp8_scales is None else 5)
 
 
 def launcher(device_index: int, n: int, k: int, tactic: WarpSplitKTactic, *,
-             has_bias: bool = False, use_pdl: bool = True, swiglu: bool = False):
+             has_bias: bool = False, use_pdl: bool = True, swiglu: bool = False,
+             fp8_scales: str | None = None):
     """A :class:`~warpsplitk.runtime.launch.Launcher` of :func:`compile_warp_splitk`'s
     code on ``device_index``: called with plain addresses, M and a stream
     handle, at a few microseconds of host time. Cached like the code."""
-    n, k = _checked(tactic, n, k, swiglu)
+    n, k = _checked(tactic, n, k, swiglu, fp8_scales)
     device_index = _device_index(device_index)
     with _lock:
         return _launcher_cached(device_index, n, k, tactic, bool(has_bias), bool(use_pdl),
-                                bool(swiglu))
+                                bool(swiglu), fp8_scales)
 
 
 # ------------------------------------------------------------ CPU path
@@ -174,10 +188,6 @@ class CompileReport:
                 f"spills={self.spill_bytes} local={self.local_bytes}")
 
 
-#: The scales an FP8-weight kernel takes: one FP32 for the tensor, or [N].
-FP8_SCALES = ("tensor", "channel")
-
-
 def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_90a", *,
                      has_bias: bool = False, use_pdl: bool = True,
                      swiglu: bool = False, fp8_scales: str | None = None) -> CompileReport:
@@ -185,9 +195,7 @@ def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_9
     usage. ``fp8_scales`` (``FP8_SCALES``): the kernel for e4m3 weights."""
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch!r}")
-    if fp8_scales is not None and fp8_scales not in FP8_SCALES:
-        raise ValueError(f"fp8_scales must be one of {FP8_SCALES} or None, got {fp8_scales!r}")
-    n, k = _checked(tactic, n, k, swiglu, fp8_scales is not None)
+    n, k = _checked(tactic, n, k, swiglu, fp8_scales)
     with _lock:
         # the DSL writes the kept PTX/CUBIN files too: keep them out of the cwd
         with tempfile.TemporaryDirectory(prefix="warpsplitk-") as dump:

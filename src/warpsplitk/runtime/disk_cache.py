@@ -195,14 +195,17 @@ def build_identity() -> dict:
 
 
 def key(arch: str, n: int, k: int, tactic, has_bias: bool, use_pdl: bool,
-        swiglu: bool = False) -> str:
-    """The file name stem of one compiled kernel (hex, 40 characters)."""
+        swiglu: bool = False, fp8_scales: str | None = None) -> str:
+    """The file name stem of one compiled kernel (hex, 40 characters);
+    ``fp8_scales``: the FP8-weight kernel with those scales."""
     fields = {
         "format": FORMAT, **_versions(), "sources": _sources_digest(), **build_identity(),
         "arch": arch, "n": int(n), "k": int(k), "tactic": tactic.short(),
         "k_split": tactic.k_split, "bias": bool(has_bias), "pdl": bool(use_pdl),
         "swiglu": bool(swiglu),
     }
+    if fp8_scales is not None:  # (absent for BF16: those keys stay as they were)
+        fields["fp8_scales"] = str(fp8_scales)
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:40]
 
 

@@ -24,7 +24,7 @@ import threading
 from .dsl import gmem_pointer
 
 # probe values: distinct, 32 B aligned, never dereferenced
-_PROBE_ADDRESSES = (0x7E0000001000, 0x7E0000002000, 0x7E0000003000, 0x7E0000004000)
+_PROBE_ADDRESSES = tuple(0x7E0000000000 + 0x1000 * (i + 1) for i in range(8))
 _PROBE_M = 0x3A5C0B1D  # wider than 16 bits: a narrower slot would not read back
 _PROBE_STREAM = 0x5EED0
 
@@ -33,61 +33,64 @@ def _slot_address(arg) -> int:
     return arg.value if isinstance(arg, ctypes.c_void_p) else int(arg)
 
 
-def marshals_as_slots(compiled) -> bool:
-    """Whether ``compiled`` (our kernel's signature: four pointers, M, stream)
+def marshals_as_slots(compiled, pointers: int = 4) -> bool:
+    """Whether ``compiled`` (our kernels' signature: ``pointers`` addresses,
+    then M and the stream; 4 for BF16 weights, 5 with FP8 weights' scales)
     takes its arguments as addresses of plain value slots."""
     from cuda.bindings import driver
 
+    probes = _PROBE_ADDRESSES[:pointers]
     # the slots belong to these objects: keep them alive while reading
-    pointers = [gmem_pointer(a) for a in _PROBE_ADDRESSES]
+    args_in = [gmem_pointer(a) for a in probes]
     stream = driver.CUstream(_PROBE_STREAM)
     try:
-        args, adapted = compiled.generate_execution_args(*pointers, _PROBE_M, stream)
+        args, adapted = compiled.generate_execution_args(*args_in, _PROBE_M, stream)
     except Exception:
         return False
-    if len(args) != 6:
+    if len(args) != pointers + 2:
         return False
     slots = [_slot_address(a) for a in args]
-    values = [ctypes.c_uint64.from_address(s).value for s in slots[:4]]
-    m = ctypes.c_int32.from_address(slots[4]).value
-    handle = ctypes.c_uint64.from_address(slots[5]).value
-    del pointers, stream, adapted
-    return values == list(_PROBE_ADDRESSES) and m == _PROBE_M and handle == _PROBE_STREAM
+    values = [ctypes.c_uint64.from_address(s).value for s in slots[:pointers]]
+    m = ctypes.c_int32.from_address(slots[pointers]).value
+    handle = ctypes.c_uint64.from_address(slots[pointers + 1]).value
+    del args_in, stream, adapted
+    return values == list(probes) and m == _PROBE_M and handle == _PROBE_STREAM
 
 
 class _Slots(threading.local):
-    def __init__(self):
-        self.pointers = (ctypes.c_uint64 * 4)()
+    def __init__(self, pointers):
+        self.pointers = (ctypes.c_uint64 * pointers)()
         self.m = ctypes.c_int32()
         self.stream = ctypes.c_uint64()
         base = ctypes.addressof(self.pointers)
-        self.args = [base + 8 * i for i in range(4)] + [ctypes.addressof(self.m),
-                                                         ctypes.addressof(self.stream)]
+        self.args = [base + 8 * i for i in range(pointers)] + [ctypes.addressof(self.m),
+                                                                ctypes.addressof(self.stream)]
 
 
 class Launcher:
-    """``launcher(weight, x, bias, out, m, stream)``: addresses and the stream
-    handle as ints. Launches compiled code on ``device_index``; the caller
-    has validated the arguments (nothing is checked here)."""
+    """``launcher(*addresses, m, stream)``: the kernel's ``pointers``
+    addresses (weight, x, bias, out; with FP8 weights weight, x, bias,
+    scale, out) and the stream handle as ints. Launches compiled code on
+    ``device_index``; the caller has validated the arguments (nothing is
+    checked here)."""
 
-    def __init__(self, compiled, device_index: int):
+    def __init__(self, compiled, device_index: int, pointers: int = 4):
         self.compiled = compiled
-        self.fast = marshals_as_slots(compiled)
+        self.pointers = pointers
+        self.fast = marshals_as_slots(compiled, pointers)
         self._executor = compiled.to(device_index) if self.fast else None
-        self._slots = _Slots()
+        self._slots = _Slots(pointers)
 
-    def __call__(self, weight: int, x: int, bias: int, out: int, m: int, stream: int):
+    def __call__(self, *args):
         if self._executor is None:
-            return self._generic(weight, x, bias, out, m, stream)
+            return self._generic(args[:-2], args[-2], args[-1])
         slots = self._slots
-        p = slots.pointers
-        p[0], p[1], p[2], p[3] = weight, x, bias, out
-        slots.m.value = m
-        slots.stream.value = stream
+        slots.pointers[:] = args[:-2]
+        slots.m.value = args[-2]
+        slots.stream.value = args[-1]
         self._executor.run_compiled_program(slots.args)
 
-    def _generic(self, weight, x, bias, out, m, stream):
+    def _generic(self, addresses, m, stream):
         from cuda.bindings import driver
 
-        self.compiled(gmem_pointer(weight), gmem_pointer(x), gmem_pointer(bias),
-                      gmem_pointer(out), m, driver.CUstream(stream))
+        self.compiled(*map(gmem_pointer, addresses), m, driver.CUstream(stream))

@@ -79,12 +79,13 @@ def _compile_job(job: dict):
     """Compile one job (in a worker) into the disk cache; None or an error text."""
     tactic = WarpSplitKTactic.parse(job["tactic"])
     swiglu = bool(job.get("swiglu", False))
+    fp8_scales = job.get("fp8_scales")
     stem = disk_cache.key(job["arch"], job["n"], job["k"], tactic, job["bias"], job["pdl"],
-                          swiglu)
+                          swiglu, fp8_scales)
     if disk_cache.path_for(stem).is_file():
         return None
     compiled = build(job["n"], job["k"], tactic, job["bias"], job["pdl"], job["arch"],
-                      swiglu=swiglu)
+                      swiglu=swiglu, fp8_scales=fp8_scales)
     if disk_cache.store(stem, compiled) is None:
         return f"could not store it in the disk cache ({disk_cache.writable() or 'write failed'})"
     return None
@@ -116,18 +117,26 @@ def _worker_main() -> int:
     return 0
 
 
+def _options(item) -> tuple[bool, str | None]:
+    """A kernel item's ``(swiglu, fp8_scales)``: its sixth and seventh fields."""
+    rest = item[5:]
+    return bool(rest and rest[0]), (rest[1] if len(rest) > 1 else None)
+
+
 def missing(kernels, arch: str) -> list:
     """The distinct kernels of ``kernels`` the disk cache does not hold
-    (``(n, k, tactic, has_bias, use_pdl)``, and a sixth field True for the
-    SwiGLU epilogue)."""
+    (``(n, k, tactic, has_bias, use_pdl)``, a sixth field True for the
+    SwiGLU epilogue, a seventh naming the scales of an FP8-weight kernel)."""
     seen, todo = set(), []
-    for n, k, tactic, has_bias, use_pdl, *swiglu in kernels:
-        swiglu = bool(swiglu and swiglu[0])
-        item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl)) + ((True,) if swiglu else ())
+    for n, k, tactic, has_bias, use_pdl, *rest in kernels:
+        swiglu, fp8_scales = _options((None,) * 5 + tuple(rest))
+        extra = ((swiglu, fp8_scales) if fp8_scales is not None
+                 else (True,) if swiglu else ())
+        item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl)) + extra
         if item in seen:
             continue
         seen.add(item)
-        stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, swiglu)
+        stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, swiglu, fp8_scales)
         if not disk_cache.path_for(stem).is_file():
             todo.append(item)
     return todo
@@ -137,7 +146,7 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
     """Compile the kernels the disk cache lacks, ``jobs`` at a time.
 
     ``kernels``: iterable of ``(n, k, tactic, has_bias, use_pdl)`` (a sixth
-    field True: with the SwiGLU epilogue). Returns
+    field True: with the SwiGLU epilogue; a seventh: ``fp8_scales``). Returns
     ``{kernel: error text}`` for those that failed (the caller's own compile
     will raise the real error); empty when all are stored, or when there is
     nothing to gain (cache off, one job, fewer than two kernels missing).
@@ -148,7 +157,8 @@ def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> di
     todo = []
     for item in missing(kernels, arch):
         # an illegal tactic is the caller's error
-        check_tactic(item[2], item[0], item[1], swiglu=len(item) > 5)
+        swiglu, fp8_scales = _options(item)
+        check_tactic(item[2], item[0], item[1], swiglu=swiglu, fp8=fp8_scales is not None)
         todo.append(item)
     if len(todo) < 2:
         return {}
@@ -303,9 +313,11 @@ class _WorkerPool:
 
     def _compile(self, worker, item) -> str | None:
         """Send one job; its error, or None."""
-        n, k, tactic, has_bias, use_pdl, *swiglu = item
+        n, k, tactic, has_bias, use_pdl = item[:5]
+        swiglu, fp8_scales = _options(item)
         job = {"kind": self.kind, "arch": self.arch, "n": n, "k": k, "tactic": tactic.short(),
-               "bias": has_bias, "pdl": use_pdl, **({"swiglu": True} if swiglu else {})}
+               "bias": has_bias, "pdl": use_pdl, **({"swiglu": True} if swiglu else {}),
+               **({"fp8_scales": fp8_scales} if fp8_scales is not None else {})}
         try:
             worker.stdin.write(json.dumps(job) + "\n")
             worker.stdin.flush()

@@ -50,6 +50,23 @@ def _check_weight(weight, bias):
     return weight.shape
 
 
+def _is_fp8(weight) -> bool:
+    torch = _torch()
+    return isinstance(weight, torch.Tensor) and weight.dtype == getattr(
+        torch, contract.FP8_DTYPE_NAME)
+
+
+def _check_fp8(weight, scale, bias, scale_kind) -> str:
+    """The scale kind of an FP8 weight the kernel can take with ``scale`` and
+    ``bias``: ``ValueError`` with the contract's reason otherwise (NaN codes
+    and non-finite scales included, read from the device)."""
+    reason = (contract.fp8_refusal(weight, scale, bias, scale_kind)
+              or contract.fp8_value_refusal(weight, scale))
+    if reason is not None:
+        raise ValueError(reason)
+    return contract.fp8_scale_kind(scale, weight.shape[0])
+
+
 def _check_run(prepared, x, out):
     """``run``'s checks of ``x`` and ``out`` against a prepared weight (its
     ``tactics`` by M, ``k``, ``out_columns``, ``device``, ``weight``, ``bias``):
@@ -65,7 +82,8 @@ def _check_run(prepared, x, out):
         raise KeyError(f"no tactic prepared for M={m}; prepared Ms: {list(prepared.tactics)}")
     _check_packed("x", x, (m, prepared.k), prepared.device)
     _check_packed("out", out, (m, prepared.out_columns), prepared.device)
-    for name, other in (("x", x), ("the weight", prepared.weight), ("the bias", prepared.bias)):
+    for name, other in (("x", x), ("the weight", prepared.weight), ("the bias", prepared.bias),
+                        ("the weight scale", getattr(prepared, "weight_scale", None))):
         if other is not None and _overlap(out, other):
             raise ValueError(f"out must not overlap {name}")
 
@@ -78,10 +96,10 @@ def _matrix_shape(name, t, dims):
     return t.shape
 
 
-def _check_tactics(tactics, n, k, swiglu=False) -> dict:
+def _check_tactics(tactics, n, k, swiglu=False, fp8=False) -> dict:
     """``tactics`` keyed by int M, sorted; ``ValueError`` unless it maps Ms in
     1..32 (any integral type) to tactics legal for an ``[n, k]`` weight
-    (``swiglu``: with the SwiGLU epilogue); no GPU needed."""
+    (``swiglu``: with the SwiGLU epilogue; ``fp8``: e4m3); no GPU needed."""
     if not isinstance(tactics, Mapping) or not tactics:
         raise ValueError("tactics must be a non-empty mapping {M: WarpSplitKTactic}, got "
                          f"{tactics!r}")
@@ -91,7 +109,7 @@ def _check_tactics(tactics, n, k, swiglu=False) -> dict:
         if m is None or not 1 <= m <= MAX_M:
             raise ValueError(f"tactics are keyed by M in 1..{MAX_M}, got key {key!r}")
         try:
-            check_tactic(tactic, n, k, swiglu=swiglu)
+            check_tactic(tactic, n, k, swiglu=swiglu, fp8=fp8)
         except ValueError as error:
             raise ValueError(f"tactic for M={m}: {error}") from None
         checked[m] = tactic
@@ -112,7 +130,8 @@ class PreparedWarpSplitK:
 
     weight: packed row-major BF16 ``[N, K]`` on a CUDA device, 32-byte
         aligned; kept by reference (it must not be changed or freed while
-        prepared code may run).
+        prepared code may run). Or FP8: ``float8_e4m3fn`` (W8A16: x and out
+        stay BF16), with ``weight_scale``.
     tactics: ``{M: WarpSplitKTactic}`` for the Ms ``run`` will see (1..32);
         Ms that share a tactic share one compiled kernel.
     bias: optional BF16 ``[N]``, added in FP32 before the final rounding.
@@ -120,17 +139,43 @@ class PreparedWarpSplitK:
         2 I`` rows, ``bias`` likewise ``[b_gate; b_up]``) and ``run`` writes
         ``out[M, I] = silu(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up)``,
         in FP32 until the one BF16 rounding, in the same single launch.
+    weight_scale: an FP8 weight's FP32 scales, on its device (kept by
+        reference): one (shape ``()`` or ``(1,)``, ``scale_kind="tensor"``)
+        or one per output row (``[N]`` or ``[N, 1]``, ``"channel"``);
+        ``out = (x @ weight^T) * scale (+ bias)``, the scale applied to each
+        column's FP32 sum. ``scale_kind`` None: by the scale's shape.
+        e4m3 NaN codes in the weight are refused here (a read of the weight).
 
     Raises ``ValueError`` for anything the kernel cannot run.
     """
 
+    #: BF16 weights: no scales (an FP8 weight's instance sets these)
+    weight_scale = None
+    fp8_scales = None
+    _scale_address = None
+
     def __init__(self, weight, tactics: Mapping[int, WarpSplitKTactic], bias=None, *,
-                 swiglu: bool = False):
+                 swiglu: bool = False, weight_scale=None, scale_kind: str | None = None):
         torch = _torch()
-        n, k = _check_weight(weight, bias)
-        tactics = _check_tactics(tactics, n, k, bool(swiglu))
+        fp8 = _is_fp8(weight)
+        if fp8:
+            if weight_scale is None:
+                raise ValueError("an FP8 (float8_e4m3fn) weight needs weight_scale: one FP32 "
+                                 "scale, or one per output row")
+            self.fp8_scales = _check_fp8(weight, weight_scale, bias, scale_kind)
+            n, k = weight.shape
+        else:
+            if weight_scale is not None or scale_kind is not None:
+                given = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
+                raise ValueError("weight_scale and scale_kind are for float8_e4m3fn weights, "
+                                 f"got a {given} weight")
+            self.fp8_scales = None
+            n, k = _check_weight(weight, bias)
+        tactics = _check_tactics(tactics, n, k, bool(swiglu), fp8)
         self.weight = weight
         self.bias = bias
+        #: the FP8 weight's scales (None for BF16); ``fp8_scales`` their kind
+        self.weight_scale = weight_scale
         self.n, self.k = n, k
         self.swiglu = bool(swiglu)
         #: columns of ``out``: N, or I = N / 2 with the SwiGLU epilogue
@@ -139,15 +184,17 @@ class PreparedWarpSplitK:
         self.tactics = tactics
         index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
         has_bias = bias is not None
-        by_tactic = {t: compile_warp_splitk(index, n, k, t, has_bias=has_bias, swiglu=self.swiglu)
+        options = dict(has_bias=has_bias, swiglu=self.swiglu, fp8_scales=self.fp8_scales)
+        by_tactic = {t: compile_warp_splitk(index, n, k, t, **options)
                      for t in set(self.tactics.values())}
         self.codes = {m: by_tactic[t] for m, t in self.tactics.items()}
-        self._launchers = {m: launcher(index, n, k, t, has_bias=has_bias, swiglu=self.swiglu)
+        self._launchers = {m: launcher(index, n, k, t, **options)
                            for m, t in self.tactics.items()}
         self._weight_address = weight.data_ptr()
         # Without a bias the kernel never reads its bias argument; the weight's
         # address fills the slot.
         self._bias_address = bias.data_ptr() if has_bias else weight.data_ptr()
+        self._scale_address = weight_scale.data_ptr() if fp8 else None
 
     @property
     def ms(self):
@@ -171,8 +218,13 @@ class PreparedWarpSplitK:
         ``ms``, ``out`` a packed, aligned ``[M, out_columns]`` overlapping
         nothing (a fresh allocation). Anything else is undefined on the GPU."""
         m = x.shape[0]
-        self._launchers[m](self._weight_address, x.data_ptr(), self._bias_address,
-                           out.data_ptr(), m, stream_handle(self.device))
+        if self._scale_address is None:
+            self._launchers[m](self._weight_address, x.data_ptr(), self._bias_address,
+                               out.data_ptr(), m, stream_handle(self.device))
+        else:
+            self._launchers[m](self._weight_address, x.data_ptr(), self._bias_address,
+                               self._scale_address, out.data_ptr(), m,
+                               stream_handle(self.device))
         return out
 
     __call__ = run
@@ -180,8 +232,9 @@ class PreparedWarpSplitK:
     def __repr__(self):
         plan = ", ".join(f"{m}: ({t.short()})" for m, t in self.tactics.items())
         swiglu = ", swiglu=True" if self.swiglu else ""
+        fp8 = f", fp8 {self.fp8_scales} scales" if self.fp8_scales else ""
         return (f"PreparedWarpSplitK(N={self.n}, K={self.k}, device={self.device}, "
-                f"bias={self.bias is not None}{swiglu}, tactics={{{plan}}})")
+                f"bias={self.bias is not None}{swiglu}{fp8}, tactics={{{plan}}})")
 
 
 class PreparedDecode:
