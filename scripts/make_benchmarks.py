@@ -63,6 +63,8 @@ GENERATE = sorted(RESULTS.glob("*-generate-*.json"))
 DECODE_FAMILIES = sorted(RESULTS.glob("*-llama-decode-*.json"))
 #: `bench` on weights whose K needs the cluster split (each names its GPU)
 LONG_K = sorted(RESULTS.glob("*-bench-long-k.json"))
+#: ``bench --dtype fp8`` records: e4m3 weights against our BF16, cuBLAS, torch._scaled_mm
+FP8 = sorted(RESULTS.glob("*-bench-fp8.json"))
 COST_MODEL = ROOT / "src" / "warpsplitk" / "data" / "cost-model-h200.json"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 README = ROOT / "README.md"
@@ -91,18 +93,26 @@ def grid(rows) -> list[str]:
 
 
 def chain_table(rows, tbps: float) -> list[str]:
-    """Per chained pair and M: µs per pair, cuBLAS, speedup, share of the floor
-    (both weights' bytes at the datasheet bandwidth ``tbps``: the one floor of
-    these docs; the tactics are the plan's, in the tactic table)."""
+    """Per chained pair and M: warpsplitk µs per pair (speedup over cuBLAS,
+    share of the floor: both weights' bytes at the datasheet bandwidth
+    ``tbps``, the one floor of these docs; the tactics are the plan's, in
+    the tactic table)."""
     from warpsplitk.measure.bench import chain_floor_us
-    out = ["| first → second | M | warpsplitk µs | cuBLAS µs | speedup | % of floor |",
-           "|---|---|---|---|---|---|"]
-    for r in rows:
-        first = "×".join(str(v) for v in r["first"])
-        second = "×".join(str(v) for v in r["second"])
-        out.append(f"| {first} → {second} | {r['m']} | {r['ours_us']:.2f} | "
-                   f"{r['cublas_us']:.2f} | {r['cublas_us'] / r['ours_us']:.2f}× | "
-                   f"{100 * chain_floor_us(r['first'], r['second'], tbps) / r['ours_us']:.0f}% |")
+    ms = sorted({r["m"] for r in rows})
+    pairs = list(dict.fromkeys((tuple(r["first"]), tuple(r["second"])) for r in rows))
+    cell = {(tuple(r["first"]), tuple(r["second"]), r["m"]): r for r in rows}
+    out = ["| first → second | " + " | ".join(f"M={m}" for m in ms) + " |",
+           "|---|" + "---|" * len(ms)]
+    for first, second in pairs:
+        parts = []
+        for m in ms:
+            r = cell.get((first, second, m))
+            floor = chain_floor_us(first, second, tbps)
+            parts.append("" if r is None else
+                         f"{r['ours_us']:.2f} ({r['cublas_us'] / r['ours_us']:.2f}×, "
+                         f"{100 * floor / r['ours_us']:.0f}%)")
+        name = " → ".join("×".join(str(v) for v in shape) for shape in (first, second))
+        out.append(f"| {name} | " + " | ".join(parts) + " |")
     return out
 
 
@@ -288,9 +298,9 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
             "## Dependent chains",
             "",
             "Each call's output is the next call's input (pairs with N₁ = K₂), PDL on,",
-            "back to back in one CUDA graph over rotating weight pairs (≥ 3× L2); µs per",
-            f"pair; floor = both weights' bytes at the datasheet's {datasheet_tbps(chain)} TB/s. The plan",
-            "is tuned on independent calls.",
+            "back to back in one CUDA graph over rotating weight pairs (≥ 3× L2). Cells: µs",
+            "per pair (speedup over cuBLAS, share of the floor: both weights' bytes at the",
+            f"datasheet's {datasheet_tbps(chain)} TB/s). The plan is tuned on independent calls.",
             "",
             *environment_lines(chain.get("environment", {}))[:1],
             "",
@@ -308,6 +318,8 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
         out += decode_md(load(path), path, heading=False)
     for path in LONG_K:
         out += long_k_md(load(path), path)
+    for path in FP8:
+        out += fp8_md(load(path), path)
     if GENERATE:
         out += generate_md([load(path) for path in GENERATE])
     return "\n".join(out) + "\n"
@@ -433,6 +445,49 @@ def long_k_md(record: dict, path: Path) -> list[str]:
             *environment_lines(env)[1:3], "", *grid(rows), "",
             f"Weights ≥ 16 MB stream at {min(weight_tbps(big)):.2f}–{max(weight_tbps(big)):.2f} "
             f"TB/s (measured read: {env['read_TBps']} TB/s)."]
+
+
+def fp8_summary(record: dict) -> dict:
+    """The FP8 record's headline: weights of >= 16 MB of e4m3 at M <= 8,
+    every cell at M <= 8 and every cell."""
+    rows = record["rows"]
+    big = [r for r in rows if r["n"] * r["k"] >= BIG and r["m"] <= 8]
+    small = [r for r in rows if r["m"] <= 8]
+    return {"big_tbps": statistics.median(r["weight_TBps"] for r in big) if big else None,
+            "big_read_share": (statistics.median(r["weight_TBps"] for r in big)
+                               / record["environment"]["read_TBps"]) if big else None,
+            "big_over_bf16": statistics.median(r["fp8_over_bf16"] for r in big) if big else None,
+            "over_scaled_mm": statistics.median(r["fp8_over_scaled_mm"] for r in small),
+            "min_over_scaled_mm": min(r["fp8_over_scaled_mm"] for r in rows),
+            "over_bf16_m32": statistics.median(r["fp8_over_bf16"] for r in rows if r["m"] == 32),
+            "gpu": record["environment"]["gpu"]}
+
+
+def fp8_md(record: dict, path: Path) -> list[str]:
+    """``bench --dtype fp8``: e4m3 weights (per-channel scales) on the FP8
+    default, against our BF16 kernel and cuBLAS on the dequantized weight,
+    and ``torch._scaled_mm`` with row-wise scales (x quantized in the call)."""
+    env = record["environment"]
+    s = fp8_summary(record)
+    out = ["", "## FP8 weights", "",
+           f"Data: `{_rel(path)}` (`{env['command'].split(' --shapes')[0]}`), "
+           f"{env['gpu']}, {env['date'][:10]}. e4m3 weights with per-channel scales on the "
+           "FP8 default. Cells: FP8 µs (its speedup over our BF16 call on the dequantized "
+           "weight / over `torch._scaled_mm` with row-wise scales, x quantized in the call).",
+           ""]
+    ms = sorted({r["m"] for r in record["rows"]})
+    cell = {(r["n"], r["k"], r["m"]): r for r in record["rows"]}
+    out += ["| N | K | FP8 MB | " + " | ".join(f"M={m}" for m in ms) + " |",
+            "|---|---|---|" + "---|" * len(ms)]
+    for n, k in dict.fromkeys((r["n"], r["k"]) for r in record["rows"]):
+        parts = [f"{c['fp8_us']:.2f} ({c['fp8_over_bf16']:.2f}×/{c['fp8_over_scaled_mm']:.2f}×)"
+                 if (c := cell.get((n, k, m))) else "" for m in ms]
+        out.append(f"| {n} | {k} | {n * k / 1e6:.1f} | " + " | ".join(parts) + " |")
+    if s["big_tbps"] is not None:
+        out += ["", f"≥ 16 MB of e4m3 at M ≤ 8: a median {s['big_tbps']:.2f} TB/s "
+                    f"({100 * s['big_read_share']:.0f}% of the measured "
+                    f"{env['read_TBps']} TB/s read), {s['big_over_bf16']:.2f}× our BF16 call."]
+    return out
 
 
 def generate_cells(record: dict) -> dict:
@@ -683,6 +738,12 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
     if models:
         out.append(f"- transformers `generate()` with the compiled decode step, patched over "
                    f"plain at batch {batches}: " + "; ".join(models))
+    for path in FP8:
+        f = fp8_summary(load(path))
+        if f["big_tbps"] is not None:
+            out.append(f"- FP8 (e4m3) weights ≥ 16 MB at M ≤ 8 ({f['gpu']}): "
+                       f"{f['big_tbps']:.2f} TB/s, {f['big_over_bf16']:.2f}× our BF16 call; "
+                       f"{f['over_scaled_mm']:.2f}× `torch._scaled_mm` (median, M ≤ 8)")
     out += ["", "| M | median speedup | min | max | median TB/s, weights ≥ 16 MB |",
             "|---|---|---|---|---|"]
     for m in s["ms"]:

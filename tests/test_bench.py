@@ -72,7 +72,7 @@ def test_benchmarks_page_from_bench_records(tmp_path):
     assert "| 4224 | 7168 | 60.6 | 13.70/21.10 (1.54×) | 16.00/19.00 (1.19×) |" in page
     assert "Dependent chains: 1 of 1 pair × M cells faster than cuBLAS, 2.00–2.00×." in page
     # the floor: both weights' bytes at the H200's datasheet 4.8 TB/s (4.59 µs)
-    assert "| 768×7168 → 7168×768 | 1 | 7.00 | 14.00 | 2.00× | 66% |" in page
+    assert "| 768×7168 → 7168×768 | 7.00 (2.00×, 66%) |" in page
     assert "the 1234 records of" in page
     layers = {"environment": {"gpu": "NVIDIA H200", "command": "bash scripts/gpu_check.sh"},
               "rows": [{"model": "qwen3-4b", "tp": 2, "m": 8, "projections": "a -> b",
@@ -373,3 +373,25 @@ def test_a_layer_chain_runs_gate_up_with_the_early_trigger():
     with pytest.warns(UserWarning, match="no entry"):  # the other shapes: not in the plan
         chosen = bench.layer_choices(plan, layer, (1, 8))
     assert chosen[gate_up] == {1: WarpSplitKTactic(48, 8, 128, 7, 2, early_launch=True), 8: CUBLAS}
+
+
+def test_fp8_rows_round_trip_into_their_section(tmp_path):
+    """``bench --dtype fp8`` rows: their ratios and bandwidth in the JSON, the
+    BENCHMARKS grid and headline rendered from it."""
+    from script_loader import load_script
+    from warpsplitk.measure import fp8_bench
+    make = load_script("make_benchmarks")
+    rows = [fp8_bench.Fp8Row(28672, 4096, m, "32,8,256,5,2", fp8, 0.01, "32,8,256,5,2", bf16,
+                             77.0, scaled, 0, 35.0, 37.1, 1.7e-3, 2.5e-2)
+            for m, fp8, bf16, scaled in ((1, 39.0, 73.0, 64.0), (32, 46.0, 77.0, 73.0))]
+    assert "1.87" in fp8_bench.format_row(rows[0])
+    path = tmp_path / "h100-bench-fp8.json"
+    fp8_bench.write_json(path, {"gpu": "NVIDIA H100 80GB HBM3", "command": "warpsplitk bench "
+                                "--dtype fp8 --shapes 28672,4096", "date": "2026-12-06 07:00:00",
+                                "read_TBps": 3.17}, rows)
+    record = make.load(path)
+    assert record["rows"][0]["fp8_over_bf16"] == round(73.0 / 39.0, 3)
+    assert record["rows"][0]["weight_TBps"] == round(28672 * 4096 / 39.0e-6 / 1e12, 3)
+    page = "\n".join(make.fp8_md(record, make.RESULTS / path.name))
+    assert "| 28672 | 4096 | 117.4 | 39.00 (1.87×/1.64×) | 46.00 (1.67×/1.59×) |" in page
+    assert "a median 3.01 TB/s (95% of the measured 3.17 TB/s read), 1.87× our BF16 call" in page

@@ -640,6 +640,11 @@ FP8_COMPILES = [
      True),
     (WarpSplitKTactic(32, 8, 256, 5, 2, 2), 8192, 28672, "channel", False),  # K past 64 tiles
     (WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=1), 48, 512, "tensor", True),
+    # the FP8 default's families (choose.fp8_tactic), at a few K tiles per CTA
+    (WarpSplitKTactic(32, 1, 256, 13, 1, 2), 1024, 8192, "channel", False),
+    (WarpSplitKTactic(64, 8, 128, 12, 2, 2), 1024, 4096, "channel", False),
+    (WarpSplitKTactic(32, 32, 256, 2, 2, 2), 1024, 4096, "tensor", True),
+    (WarpSplitKTactic(16, 16, 256, 8, 2, 2), 1024, 4096, "channel", False),
 ]
 
 

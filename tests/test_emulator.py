@@ -459,6 +459,12 @@ FP8_CASES = [
     (WarpSplitKTactic(16, 1, 256, 2, 1), 1, 16, 512, "tensor"),          # narrow token tile
     (WarpSplitKTactic(16, 8, 256, 2, 1, 2), 3, 32, 1024, "channel"),     # k_split
     (WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=1), 1, 48, 512, "channel"),  # mixed grid
+    # the FP8 default's families: two activation loaders, K split with a
+    # narrow tile, two-stage rings at M = 32
+    (WarpSplitKTactic(16, 1, 256, 3, 1, 2), 1, 32, 1536, "channel"),
+    (WarpSplitKTactic(32, 8, 256, 3, 2), 8, 64, 1024, "tensor"),
+    (WarpSplitKTactic(64, 8, 128, 3, 2, 2), 5, 64, 1024, "channel"),
+    (WarpSplitKTactic(32, 32, 256, 2, 2, 2), 32, 32, 2048, "channel"),
 ]
 
 

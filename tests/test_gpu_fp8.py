@@ -1,7 +1,8 @@
-"""The FP8-weight kernel (``WarpSplitKFp8Kernel``) on a real GPU: e4m3
-weights with tensor and channel scales against a float64 reference of the
-dequantized weight, bit for bit against the emulator on a small problem,
-and e4m3's special codes (both zeros, subnormals, 448)."""
+"""FP8 weights on a real GPU, through the public API (``PreparedWarpSplitK``
+with ``weight_scale``, ``prepare``): e4m3 weights with tensor and channel
+scales against a float64 reference of the dequantized weight, against the
+emulator on a small problem, e4m3's special codes (both zeros, subnormals,
+448), refusals that leave ``out`` untouched, and CUDA-graph replay."""
 
 import numpy as np
 import pytest
@@ -26,21 +27,9 @@ CASES = [  # tactic, N, K
 MS = (1, 5, 8, 16, 32)
 
 
-def _kernel(tactic, n, k, has_bias, scales):
-    from warpsplitk.runtime.compile import device_arch
-    from warpsplitk.runtime.dsl import build
-    arch = device_arch(torch.cuda.current_device())
-    return build(n, k, tactic, has_bias, True, arch, fp8_scales=scales)
-
-
-def _run(compiled, w8, x, bias, scale, out):
-    from cuda.bindings import driver
-
-    from warpsplitk.runtime.dsl import gmem_pointer
-    stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
-    compiled(gmem_pointer(w8.data_ptr()), gmem_pointer(x.data_ptr()),
-             gmem_pointer(bias.data_ptr() if bias is not None else scale.data_ptr()),
-             gmem_pointer(scale.data_ptr()), gmem_pointer(out.data_ptr()), x.shape[0], stream)
+def _prepared(w8, tactic, m, bias, scale):
+    from warpsplitk import PreparedWarpSplitK
+    return PreparedWarpSplitK(w8, {m: tactic}, bias=bias, weight_scale=scale)
 
 
 def _special_codes(n, k, generator):
@@ -65,11 +54,11 @@ def test_fp8_weights_against_float64(tactic, n, k, scales):
     bias = torch.randn(n, generator=g).to(torch.bfloat16).cuda()
     dequant = w8.double() * scale.double().reshape(-1, 1)
     for has_bias in (False, True):
-        compiled = _kernel(tactic, n, k, has_bias, scales)
         for m in MS:
+            prepared = _prepared(w8, tactic, m, bias if has_bias else None, scale)
             x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
             out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            _run(compiled, w8, x, bias if has_bias else None, scale, out)
+            prepared.run(x, out)
             torch.cuda.synchronize()
             ref = x.double() @ dequant.t() + (bias.double() if has_bias else 0)
             err = ((out.double() - ref).norm() / ref.norm()).item()
@@ -85,12 +74,83 @@ def test_fp8_matches_the_emulator_bit_for_bit():
     scale = (2.0 ** rng.integers(-3, 3, size=n)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     expected = emulator.emulate_fp8(x, codes, scale, tactic, bias)
-    compiled = _kernel(tactic, n, k, True, "channel")
+    prepared = _prepared(torch.from_numpy(codes).cuda().view(torch.float8_e4m3fn), tactic, m,
+                         torch.from_numpy(bias).to(torch.bfloat16).cuda(),
+                         torch.from_numpy(scale).cuda())
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    _run(compiled, torch.from_numpy(codes).cuda().view(torch.float8_e4m3fn),
-         torch.from_numpy(x).to(torch.bfloat16).cuda(),
-         torch.from_numpy(bias).to(torch.bfloat16).cuda(), torch.from_numpy(scale).cuda(), out)
+    prepared.run(torch.from_numpy(x).to(torch.bfloat16).cuda(), out)
     torch.cuda.synchronize()
     got = out.float().cpu().numpy()
     # the mma's FP32 accumulation order is the hardware's: equal up to BF16 rounding of the sums
     np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
+
+
+DEFAULT_SHAPES = [(28672, 4096), (1024, 4096), (6144, 4096), (4096, 14336), (768, 128),
+                  (3072, 8192), (2112, 7168)]
+
+
+@pytest.mark.parametrize("n,k", DEFAULT_SHAPES, ids=[f"{n}x{k}" for n, k in DEFAULT_SHAPES])
+def test_prepare_runs_the_fp8_default_at_every_m(n, k):
+    """``prepare`` with per-channel scales given as ``[N, 1]`` (as checkpoints
+    store them): every M in 1..32 on the FP8 default, against float64."""
+    from warpsplitk import prepare
+    g = torch.Generator().manual_seed(n * 7 + k)
+    w8 = _special_codes(n, k, g).cuda()
+    scale = (torch.rand(n, 1, generator=g) * 0.02 + 0.001).cuda()
+    prepared = prepare(w8, ms=range(1, 33), weight_scale=scale)
+    assert prepared.fp8_scales == "channel"
+    dequant = w8.double() * scale.double()
+    for m in range(1, 33):
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        prepared.run(x, out)
+        torch.cuda.synchronize()
+        ref = x.double() @ dequant.t()
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert not out.isnan().any() and err < 1e-2, (m, err)
+
+
+def test_refusals_leave_out_untouched_and_nan_weights_are_refused():
+    from warpsplitk import PreparedWarpSplitK
+    n, k = 256, 1024
+    tactic = T(16, 8, 128, 4, 1)
+    w8 = _special_codes(n, k, torch.Generator().manual_seed(1)).cuda()
+    scale = torch.full((1,), 0.5, device="cuda")
+    prepared = PreparedWarpSplitK(w8, {8: tactic}, weight_scale=scale)
+    out = torch.full((8, n), 7.0, dtype=torch.bfloat16, device="cuda")
+    for bad_x in (torch.randn(8, k, device="cuda"),                       # float32
+                  torch.randn(8, k + 128, device="cuda").bfloat16(),      # wrong K
+                  torch.randn(k, 8, device="cuda").bfloat16().t()):       # not packed
+        with pytest.raises(ValueError):
+            prepared.run(bad_x, out)
+    with pytest.raises(KeyError):
+        prepared.run(torch.randn(4, k, device="cuda").bfloat16(), out[:4])
+    torch.cuda.synchronize()
+    assert bool((out == 7.0).all())
+    poisoned = w8.clone()
+    poisoned.view(torch.uint8)[5, 9] = 0x7F
+    with pytest.raises(ValueError, match="NaN code"):
+        PreparedWarpSplitK(poisoned, {8: tactic}, weight_scale=scale)
+    with pytest.raises(ValueError, match="finite"):
+        PreparedWarpSplitK(w8, {8: tactic}, weight_scale=torch.full((1,), float("nan"),
+                                                                    device="cuda"))
+
+
+def test_fp8_replays_in_a_cuda_graph():
+    from warpsplitk import prepare
+    n, k, m = 4096, 4096, 8
+    g = torch.Generator().manual_seed(5)
+    w8 = _special_codes(n, k, g).cuda()
+    scale = (torch.rand(n, generator=g) + 0.5).cuda()
+    prepared = prepare(w8, ms=(m,), weight_scale=scale)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    prepared.run(x, out)
+    eager = out.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prepared.run(x, out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)  # deterministic: the same bits

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 from .. import models
 from ..measure import bench as measure_bench
-from ..measure import layer_bench, plot
+from ..measure import fp8_bench, layer_bench, plot
 from ..runtime.timing import ROUNDS
 from . import checks, options
 from .options import UsageError
@@ -31,6 +31,10 @@ def add_parser(sub):
                    help="dependent chains (each output feeds the next input): table shape pairs, "
                         "or with --model one layer's projections in order, against the reference "
                         "heuristic and cuBLAS")
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
+                   help="fp8: e4m3 weights with per-channel scales, our FP8 kernel against our "
+                        "BF16 kernel, cuBLAS and torch._scaled_mm (row-wise, x quantized in the "
+                        "call) on each shape (default bf16)")
     p.add_argument("--layer", action="store_true",
                    help="with --model: one decode layer's GEMM path (merged q/k/v, an attention "
                         "stand-in, o, gate/up with the SwiGLU epilogue, down) against the same "
@@ -44,6 +48,8 @@ def run(args, argv):
     if plan is None:  # no --plan: this GPU's built-in plan, if one was measured on it
         plan, _ = checks.resolve_plan(checks.default_plan(_device_gpu()))
     command = "warpsplitk " + shlex.join(argv)
+    if args.dtype == "fp8":
+        return _run_fp8(args, shapes, command)
     if args.layer:
         return _run_layer_path(args, plan, command)
     if args.chain:
@@ -92,6 +98,12 @@ def _check_modes(args):
         raise UsageError("argument --plot: not with --chain (it plots the per-shape rows)")
     if args.layer:
         _check_layer(args)
+    if args.dtype == "fp8":
+        for flag, given in (("--chain", args.chain), ("--layer", args.layer),
+                            ("--plan", args.plan is not None), ("--plot", args.plot)):
+            if given:
+                raise UsageError(f"argument {flag}: not with --dtype fp8 (it times each shape's "
+                                 "FP8 default; plans hold BF16 tactics)")
 
 
 def _check_layer(args):
@@ -152,6 +164,17 @@ def _write_json(path, command, rounds, mode, records):
     with open(path, "w") as f:
         environment = {**measure_bench.environment(), "command": command, "rounds": rounds}
         json.dump({"environment": environment, "mode": mode, "rows": records}, f, indent=1)
+
+
+def _run_fp8(args, shapes, command):
+    print(fp8_bench.HEADER, flush=True)
+    env, rows = fp8_bench.run_fp8_bench(shapes, args.m, progress=_progress, rounds=args.rounds)
+    env["command"] = command
+    print(f"# {env['gpu']}  read {env['read_TBps']} TB/s (datasheet {env['datasheet_TBps']})  "
+          f"torch {env['torch']}  cutlass-dsl {env['cutlass_dsl']}  {env['date']}")
+    if args.json:
+        fp8_bench.write_json(args.json, env, rows)
+    return 0
 
 
 def _run_shapes(args, plan, shapes, command):
