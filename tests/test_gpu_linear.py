@@ -265,3 +265,34 @@ def test_op_refuses_other_weight():
         torch.ops.warpsplitk.decode_linear(bf16(8, K), bf16(N, K), mod.bias, mod._handle)
     with pytest.raises(KeyError):
         ops.lookup(-1)
+
+
+def test_fp8_decode_linear_eager_graph_and_compiled():
+    """``DecodeLinear.from_fp8``: the FP8 kernel for M <= 32 (eager, in a CUDA
+    graph, under torch.compile with CUDA graphs), the dequantized fallback
+    beyond, every path within 1e-2 of float64 of the dequantized weight."""
+    torch.manual_seed(3)
+    w8 = (torch.randn(N, K, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale = torch.rand(N, 1, device="cuda") * 1e-3 + 1e-3
+    bias = bf16(N)
+    mod = DecodeLinear.from_fp8(w8, scale, bias, ms=MS)
+    assert mod.prepared is not None and mod.prepared.fp8_scales == "channel"
+    dequant = w8.float() * scale
+    for m in MS:
+        x = bf16(m, K)
+        assert mod.accepts(x)
+        assert rel_err(mod(x), x, dequant, bias) < 1e-2
+    x = bf16(40, K)  # M past 32: the fallback
+    assert not mod.accepts(x) and rel_err(mod(x), x, dequant, bias) < 1e-2
+    x = bf16(8, K)
+    eager = mod(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = mod(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    compiled = torch.compile(mod, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):
+        out = compiled(x)
+    assert torch.equal(out, eager)

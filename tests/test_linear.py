@@ -492,3 +492,99 @@ def test_op_fake_impl_says_what_it_was_given():
         for args, match in cases:
             with pytest.raises(Exception, match=match):
                 torch.ops.warpsplitk.decode_linear(*args, 0)
+
+
+# ------------------------------------------------------------ FP8 weights
+
+
+def fp8_weight(n, k, device="cpu"):
+    return (torch.randn(n, k, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("scale_shape", [(), (1,), (64,), (64, 1)])
+def test_fp8_cpu_falls_back_to_the_dequantized_weight(scale_shape):
+    torch.manual_seed(1)
+    w8 = fp8_weight(64, 256)
+    scale = torch.rand(scale_shape) * 1e-2 + 1e-3
+    bias = torch.randn(64, dtype=torch.bfloat16)
+    mod = DecodeLinear.from_fp8(w8, scale, bias)
+    assert mod.prepared is None and "cpu" in mod.unprepared_reason and "fp8" in mod.extra_repr()
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    expected = F.linear(x, (w8.float() * scale.reshape(-1, 1)).to(torch.bfloat16), bias)
+    assert torch.equal(mod(x), expected)
+    assert set(mod.state_dict()) == {"weight", "weight_scale", "bias"}
+    with pytest.raises(ValueError, match="has no nn.Linear to give back"):
+        mod.to_linear()
+
+
+@pytest.fixture
+def meta_fp8(monkeypatch):
+    """The FP8 kernel "runs" on meta tensors: prepare() records its weight scales."""
+    calls = []
+
+    def fake_prepare(weight, plan=None, ms=range(1, 33), bias=None, *, weight_scale=None):
+        calls.append((tuple(weight.shape), weight_scale is not None))
+        prepared = FakePrepared(weight, plan, ms, bias)
+        prepared.weight_scale = weight_scale
+        return prepared
+
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "meta")
+    monkeypatch.setattr(contract, "fp8_value_refusal", lambda weight, scale: None)  # no values
+    monkeypatch.setattr(plans, "prepare", fake_prepare)
+    torch._dynamo.reset()
+    yield calls
+    torch._dynamo.reset()
+
+
+def test_fp8_compile_fullgraph_runs_the_fp8_op(meta_fp8):
+    w8 = torch.empty(64, 256, device="meta", dtype=torch.float8_e4m3fn)
+    scale = torch.empty(64, 1, device="meta", dtype=torch.float32)
+    mod = DecodeLinear.from_fp8(w8, scale, meta(64))
+    assert meta_fp8 == [((64, 256), True)] and mod.accepts(meta(5, 256))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(mod, fullgraph=True, backend=backend)
+    assert compiled(meta(2, 3, 256)).shape == (2, 3, 64)
+    assert len(graphs) == 1 and "warpsplitk.decode_linear_fp8" in graphs[0].code
+    assert "warpsplitk.decode_linear.default" not in graphs[0].code
+
+
+def test_fp8_ineligibility_names_the_fp8_rules(monkeypatch):
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
+    scale = torch.ones(64)
+    bf16 = torch.randn(64, 256, dtype=torch.bfloat16)
+    assert linear.ineligibility(bf16, None, weight_scale=scale) == (
+        "weight must be float8_e4m3fn, got torch.bfloat16")
+    w8 = fp8_weight(64, 256)
+    assert linear.ineligibility(w8, None, weight_scale=torch.ones(3)).startswith(
+        "weight_scale must have shape")
+    w8.view(torch.uint8)[0, 0] = 0xFF
+    assert "NaN code" in linear.ineligibility(w8, None, weight_scale=scale)
+    assert linear.ineligibility(fp8_weight(40, 256), None, weight_scale=torch.ones(1)) == (
+        contract.shape_refusal(40, 256))
+
+
+def test_fp8_op_refuses_a_stale_scale_and_keeps_its_input_gradient():
+    w8 = fp8_weight(32, 128)
+    scale = torch.rand(32) + 0.5
+    prepared = FakePrepared(w8.float().mul(scale[:, None]).bfloat16())
+    prepared.weight, prepared.weight_scale = w8, scale
+    handle = ops.register(prepared)
+    try:
+        with pytest.raises(ValueError, match="not the tensors"):
+            ops._decode_linear_fp8_cuda(torch.randn(2, 128, dtype=torch.bfloat16), w8,
+                                        scale.clone(), None, handle)
+    finally:
+        ops.unregister(handle)
+    x = torch.randn(2, 128, dtype=torch.float32, requires_grad=True)
+    grad = torch.randn(2, 32)
+
+    class Ctx:
+        saved_tensors = (x, w8, scale)
+        needs_input_grad = (True, False, False, False, False)
+    grad_x, *rest = ops._fp8_backward(Ctx, grad)
+    assert torch.allclose(grad_x, grad @ (w8.float() * scale[:, None])) and rest == [None] * 4

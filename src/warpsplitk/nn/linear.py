@@ -29,11 +29,17 @@ logger = logging.getLogger("warpsplitk")
 NO_MS = "no Ms to prepare"
 
 
-def ineligibility(weight, bias=None, ms=range(1, MAX_M + 1)) -> str | None:
+def ineligibility(weight, bias=None, ms=range(1, MAX_M + 1), weight_scale=None) -> str | None:
     """Why the kernel cannot take ``weight`` (and ``bias``) for these Ms, or
     None: the contract's weight rules (``contract.weight_refusal``, which
-    build no tactic) and at least one M."""
-    reason = contract.weight_refusal(weight, bias)
+    build no tactic; with ``weight_scale``, an FP8 weight's:
+    ``contract.fp8_refusal`` and ``fp8_value_refusal``) and at least one M."""
+    if weight_scale is None:
+        reason = contract.weight_refusal(weight, bias)
+    else:
+        reason = (contract.fp8_refusal(weight, weight_scale, bias)
+                  or contract.shape_refusal(*weight.shape)
+                  or contract.fp8_value_refusal(weight, weight_scale))
     if reason is None and not tuple(ms):
         return NO_MS
     return reason
@@ -53,9 +59,14 @@ class DecodeLinear(nn.Module):
     (torch.compile) and replayed (CUDA graph) calls do not run this Python and
     are not counted. Fallback reasons are logged once each at DEBUG level on
     the ``warpsplitk`` logger.
+
+    With ``weight_scale`` (:meth:`from_fp8`) the weight is e4m3 and ``y = x @
+    (weight * weight_scale)^T + bias``: the FP8 kernel (W8A16) for decode-sized
+    x, ``F.linear`` on the dequantized weight otherwise.
     """
 
-    def __init__(self, weight, bias=None, plan=None, ms=range(1, MAX_M + 1)):
+    def __init__(self, weight, bias=None, plan=None, ms=range(1, MAX_M + 1), *,
+                 weight_scale=None):
         super().__init__()
         reason = contract.matrix_refusal("weight", weight, "[out_features, in_features]")
         if reason is not None:
@@ -75,6 +86,13 @@ class DecodeLinear(nn.Module):
             bias = nn.Parameter(bias, requires_grad=False)
         self.weight = weight
         self.register_parameter("bias", bias)
+        if weight_scale is not None:
+            if not isinstance(weight_scale, torch.Tensor):
+                raise ValueError(f"weight_scale must be a torch.Tensor, got "
+                                 f"{type(weight_scale).__name__}")
+            if not isinstance(weight_scale, nn.Parameter):
+                weight_scale = nn.Parameter(weight_scale, requires_grad=False)
+        self.register_parameter("weight_scale", weight_scale)
         self.out_features, self.in_features = weight.shape
         self.plan = plans.check_plan(plan)
         self.ms = check_ms(ms)
@@ -89,6 +107,16 @@ class DecodeLinear(nn.Module):
         self.reprepare()
 
     @classmethod
+    def from_fp8(cls, weight, weight_scale, bias=None, plan=None, ms=range(1, MAX_M + 1)):
+        """An e4m3 ``weight`` ``[N, K]`` (``float8_e4m3fn``) with FP32
+        ``weight_scale`` (one: ``()`` or ``(1,)``; one per row: ``[N]`` or
+        ``[N, 1]``) and an optional BF16 ``bias``: the FP8 kernel (the FP8
+        default tactics; plans hold BF16 tactics) for decode-sized x,
+        ``F.linear`` on the dequantized weight otherwise. The state_dict
+        holds ``weight``, ``weight_scale`` (and ``bias``)."""
+        return cls(weight, bias, plan, ms, weight_scale=weight_scale)
+
+    @classmethod
     def from_linear(cls, linear: nn.Linear, plan=None, ms=range(1, MAX_M + 1)):
         """Wrap ``linear``'s own Parameters (no copy); ``to_linear`` gives it back."""
         module = cls(linear.weight, linear.bias, plan, ms)
@@ -101,6 +129,9 @@ class DecodeLinear(nn.Module):
         """The original ``nn.Linear`` (or an equivalent one) holding this module's
         current weight and bias Parameters."""
         linear = self.__dict__.get("_original")
+        if linear is None and self.weight_scale is not None:
+            raise ValueError("an FP8 DecodeLinear made by from_fp8 has no nn.Linear to give back "
+                             "(an nn.Linear has no weight scales)")
         if linear is None:
             # device="meta": no allocation or init for tensors replaced right away
             linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
@@ -117,14 +148,15 @@ class DecodeLinear(nn.Module):
         falls back from then on) when the kernel cannot take them. Call it after
         replacing the weight other than through load_state_dict or .to()."""
         self._release()
-        reason = ineligibility(self.weight, self.bias, self.ms)
+        reason = ineligibility(self.weight, self.bias, self.ms, self.weight_scale)
         if reason is not None:
             self._unprepared = f"not prepared: {reason}"
             logger.debug("%s: %s", self._label(), self._unprepared)
             return False
         weight = self.weight.detach()  # same storage: in-place updates stay visible
         bias = None if self.bias is None else self.bias.detach()
-        self._prepared = plans.prepare(weight, self.plan, self.ms, bias=bias)
+        fp8 = {} if self.weight_scale is None else {"weight_scale": self.weight_scale.detach()}
+        self._prepared = plans.prepare(weight, self.plan, self.ms, bias=bias, **fp8)
         self._handle = ops.register(self._prepared)
         self._ptrs = self._current_ptrs()
         return True
@@ -136,7 +168,8 @@ class DecodeLinear(nn.Module):
         self._handle = None
 
     def _current_ptrs(self):
-        return (self.weight.data_ptr(), None if self.bias is None else self.bias.data_ptr())
+        return tuple(None if t is None else t.data_ptr()
+                     for t in (self.weight, self.bias, self.weight_scale))
 
     @property
     def prepared(self):
@@ -218,7 +251,11 @@ class DecodeLinear(nn.Module):
         reason = self.fallback_reason(x)
         if reason is None:
             x2d = x.reshape(-1, self.in_features)
-            if torch.compiler.is_compiling() or self._needs_grad(x):
+            if self.weight_scale is not None and (torch.compiler.is_compiling()
+                                                  or self._needs_grad(x)):
+                out = torch.ops.warpsplitk.decode_linear_fp8(x2d, self.weight, self.weight_scale,
+                                                             self.bias, self._handle)
+            elif torch.compiler.is_compiling() or self._needs_grad(x):
                 out = torch.ops.warpsplitk.decode_linear(x2d, self.weight, self.bias, self._handle)
             else:
                 # Eager inference: the op would only add dispatcher time (more
@@ -227,6 +264,8 @@ class DecodeLinear(nn.Module):
                 out = self._prepared.launch_unchecked(
                     x2d, x2d.new_empty((x2d.shape[0], self.out_features)))
             out = out.view(*x.shape[:-1], self.out_features)
+        elif self.weight_scale is not None:
+            out = F.linear(x, ops.dequantized(self.weight, self.weight_scale, x.dtype), self.bias)
         else:
             out = F.linear(x, self.weight, self.bias)
         if not torch.compiler.is_compiling():
@@ -256,8 +295,9 @@ class DecodeLinear(nn.Module):
     def extra_repr(self):
         path = (f"kernel for M in {self._ms_text()}" if self._handle is not None
                 else self._unprepared)
+        fp8 = "fp8 weight, " if self.weight_scale is not None else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, {path}")
+                f"bias={self.bias is not None}, {fp8}{path}")
 
 
 __all__ = ["DecodeLinear", "NO_MS", "ineligibility"]

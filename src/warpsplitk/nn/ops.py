@@ -2,11 +2,14 @@
 
     decode_linear(Tensor x, Tensor weight, Tensor? bias, int handle) -> Tensor
     decode_swiglu(Tensor x, Tensor weight, Tensor? bias, int handle) -> Tensor
+    decode_linear_fp8(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias,
+                      int handle) -> Tensor
 
 ``decode_linear``: ``out[M, N] = x[M, K] @ weight[N, K]^T (+ bias)`` on CUDA.
 ``decode_swiglu``: ``weight`` is ``[w_gate; w_up]`` and the kernel has the
 SwiGLU epilogue, ``out[M, N / 2] = silu(gate) * up`` (what a merged MLP runs
-under torch.compile). A custom op cannot take a ``PreparedWarpSplitK``
+under torch.compile). ``decode_linear_fp8``: an e4m3 ``weight`` with its FP32
+``weight_scale`` (one, or one per row), x and out BF16. A custom op cannot take a ``PreparedWarpSplitK``
 (compiled code, CuTe views) as an argument, so the prepared object lives in
 a registry here and the op gets its integer ``handle``. ``weight`` and
 ``bias`` are passed as well, although the kernel reads them through the
@@ -66,10 +69,11 @@ def _same(a, b):
     return (a is None) == (b is None) and (a is None or a.data_ptr() == b.data_ptr())
 
 
-def _run(name, x, weight, bias, handle):
+def _run(name, x, weight, bias, handle, weight_scale=None):
     prepared = lookup(handle)
     # The kernel reads the prepared weight; refuse to silently use a stale one.
-    if not (_same(weight, prepared.weight) and _same(bias, prepared.bias)):
+    if not (_same(weight, prepared.weight) and _same(bias, prepared.bias)
+            and _same(weight_scale, getattr(prepared, "weight_scale", None))):
         raise ValueError(f"warpsplitk.{name}: weight/bias are not the tensors handle "
                          f"{handle} was prepared for; re-prepare after replacing them")
     if prepared.swiglu != (name == "decode_swiglu"):
@@ -92,6 +96,16 @@ def _decode_linear_cuda(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
 def _decode_swiglu_cuda(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                         handle: int) -> torch.Tensor:
     return _run("decode_swiglu", x, weight, bias, handle)
+
+
+def _decode_linear_fp8_cuda(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                            bias: Optional[torch.Tensor], handle: int) -> torch.Tensor:
+    return _run("decode_linear_fp8", x, weight, bias, handle, weight_scale)
+
+
+def dequantized(weight, weight_scale, dtype):
+    """An FP8 weight times its scales (one, or one per row), as ``dtype``."""
+    return (weight.float() * weight_scale.float().reshape(-1, 1)).to(dtype)
 
 
 def _linear_backward(ctx, grad):
@@ -150,5 +164,38 @@ def _define(name, implementation, out_columns, backward):
 
 decode_linear = _define("decode_linear", _decode_linear_cuda, lambda w: w.shape[0],
                         _linear_backward)
+
+
+def _fp8_backward(ctx, grad):
+    # The input's gradient through the dequantized weight; the e4m3 weight
+    # and its scales are frozen (no gradient).
+    x, weight, weight_scale = ctx.saved_tensors
+    grad_x = grad @ dequantized(weight, weight_scale, grad.dtype) if ctx.needs_input_grad[0] else None
+    return grad_x, None, None, None, None
+
+
+def _fp8_setup_context(ctx, inputs, output):
+    x, weight, weight_scale, _, _ = inputs
+    ctx.save_for_backward(x, weight, weight_scale)
+
+
+def _fp8_fake(x, weight, weight_scale, bias, handle):
+    torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
+    torch._check(weight.dim() == 2, lambda: f"weight must be [N, K], got {weight.dim()}-D")
+    torch._check(x.dtype == torch.bfloat16 and weight.dtype == torch.float8_e4m3fn,
+                 lambda: f"x must be bfloat16 and weight float8_e4m3fn, got {x.dtype} and "
+                         f"{weight.dtype}")
+    torch._check(x.shape[1] == weight.shape[1],
+                 lambda: f"x [M, {x.shape[1]}] and weight [N, {weight.shape[1]}] disagree on K")
+    torch._check(bias is None or tuple(bias.shape) == (weight.shape[0],),
+                 lambda: f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.bfloat16)
+
+
+decode_linear_fp8 = torch.library.custom_op("warpsplitk::decode_linear_fp8",
+                                            _decode_linear_fp8_cuda, mutates_args=(),
+                                            device_types="cuda")
+decode_linear_fp8.register_fake(_fp8_fake)
+decode_linear_fp8.register_autograd(_fp8_backward, setup_context=_fp8_setup_context)
 decode_swiglu = _define("decode_swiglu", _decode_swiglu_cuda, lambda w: w.shape[0] // 2,
                         _swiglu_backward)
