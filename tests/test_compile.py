@@ -645,6 +645,10 @@ FP8_COMPILES = [
     (WarpSplitKTactic(64, 8, 128, 12, 2, 2), 1024, 4096, "channel", False),
     (WarpSplitKTactic(32, 32, 256, 2, 2, 2), 1024, 4096, "tensor", True),
     (WarpSplitKTactic(16, 16, 256, 8, 2, 2), 1024, 4096, "channel", False),
+    # 128 x 128 block scales: per tile and 16 rows a scale load and an FMA per accumulator
+    (WarpSplitKTactic(16, 8, 128, 4, 1), 4096, 4096, "block128", False),
+    (WarpSplitKTactic(32, 8, 256, 5, 2, 2), 1024, 8192, "block128", True),
+    (WarpSplitKTactic(32, 32, 256, 2, 2), 2048, 4096, "block128", False),
 ]
 
 
@@ -674,9 +678,20 @@ def test_fp8_kernel_compiles_audited_with_its_conversion(tactic, n, k, scales, b
     # channel scales, one 4-byte load of the tensor's)
     rounds = sum(layout.epilogue_rounds(o, tactic.token_tile)
                  for o in (tactic.output_tile, tactic.output_tile // 2)[:paths])
-    channel = scales == "channel"
+    channel, blocks = scales == "channel", scales == "block128"
     assert count(r"ld\.global\.nc\.v4\.b32") == rounds * (2 * channel + bias)
-    assert count(r"ld\.global\.nc\.f32") == (0 if channel else rounds)
+    # block scales: one load per tile and 16 rows, an FMA per accumulator, in the K loop
+    assert count(r"ld\.global\.nc\.f32") == (m_iters * tiles if blocks
+                                              else 0 if channel else rounds)
+    # (and, with a bias, the epilogue's scale-then-bias per output, contracted)
+    assert count(r"fma\.rn\.f32") == (m_iters * n_iters * 4 * tiles if blocks
+                                       else layout.CHUNK * rounds * bias)
+
+
+def test_block_scales_take_no_mixed_grid():
+    with pytest.raises(ValueError, match="block scales take no mixed grid"):
+        compile_for_arch(48, 512, WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=1),
+                         fp8_scales="block128")
 
 
 def test_fp8_compile_refuses_what_it_does_not_take():

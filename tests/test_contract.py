@@ -83,6 +83,10 @@ def test_fp8_scale_kinds_by_shape():
     assert fp8_scale_kind(torch.ones(64), 64) == fp8_scale_kind(torch.ones(64, 1), 64) == "channel"
     for shape in [(2,), (64, 2), (1, 64), (1, 1, 1)]:
         assert fp8_scale_kind(torch.ones(shape), 64) is None
+    # 128 x 128 blocks, partial ones at the edges: [ceil(N / 128), ceil(K / 128)]
+    assert fp8_scale_kind(torch.ones(17, 56), 2112, 7168) == "block128"
+    assert fp8_scale_kind(torch.ones(17, 56), 2112) is None  # K unknown: no block scales
+    assert fp8_scale_kind(torch.ones(16, 56), 2112, 7168) is None
 
 
 def test_fp8_operands(cpu_kernel):

@@ -427,15 +427,25 @@ def fp8_problem(m, n, k, seed, scale_kind):
     values = _emulator.e4m3_value(np.arange(256))
     codes = [c for c in range(256) if not np.isnan(values[c]) and abs(values[c]) <= 4]
     w = rng.choice(codes, size=(n, k)).astype(np.uint8)
-    scale = (np.float32(0.5) if scale_kind == "tensor"
-             else (2.0 ** rng.integers(-3, 3, size=n)).astype(np.float32))
+    if scale_kind == "tensor":
+        scale = np.float32(0.5)
+    elif scale_kind == "block128":
+        scale = (2.0 ** rng.integers(-3, 3, size=layout.fp8_scale_blocks(n, k))).astype(np.float32)
+    else:
+        scale = (2.0 ** rng.integers(-3, 3, size=n)).astype(np.float32)
     bias = rng.integers(-4, 5, size=n).astype(np.float32)
     return x, w, scale, bias
 
 
 def fp8_reference(x, w, scale, bias):
-    n = w.shape[0]
-    out = (x.astype(np.float64) @ _emulator.e4m3_value(w).T) * np.broadcast_to(scale, (n,))
+    """float64 of ``x @ (scale * w)^T + bias``; 2-D ``scale``: 128 x 128 blocks."""
+    n, k = w.shape
+    values = _emulator.e4m3_value(w).astype(np.float64)
+    if np.ndim(scale) == 2:
+        values = values * np.repeat(np.repeat(scale, 128, 0), 128, 1)[:n, :k]
+        out = x.astype(np.float64) @ values.T
+    else:
+        out = (x.astype(np.float64) @ values.T) * np.broadcast_to(scale, (n,))
     return (out + bias).astype(np.float32)
 
 
@@ -468,6 +478,15 @@ FP8_CASES = [
 ]
 
 
+FP8_CASES += [  # 128 x 128 block scales: a warp's quarter of a tile is in one K block
+    (WarpSplitKTactic(16, 8, 128, 2, 1), 3, 16, 512, "block128"),
+    (WarpSplitKTactic(32, 16, 256, 3, 2), 13, 256, 1024, "block128"),     # two K blocks a tile
+    (WarpSplitKTactic(48, 8, 128, 3, 1), 7, 288, 384, "block128"),        # tiles across row blocks
+    (WarpSplitKTactic(16, 8, 256, 2, 1, 2), 3, 160, 1024, "block128"),    # k_split, N % 128
+    (WarpSplitKTactic(32, 32, 256, 2, 2, 2), 32, 32, 2048, "block128"),
+]
+
+
 @pytest.mark.parametrize("tactic,m,n,k,scale_kind", FP8_CASES,
                          ids=[f"{c[0].short()}-{c[1]}x{c[2]}x{c[3]}-{c[4]}" for c in FP8_CASES])
 def test_fp8_emulate_exact_on_integers(tactic, m, n, k, scale_kind):
@@ -475,6 +494,22 @@ def test_fp8_emulate_exact_on_integers(tactic, m, n, k, scale_kind):
     out = _emulator.emulate_fp8(x, w, scale, tactic, bias, round_output=False,
                                 check_coverage=True)
     np.testing.assert_array_equal(out, fp8_reference(x, w, scale, bias))
+
+
+def test_fp8_block_scales_apply_per_k_block_not_per_column():
+    """Scales differing only along K: a per-column reading of them (or a
+    block index off by one) would not match the float64 reference."""
+    tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    x, w, _, bias = fp8_problem(4, 16, 512, 5, "tensor")
+    scale = np.array([[1.0, 2.0, 0.5, 4.0]], dtype=np.float32)
+    out = _emulator.emulate_fp8(x, w, scale, tactic, bias, round_output=False)
+    np.testing.assert_array_equal(out, fp8_reference(x, w, scale, bias))
+    assert not np.array_equal(out, fp8_reference(x, w, np.float32(1.0), bias))
+    with pytest.raises(ValueError, match="block scales take no mixed grid"):
+        _emulator.emulate_fp8(x[:1], w[:, :512].repeat(3, 0)[:48], np.ones((1, 4), np.float32),
+                              WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=1), bias.repeat(3)[:48])
+    with pytest.raises(ValueError, match=r"the block scales \(1, 4\)"):
+        _emulator.emulate_fp8(x, w, np.ones((2, 4), np.float32), tactic, bias)
 
 
 def test_fp8_layouts_have_no_bank_conflicts():
@@ -517,7 +552,7 @@ def test_fp8_emulate_refuses_what_the_kernel_refuses():
     x, w, scale, bias = fp8_problem(2, 16, 256, 9, "channel")
     with pytest.raises(ValueError, match="FP8 weights take x_copy 'cp.async', got 'tma'"):
         _emulator.emulate_fp8(x, w, scale, WarpSplitKTactic(16, 8, 128, 2, 1, x_copy="tma"))
-    with pytest.raises(ValueError, match=r"scale must be one value or \[N\]"):
+    with pytest.raises(ValueError, match=r"scale must be one value, \[N\] = \(16,\) or the block"):
         _emulator.emulate_fp8(x, w, scale[:4], WarpSplitKTactic(16, 8, 128, 2, 1))
     with pytest.raises(ValueError, match="e4m3 bytes"):
         _emulator.emulate_fp8(x, w.astype(np.float32), scale, WarpSplitKTactic(16, 8, 128, 2, 1))

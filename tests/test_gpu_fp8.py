@@ -45,14 +45,27 @@ def _special_codes(n, k, generator):
     return w
 
 
+def _scales(kind, n, k, generator):
+    """Random FP32 scales of ``kind`` in [0.5, 1.5), and the ``[n, k]`` factor
+    each weight is dequantized by."""
+    from warpsplitk.kernel import layout
+    shape = {"tensor": (1,), "channel": (n,), "block128": layout.fp8_scale_blocks(n, k)}[kind]
+    scale = torch.rand(shape, generator=generator) + 0.5
+    if kind == "block128":
+        full = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+    else:
+        full = scale.reshape(-1, 1).expand(n, k)
+    return scale.cuda(), full.double().cuda()
+
+
 @pytest.mark.parametrize("tactic,n,k", CASES, ids=[f"{t.short()}-{n}x{k}" for t, n, k in CASES])
-@pytest.mark.parametrize("scales", ["tensor", "channel"])
+@pytest.mark.parametrize("scales", ["tensor", "channel", "block128"])
 def test_fp8_weights_against_float64(tactic, n, k, scales):
     g = torch.Generator().manual_seed(n + k)
     w8 = _special_codes(n, k, g).cuda()
-    scale = (torch.rand(1 if scales == "tensor" else n, generator=g) + 0.5).cuda()
+    scale, factor = _scales(scales, n, k, g)
     bias = torch.randn(n, generator=g).to(torch.bfloat16).cuda()
-    dequant = w8.double() * scale.double().reshape(-1, 1)
+    dequant = w8.double() * factor
     for has_bias in (False, True):
         for m in MS:
             prepared = _prepared(w8, tactic, m, bias if has_bias else None, scale)
@@ -65,13 +78,14 @@ def test_fp8_weights_against_float64(tactic, n, k, scales):
             assert not out.isnan().any() and err < 1e-2, (m, has_bias, err)
 
 
-def test_fp8_matches_the_emulator_bit_for_bit():
-    tactic, n, k, m = T(32, 8, 128, 3, 1), 64, 1024, 5
+@pytest.mark.parametrize("blocks", [False, True], ids=["channel", "block128"])
+def test_fp8_matches_the_emulator(blocks):
+    tactic, n, k, m = T(32, 8, 128, 3, 1), 160, 1024, 5
     rng = np.random.default_rng(3)
     codes = rng.integers(0, 256, size=(n, k)).astype(np.uint8)
     codes[(codes & 0x7F) == 0x7F] = 0x00
     x = rng.standard_normal((m, k)).astype(np.float32)
-    scale = (2.0 ** rng.integers(-3, 3, size=n)).astype(np.float32)
+    scale = (2.0 ** rng.integers(-3, 3, size=(2, 8) if blocks else n)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     expected = emulator.emulate_fp8(x, codes, scale, tactic, bias)
     prepared = _prepared(torch.from_numpy(codes).cuda().view(torch.float8_e4m3fn), tactic, m,
@@ -87,6 +101,28 @@ def test_fp8_matches_the_emulator_bit_for_bit():
 
 DEFAULT_SHAPES = [(28672, 4096), (1024, 4096), (6144, 4096), (4096, 14336), (768, 128),
                   (3072, 8192), (2112, 7168)]
+
+
+@pytest.mark.parametrize("n,k", [(2112, 7168), (3216, 1536), (576, 7168)],
+                         ids=["2112x7168", "3216x1536", "576x7168"])
+def test_block_scales_on_the_fp8_default(n, k):
+    """DeepSeek-style ``weight_scale_inv`` (``[ceil(N / 128), ceil(K / 128)]``,
+    partial blocks at the edges) through ``prepare``, M 1..32."""
+    from warpsplitk import prepare
+    g = torch.Generator().manual_seed(n + 3 * k)
+    w8 = _special_codes(n, k, g).cuda()
+    scale, factor = _scales("block128", n, k, g)
+    prepared = prepare(w8, ms=range(1, 33), weight_scale=scale)
+    assert prepared.fp8_scales == "block128"
+    dequant = w8.double() * factor
+    for m in (1, 2, 4, 8, 13, 16, 32):
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        prepared.run(x, out)
+        torch.cuda.synchronize()
+        ref = x.double() @ dequant.t()
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert not out.isnan().any() and err < 1e-2, (m, err)
 
 
 @pytest.mark.parametrize("n,k", DEFAULT_SHAPES, ids=[f"{n}x{k}" for n, k in DEFAULT_SHAPES])

@@ -501,16 +501,21 @@ def fp8_weight(n, k, device="cpu"):
     return (torch.randn(n, k, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
 
 
-@pytest.mark.parametrize("scale_shape", [(), (1,), (64,), (64, 1)])
+@pytest.mark.parametrize("scale_shape", [(), (1,), (160,), (160, 1), (2, 3)])
 def test_fp8_cpu_falls_back_to_the_dequantized_weight(scale_shape):
     torch.manual_seed(1)
-    w8 = fp8_weight(64, 256)
+    w8 = fp8_weight(160, 384)
     scale = torch.rand(scale_shape) * 1e-2 + 1e-3
-    bias = torch.randn(64, dtype=torch.bfloat16)
+    bias = torch.randn(160, dtype=torch.bfloat16)
     mod = DecodeLinear.from_fp8(w8, scale, bias)
     assert mod.prepared is None and "cpu" in mod.unprepared_reason and "fp8" in mod.extra_repr()
-    x = torch.randn(3, 256, dtype=torch.bfloat16)
-    expected = F.linear(x, (w8.float() * scale.reshape(-1, 1)).to(torch.bfloat16), bias)
+    x = torch.randn(3, 384, dtype=torch.bfloat16)
+    if len(scale_shape) == 2 and scale_shape[1] != 1:  # 128 x 128 blocks, the last rows partial
+        full = torch.cat([scale[0].repeat_interleave(128)[None].expand(128, 384),
+                          scale[1].repeat_interleave(128)[None].expand(32, 384)])
+    else:
+        full = scale.reshape(-1, 1)
+    expected = F.linear(x, (w8.float() * full).to(torch.bfloat16), bias)
     assert torch.equal(mod(x), expected)
     assert set(mod.state_dict()) == {"weight", "weight_scale", "bias"}
     with pytest.raises(ValueError, match="has no nn.Linear to give back"):

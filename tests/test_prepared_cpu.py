@@ -229,6 +229,7 @@ def fp8_world(monkeypatch):
     (aligned(1, dtype=torch.float32).view(()), "tensor"),
     (aligned(N, dtype=torch.float32), "channel"),
     (aligned(N, 1, dtype=torch.float32), "channel"),
+    (aligned(1, K // 128, dtype=torch.float32), "block128"),
 ])
 def test_fp8_weight_compiles_its_scale_kind_and_launches_the_scale_fifth(fp8_world, scale, kind):
     compiled, launches = fp8_world
@@ -248,8 +249,11 @@ def test_fp8_scale_kind_given_must_match_the_scale(fp8_world):
     PreparedWarpSplitK(fp8_weight(), {8: T128}, weight_scale=scale, scale_kind="channel")
     with pytest.raises(ValueError, match=r"weight_scale must have shape \(\) or \(1,\), got \(64,\)"):
         PreparedWarpSplitK(fp8_weight(), {8: T128}, weight_scale=scale, scale_kind="tensor")
-    with pytest.raises(ValueError, match=r"scale_kind must be one of \('tensor', 'channel'\)"):
+    with pytest.raises(ValueError, match=r"weight_scale must have shape \(1, 2\), got \(64,\)"):
         PreparedWarpSplitK(fp8_weight(), {8: T128}, weight_scale=scale, scale_kind="block128")
+    with pytest.raises(ValueError, match=r"scale_kind must be one of \('tensor', 'channel', "
+                                         r"'block128'\) or None, got 'block'"):
+        PreparedWarpSplitK(fp8_weight(), {8: T128}, weight_scale=scale, scale_kind="block")
 
 
 def nan_weight():
@@ -263,7 +267,8 @@ def nan_weight():
     (lambda: (fp8_weight(), None), r"an FP8 \(float8_e4m3fn\) weight needs weight_scale"),
     (lambda: (fp8_weight(), 2.0), "weight_scale must be a float32 torch.Tensor, got float"),
     (lambda: (fp8_weight(), aligned(N // 2, dtype=torch.float32)),
-     r"weight_scale must have shape \(\) or \(1,\) \(one scale\) or \(64,\) or \(64, 1\)"),
+     r"weight_scale must have shape \(\) or \(1,\) \(one scale\), \(64,\) or \(64, 1\) \(one "
+     r"per row\) or \(1, 2\) \(one per 128 x 128 block\)"),
     (lambda: (fp8_weight(), aligned(N, dtype=torch.bfloat16)), "weight_scale must be float32"),
     (lambda: (fp8_weight(), aligned(N, 2, dtype=torch.float32)[:, :1]),
      "weight_scale must be contiguous"),
@@ -283,6 +288,19 @@ def test_fp8_operands_are_refused_before_any_compile(fp8_world, make, message):
     with pytest.raises(ValueError, match=message):
         PreparedWarpSplitK(weight, {8: T128}, weight_scale=scale)
     assert compiled == []
+
+
+def test_block_scales_refuse_a_mixed_grid(fp8_world, monkeypatch):
+    import warpsplitk.runtime.prepared as module
+    from warpsplitk.runtime.compile import _checked
+    # the real tactic checks of the compile (the stand-in records only)
+    monkeypatch.setattr(module, "compile_warp_splitk",
+                        lambda index, n, k, tactic, **o: _checked(tactic, n, k, o["swiglu"],
+                                                                  o["fp8_scales"]))
+    weight = fp8_weight(48, 512)
+    with pytest.raises(ValueError, match="block scales take no mixed grid"):
+        PreparedWarpSplitK(weight, {1: WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=1)},
+                           weight_scale=aligned(1, 4, dtype=torch.float32))
 
 
 @pytest.mark.parametrize("tactic, swiglu, message", [

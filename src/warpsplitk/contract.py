@@ -54,8 +54,12 @@ DTYPE_NAME = "bfloat16"
 #: The element type of an FP8 weight (W8A16: activations stay BF16).
 FP8_DTYPE_NAME = "float8_e4m3fn"
 #: The scales an FP8 weight takes, FP32: one for the whole tensor (shape
-#: ``()`` or ``(1,)``), or one per output channel (``[N]`` or ``[N, 1]``).
-FP8_SCALE_KINDS = ("tensor", "channel")
+#: ``()`` or ``(1,)``), one per output channel (``[N]`` or ``[N, 1]``), or
+#: one per 128 x 128 block (``[ceil(N / 128), ceil(K / 128)]``, row-major:
+#: DeepSeek's and transformers' ``weight_scale_inv``).
+FP8_SCALE_KINDS = ("tensor", "channel", "block128")
+#: The block scales' block edge (``kernel.layout.FP8_SCALE_BLOCK``).
+FP8_SCALE_BLOCK = 128
 
 #: The device type the kernel runs on. Read at call time, so CPU tests can
 #: set it to "cpu" and exercise the kernel paths on CPU tensors.
@@ -188,14 +192,17 @@ def weight_tensors_refusal(weight, bias=None) -> str | None:
     return reason
 
 
-def fp8_scale_kind(scale, n) -> str | None:
-    """The kind (``FP8_SCALE_KINDS``) an FP8 ``[n, K]`` weight's ``scale``
-    has by its shape, or None when it has neither shape."""
+def fp8_scale_kind(scale, n, k=None) -> str | None:
+    """The kind (``FP8_SCALE_KINDS``) an FP8 ``[n, k]`` weight's ``scale``
+    has by its shape, or None when it has none of their shapes (``k`` None:
+    block scales are not considered)."""
     shape = tuple(scale.shape)
     if shape in ((), (1,)):
         return "tensor"
     if shape in ((n,), (n, 1)) and n > 1:
         return "channel"
+    if k is not None and shape == (-(-n // FP8_SCALE_BLOCK), -(-k // FP8_SCALE_BLOCK)):
+        return "block128"
     return None
 
 
@@ -214,14 +221,16 @@ def fp8_refusal(weight, scale, bias=None, scale_kind=None) -> str | None:
         return reason
     if scale_kind is not None and scale_kind not in FP8_SCALE_KINDS:
         return f"scale_kind must be one of {FP8_SCALE_KINDS} or None, got {scale_kind!r}"
-    n = weight.shape[0]
+    n, k = weight.shape
     if not isinstance(scale, torch.Tensor):
         return f"weight_scale must be a float32 torch.Tensor, got {type(scale).__name__}"
-    kind = fp8_scale_kind(scale, n)
-    wanted = {"tensor": "() or (1,)", "channel": f"({n},) or ({n}, 1)"}
+    kind = fp8_scale_kind(scale, n, k)
+    blocks = (-(-n // FP8_SCALE_BLOCK), -(-k // FP8_SCALE_BLOCK))
+    wanted = {"tensor": "() or (1,)", "channel": f"({n},) or ({n}, 1)", "block128": str(blocks)}
     if kind is None or (scale_kind is not None and kind != scale_kind):
         expected = (wanted[scale_kind] if scale_kind is not None
-                    else f"{wanted['tensor']} (one scale) or {wanted['channel']} (one per row)")
+                    else f"{wanted['tensor']} (one scale), {wanted['channel']} (one per row) "
+                         f"or {wanted['block128']} (one per 128 x 128 block)")
         return f"weight_scale must have shape {expected}, got {tuple(scale.shape)}"
     if scale.device != weight.device:
         return f"weight_scale must be on {weight.device}, got {scale.device}"
@@ -252,7 +261,8 @@ def fp8_value_refusal(weight, scale) -> str | None:
 
 
 __all__ = ["MAX_M", "ALIGN_BYTES", "SUPPORTED_ARCHS", "GPUS", "ARCH_GPUS", "BUILTIN_PLAN_GPUS",
-           "MAX_K_TILES", "MAX_N", "DTYPE_NAME", "FP8_DTYPE_NAME", "FP8_SCALE_KINDS", "as_integer", "shape_refusal",
+           "MAX_K_TILES", "MAX_N", "DTYPE_NAME", "FP8_DTYPE_NAME", "FP8_SCALE_KINDS",
+           "FP8_SCALE_BLOCK", "as_integer", "shape_refusal",
            "n_bound_refusal", "DEVICE_TYPE", "describe", "operand_refusal", "matrix_refusal",
            "weight_refusal", "weight_tensors_refusal", "fp8_scale_kind", "fp8_refusal",
            "fp8_value_refusal"]

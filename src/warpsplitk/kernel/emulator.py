@@ -250,10 +250,14 @@ def _fp8_mma_tile(acc, a_view, b_view, t):
                                                          acc[warp, mi, ni])
 
 
-def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False, fp8=False):
+def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False, fp8=False,
+                blocks=None):
     """One CTA's K loop over ``x`` and ``weight`` (its share of K): the four
     compute warps' FP32 accumulators ``[warp, m_iter, n_iter, lane, reg]``.
-    ``fp8``: ``weight`` holds e4m3 bytes (uint8)."""
+    ``fp8``: ``weight`` holds e4m3 bytes (uint8). ``blocks``: ``(block
+    scales [N / 128, K / 128], k of this share's first column)``: each
+    warp's partial sums of a tile start from zero and accumulate times
+    their block's scale, in FP32 with one rounding (the kernel's FMA)."""
     t = tactic
     m, k = x.shape
     k_tiles = k // t.k_tile
@@ -297,7 +301,20 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False,
                         kind)
         if check_coverage:
             _check_stage_coverage(i, a_writes, b_writes, token_rows, t, bulk)
-        if fp8:
+        if blocks is not None:
+            part = np.zeros_like(acc)
+            _fp8_mma_tile(part, a_view, b_view, t)
+            scales, k_first = blocks
+            for warp in range(layout.COMPUTE_WARPS):
+                k0 = k_first + i * t.k_tile + layout.warp_k_start(warp, t.k_tile)
+                for mi in range(m_iters):
+                    row = tile_n * t.output_tile + mi * layout.MMA_M
+                    index = layout.fp8_block_scale_index(row, k0, scales.shape[1]
+                                                         * layout.FP8_SCALE_BLOCK)
+                    scale = np.float64(scales.reshape(-1)[index])
+                    acc[warp, mi] = (part[warp, mi].astype(np.float64) * scale
+                                     + acc[warp, mi]).astype(np.float32)
+        elif fp8:
             _fp8_mma_tile(acc, a_view, b_view, t)
         else:
             _mma_tile(acc, a_view, b_view, t, kind)
@@ -330,14 +347,18 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
     warp``), each word once. With ``swiglu``, each vector is ``silu(gate) *
     up`` of the tile's gate rows and the up rows half a tile further. With
     ``scale`` (float32 ``[N]``), ``weight`` is e4m3 bytes and each output
-    column's sum is multiplied by its scale before the bias."""
+    column's sum is multiplied by its scale before the bias; with a 2-D
+    ``scale`` (block scales, ``layout.fp8_scale_blocks``) each K block's
+    partial sums are, before they accumulate."""
+    blocks = scale if scale is not None and scale.ndim == 2 else None
     buf = _reduction_buffer(x, weight, tactic, tile_n, tile_t, swiglu, check_coverage,
-                            scale is not None)
+                            scale is not None, blocks)
     return _epilogue(buf, x.shape[0], weight.shape[0] // 2, tactic, tile_n, tile_t, bias, swiglu,
-                     scale)
+                     None if blocks is not None else scale)
 
 
-def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage, fp8=False):
+def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage, fp8=False,
+                      blocks=None):
     """The first CTA's reduction buffer (the only one a K split writes):
     each CTA of the cluster accumulates its share of K, each warp stores its
     accumulators into its slot."""
@@ -348,7 +369,7 @@ def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage, fp8=
     for rank in range(t.k_split):
         share = slice(rank * k_cta, (rank + 1) * k_cta)
         acc = _accumulate(x[:, share], weight[:, share], t, tile_n, tile_t, check_coverage,
-                          swiglu, fp8)
+                          swiglu, fp8, None if blocks is None else (blocks, rank * k_cta))
         for warp, mi, ni, lane, reg in np.ndindex(acc.shape):
             row, token = layout.accumulator_coords(lane, mi, ni, reg)
             off = layout.reduction_offset(rank * layout.COMPUTE_WARPS + warp, token, row,
@@ -505,18 +526,26 @@ def emulate_fp8(x, weight, scale, tactic: WarpSplitKTactic, bias=None, *, round_
     """What the FP8-weight kernel writes for ``out = x @ (scale * W)^T (+
     bias)``, as float32: ``weight`` ``[N, K]`` e4m3 (a float8_e4m3fn tensor or
     its bytes as uint8), ``scale`` one FP32 for the tensor or ``[N]`` per
-    output channel, ``x`` and ``bias`` rounded to BF16 as for ``emulate``.
+    output channel or ``layout.fp8_scale_blocks(N, K)`` per 128 x 128 block,
+    ``x`` and ``bias`` rounded to BF16 as for ``emulate``.
     The weights go through the kernel's conversion (``fp8_to_bf16``), its
     k permutation and its loads; the scale multiplies each column's FP32
-    sum, then the bias is added."""
+    sum (a block scale: each warp's partial sums of each K tile), then the
+    bias is added."""
     x = round_bf16(_float32("x", x))
     codes = _fp8_codes(weight)
     n, k = _problem_shape(x, codes)
     check_tactic(tactic, n, k, fp8=True)
-    scale = _float32("scale", scale).reshape(-1)
-    if scale.shape not in ((1,), (n,)):
-        raise ValueError(f"scale must be one value or [N] = ({n},), got shape {scale.shape}")
-    scale = np.broadcast_to(scale, (n,)).astype(np.float32)
+    scale = _float32("scale", scale)
+    if scale.shape == layout.fp8_scale_blocks(n, k) and scale.size > 1 and scale.ndim == 2:
+        if tactic.half_tiles:
+            raise ValueError("block scales take no mixed grid (half_tiles)")
+    else:
+        scale = scale.reshape(-1)
+        if scale.shape not in ((1,), (n,)):
+            raise ValueError(f"scale must be one value, [N] = ({n},) or the block scales "
+                             f"{layout.fp8_scale_blocks(n, k)}, got shape {scale.shape}")
+        scale = np.broadcast_to(scale, (n,)).astype(np.float32)
     out = _run_grid(x, codes, tactic, _bias(bias, n), False, check_coverage, scale)
     return round_bf16(out) if round_output else out
 

@@ -282,6 +282,31 @@ def fp8_b_offset(lane, warp, n_iter, pair, step, k_tile, token_tile=MMA_N):
     return swizzle_pairs(row, col, k_tile)
 
 
+#: Block scales: one FP32 per ``FP8_SCALE_BLOCK`` x ``FP8_SCALE_BLOCK``
+#: block of the weight (DeepSeek's and transformers' ``weight_scale_inv``),
+#: row-major ``[ceil(N / 128), ceil(K / 128)]``. A compute warp's quarter of
+#: a K tile (32 or 64 K) never straddles two K blocks, nor its 16-row mma
+#: block two row blocks: each warp scales its partial sum of a tile by one
+#: scale per mma row block before it accumulates.
+FP8_SCALE_BLOCK = 128
+
+
+def fp8_scale_blocks(n, k):
+    """The shape of an ``[n, k]`` weight's block scales."""
+    return -(-n // FP8_SCALE_BLOCK), -(-k // FP8_SCALE_BLOCK)
+
+
+def fp8_block_scale_index(row, k, k_total):
+    """Index, in the row-major block scales of a weight of ``k_total``
+    columns, of the scale of weight ``(row, k)``."""
+    return (row // FP8_SCALE_BLOCK) * (-(-k_total // FP8_SCALE_BLOCK)) + k // FP8_SCALE_BLOCK
+
+
+def warp_k_start(warp, k_tile):
+    """The first k, within a K tile, of compute warp ``warp``'s quarter."""
+    return warp * (k_tile // COMPUTE_WARPS)
+
+
 def fp8_to_bf16_bits(code):
     """The BF16 bits the kernel makes of e4m3 byte ``code``: sign to bit 15,
     exponent and mantissa (7 bits) shifted left by 4, so the BF16 is the

@@ -492,7 +492,10 @@ class WarpSplitKKernel:
         """Warps 0-3: the K loop, the partials into the reduction buffer,
         then the sum over the warps (and the split's CTAs) and the store."""
         lane = tidx % layout.WARP
-        acc = (self.fp8_mainloop if self.fp8 else self.mma_mainloop)(smem, lane, warp)
+        if self.fp8:
+            acc = self.fp8_mainloop(smem, lane, warp, tile_n, rank)
+        else:
+            acc = self.mma_mainloop(smem, lane, warp)
         self.store_partials(smem, acc, lane, warp, rank)
         self.epilogue(smem, tidx, tile_n, tile_t, m, bias, out, rank)
 
@@ -517,7 +520,7 @@ class WarpSplitKKernel:
         zero = Float32(0.0)
         acc = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)]
 
-        def consume(a_off, b_off):
+        def consume(a_off, b_off, _tile):
             # K steps in pairs: one ldmatrix.x4 brings B of two steps for 8 tokens
             for p in range(pairs):
                 b = [ptx.ldmatrix_x4(b_addr[ni][p] + b_off) for ni in range(n_iters)]
@@ -535,13 +538,14 @@ class WarpSplitKKernel:
     def _stages_in_turn(self, smem, consume):
         """The compute warps' walk over the ring: for each K tile, wait until
         both stages landed, ``consume(a_offset, b_offset)`` (the stage's byte
-        offsets in the rings: its MMAs), then release the stage."""
+        offsets in the rings: its MMAs; and the tile's index), then release
+        the stage."""
         t = self.tactic
         for i in range(self.k_tiles):
             stage, parity = layout.ring_slot(i, t.stages)
             ptx.mbarrier_wait(self._barrier(smem, self.smem.full_a, stage), parity)
             ptx.mbarrier_wait(self._barrier(smem, self.smem.full_b, stage), parity)
-            consume(stage * self.smem.a_stage_bytes, stage * self.smem.b_stage_bytes)
+            consume(stage * self.smem.a_stage_bytes, stage * self.smem.b_stage_bytes, i)
             if t.async_activation_ring and layout.stage_refilled(i, t.stages, self.k_tiles):
                 # The next copy into this activation stage is a TMA or bulk
                 # copy: a write by the async proxy, which the mbarrier
@@ -557,13 +561,15 @@ class WarpSplitKKernel:
             # reports as a hazard).
             ptx.mbarrier_arrive(self._barrier(smem, self.smem.empty, stage))
 
-    def fp8_mainloop(self, smem, lane, warp):
+    def fp8_mainloop(self, smem, lane, warp, tile_n, rank):
         """``mma_mainloop`` for e4m3 weights: per 16 weight rows and K pair one
         ``ldmatrix.x4`` of weight bytes (``layout.fp8_a_fragment_offset``),
         converted in registers (``ptx.fp8x4_to_bf16x2``: even and odd k of
         each lane's four), and per 8 tokens and k-step one 8-byte load of
         activations (``layout.fp8_b_offset``) permuted to the same k slots
-        (``layout.fp8_k_of_slot``: ``(e0, e2)`` and ``(e1, e3)``)."""
+        (``layout.fp8_k_of_slot``: ``(e0, e2)`` and ``(e1, e3)``). With block
+        scales each tile's partial sums start from zero and accumulate times
+        their block's scale (``_block_scales``)."""
         t = self.tactic
         m_iters = t.output_tile // layout.MMA_M
         n_iters = layout.mma_token_blocks(t.token_tile)
@@ -576,8 +582,11 @@ class WarpSplitKKernel:
                     for s in range(2)] for p in range(pairs)] for ni in range(n_iters)]
         zero = Float32(0.0)
         acc = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)]
+        blocks = self.scales == "block128"
+        scale_of = self._block_scales(warp, tile_n, rank) if blocks else None
 
-        def consume(a_off, b_off):
+        def consume(a_off, b_off, tile):
+            part = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)] if blocks else acc
             for p in range(pairs):
                 b = [[self._fp8_b_step(b_addr[ni][p][s] + b_off) for s in range(2)]
                      for ni in range(n_iters)]
@@ -588,10 +597,32 @@ class WarpSplitKKernel:
                         top, bottom = converted[2 * s], converted[2 * s + 1]
                         a = (top[0], bottom[0], top[1], bottom[1])
                         for ni in range(n_iters):
-                            acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b[ni][s], acc[mi][ni])
+                            part[mi][ni] = ptx.mma_m16n8k16_bf16(a, b[ni][s], part[mi][ni])
+            if blocks:
+                for mi in range(m_iters):
+                    scale = scale_of(mi, tile)
+                    for ni in range(n_iters):
+                        acc[mi][ni] = [part[mi][ni][r] * scale + acc[mi][ni][r] for r in range(4)]
 
         self._stages_in_turn(smem, consume)
         return acc
+
+    def _block_scales(self, warp, tile_n, rank):
+        """``scale_of(m_iter, tile)``: the block scale of this warp's quarter
+        of K tile ``tile`` for the 16 rows of ``m_iter`` (one load, the same
+        for every lane: ``layout.fp8_block_scale_index``)."""
+        t = self.tactic
+        k_blocks = layout.fp8_scale_blocks(self.n, self.k)[1]
+        block = layout.FP8_SCALE_BLOCK
+        # this CTA's first K block, and this warp's within every tile
+        first = Int32(rank) * (self.k_cta // block) + layout.warp_k_start(warp, t.k_tile) // block
+        rows = Int32(tile_n) * t.output_tile
+
+        def scale_of(m_iter, tile):
+            row_block = (rows + m_iter * layout.MMA_M) // block
+            index = row_block * k_blocks + first + tile * t.k_tile // block
+            return ptx.ld_global_f32(self.scale.toint() + Int64(index) * 4)
+        return scale_of
 
     @staticmethod
     def _fp8_b_step(address):
@@ -712,8 +743,8 @@ class WarpSplitKKernel:
 
 class WarpSplitKFp8Kernel(WarpSplitKKernel):
     """The kernel for e4m3 weights ``[N, K]`` (one byte each) and FP32 scales:
-    ``out = scale * (x @ W^T) (+ bias)``, ``scale`` one value for the tensor
-    (``per_channel`` False) or ``[N]``. Same roles and rings, the weight
+    ``out = x @ (scale * W)^T (+ bias)``, ``scales`` "tensor" (one value),
+    "channel" (``[N]``) or "block128" (``layout.fp8_scale_blocks``). Same roles and rings, the weight
     stages half the bytes; the compute warps convert the weight in registers
     (``fp8_mainloop``) and the epilogue scales each column's sum before the
     bias. Its signature has a fifth pointer, the scales."""
@@ -721,9 +752,9 @@ class WarpSplitKFp8Kernel(WarpSplitKKernel):
     fp8 = True
 
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
-                 use_pdl: bool = True, per_channel: bool = True):
+                 use_pdl: bool = True, scales: str = "channel"):
         # before the base makes a mixed grid's half view, a copy of this one
-        self.per_channel = per_channel
+        self.scales = scales
         self.scale = None
         super().__init__(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl)
 
@@ -749,7 +780,9 @@ class WarpSplitKFp8Kernel(WarpSplitKKernel):
     def _scaled(self, total, n_index, store):
         """The 8 sums of one output vector times their columns' scales (or
         the one scale of the tensor)."""
-        if self.per_channel:
+        if self.scales == "block128":
+            return total  # applied per K block in the mainloop
+        if self.scales == "channel":
             address = self.scale.toint() + Int64(n_index * 4)
             scales = (ptx.ld_global_v4_f32_if(address, store)
                       + ptx.ld_global_v4_f32_if(address + 16, store))

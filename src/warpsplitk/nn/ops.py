@@ -9,7 +9,7 @@
 ``decode_swiglu``: ``weight`` is ``[w_gate; w_up]`` and the kernel has the
 SwiGLU epilogue, ``out[M, N / 2] = silu(gate) * up`` (what a merged MLP runs
 under torch.compile). ``decode_linear_fp8``: an e4m3 ``weight`` with its FP32
-``weight_scale`` (one, or one per row), x and out BF16. A custom op cannot take a ``PreparedWarpSplitK``
+``weight_scale`` (one, one per row, or one per 128 x 128 block), x and out BF16. A custom op cannot take a ``PreparedWarpSplitK``
 (compiled code, CuTe views) as an argument, so the prepared object lives in
 a registry here and the op gets its integer ``handle``. ``weight`` and
 ``bias`` are passed as well, although the kernel reads them through the
@@ -35,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from ..contract import ALIGN_BYTES
+from ..contract import ALIGN_BYTES, FP8_SCALE_BLOCK
 
 
 _registry: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
@@ -104,8 +104,16 @@ def _decode_linear_fp8_cuda(x: torch.Tensor, weight: torch.Tensor, weight_scale:
 
 
 def dequantized(weight, weight_scale, dtype):
-    """An FP8 weight times its scales (one, or one per row), as ``dtype``."""
-    return (weight.float() * weight_scale.float().reshape(-1, 1)).to(dtype)
+    """An FP8 weight times its scales (one, one per row, or one per 128 x 128
+    block), as ``dtype``."""
+    n, k = weight.shape
+    scale = weight_scale.float()
+    if scale.dim() == 2 and tuple(scale.shape) != (n, 1):  # blocks, partial at the edges
+        block = FP8_SCALE_BLOCK
+        scale = scale.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
+    else:
+        scale = scale.reshape(-1, 1)
+    return (weight.float() * scale).to(dtype)
 
 
 def _linear_backward(ctx, grad):

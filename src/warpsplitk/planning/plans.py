@@ -214,7 +214,7 @@ def _precompile_fp8(weights, ms, jobs, progress):
         if not is_fp8(weight) or not weight.is_cuda or weight.dim() != 2:
             continue  # prepare says what is wrong
         n, k = weight.shape
-        kind = fp8_scale_kind(scale, n) if hasattr(scale, "shape") else None
+        kind = fp8_scale_kind(scale, n, k) if hasattr(scale, "shape") else None
         try:
             arch = device_arch(weight.device.index if weight.device.index is not None
                                else torch.cuda.current_device())

@@ -37,6 +37,10 @@ def _checked(tactic, n, k, swiglu, fp8_scales=None):
     if fp8_scales is not None and fp8_scales not in FP8_SCALES:
         raise ValueError(f"fp8_scales must be one of {FP8_SCALES} or None, got {fp8_scales!r}")
     check_tactic(tactic, n, k, swiglu=swiglu, fp8=fp8_scales is not None)
+    if fp8_scales == "block128" and tactic.half_tiles:
+        # a half tile's rows would need their own row blocks' scales
+        raise ValueError(f"warp split-K: block scales take no mixed grid, got half_tiles "
+                         f"{tactic.half_tiles}")
     return operator.index(n), operator.index(k)
 
 

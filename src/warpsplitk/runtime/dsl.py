@@ -63,8 +63,8 @@ def fake_args(pointers=4):
 def build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False, fp8_scales=None):
     """Trace and compile the kernel for an ``[n, k]`` weight and ``tactic``
     (checked by the caller) for ``arch``, with extra compiler ``options``.
-    ``fp8_scales`` "tensor" or "channel": the kernel for e4m3 weights with
-    those scales (``WarpSplitKFp8Kernel``)."""
+    ``fp8_scales`` "tensor", "channel" or "block128": the kernel for e4m3
+    weights with those scales (``WarpSplitKFp8Kernel``)."""
     _, cute = import_dsl()
     from ..kernel.warp_splitk import WarpSplitKFp8Kernel, WarpSplitKKernel  # imports the DSL
     if fp8_scales is None:
@@ -72,7 +72,7 @@ def build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False, fp8_s
         args = fake_args()
     else:
         kernel = WarpSplitKFp8Kernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
-                                     per_channel=fp8_scales == "channel")
+                                     scales=fp8_scales)
         args = fake_args(5)
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())

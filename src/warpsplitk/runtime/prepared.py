@@ -64,7 +64,7 @@ def _check_fp8(weight, scale, bias, scale_kind) -> str:
               or contract.fp8_value_refusal(weight, scale))
     if reason is not None:
         raise ValueError(reason)
-    return contract.fp8_scale_kind(scale, weight.shape[0])
+    return contract.fp8_scale_kind(scale, *weight.shape)
 
 
 def _check_run(prepared, x, out):
@@ -140,10 +140,12 @@ class PreparedWarpSplitK:
         ``out[M, I] = silu(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up)``,
         in FP32 until the one BF16 rounding, in the same single launch.
     weight_scale: an FP8 weight's FP32 scales, on its device (kept by
-        reference): one (shape ``()`` or ``(1,)``, ``scale_kind="tensor"``)
-        or one per output row (``[N]`` or ``[N, 1]``, ``"channel"``);
-        ``out = (x @ weight^T) * scale (+ bias)``, the scale applied to each
-        column's FP32 sum. ``scale_kind`` None: by the scale's shape.
+        reference): one (shape ``()`` or ``(1,)``, ``scale_kind="tensor"``),
+        one per output row (``[N]`` or ``[N, 1]``, ``"channel"``), applied to
+        each column's FP32 sum, or one per 128 x 128 block (``[ceil(N / 128),
+        ceil(K / 128)]``, ``"block128"``), applied to each K block's partial
+        sums; ``out = x @ (weight * scale)^T (+ bias)``. ``scale_kind``
+        None: by the scale's shape.
         e4m3 NaN codes in the weight are refused here (a read of the weight).
 
     Raises ``ValueError`` for anything the kernel cannot run.
