@@ -296,3 +296,31 @@ def test_fp8_decode_linear_eager_graph_and_compiled():
     for _ in range(3):
         out = compiled(x)
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("block_size", [(128, 128), None], ids=["block128", "tensor"])
+def test_patch_model_swaps_transformers_fine_grained_fp8_linear(block_size):
+    """transformers' own ``FP8Linear`` (its fine-grained FP8 quantization:
+    ``weight_scale_inv`` per 128 x 128 block, or one when ``block_size`` is
+    None), swapped by ``patch_model`` and computing ``x @ (w * s)^T`` within
+    1e-2 of float64 at M <= 32; unpatch gives it back."""
+    fp8 = pytest.importorskip("transformers.integrations.finegrained_fp8")
+    torch.manual_seed(5)
+    n, k = 1536, 2048
+    layer = fp8.FP8Linear(k, n, block_size=block_size).cuda()
+    with torch.no_grad():
+        layer.weight.copy_((torch.randn(n, k, device="cuda") * 64).clamp(-448, 448)
+                           .to(torch.float8_e4m3fn))
+        layer.weight_scale_inv.copy_(torch.rand_like(layer.weight_scale_inv) * 1e-3 + 1e-3)
+    model = nn.Sequential(layer)
+    report = patch_model(model, ms=MS, progress=None)
+    assert report.swapped == ["0"] and isinstance(model[0], DecodeLinear)
+    scale = layer.weight_scale_inv.float()
+    if block_size is not None:
+        scale = scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    dequant = layer.weight.float() * scale
+    for m in MS:
+        x = bf16(m, k)
+        assert model[0].accepts(x)
+        assert rel_err(model(x), x, dequant) < 1e-2
+    assert unpatch(model) == ["0"] and model[0] is layer

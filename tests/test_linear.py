@@ -593,3 +593,69 @@ def test_fp8_op_refuses_a_stale_scale_and_keeps_its_input_gradient():
         needs_input_grad = (True, False, False, False, False)
     grad_x, *rest = ops._fp8_backward(Ctx, grad)
     assert torch.allclose(grad_x, grad @ (w8.float() * scale[:, None])) and rest == [None] * 4
+
+
+class FineGrainedFP8Linear(nn.Linear):
+    """transformers' fine-grained FP8 linear, as its Parameters look: an e4m3
+    weight, ``weight_scale_inv`` per 128 x 128 block, a dynamic activation
+    scheme (no ``activation_scale``), its own forward."""
+
+    def __init__(self, n, k, bias=False, block_size=(128, 128), activation_scale=None):
+        super().__init__(k, n, bias=bias, dtype=torch.bfloat16)
+        self.block_size = block_size
+        self.weight = nn.Parameter(fp8_weight(n, k), requires_grad=False)
+        self.weight_scale_inv = nn.Parameter(torch.rand(-(-n // 128), -(-k // 128)) + 0.5,
+                                             requires_grad=False)
+        self.register_parameter("activation_scale", activation_scale)
+
+    def forward(self, x):
+        return F.linear(x, ops.dequantized(self.weight, self.weight_scale_inv, x.dtype), self.bias)
+
+
+class RowwiseFP8Linear(nn.Linear):
+    """A per-row FP8 linear (``weight_scale`` ``[N, 1]``, as fbgemm's)."""
+
+    def __init__(self, n, k):
+        super().__init__(k, n, bias=False, dtype=torch.bfloat16)
+        self.weight = nn.Parameter(fp8_weight(n, k), requires_grad=False)
+        self.weight_scale = nn.Parameter(torch.rand(n, 1) + 0.5, requires_grad=False)
+
+    def forward(self, x):
+        return F.linear(x, ops.dequantized(self.weight, self.weight_scale, x.dtype))
+
+
+def test_patch_model_swaps_fp8_linears_and_unpatch_restores_them(meta_fp8, monkeypatch):
+    """FP8 linears are swapped with their own Parameters (the scales under
+    their own names, so the state_dict keeps its keys); unrecognised ones
+    are skipped with the reason; unpatch gives the modules back."""
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(plans, "precompile_fp8", lambda *args, **kwargs: None)
+    torch.manual_seed(0)
+    model = nn.Sequential(FineGrainedFP8Linear(256, 384, bias=True), RowwiseFP8Linear(64, 256),
+                          FineGrainedFP8Linear(64, 256, block_size=(64, 64)),
+                          FineGrainedFP8Linear(64, 256, activation_scale=nn.Parameter(
+                              torch.ones(()), requires_grad=False)))
+    keys = list(model.state_dict())
+    originals = list(model)
+    x = torch.randn(3, 384, dtype=torch.bfloat16)
+    before = model[1](model[0](x))
+    report = patch_model(model, ms=(1, 8), progress=None)
+    assert report.swapped == ["0", "1"]
+    assert dict(report.skipped) == {"2": "block scales of (64, 64), not 128 x 128",
+                                    "3": "a static activation scale (activation_scheme='static')"}
+    assert meta_fp8 == [((256, 384), True), ((64, 256), True)]
+    assert isinstance(model[0], DecodeLinear) and model[0].fp8_scale is originals[0].weight_scale_inv
+    assert model[0].weight is originals[0].weight and model[0].bias is originals[0].bias
+    assert list(model.state_dict()) == keys
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cuda")  # run the CPU fallback
+    model[0].reprepare(), model[1].reprepare()
+    assert torch.equal(model[1](model[0](x)), before)
+    assert unpatch(model) == ["0", "1"] and list(model) == originals
+
+
+def test_fp8_linear_scale_names_what_it_does_not_take():
+    assert linear.fp8_linear_scale(nn.Linear(8, 8))[1] == "Linear has no float8_e4m3fn weight"
+    plain = RowwiseFP8Linear(16, 128)
+    del plain.weight_scale
+    assert linear.fp8_linear_scale(plain)[1] == (
+        "RowwiseFP8Linear has no scales named weight_scale_inv or weight_scale")

@@ -341,7 +341,7 @@ def test_prepare_runs_an_fp8_weight_on_the_fp8_default(fp8_world):
 def test_prepare_model_takes_fp8_weights_with_their_scales(fp8_world, monkeypatch):
     from warpsplitk.planning import plans
     monkeypatch.setattr(plans, "precompile_for", lambda *args, **kwargs: {})
-    monkeypatch.setattr(plans, "_precompile_fp8", lambda *args, **kwargs: None)
+    monkeypatch.setattr(plans, "precompile_fp8", lambda *args, **kwargs: None)
     weight, scale = fp8_weight(), aligned(1, dtype=torch.float32)
     prepared = plans.prepare_model({"q": weight}, ms=(1, 8), progress=None,
                                    weight_scales={"q": scale})

@@ -304,16 +304,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False,
         if blocks is not None:
             part = np.zeros_like(acc)
             _fp8_mma_tile(part, a_view, b_view, t)
-            scales, k_first = blocks
-            for warp in range(layout.COMPUTE_WARPS):
-                k0 = k_first + i * t.k_tile + layout.warp_k_start(warp, t.k_tile)
-                for mi in range(m_iters):
-                    row = tile_n * t.output_tile + mi * layout.MMA_M
-                    index = layout.fp8_block_scale_index(row, k0, scales.shape[1]
-                                                         * layout.FP8_SCALE_BLOCK)
-                    scale = np.float64(scales.reshape(-1)[index])
-                    acc[warp, mi] = (part[warp, mi].astype(np.float64) * scale
-                                     + acc[warp, mi]).astype(np.float32)
+            _accumulate_blocks(acc, part, blocks, t, tile_n, i)
         elif fp8:
             _fp8_mma_tile(acc, a_view, b_view, t)
         else:
@@ -355,6 +346,21 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
                             scale is not None, blocks)
     return _epilogue(buf, x.shape[0], weight.shape[0] // 2, tactic, tile_n, tile_t, bias, swiglu,
                      None if blocks is not None else scale)
+
+
+def _accumulate_blocks(acc, part, blocks, t, tile_n, tile):
+    """``acc += part * scale`` per warp and 16 rows, ``scale`` the block
+    scale of the warp's quarter of K tile ``tile`` (``blocks``: the scales
+    and this share's first k), rounded once to FP32 as the kernel's FMA."""
+    scales, k_first = blocks
+    k_total = scales.shape[1] * layout.FP8_SCALE_BLOCK
+    for warp in range(layout.COMPUTE_WARPS):
+        k0 = k_first + tile * t.k_tile + layout.warp_k_start(warp, t.k_tile)
+        for mi in range(acc.shape[1]):
+            row = tile_n * t.output_tile + mi * layout.MMA_M
+            scale = np.float64(scales.reshape(-1)[layout.fp8_block_scale_index(row, k0, k_total)])
+            acc[warp, mi] = (part[warp, mi].astype(np.float64) * scale
+                             + acc[warp, mi]).astype(np.float32)
 
 
 def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage, fp8=False,

@@ -45,6 +45,36 @@ def ineligibility(weight, bias=None, ms=range(1, MAX_M + 1), weight_scale=None) 
     return reason
 
 
+#: How FP8 linears name their scales: transformers' fine-grained FP8 linear
+#: (``weight_scale_inv``: one scale, or one per 128 x 128 block) and per-row
+#: FP8 linears (``weight_scale``).
+FP8_SCALE_NAMES = ("weight_scale_inv", "weight_scale")
+
+
+def fp8_linear_scale(module) -> tuple[str | None, str | None]:
+    """``(scale attribute, None)`` for a module that is an FP8 linear the
+    kernel's W8A16 path computes as its forward does (an e4m3 ``weight``,
+    FP32 scales under one of ``FP8_SCALE_NAMES``, 128 x 128 blocks when
+    blocked, activations quantized per call if at all), else ``(None,
+    why not)``."""
+    import torch
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float8_e4m3fn:
+        return None, f"{type(module).__name__} has no float8_e4m3fn weight"
+    name = next((n for n in FP8_SCALE_NAMES if isinstance(getattr(module, n, None), torch.Tensor)),
+                None)
+    if name is None:
+        return None, f"{type(module).__name__} has no scales named {' or '.join(FP8_SCALE_NAMES)}"
+    block = getattr(module, "block_size", None)
+    if block is not None and tuple(block) != (contract.FP8_SCALE_BLOCK,) * 2:
+        return None, f"block scales of {tuple(block)}, not 128 x 128"
+    if getattr(module, "activation_scale", None) is not None:
+        # a static activation scale: the module's own output rounds x to e4m3
+        # with it; W8A16 would not
+        return None, "a static activation scale (activation_scheme='static')"
+    return name, None
+
+
 class DecodeLinear(nn.Module):
     """``y = x @ weight^T + bias`` through the warp split-K kernel for decode-sized inputs.
 
@@ -66,7 +96,7 @@ class DecodeLinear(nn.Module):
     """
 
     def __init__(self, weight, bias=None, plan=None, ms=range(1, MAX_M + 1), *,
-                 weight_scale=None):
+                 weight_scale=None, scale_name: str = "weight_scale"):
         super().__init__()
         reason = contract.matrix_refusal("weight", weight, "[out_features, in_features]")
         if reason is not None:
@@ -92,7 +122,10 @@ class DecodeLinear(nn.Module):
                                  f"{type(weight_scale).__name__}")
             if not isinstance(weight_scale, nn.Parameter):
                 weight_scale = nn.Parameter(weight_scale, requires_grad=False)
-        self.register_parameter("weight_scale", weight_scale)
+            # under the FP8 module's own name (weight_scale, weight_scale_inv):
+            # the state_dict keeps the checkpoint's keys
+            self.register_parameter(scale_name, weight_scale)
+        self._scale_name = None if weight_scale is None else scale_name
         self.out_features, self.in_features = weight.shape
         self.plan = plans.check_plan(plan)
         self.ms = check_ms(ms)
@@ -106,15 +139,34 @@ class DecodeLinear(nn.Module):
         self._unprepared = "not prepared"
         self.reprepare()
 
+    @property
+    def fp8_scale(self):
+        """An FP8 weight's scales (the Parameter under ``scale_name``), or None."""
+        return None if self._scale_name is None else getattr(self, self._scale_name)
+
     @classmethod
     def from_fp8(cls, weight, weight_scale, bias=None, plan=None, ms=range(1, MAX_M + 1)):
         """An e4m3 ``weight`` ``[N, K]`` (``float8_e4m3fn``) with FP32
         ``weight_scale`` (one: ``()`` or ``(1,)``; one per row: ``[N]`` or
-        ``[N, 1]``) and an optional BF16 ``bias``: the FP8 kernel (the FP8
+        ``[N, 1]``; one per 128 x 128 block) and an optional BF16 ``bias``: the FP8 kernel (the FP8
         default tactics; plans hold BF16 tactics) for decode-sized x,
         ``F.linear`` on the dequantized weight otherwise. The state_dict
         holds ``weight``, ``weight_scale`` (and ``bias``)."""
         return cls(weight, bias, plan, ms, weight_scale=weight_scale)
+
+    @classmethod
+    def from_fp8_module(cls, module, plan=None, ms=range(1, MAX_M + 1)):
+        """Wrap an FP8 linear's own Parameters (no copy; ``to_linear`` gives
+        the module back): its ``weight``, ``bias`` and scales under their own
+        name (``fp8_linear_scale``: transformers' fine-grained ``FP8Linear``
+        ``weight_scale_inv``, a per-row ``weight_scale``)."""
+        scale_name, reason = fp8_linear_scale(module)
+        if reason is not None:
+            raise ValueError(reason)
+        made = cls(module.weight, module.bias, plan, ms,
+                   weight_scale=getattr(module, scale_name), scale_name=scale_name)
+        object.__setattr__(made, "_original", module)
+        return made
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, plan=None, ms=range(1, MAX_M + 1)):
@@ -129,7 +181,7 @@ class DecodeLinear(nn.Module):
         """The original ``nn.Linear`` (or an equivalent one) holding this module's
         current weight and bias Parameters."""
         linear = self.__dict__.get("_original")
-        if linear is None and self.weight_scale is not None:
+        if linear is None and self.fp8_scale is not None:
             raise ValueError("an FP8 DecodeLinear made by from_fp8 has no nn.Linear to give back "
                              "(an nn.Linear has no weight scales)")
         if linear is None:
@@ -139,6 +191,8 @@ class DecodeLinear(nn.Module):
         # current Parameters: load_state_dict(assign=True) or .to() may have replaced them
         linear.weight = self.weight
         linear.bias = self.bias
+        if self._scale_name is not None:
+            setattr(linear, self._scale_name, self.fp8_scale)
         return linear
 
     # ---------------------------------------------------------- preparation
@@ -148,14 +202,14 @@ class DecodeLinear(nn.Module):
         falls back from then on) when the kernel cannot take them. Call it after
         replacing the weight other than through load_state_dict or .to()."""
         self._release()
-        reason = ineligibility(self.weight, self.bias, self.ms, self.weight_scale)
+        reason = ineligibility(self.weight, self.bias, self.ms, self.fp8_scale)
         if reason is not None:
             self._unprepared = f"not prepared: {reason}"
             logger.debug("%s: %s", self._label(), self._unprepared)
             return False
         weight = self.weight.detach()  # same storage: in-place updates stay visible
         bias = None if self.bias is None else self.bias.detach()
-        fp8 = {} if self.weight_scale is None else {"weight_scale": self.weight_scale.detach()}
+        fp8 = {} if self.fp8_scale is None else {"weight_scale": self.fp8_scale.detach()}
         self._prepared = plans.prepare(weight, self.plan, self.ms, bias=bias, **fp8)
         self._handle = ops.register(self._prepared)
         self._ptrs = self._current_ptrs()
@@ -169,7 +223,7 @@ class DecodeLinear(nn.Module):
 
     def _current_ptrs(self):
         return tuple(None if t is None else t.data_ptr()
-                     for t in (self.weight, self.bias, self.weight_scale))
+                     for t in (self.weight, self.bias, self.fp8_scale))
 
     @property
     def prepared(self):
@@ -251,9 +305,9 @@ class DecodeLinear(nn.Module):
         reason = self.fallback_reason(x)
         if reason is None:
             x2d = x.reshape(-1, self.in_features)
-            if self.weight_scale is not None and (torch.compiler.is_compiling()
+            if self.fp8_scale is not None and (torch.compiler.is_compiling()
                                                   or self._needs_grad(x)):
-                out = torch.ops.warpsplitk.decode_linear_fp8(x2d, self.weight, self.weight_scale,
+                out = torch.ops.warpsplitk.decode_linear_fp8(x2d, self.weight, self.fp8_scale,
                                                              self.bias, self._handle)
             elif torch.compiler.is_compiling() or self._needs_grad(x):
                 out = torch.ops.warpsplitk.decode_linear(x2d, self.weight, self.bias, self._handle)
@@ -264,8 +318,8 @@ class DecodeLinear(nn.Module):
                 out = self._prepared.launch_unchecked(
                     x2d, x2d.new_empty((x2d.shape[0], self.out_features)))
             out = out.view(*x.shape[:-1], self.out_features)
-        elif self.weight_scale is not None:
-            out = F.linear(x, ops.dequantized(self.weight, self.weight_scale, x.dtype), self.bias)
+        elif self.fp8_scale is not None:
+            out = F.linear(x, ops.dequantized(self.weight, self.fp8_scale, x.dtype), self.bias)
         else:
             out = F.linear(x, self.weight, self.bias)
         if not torch.compiler.is_compiling():
@@ -295,9 +349,9 @@ class DecodeLinear(nn.Module):
     def extra_repr(self):
         path = (f"kernel for M in {self._ms_text()}" if self._handle is not None
                 else self._unprepared)
-        fp8 = "fp8 weight, " if self.weight_scale is not None else ""
+        fp8 = "fp8 weight, " if self.fp8_scale is not None else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, {fp8}{path}")
 
 
-__all__ = ["DecodeLinear", "NO_MS", "ineligibility"]
+__all__ = ["DecodeLinear", "NO_MS", "ineligibility", "fp8_linear_scale", "FP8_SCALE_NAMES"]

@@ -19,7 +19,7 @@ from ..contract import MAX_M
 from ..planning import plans
 from ..tactics import check_ms
 from .gate_up import GateUpSwiGLUMLP, gate_up_refusal
-from .linear import DecodeLinear, ineligibility
+from .linear import DecodeLinear, fp8_linear_scale, ineligibility
 from .merge import (MERGED_GROUPS, MergedPart, SwiGLUMLP, merge_linears, merge_refusal,
                     swiglu_refusal)
 
@@ -51,15 +51,31 @@ class PatchReport:
 
 
 def linear_ineligibility(module, ms=range(1, MAX_M + 1)):
-    """Why ``patch_model`` leaves ``module`` alone, or None when it can swap it."""
-    if type(module) is not nn.Linear:
+    """Why ``patch_model`` leaves ``module`` alone, or None when it can swap it:
+    a plain ``nn.Linear`` or an FP8 linear (``fp8_linear_scale``) the kernel
+    takes, without forward hooks."""
+    fp8 = is_fp8_linear(module)
+    if type(module) is not nn.Linear and not fp8:
         # subclasses (quantised, LoRA, MultiheadAttention's out_proj) have their own semantics
         return f"{type(module).__name__} is not a plain nn.Linear"
     if module._forward_hooks or module._forward_pre_hooks:
         return "has forward hooks, which the swap would drop"
     if "forward" in module.__dict__:
         return "its forward is overridden on the instance (e.g. accelerate hooks)"
+    if fp8:
+        name, reason = fp8_linear_scale(module)
+        return reason or ineligibility(module.weight, module.bias, ms, getattr(module, name))
     return ineligibility(module.weight, module.bias, ms)
+
+
+def is_fp8_linear(module) -> bool:
+    """Whether ``module`` is an ``nn.Linear`` subclass holding an e4m3 weight
+    (transformers' ``FP8Linear``, ``FbgemmFp8Linear``): ``patch_model``
+    swaps it where ``fp8_linear_scale`` recognises its scales."""
+    import torch
+    weight = getattr(module, "weight", None)
+    return (isinstance(module, nn.Linear) and isinstance(weight, torch.Tensor)
+            and weight.dtype == torch.float8_e4m3fn)
 
 
 def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None,
@@ -131,6 +147,8 @@ class _Found:
     mlps: list = field(default_factory=list)
     #: the MLPs holding one [gate; up] projection (``GATE_UP_MLPS``) to run so
     gate_up_mlps: list = field(default_factory=list)
+    #: id -> eligible FP8 linear (``is_fp8_linear``), in model order
+    fp8: dict = field(default_factory=dict)
 
 
 def _collect(model, ms, filter, merge, report) -> _Found:
@@ -164,6 +182,8 @@ def _collect(model, ms, filter, merge, report) -> _Found:
                   else linear_ineligibility(child, ms))
         if reason is not None:
             report.skipped.append((name, reason))
+        elif is_fp8_linear(child):
+            found.fp8[id(child)] = child
         else:
             found.linears[id(child)] = child
     return found
@@ -182,6 +202,8 @@ def _precompile(found, plan, ms, jobs, progress):
     _precompile_weights([g for g in found.groups if g.swiglu]
                         + [m.gate_up_proj for m in found.gate_up_mlps], plan, ms, jobs,
                         swiglu=True)
+    plans.precompile_fp8({id(m): (m.weight, getattr(m, fp8_linear_scale(m)[0]))
+                          for m in found.fp8.values()}, ms, jobs)
     for group in found.groups:
         group.plan = plan
         group.prepare()
@@ -195,6 +217,8 @@ def _swap(model, found, plan, ms, report):
     _replace(model, nn.Module, SwiGLUMLP, report.swiglu, only={id(m) for m in found.mlps})
     _replace(model, nn.Linear, lambda lin: DecodeLinear.from_linear(lin, plan, ms),
              report.swapped, only=found.linears)
+    _replace(model, nn.Linear, lambda lin: DecodeLinear.from_fp8_module(lin, plan, ms),
+             report.swapped, only=found.fp8)
     # after the linears: each wraps its gate_up_proj's DecodeLinear
     _replace(model, nn.Module, lambda mlp: GateUpSwiGLUMLP(mlp, plan, ms), report.swiglu,
              only={id(m) for m in found.gate_up_mlps})
@@ -290,4 +314,4 @@ def _precompile_weights(modules, plan, ms, jobs, swiglu=False):
                                  swiglu=swiglu)
 
 
-__all__ = ["PatchReport", "linear_ineligibility", "patch_model", "unpatch"]
+__all__ = ["PatchReport", "linear_ineligibility", "is_fp8_linear", "patch_model", "unpatch"]

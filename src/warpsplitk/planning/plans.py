@@ -204,7 +204,7 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
     return failures
 
 
-def _precompile_fp8(weights, ms, jobs, progress):
+def precompile_fp8(weights, ms=range(1, MAX_M + 1), jobs=None, progress=None):
     """As :func:`precompile_for`, for ``{name: (fp8 weight, scale)}``: the FP8
     default's kernels, compiled in worker processes into the disk cache."""
     import torch  # as in prepare
@@ -257,8 +257,8 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     plan = resolve_plan(plan, [tuple(w.shape) for w in bf16.values()], ms,
                         progress=progress, jobs=jobs)
     precompile_for(bf16.values(), plan, ms, jobs, progress)
-    _precompile_fp8({name: (weights[name], scale) for name, scale in scales.items()}, ms, jobs,
-                    progress)
+    precompile_fp8({name: (weights[name], scale) for name, scale in scales.items()}, ms, jobs,
+                   progress)
     prepared = {}
     for i, (name, weight) in enumerate(weights.items(), 1):
         t0 = time.perf_counter()
@@ -274,7 +274,7 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     return prepared
 
 
-__all__ = ["resolve_plan", "prepare", "prepare_model", "is_fp8", "prepare_choices", "precompile_for",
+__all__ = ["resolve_plan", "prepare", "prepare_model", "is_fp8", "precompile_fp8", "prepare_choices", "precompile_for",
            "swiglu_tactic", "before_down", "BEFORE_DOWN_MAX_M",
            # from decode_plan
            "CUBLAS", "PLAN_FORMAT", "PLAN_VERSION", "DecodePlan", "builtin_plan", "builtin_plans",
