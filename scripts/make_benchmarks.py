@@ -469,18 +469,23 @@ def fp8_md(record: dict, path: Path) -> list[str]:
     and ``torch._scaled_mm`` with row-wise scales (x quantized in the call)."""
     env = record["environment"]
     s = fp8_summary(record)
-    out = ["", "## FP8 weights", "",
+    kind = record["rows"][0].get("scales", "channel")
+    hf = any(r.get("fp8_over_hf_fp8") for r in record["rows"])
+    other = ("transformers' fine-grained `FP8Linear` on the same weight and scales" if hf
+             else "`torch._scaled_mm` with row-wise scales, x quantized in the call")
+    out = ["", "## FP8 weights" + ("" if kind == "channel" else f", {kind} scales"), "",
            f"Data: `{_rel(path)}` (`{env['command'].split(' --shapes')[0]}`), "
-           f"{env['gpu']}, {env['date'][:10]}. e4m3 weights with per-channel scales on the "
+           f"{env['gpu']}, {env['date'][:10]}. e4m3 weights with {kind} scales on the "
            "FP8 default. Cells: FP8 µs (its speedup over our BF16 call on the dequantized "
-           "weight / over `torch._scaled_mm` with row-wise scales, x quantized in the call).",
-           ""]
+           f"weight / over {other}).", ""]
     ms = sorted({r["m"] for r in record["rows"]})
     cell = {(r["n"], r["k"], r["m"]): r for r in record["rows"]}
+    ratio = "fp8_over_hf_fp8" if hf else "fp8_over_scaled_mm"
     out += ["| N | K | FP8 MB | " + " | ".join(f"M={m}" for m in ms) + " |",
             "|---|---|---|" + "---|" * len(ms)]
     for n, k in dict.fromkeys((r["n"], r["k"]) for r in record["rows"]):
-        parts = [f"{c['fp8_us']:.2f} ({c['fp8_over_bf16']:.2f}×/{c['fp8_over_scaled_mm']:.2f}×)"
+        parts = [f"{c['fp8_us']:.2f} ({c['fp8_over_bf16']:.2f}×/"
+                 + (f"{c[ratio]:.2f}×)" if c.get(ratio) else "–)")
                  if (c := cell.get((n, k, m))) else "" for m in ms]
         out.append(f"| {n} | {k} | {n * k / 1e6:.1f} | " + " | ".join(parts) + " |")
     if s["big_tbps"] is not None:

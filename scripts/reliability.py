@@ -88,25 +88,27 @@ def _deepest_past_16(o, t, kt, b, c, bulk, tma=False):
     return None
 
 
-def shipped_tactics():
+def shipped_tactics(fp8=False):
     """Every distinct tactic of the built-in H200 plan and of the default
-    heuristic over the built-in shape table, for M 1..32."""
+    heuristic over the built-in shape table, for M 1..32 (``fp8``: the FP8
+    default's over the table)."""
     from warpsplitk import builtin_plan
     from warpsplitk.shapes import load
-    found = {tactic for entries in builtin_plan("h200").entries.values()
-             for tactic, _ in entries.values()}
+    found = set() if fp8 else {tactic for entries in builtin_plan("h200").entries.values()
+                               for tactic, _ in entries.values()}
     for shape in load()["shapes"]:
-        found |= {default_tactic(m, shape["n"], shape["k"], sm_count=132) for m in range(1, 33)}
+        found |= {default_tactic(m, shape["n"], shape["k"], sm_count=132, fp8=fp8)
+                  for m in range(1, 33)}
     return sorted(found)
 
 
-def shipped_cases():
+def shipped_cases(fp8=False):
     """``shipped_tactics`` on small weights: two output tiles (a mixed
     grid: one full tile and its half tiles), K one K tile per CTA past what
     the ring and a bounded prefetch hold, so every stage is refilled (a
     one-stage ring: one K tile)."""
     cases = []
-    for t in shipped_tactics():
+    for t in shipped_tactics(fp8):
         n = (2 * t.output_tile if not t.half_tiles
              else t.output_tile + t.half_tiles * (t.output_tile // 2))
         # a one-stage ring holds exactly one K tile per CTA (check_tactic)
@@ -120,9 +122,23 @@ def shipped_cases():
 
 
 def family_cases(subset, offset=0, k_splits=(1,), bulk_xs=(False,), l2_prefetch=False,
-                 deep_rings=False, tma_xs=(False,), half_tiles=False):
+                 deep_rings=False, tma_xs=(False,), half_tiles=False, fp8=None):
+    """The cases ``(tactic, n, k, ms)`` of a subset; ``fp8`` (a scale kind):
+    those an FP8 weight with those scales takes (and the FP8 default's
+    shipped tactics)."""
     if subset == "shipped":
-        return shipped_cases()
+        cases = shipped_cases(fp8 is not None)
+    else:
+        cases = _family_cases(subset, offset, k_splits, bulk_xs, l2_prefetch, deep_rings,
+                              tma_xs, half_tiles)
+    if fp8 is None:
+        return cases
+    return [(t, n, k, ms) for t, n, k, ms in cases if is_legal(t, n, k, fp8=True)
+            and not (fp8 == "block128" and t.half_tiles)]
+
+
+def _family_cases(subset, offset, k_splits, bulk_xs, l2_prefetch, deep_rings, tma_xs,
+                  half_tiles):
     cases = []
     families = [f for f in itertools.product(OUTPUT_TILES, TOKEN_TILES, K_TILES, B_LOADER_WARPS,
                                              k_splits, bulk_xs, tma_xs)
@@ -180,15 +196,30 @@ def swiglu_reference(x, w):
     return torch.nn.functional.silu(ref[:, :i]) * ref[:, i:]
 
 
+def fp8_operands(n, k, kind):
+    """A random e4m3 ``[n, k]`` weight (no NaN), FP32 scales of ``kind``, and
+    the dequantized weight (float64)."""
+    from warpsplitk.kernel import layout
+    w8 = (torch.randn(n, k, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    shape = {"tensor": (1,), "channel": (n,), "block128": layout.fp8_scale_blocks(n, k)}[kind]
+    scale = torch.rand(shape, device="cuda") * 1e-2 + 1e-3
+    if kind == "block128":
+        full = scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    else:
+        full = scale.reshape(-1, 1)
+    return w8, scale, w8.double() * full.double()
+
+
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), only=(), progress=False, bulk_xs=(False,), l2_prefetch=False, deep_rings=False,
-              tma_xs=(False,), half_tiles=False, swiglu=False):
+              tma_xs=(False,), half_tiles=False, swiglu=False, fp8=None):
     """``only``: names of ``CASE_FILTERS`` every case must pass. ``swiglu``:
     every case (but mixed grids) with the SwiGLU epilogue, its weight read as
-    ``[gate; up]``."""
+    ``[gate; up]``. ``fp8`` (a scale kind): every case an e4m3 weight with
+    those scales takes (``family_cases``)."""
     torch.manual_seed(0)
     results = []
     cases = family_cases(subset, offset, k_splits, bulk_xs, l2_prefetch, deep_rings, tma_xs,
-                         half_tiles)
+                         half_tiles, fp8)
     for name in only:
         cases = [case for case in cases if CASE_FILTERS[name][1](case[0])]
     if swiglu:
@@ -196,8 +227,12 @@ def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), only=(), progr
     for tactic, n, k, ms in cases[shard::shards]:
         if progress:  # under a slow tool, which case a timeout stopped in
             print(f"case {tactic.short()} N={n} K={k} M={ms}", flush=True)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        prepared = PreparedWarpSplitK(w, {m: tactic for m in ms}, swiglu=swiglu)
+        if fp8 is None:
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+            prepared = PreparedWarpSplitK(w, {m: tactic for m in ms}, swiglu=swiglu)
+        else:
+            w8, scale, w = fp8_operands(n, k, fp8)
+            prepared = PreparedWarpSplitK(w8, {m: tactic for m in ms}, weight_scale=scale)
         columns = n // 2 if swiglu else n
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -210,7 +245,8 @@ def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), only=(), progr
             ok = (not torch.isnan(out).any().item() and rel_err(out, ref) < 1e-2
                   and torch.equal(out, out2))
             results.append({"tactic": tactic.short(), "n": n, "k": k, "m": m, "ok": ok,
-                            **({"swiglu": True} if swiglu else {})})
+                            **({"swiglu": True} if swiglu else {}),
+                            **({"fp8": fp8} if fp8 else {})})
             if not ok:
                 print(f"FAIL {tactic.short()} N={n} K={k} M={m}", flush=True)
     bad = [r for r in results if not r["ok"]]
@@ -318,6 +354,8 @@ def main():
                        default=[], help=f"only {what}")
     c.add_argument("--swiglu", action="store_true",
                    help="every case (but mixed grids) with the SwiGLU epilogue")
+    c.add_argument("--fp8", choices=("tensor", "channel", "block128"),
+                   help="every case an e4m3 weight with these scales takes")
     c.add_argument("--progress", action="store_true", help="a line per case as it starts")
     c.add_argument("--json")
     s = sub.add_parser("soak")
@@ -337,7 +375,7 @@ def main():
                                 (1, 2) if args.k_split else (1,), args.only, args.progress,
                                 (False, True) if args.bulk_x else (False,), args.l2_prefetch,
                                 args.deep_rings, (False, True) if args.tma_x else (False,),
-                                args.half_tiles, args.swiglu)
+                                args.half_tiles, args.swiglu, args.fp8)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

@@ -28,6 +28,8 @@
 #   DEEP_RINGS=1     add each family's deepest ring, whose reduction buffer
 #                    lies over the rings; ALIASED_ONLY=1: only those cases
 #   SWIGLU=1         every case (but mixed grids) with the SwiGLU epilogue
+#   FP8=KIND         every case an e4m3 weight with KIND scales takes (tensor,
+#                    channel, block128); with SUBSET=shipped the FP8 default's
 #   CASE_LIMIT       seconds each tool's shard may run (default 600)
 set -u
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
@@ -49,6 +51,7 @@ split_flag=""; [ "${K_SPLIT:-0}" = 1 ] && split_flag=--k-split
 [ "${NARROW_ONLY:-0}" = 1 ] && split_flag="$split_flag --narrow-only"
 [ "${PAST_16_ONLY:-0}" = 1 ] && split_flag="$split_flag --past-16-only"
 [ "${SWIGLU:-0}" = 1 ] && split_flag="$split_flag --swiglu"
+[ -n "${FP8:-}" ] && split_flag="$split_flag --fp8 $FP8"
 offset=0
 for tool in $TOOLS; do
   for shard in $(seq 0 $((SHARDS - 1))); do

@@ -120,3 +120,20 @@ def test_swiglu_cases_reach_the_sanitizer(reliability):
         assert cases and all(is_legal(t, n, k, swiglu=True) for t, n, k, _ in cases)
     from pathlib import Path
     assert "--swiglu" in (Path(__file__).resolve().parent.parent / "scripts/sanitize.sh").read_text()
+
+
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block128"])
+def test_fp8_cases_are_legal_for_fp8_weights(reliability, kind):
+    """``--fp8``: the families an e4m3 weight takes (16-byte activation
+    copies; block scales without mixed grids), K splits and narrow tiles
+    among them; the shipped subset is the FP8 default's tactics."""
+    from warpsplitk.tactics import is_legal
+    cases = reliability.family_cases("all", k_splits=(1, 2), bulk_xs=(False, True),
+                                     tma_xs=(False, True), half_tiles=True, fp8=kind)
+    assert cases and all(is_legal(t, n, k, fp8=True) for t, n, k, _ in cases)
+    assert all(t.x_copy == "cp.async" for t, *_ in cases)
+    assert any(t.k_split == 2 for t, *_ in cases) and any(t.token_tile < 8 for t, *_ in cases)
+    assert any(t.half_tiles for t, *_ in cases) == (kind != "block128")
+    shipped = reliability.family_cases("shipped", fp8=kind)
+    assert {t for t, *_ in shipped} == {t for t in reliability.shipped_tactics(fp8=True)
+                                        if kind != "block128" or not t.half_tiles}

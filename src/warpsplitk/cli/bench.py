@@ -35,6 +35,9 @@ def add_parser(sub):
                    help="fp8: e4m3 weights with per-channel scales, our FP8 kernel against our "
                         "BF16 kernel, cuBLAS and torch._scaled_mm (row-wise, x quantized in the "
                         "call) on each shape (default bf16)")
+    p.add_argument("--scales", choices=("channel", "tensor", "block128"), default="channel",
+                   help="with --dtype fp8: the weight's FP32 scales, one per row (default), one, "
+                        "or one per 128x128 block (then also against transformers' FP8Linear)")
     p.add_argument("--layer", action="store_true",
                    help="with --model: one decode layer's GEMM path (merged q/k/v, an attention "
                         "stand-in, o, gate/up with the SwiGLU epilogue, down) against the same "
@@ -98,6 +101,8 @@ def _check_modes(args):
         raise UsageError("argument --plot: not with --chain (it plots the per-shape rows)")
     if args.layer:
         _check_layer(args)
+    if args.dtype != "fp8" and args.scales != "channel":
+        raise UsageError("argument --scales: only with --dtype fp8")
     if args.dtype == "fp8":
         for flag, given in (("--chain", args.chain), ("--layer", args.layer),
                             ("--plan", args.plan is not None), ("--plot", args.plot)):
@@ -168,7 +173,8 @@ def _write_json(path, command, rounds, mode, records):
 
 def _run_fp8(args, shapes, command):
     print(fp8_bench.HEADER, flush=True)
-    env, rows = fp8_bench.run_fp8_bench(shapes, args.m, progress=_progress, rounds=args.rounds)
+    env, rows = fp8_bench.run_fp8_bench(shapes, args.m, progress=_progress, rounds=args.rounds,
+                                        scales=args.scales)
     env["command"] = command
     print(f"# {env['gpu']}  read {env['read_TBps']} TB/s (datasheet {env['datasheet_TBps']})  "
           f"torch {env['torch']}  cutlass-dsl {env['cutlass_dsl']}  {env['date']}")

@@ -1,13 +1,15 @@
 """Benchmark of FP8 weights (``bench --dtype fp8``): our e4m3 kernel against
 our BF16 kernel and cuBLAS on the same shape, ``torch._scaled_mm`` (cuBLASLt
-FP8 with row-wise scales, the activation quantization included) and the
-FP8 floor.
+FP8 with row-wise scales, the activation quantization included),
+transformers' fine-grained FP8 linear (with block scales, where it runs) and
+the FP8 floor.
 
 Every configuration runs in the same process by the method of ``timing.py``
 (rotating copies at least 3x L2, CUDA-graph replays, ``ROUNDS`` graphs
 alternating, the median one counting). The weights are random e4m3 codes
-(no NaN) with per-channel FP32 scales; the BF16 kernel and cuBLAS read the
-dequantized weight in BF16, so all four compute the same product.
+(no NaN) with FP32 scales (per channel, one, or per 128 x 128 block); the
+BF16 kernel and cuBLAS read the dequantized weight in BF16, so all compute
+the same product (``_scaled_mm`` with the weight's per-row scales).
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class Fp8Row:
     floor_measured_us: float  # ... at the read bandwidth measured in the run
     fp8_rel_err: float   # ours against float64 of the dequantized weight
     scaled_mm_rel_err: float
+    scales: str = "channel"  # the FP8 weight's scales (contract.FP8_SCALE_KINDS)
+    #: transformers' FP8Linear on the same weight and block scales (None: not
+    #: installed, or its kernel does not run here; only with block scales)
+    hf_fp8_us: float | None = None
 
     @property
     def over_bf16(self):
@@ -58,17 +64,60 @@ class Fp8Row:
         return self.n * self.k / (self.fp8_us * 1e-6) / 1e12
 
 
-def random_fp8(n, k, copies, seed=0):
+def random_fp8(n, k, copies, seed=0, scales="channel"):
     """``copies`` random e4m3 ``[n, k]`` weights (every finite code but the
-    largest magnitudes likely, never NaN) and per-channel FP32 scales."""
+    largest magnitudes likely, never NaN) and FP32 scales of that kind."""
     import torch
+    from ..kernel import layout
+    shape = {"tensor": (1,), "channel": (n,), "block128": layout.fp8_scale_blocks(n, k)}[scales]
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    weights, scales = [], []
+    weights, scale_list = [], []
     for _ in range(copies):
         w = (torch.randn(n, k, device="cuda", generator=gen) * 64).clamp_(-448, 448)
         weights.append(w.to(torch.float8_e4m3fn))
-        scales.append(torch.rand(n, device="cuda", generator=gen) * 2e-3 + 1e-3)
-    return weights, scales
+        scale_list.append(torch.rand(shape, device="cuda", generator=gen) * 2e-3 + 1e-3)
+    return weights, scale_list
+
+
+def full_scale(scale, n, k):
+    """Each weight's factor, ``[n, k]`` float32 (broadcast rows for one or per-row scales)."""
+    if scale.dim() == 2:
+        return scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    return scale.reshape(-1, 1).expand(n, k)
+
+
+def row_scales(scale, n, k):
+    """What ``torch._scaled_mm`` takes of the weight's scales: one per row
+    ``[1, n]`` (block scales: each row's largest, as a row-wise checkpoint
+    would hold; its result then differs from the others' product)."""
+    if scale.dim() == 2:
+        return full_scale(scale, n, k).amax(dim=1).view(1, n).contiguous()
+    return scale.reshape(-1).expand(n).reshape(1, n).contiguous()
+
+
+def hf_fp8_linears(weights, scales):
+    """transformers' fine-grained ``FP8Linear`` on each weight and its block
+    scales (the tensors themselves, no copy), or None where transformers or
+    its FP8 kernel is not available here."""
+    import torch
+    try:
+        from transformers.integrations.finegrained_fp8 import FP8Linear
+    except ImportError:
+        return None
+    layers = []
+    for w, s in zip(weights, scales):
+        n, k = w.shape
+        layer = FP8Linear(k, n, block_size=(128, 128)).to(w.device)
+        layer.weight = torch.nn.Parameter(w, requires_grad=False)
+        layer.weight_scale_inv = torch.nn.Parameter(s, requires_grad=False)
+        layers.append(layer)
+    try:
+        with torch.no_grad():
+            layers[0](torch.randn(1, weights[0].shape[1], device="cuda", dtype=torch.bfloat16))
+        torch.cuda.synchronize()
+    except Exception:  # its kernel does not run here (none installed, no network to fetch one)
+        return None
+    return layers
 
 
 def scaled_mm_call(x, w8, w_scale_row, out, pad):
@@ -103,19 +152,21 @@ def scaled_mm_pad(m, k, w8, w_scale_row):
         return -m % 16
 
 
-def bench_fp8_shape(n, k, ms, read_tbps, sheet_tbps, rounds=None, progress=print):
-    """``Fp8Row``s of one ``[n, k]`` e4m3 weight."""
+def bench_fp8_shape(n, k, ms, read_tbps, sheet_tbps, rounds=None, progress=print,
+                    scales_kind="channel"):
+    """``Fp8Row``s of one ``[n, k]`` e4m3 weight with ``scales_kind`` scales."""
     import torch
     rounds = timing.resolve_rounds(rounds)
-    w8s, scales = random_fp8(n, k, timing.copies_for(n * k), seed=n + k)
+    w8s, scales = random_fp8(n, k, timing.copies_for(n * k), seed=n + k, scales=scales_kind)
     # the same products in BF16 (half as many copies fill the same bytes)
-    bf16s = [(w.float() * s[:, None]).to(torch.bfloat16)
+    bf16s = [(w.float() * full_scale(s, n, k)).to(torch.bfloat16)
              for w, s in list(zip(w8s, scales))[:timing.copies_for(n * k * 2)]]
     ours = [prepare(w, ms=ms, weight_scale=s) for w, s in zip(w8s, scales)]
     bf16_choice = {m: default_choice(m, n, k) for m in ms}
     bf16 = [prepare_choices(w, bf16_choice) for w in bf16s]
-    rows_scale = [s.view(1, n) for s in scales]
-    reference = w8s[0].double() * scales[0].double()[:, None]
+    rows_scale = [row_scales(s, n, k) for s in scales]
+    hf = hf_fp8_linears(w8s, scales) if scales_kind == "block128" else None
+    reference = w8s[0].double() * full_scale(scales[0], n, k).double()
     rows = []
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -142,6 +193,7 @@ def bench_fp8_shape(n, k, ms, read_tbps, sheet_tbps, rounds=None, progress=print
                  [lambda w=w: torch.matmul(x, w.t(), out=out) for w in bf16s],
                  [scaled_mm_call(x, w, s, out, pad) for w, s in zip(w8s, rows_scale)]]
         fp8, ours_bf16, cublas, scaled = timing.time_rounds(calls, rounds)
+        hf_timing = _time_hf(hf, x, out, rounds) if hf is not None else None
         choice = bf16_choice[m]
         row = Fp8Row(n, k, m, ours[0].tactics[m].short(), round(fp8.median_us, 3),
                      round(fp8.spread, 3), choice if choice == CUBLAS else choice.short(),
@@ -149,12 +201,26 @@ def bench_fp8_shape(n, k, ms, read_tbps, sheet_tbps, rounds=None, progress=print
                      round(scaled.median_us, 3), pad,
                      round(n * k / (sheet_tbps * 1e12) * 1e6, 3),
                      round(n * k / (read_tbps * 1e12) * 1e6, 3),
-                     round(errors["fp8"], 5), round(errors["scaled_mm"], 5))
+                     round(errors["fp8"], 5), round(errors["scaled_mm"], 5), scales_kind,
+                     None if hf_timing is None else round(hf_timing.median_us, 3))
         rows.append(row)
         progress(format_row(row))
     del ours, bf16, w8s, bf16s
     torch.cuda.empty_cache()
     return rows
+
+
+def _time_hf(layers, x, out, rounds):
+    """transformers' FP8Linear calls timed as the others (None where its
+    kernel cannot be captured in a CUDA graph)."""
+    import torch
+    try:
+        with torch.no_grad():
+            return timing.time_rounds([[lambda layer=layer: out.copy_(layer(x))
+                                        for layer in layers]], rounds)[0]
+    except Exception:  # not capturable here
+        torch.cuda.synchronize()
+        return None
 
 
 HEADER = (f"{'N':>6} {'K':>6} {'M':>3} {'FP8 tactic':>22} {'FP8 us':>8} {'BF16 us':>8} "
@@ -167,8 +233,10 @@ def format_row(r: Fp8Row) -> str:
             f"{r.over_scaled_mm:6.2f} {r.weight_tbps:5.2f} {100 * r.floor_us / r.fp8_us:5.0f}%")
 
 
-def run_fp8_bench(shapes, ms=DEFAULT_MS, *, read_tbps=None, progress=print, rounds=None):
-    """Benchmark FP8 weights on every (shape, M); returns (environment, rows)."""
+def run_fp8_bench(shapes, ms=DEFAULT_MS, *, read_tbps=None, progress=print, rounds=None,
+                  scales="channel"):
+    """Benchmark FP8 weights with ``scales`` on every (shape, M); returns
+    (environment, rows)."""
     import torch
     rounds = timing.resolve_rounds(rounds)
     timing.require_cuda("run_fp8_bench")
@@ -178,14 +246,15 @@ def run_fp8_bench(shapes, ms=DEFAULT_MS, *, read_tbps=None, progress=print, roun
         read_tbps = timing.measured_read_bandwidth() / 1e12
     env["read_TBps"] = round(read_tbps, 3)
     arch = device_arch(torch.cuda.current_device())
-    kernels = [(n, k, default_tactic(m, n, k, fp8=True), False, True, False, "channel")
+    kernels = [(n, k, default_tactic(m, n, k, fp8=True), False, True, False, scales)
                for n, k in shapes for m in ms]
     kernels += [(n, k, t, False, True) for n, k in shapes for m in ms
                 for t in (default_choice(m, n, k),) if t != CUBLAS]
     precompile(kernels, arch, progress=progress)
     rows = []
     for n, k in shapes:
-        rows += bench_fp8_shape(n, k, ms, read_tbps, env["datasheet_TBps"], rounds, progress)
+        rows += bench_fp8_shape(n, k, ms, read_tbps, env["datasheet_TBps"], rounds, progress,
+                                scales)
     return env, rows
 
 
@@ -194,9 +263,12 @@ def write_json(path, env, rows):
         json.dump({"environment": env, "mode": "fp8", "method": timing.__doc__.strip(),
                    "rows": [asdict(r) | {"fp8_over_bf16": round(r.over_bf16, 3),
                                          "fp8_over_scaled_mm": round(r.over_scaled_mm, 3),
-                                         "weight_TBps": round(r.weight_tbps, 3)} for r in rows]},
+                                         "weight_TBps": round(r.weight_tbps, 3)}
+                            | ({"fp8_over_hf_fp8": round(r.hf_fp8_us / r.fp8_us, 3)}
+                               if r.hf_fp8_us else {}) for r in rows]},
                   f, indent=1)
 
 
 __all__ = ["Fp8Row", "run_fp8_bench", "bench_fp8_shape", "scaled_mm_call", "random_fp8",
+           "full_scale", "row_scales", "hf_fp8_linears",
            "HEADER", "format_row", "write_json", "E4M3_MAX"]
