@@ -21,6 +21,13 @@ downloaded), then for each batch size:
    gate/up each one merged weight, one launch; the MLP's gate/up with the
    SwiGLU epilogue), after ``unpatch``.
 
+``--fp8`` first quantizes every decoder linear (not ``lm_head``) as
+transformers' ``FineGrainedFP8Config`` does on load (e4m3, one scale per
+128 x 128 block: ``quantize_fp8``) into transformers' own ``FP8Linear``:
+the plain model is then that FP8 model (transformers' FP8 path), the patched
+one runs the FP8 kernel (W8A16), and both are measured against the float64
+copy of the BF16 model.
+
 ``--config llama-3-8b --layers 4`` takes a model's sizes from
 ``warpsplitk.models`` instead; ``--family phi3`` (or ``--config phi-3-mini``)
 builds a Phi-3, whose own ``gate_up_proj`` gets the SwiGLU epilogue. ``--device cpu --tiny`` runs the same code on a CPU (everything falls back
@@ -67,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--family", choices=("llama", "qwen2", "phi3"), default="llama",
                    help="the transformers model class: llama (default), qwen2 (q/k/v "
                         "biases) or phi3 (its own fused qkv_proj and [gate; up] gate_up_proj)")
+    p.add_argument("--fp8", action="store_true",
+                   help="the decoder's linears quantized to transformers' fine-grained FP8 "
+                        "(128x128 blocks); plain = that FP8 model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = p.parse_args(argv)
@@ -119,6 +129,44 @@ def build_model(args, torch, device):
     with torch.device(device):  # initialise on the device: fast, no CPU copy
         model = AutoModelForCausalLM.from_config(config)
     return model.to(torch.bfloat16).eval(), config
+
+
+#: e4m3's largest magnitude, and the scale blocks of transformers' fine-grained FP8.
+E4M3_MAX = 448.0
+FP8_BLOCK = 128
+
+
+def quantize_fp8(torch, model, skip=("lm_head",)):
+    """Every ``nn.Linear`` of ``model`` (but those named in ``skip``) replaced,
+    in place, by transformers' ``FP8Linear`` holding it quantized as
+    ``FineGrainedFP8Config`` quantizes on load: per 128 x 128 block, scale =
+    the block's largest magnitude / 448 (``weight_scale_inv``), weight =
+    e4m3 of weight / scale. Returns the qualified names replaced."""
+    from torch import nn
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+    replaced = []
+    for parent_name, parent in list(model.named_modules()):
+        for attr, child in list(parent.named_children()):
+            if type(child) is not nn.Linear or attr in skip:
+                continue
+            n, k = child.weight.shape
+            if n % FP8_BLOCK or k % FP8_BLOCK:
+                continue  # as transformers: only whole blocks are quantized
+            with torch.device("meta"):
+                layer = FP8Linear(k, n, block_size=(FP8_BLOCK, FP8_BLOCK),
+                                  has_bias=child.bias is not None)
+            w = child.weight.detach().float()
+            blocks = w.view(n // FP8_BLOCK, FP8_BLOCK, k // FP8_BLOCK, FP8_BLOCK)
+            amax = blocks.abs().amax(dim=(1, 3))
+            inv = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+            q = (blocks / inv[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
+            layer.weight = nn.Parameter(q.view(n, k).to(torch.float8_e4m3fn),
+                                        requires_grad=False)
+            layer.weight_scale_inv = nn.Parameter(inv.contiguous(), requires_grad=False)
+            layer.bias = child.bias
+            setattr(parent, attr, layer)
+            replaced.append(f"{parent_name}.{attr}" if parent_name else attr)
+    return replaced
 
 
 def load_plan(spec):
@@ -285,7 +333,10 @@ def make_linear_pass(torch, model, batch, device, separated=False):
                 calls.append((m.group.linear, m.group.weight))
         elif isinstance(m, (nn.Linear, DecodeLinear, MergedPart)) and id(m) not in fused:
             calls.append((m, m.weight))
-    inputs = [torch.randn(batch, w.shape[1], device=device, dtype=w.dtype) for _, w in calls]
+    # activations in the model's dtype (an FP8 weight's: BF16)
+    inputs = [torch.randn(batch, w.shape[1], device=device,
+                          dtype=torch.bfloat16 if w.element_size() == 1 else w.dtype)
+              for _, w in calls]
     gap = torch.zeros(1, device=device)
 
     def run():
@@ -361,6 +412,11 @@ def main(argv=None):
     print(f"model: {config.model_type} {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
           f"vocab {config.vocab_size}, bf16 on {gpu}; torch {torch.__version__}, "
           f"transformers {transformers.__version__}, warpsplitk {warpsplitk.__version__}")
+    bf16_model = model  # the float64 reference is the BF16 model's, FP8 or not
+    if args.fp8:
+        model = copy.deepcopy(model)
+        names = quantize_fp8(torch, model)
+        print(f"quantized {len(names)} linears to transformers' fine-grained FP8 (128x128 blocks)")
 
     # 1. reference decoding with the plain model
     refs = {}
@@ -374,7 +430,9 @@ def main(argv=None):
     # is measured against (the plain BF16 model's own included)
     exact = {}
     with torch.no_grad():
-        model64 = copy.deepcopy(model).to(torch.float64)
+        model64 = copy.deepcopy(bf16_model).to(torch.float64)
+        if args.fp8:
+            del bf16_model
         for batch in args.batch:
             prompt, ref_tokens, _ = refs[batch]
             exact[batch] = greedy(torch, model64, prompt, args.steps, forced=ref_tokens)[1]

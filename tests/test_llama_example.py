@@ -139,3 +139,27 @@ def test_phi3_mini_sizes_by_name():
     model, config = example.build_model(args, torch, torch.device("meta"))
     mlp = model.model.layers[0].mlp
     assert config.model_type == "phi3" and mlp.gate_up_proj.out_features == 2 * 8192
+
+
+def test_fp8_quantization_is_transformers_fine_grained_fp8():
+    """``quantize_fp8``: transformers' own FP8Linear, e4m3 weights and one
+    scale per 128 x 128 block (largest magnitude / 448), lm_head kept; the
+    dequantized weight within e4m3's rounding of the BF16 one, and exactly
+    what the kernel path dequantizes."""
+    pytest.importorskip("transformers.integrations.finegrained_fp8")
+    from torch import nn
+    from warpsplitk.nn.ops import dequantized
+    example = load_example()
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"proj": nn.Linear(384, 256, dtype=torch.bfloat16),
+                           "lm_head": nn.Linear(256, 512, bias=False, dtype=torch.bfloat16)})
+    original = model["proj"].weight.detach().float().clone()
+    assert example.quantize_fp8(torch, model) == ["proj"]
+    layer = model["proj"]
+    assert type(layer).__name__ == "FP8Linear" and type(model["lm_head"]) is nn.Linear
+    assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale_inv.shape == (2, 3)
+    assert torch.allclose(layer.weight_scale_inv[0, 0],
+                          original[:128, :128].abs().max() / 448)
+    back = dequantized(layer.weight, layer.weight_scale_inv, torch.float32)
+    assert ((back - original).norm() / original.norm()).item() < 0.05
+    assert layer.weight.float().abs().max() <= 448
