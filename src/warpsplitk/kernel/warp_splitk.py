@@ -585,8 +585,17 @@ class WarpSplitKKernel:
         blocks = self.scales == "block128"
         scale_of = self._block_scales(warp, tile_n, rank) if blocks else None
 
+        ahead = {}  # block scales loaded a tile ahead: {tile: [scale per m_iter]}
+
         def consume(a_off, b_off, tile):
             part = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)] if blocks else acc
+            if blocks:
+                # the next tile's scales now, before this tile's MMAs: their
+                # L2 latency then hides behind a whole tile's work (the ring
+                # wait between tiles ends the span the compiler schedules in)
+                for i in ([tile] if tile == 0 else []) + ([tile + 1] if tile + 1 < self.k_tiles
+                                                          else []):
+                    ahead[i] = [scale_of(mi, i) for mi in range(m_iters)]
             for p in range(pairs):
                 b = [[self._fp8_b_step(b_addr[ni][p][s] + b_off) for s in range(2)]
                      for ni in range(n_iters)]
@@ -599,8 +608,8 @@ class WarpSplitKKernel:
                         for ni in range(n_iters):
                             part[mi][ni] = ptx.mma_m16n8k16_bf16(a, b[ni][s], part[mi][ni])
             if blocks:
-                for mi in range(m_iters):
-                    scale = scale_of(mi, tile)
+                scales = ahead.pop(tile)
+                for mi, scale in enumerate(scales):
                     for ni in range(n_iters):
                         acc[mi][ni] = [part[mi][ni][r] * scale + acc[mi][ni][r] for r in range(4)]
 
