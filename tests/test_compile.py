@@ -94,7 +94,10 @@ def check_facts(f, arch, n, k, tactic):
     # the compute loop is unrolled over the CTA's K tiles: one MMA per (m, n, k) step
     m_iters = tactic.output_tile // layout.MMA_M
     n_iters = layout.mma_token_blocks(tactic.token_tile)
-    steps = layout.k_steps(tactic.k_tile) * (k // (tactic.k_tile * tactic.k_split))
+    tiles = k // tactic.k_tile
+    # an uneven split traces each rank's K loop: every tile once in all
+    traced = tiles if tiles % tactic.k_split else tiles // tactic.k_split
+    steps = layout.k_steps(tactic.k_tile) * traced
     assert f["mma"] == m_iters * n_iters * steps
     assert f["ldmatrix"] == (m_iters + n_iters / 2) * steps
 
@@ -141,6 +144,25 @@ def test_compile_sm90a_long_k_split_over_two_ctas():
     assert tactic.k_split == 2
     report = report_for(8192, 28672, tactic)
     check_facts(facts(report), "sm_90a", 8192, 28672, tactic)
+
+
+@pytest.mark.parametrize("n,k,tactic", [
+    (256, 65 * 128, WarpSplitKTactic(16, 8, 128, 5, 2, 2)),                  # 33 + 32 tiles
+    (256, 67 * 256, WarpSplitKTactic(32, 8, 256, 4, 1, 2, x_copy="tma")),    # 34 + 33, TMA
+], ids=["65x128", "67x256-tma"])
+def test_compile_sm90a_uneven_split_of_k(n, k, tactic):
+    """An odd count of K tiles past 64: each rank's K loop traced with its own
+    share (the first one tile more); audited (the TMA ring's release fences
+    loop by loop), no spills, every tile's MMAs once."""
+    report = report_for(n, k, tactic)
+    check_facts(facts(report), "sm_90a", n, k, tactic)
+
+
+def test_fp8_block_scales_on_an_uneven_split():
+    tactic = WarpSplitKTactic(16, 8, 128, 3, 2, 2)
+    report = compile_for_arch(256, 65 * 128, tactic, "sm_90a", fp8_scales="block128")
+    assert report.audit() == [] and report.spill_bytes == 0
+    assert report.ptx.count("fma.rn.f32") == 65 * 4  # a scaled partial per tile and register
 
 
 def test_compile_rejects_illegal_tactic_and_arch():

@@ -70,8 +70,9 @@ def test_weight_refusal_adds_the_bias_and_the_shape_rules(cpu_kernel):
 
 @pytest.mark.parametrize("n, k, ok", [(16, 128, True), (17, 128, False), (0, 128, False),
                                       (16, 100, False), (16, 64 * 128, True),
-                                      (16, 64 * 128 + 128, False), (16, 64 * 256, True),
-                                      (16, 64 * 256 + 256, False), (2 ** 30, 128, False),
+                                      (16, 64 * 128 + 128, True), (16, 64 * 256, True),
+                                      (16, 64 * 256 + 256, True), (16, 128 * 128 + 128, False),
+                                      (16, 128 * 256 + 256, False), (2 ** 30, 128, False),
                                       (True, 128, False)])
 def test_shape_rules(n, k, ok):
     assert (shape_refusal(n, k) is None) == ok

@@ -73,6 +73,8 @@ def test_emulate_exact_on_integers(tactic, m, n, k):
     (WarpSplitKTactic(48, 8, 128, 2, 1, 2), 5, 96, 1024),    # 4 tiles per CTA
     (WarpSplitKTactic(16, 1, 256, 1, 1, 2), 1, 32, 512),     # one tile per CTA, narrow
     (WarpSplitKTactic(16, 16, 256, 6, 2, 2), 16, 16, 66 * 256),  # K past 64 tiles: 33 per CTA
+    (WarpSplitKTactic(16, 8, 128, 5, 2, 2), 3, 32, 65 * 128),    # uneven: 33 + 32 tiles
+    (WarpSplitKTactic(32, 8, 256, 4, 1, 2, x_copy="tma"), 5, 32, 67 * 256),  # uneven, TMA
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_cluster_split_of_k_exact(tactic, m, n, k):
     """k_split 2: each CTA of the cluster takes half of K; the eight warps'
@@ -484,6 +486,8 @@ FP8_CASES += [  # 128 x 128 block scales: a warp's quarter of a tile is in one K
     (WarpSplitKTactic(48, 8, 128, 3, 1), 7, 288, 384, "block128"),        # tiles across row blocks
     (WarpSplitKTactic(16, 8, 256, 2, 1, 2), 3, 160, 1024, "block128"),    # k_split, N % 128
     (WarpSplitKTactic(32, 32, 256, 2, 2, 2), 32, 32, 2048, "block128"),
+    (WarpSplitKTactic(16, 8, 128, 3, 2, 2), 5, 32, 65 * 128, "block128"),  # uneven split
+    (WarpSplitKTactic(16, 8, 128, 3, 2, 2), 5, 32, 65 * 128, "channel"),
 ]
 
 

@@ -31,6 +31,10 @@ K_SPLIT_CASES = [
      2112, 7168),
     (WarpSplitKTactic(32, 8, 256, 5, 2, 2), 8192, 28672),  # K past 64 tiles: 56 per CTA
     (WarpSplitKTactic(16, 16, 256, 6, 2, 2), 48, 16896),   # 33 per CTA
+    # uneven: an odd count of K tiles past 64, the first CTA one tile more
+    (WarpSplitKTactic(64, 8, 128, 11, 2, 2), 4096, 13696),  # GLM-4's down: 54 + 53 tiles
+    (WarpSplitKTactic(32, 8, 256, 4, 1, 2, x_copy="tma", l2_prefetch=2), 256, 67 * 256),
+    (WarpSplitKTactic(32, 1, 128, 6, 1, 2, x_copy="bulk"), 256, 65 * 128),
 ]
 
 

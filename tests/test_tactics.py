@@ -66,7 +66,7 @@ REJECTIONS = [
     (T(16, 8, 128, 4, 1), 256, 65 * 128, r"65 tiles of 128.*at most 64"),
     (T(16, 8, 256, 4, 1), 256, 65 * 256, r"65 tiles of 256;.*at most 64 \(K <= 16384; a k_split of 2"),
     (T(16, 8, 256, 4, 1, 2), 256, 130 * 256, r"65 tiles of 256 per CTA, k_split 2;.*\(K <= 32768\)"),
-    (T(16, 8, 256, 4, 1, 2), 256, 65 * 256, r"k_split 2 must divide the 65 K tiles"),
+    (T(16, 8, 256, 4, 1, 2), 256, 9 * 256, r"k_split 2 must divide the 9 K tiles.*only past 64"),
     (T(16, 8, 128, 5, 1), 256, 512, r"stages=5 exceeds the 4 K tiles of K=512"),
     (T(16, 8, 256, 2, 1), 256, 256, r"stages=2 exceeds the 1 K tiles"),
     (T(16, 8, 128, 1, 1), 256, 256, r"one-stage ring.*spans 2 tiles, use stages >= 2"),
@@ -197,9 +197,9 @@ def test_default_tactic_single_k_tile_uses_one_stage():
     (0, 256, 1024, r"M must be in 1\.\.32, got 0$"),
     (33, 256, 1024, r"M must be in 1\.\.32, got 33$"),
     (1, 40, 1024, r"N must be a positive multiple of 16, got 40$"),
-    (1, 256, 1000, r"K must be a positive multiple of 128 up to 8192, of 256 up to 16384, "
-                   r"or of 512 up to 32768; got 1000$"),
-    (1, 256, 65 * 256, r"K must be .*; got 16640$"),
+    (1, 256, 1000, r"K must be a positive multiple of 128 up to 16384, or of 256 up to 32768; "
+                   r"got 1000$"),
+    (1, 256, 129 * 128, r"K must be .*; got 16512$"),
     (1, 256, 33280, r"K must be .*; got 33280$"),
     (1, 0, 1024, r"N must be a positive multiple of 16, got 0$"),
     (1, 2 ** 30, 1024, r"N must be below 1073741824 \(32-bit output offsets\), got N=1073741824$")])
@@ -215,10 +215,12 @@ def test_shape_refusal_names_the_rule():
     assert "multiple of 16, got 1000" in shape_refusal(1000, 4096)
     assert shape_refusal(8192, 28672) is None  # 70B's down at TP 1: 2 x 56 tiles of 256
     assert shape_refusal(4096, 32768) is None  # 2 x 64 tiles of 256
-    assert "of 512 up to 32768; got 8320" in shape_refusal(4096, 8320)  # 65 tiles of 128
-    assert "got 13696" in shape_refusal(4096, 13696)  # GLM-4's down: 107 tiles of 128
-    assert "got 16640" in shape_refusal(4096, 16640)  # 65 tiles of 256, an odd count
-    assert "got 33280" in shape_refusal(4096, 33280)  # 2 x 65 tiles of 256
+    # past 64 tiles an odd count splits unevenly: the first CTA one tile more
+    assert shape_refusal(4096, 8320) is None  # 65 tiles of 128: 33 + 32
+    assert shape_refusal(4096, 13696) is None  # GLM-4's down: 107 tiles of 128, 54 + 53
+    assert shape_refusal(4096, 16640) is None  # 65 tiles of 256
+    assert "got 16512" in shape_refusal(4096, 16512)  # 129 tiles of 128: 65 + 64
+    assert "of 256 up to 32768; got 33280" in shape_refusal(4096, 33280)  # 2 x 65 tiles of 256
     assert "below 1073741824" in shape_refusal(2 ** 30, 128)
 
 
@@ -228,17 +230,17 @@ def test_shape_refusal_names_the_rule():
     (16.0, 128.0, "N must be a positive multiple of 16, got 16.0"),
     ("16", 128, "N must be a positive multiple of 16, got '16'"),
     (True, 128, "N must be a positive multiple of 16, got True"),
-    (16, 0, "K must be a positive multiple of 128 up to 8192, of 256 up to 16384, or of 512 "
-            "up to 32768; got 0"),
-    (16, 128.0, "K must be a positive multiple of 128 up to 8192, of 256 up to 16384, or of "
-                "512 up to 32768; got 128.0")])
+    (16, 0, "K must be a positive multiple of 128 up to 16384, or of 256 up to 32768; got 0"),
+    (16, 128.0, "K must be a positive multiple of 128 up to 16384, or of 256 up to 32768; "
+                "got 128.0")])
 def test_shape_refusal_of_what_is_no_size(n, k, reason):
     assert shape_refusal(n, k) == reason
 
 
 def test_default_tactic_takes_exactly_the_shapes_shape_refusal_takes():
     for n in (16, 32, 48, 1000, 4096, 2 ** 30 - 16, 2 ** 30):
-        for k in (128, 384, 8192, 8320, 8448, 16384, 16640, 16896, 28672, 32768, 33280):
+        for k in (128, 384, 8192, 8320, 8448, 13696, 16384, 16512, 16640, 16896, 28672,
+                  32768, 33280):
             if shape_refusal(n, k) is None:
                 assert check_tactic(default_tactic(1, n, k, sm_count=132), n, k) is None
             else:
@@ -247,9 +249,29 @@ def test_default_tactic_takes_exactly_the_shapes_shape_refusal_takes():
 
 
 def test_default_tactic_unsupported_k_is_a_value_error():
-    # 65 tiles of 128: a multiple of 128 past 8192 that is not one of 256
-    with pytest.raises(ValueError, match=r"K must be .*; got 8320$"):
-        default_tactic(1, 256, 65 * 128, sm_count=132)
+    # 129 tiles of 128: a multiple of 128 past 16384 that is not one of 256
+    with pytest.raises(ValueError, match=r"K must be .*; got 16512$"):
+        default_tactic(1, 256, 129 * 128, sm_count=132)
+
+
+def test_uneven_splits_only_past_64_tiles_and_without_mixed_grids():
+    """An odd count of K tiles splits unevenly only where K needs the split
+    (the tactic space of every K that splits evenly is unchanged), never
+    with a mixed grid; each CTA holds at most 64 tiles."""
+    check_tactic(T(32, 8, 128, 4, 2, 2), 4096, 13696)  # 54 + 53 tiles
+    with pytest.raises(ValueError, match="an uneven split only past 64 tiles"):
+        check_tactic(T(16, 8, 128, 2, 1, 2), 256, 9 * 128)
+    with pytest.raises(ValueError, match="half_tiles is for k_split 1"):  # no mixed grid
+        check_tactic(T(32, 8, 128, 4, 2, 2, half_tiles=1), 48, 13696)
+    # the smaller share (32 of 65 tiles) bounds the ring's rules
+    check_tactic(T(16, 8, 128, 32, 2, 2), 256, 65 * 128)
+    with pytest.raises(ValueError, match="already holds all 32"):
+        check_tactic(T(16, 8, 128, 32, 2, 2, l2_prefetch=-1), 256, 65 * 128)
+    for m in (1, 8, 32):
+        for fp8 in (False, True):
+            tactic = default_tactic(m, 4096, 13696, sm_count=132, fp8=fp8)
+            assert tactic.k_split == 2 and tactic.k_tile == 128
+            check_tactic(tactic, 4096, 13696, fp8=fp8)
 
 
 # ---------------------------------------------------------- legal_tactics
@@ -344,7 +366,8 @@ def test_k_split_rules():
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 8192, 28672), (8, 8192, 28672), (32, 8192, 28672),
-                                   (1, 4096, 32768), (16, 48, 16896), (4, 256, 16384)])
+                                   (1, 4096, 32768), (16, 48, 16896), (4, 256, 16384),
+                                   (1, 4096, 13696), (32, 4096, 13696)])
 def test_long_k_takes_a_split_of_at_most_64_tiles_per_cta(m, n, k):
     """Past 64 tiles of 256 the default, the reference heuristic and every
     tuning candidate split K over two CTAs, each streaming at most 64 tiles."""
@@ -355,8 +378,8 @@ def test_long_k_takes_a_split_of_at_most_64_tiles_per_cta(m, n, k):
     assert picked
     for t in picked:
         check_tactic(t, n, k)
-        assert k // t.k_tile // t.k_split <= MAX_K_TILES
-        assert t.k_split == (2 if k > 16384 else t.k_split)
+        assert -(-(k // t.k_tile) // t.k_split) <= MAX_K_TILES
+        assert t.k_split == (2 if k > 16384 or k % 256 else t.k_split)
     # the first CTA holds the cluster's partial sums: twice the reduction buffer
     one, two = T(32, 32, 128, 2, 2), T(32, 32, 128, 2, 2, 2)
     words = layout.COMPUTE_WARPS * 32 * layout.reduction_row_words(32)
@@ -678,7 +701,7 @@ def test_sizes_of_any_integral_type_are_their_int():
 
 
 @pytest.mark.parametrize("n,k", [(4095, 4096), (4096, 4000), (2 ** 30, 128), (16.0, 128),
-                                 (16, 13696), (16, 33280)])
+                                 (16, 16512), (16, 33280)])
 def test_legal_tactics_refuses_what_default_tactic_refuses(n, k):
     with pytest.raises(ValueError) as refused:
         default_tactic(1, n, k, sm_count=132)

@@ -89,10 +89,15 @@ def _size(value):
 
 
 def min_k_split(k, k_tile) -> int | None:
-    """The fewest CTAs (1..``MAX_K_SPLIT``) that can share K so each streams
-    at most ``MAX_K_TILES`` whole tiles of ``k_tile``, or None where none can."""
+    """The fewest CTAs (1..``MAX_K_SPLIT``) that can share K, whole tiles of
+    ``k_tile``, so each streams at most ``MAX_K_TILES`` of them, or None
+    where none can. Past ``MAX_K_TILES`` tiles an odd count splits unevenly,
+    the first CTA taking one tile more (``kernel.layout.k_share``)."""
+    if k % k_tile:
+        return None
+    tiles = k // k_tile
     for split in range(1, MAX_K_SPLIT + 1):
-        if k % (k_tile * split) == 0 and k // (k_tile * split) <= MAX_K_TILES:
+        if -(-tiles // split) <= MAX_K_TILES:
             return split
     return None
 
@@ -101,8 +106,8 @@ def shape_refusal(n, k) -> str | None:
     """Why no tactic takes an ``[n, k]`` weight, or None when some does: N a
     positive multiple of 16 below ``MAX_N``; K whole tiles of 128 or 256,
     at most ``MAX_K_TILES`` of them per CTA with K split over up to
-    ``MAX_K_SPLIT`` CTAs (``min_k_split``): a multiple of 128 up to 8192, of
-    256 up to 16384, or of 512 up to 32768. The one statement of these
+    ``MAX_K_SPLIT`` CTAs (``min_k_split``): a multiple of 128 up to 16384, or
+    of 256 up to 32768. The one statement of these
     rules: ``default_tactic`` raises it, the model tables and the CLI leave
     such a weight to cuBLAS with it. N and K may be any integral type."""
     n, k = as_integer(n, n), as_integer(k, k)
@@ -112,9 +117,9 @@ def shape_refusal(n, k) -> str | None:
         return n_bound_refusal(n)
     if _size(k) is None or not any(min_k_split(k, width) for width in K_TILE_WIDTHS):
         small, large = K_TILE_WIDTHS
-        return (f"K must be a positive multiple of {small} up to {MAX_K_TILES * small}, "
-                f"of {large} up to {MAX_K_TILES * large}, or of {large * MAX_K_SPLIT} "
-                f"up to {MAX_K_TILES * large * MAX_K_SPLIT}; got {k!r}")
+        most = MAX_K_TILES * MAX_K_SPLIT
+        return (f"K must be a positive multiple of {small} up to {most * small}, or of "
+                f"{large} up to {most * large}; got {k!r}")
     return None
 
 

@@ -393,24 +393,28 @@ def _rows_fill_n(t, n, k, swiglu):
 
 
 def _k_fills_tiles(t, n, k, swiglu):
-    """K is whole K tiles, split evenly, at most ``MAX_K_TILES`` per CTA."""
+    """K is whole K tiles, split evenly (unevenly only past ``MAX_K_TILES``
+    tiles), at most ``MAX_K_TILES`` per CTA."""
     if type(k) is not int or k <= 0 or k % t.k_tile:
         raise ValueError(f"warp split-K: K must be a positive multiple of k_tile "
                          f"{t.k_tile}, got K={k!r}")
     k_tiles = k // t.k_tile
-    if k_tiles % t.k_split:
+    if k_tiles % t.k_split and k_tiles <= MAX_K_TILES:
+        # (a mixed grid has k_split 1: no uneven split meets one)
         raise ValueError(f"warp split-K: k_split {t.k_split} must divide the {k_tiles} "
-                         f"K tiles of K={k} (k_tile {t.k_tile})")
-    if k_tiles // t.k_split > MAX_K_TILES:
+                         f"K tiles of K={k} (k_tile {t.k_tile}); an uneven split only past "
+                         f"{MAX_K_TILES} tiles")
+    if -(-k_tiles // t.k_split) > MAX_K_TILES:
         per_cta = "" if t.k_split == 1 else f" per CTA, k_split {t.k_split}"
-        raise ValueError(f"warp split-K: K={k} is {k_tiles // t.k_split} tiles of {t.k_tile}"
+        raise ValueError(f"warp split-K: K={k} is {-(-k_tiles // t.k_split)} tiles of {t.k_tile}"
                          f"{per_cta}; the unrolled compute loop takes at most {MAX_K_TILES} "
                          f"(K <= {MAX_K_TILES * t.k_tile * t.k_split}"
                          f"{'' if t.k_split > 1 else '; a k_split of 2 halves the tiles'})")
 
 
 def _cta_tiles(t, k):
-    """The K tiles one CTA streams, and how a message says "per CTA"."""
+    """The K tiles a CTA streams (the fewest, where the split is uneven), and
+    how a message says "per CTA"."""
     per_cta = "" if t.k_split == 1 else f" per CTA (k_split {t.k_split})"
     return k // t.k_tile // t.k_split, per_cta
 

@@ -368,14 +368,15 @@ def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage, fp8=
     """The first CTA's reduction buffer (the only one a K split writes):
     each CTA of the cluster accumulates its share of K, each warp stores its
     accumulators into its slot."""
-    k_cta = x.shape[1] // t.k_split
     slots = t.k_split * layout.COMPUTE_WARPS
     words = slots * layout.reduction_tokens(t.token_tile) * layout.reduction_row_words(t.output_tile)
     buf = np.full(words, np.nan, dtype=np.float32)
     for rank in range(t.k_split):
-        share = slice(rank * k_cta, (rank + 1) * k_cta)
+        # this CTA's K tiles (an uneven split: the first CTA one more)
+        first, tiles = layout.k_share(rank, x.shape[1] // t.k_tile, t.k_split)
+        share = slice(first * t.k_tile, (first + tiles) * t.k_tile)
         acc = _accumulate(x[:, share], weight[:, share], t, tile_n, tile_t, check_coverage,
-                          swiglu, fp8, None if blocks is None else (blocks, rank * k_cta))
+                          swiglu, fp8, None if blocks is None else (blocks, share.start))
         for warp, mi, ni, lane, reg in np.ndindex(acc.shape):
             row, token = layout.accumulator_coords(lane, mi, ni, reg)
             off = layout.reduction_offset(rank * layout.COMPUTE_WARPS + warp, token, row,

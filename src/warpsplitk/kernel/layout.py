@@ -502,6 +502,14 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, b_layout="swiz
 # ------------------------------------------------------------- the ring
 
 
+def k_share(rank, k_tiles, k_split):
+    """``(first tile, tiles)`` of K that CTA ``rank`` of a split streams:
+    ``k_tiles // k_split`` each, the first ``k_tiles % k_split`` CTAs one
+    more (an uneven split: K past 64 tiles, an odd count of them)."""
+    base, extra = divmod(k_tiles, k_split)
+    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+
+
 def split_partial_bytes(output_tile, token_tile):
     """Bytes of partial sums one CTA of a K split sends the first CTA: each
     compute lane's accumulators, one f32 per store (the first CTA's

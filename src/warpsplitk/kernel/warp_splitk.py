@@ -102,6 +102,8 @@ class WarpSplitKKernel:
         self.split = t.k_split > 1
         self.k_cta = k // t.k_split
         self.k_tiles = self.k_cta // t.k_tile
+        # k_first None: an even split, rank r's K share at r * k_cta
+        self.k_first = None
         self.smem = t.smem_plan_for(self.fp8)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
         self.b_threads = t.b_loader_warps * layout.WARP
@@ -116,6 +118,18 @@ class WarpSplitKKernel:
             half = copy.copy(self)
             half.tactic = dataclasses.replace(t, output_tile=t.output_tile // 2, half_tiles=0)
             self.half_view = half
+        # an uneven split (an odd count of K tiles past 64; no mixed grid):
+        # each rank runs a view of this kernel with its own static K share
+        # (layout.k_share), in the same shared memory plan and barriers
+        self.rank_views = None
+        if t.k_split > 1 and (k // t.k_tile) % t.k_split:
+            views = []
+            for rank in range(t.k_split):
+                view = copy.copy(self)
+                first, view.k_tiles = layout.k_share(rank, k // t.k_tile, t.k_split)
+                view.k_first = first * t.k_tile
+                views.append(view)
+            self.rank_views = views
 
     # ------------------------------------------------------------ launch
 
@@ -191,7 +205,15 @@ class WarpSplitKKernel:
         storage = cutlass.memory.SmemAllocator().allocate_array(
             cutlass.Int8, self.smem.total, byte_alignment=1024)
         smem = storage.toint()
-        if cutlass.const_expr(self.half_view is None):
+        if cutlass.const_expr(self.rank_views is not None):
+            # an uneven split (no mixed grid): each rank its own K share
+            if rank == 0:
+                self.rank_views[0].roles(smem, weight, x, bias, out, m, tma, tidx, tile_n,
+                                         tile_t, rank)
+            else:
+                self.rank_views[1].roles(smem, weight, x, bias, out, m, tma, tidx, tile_n,
+                                         tile_t, rank)
+        elif cutlass.const_expr(self.half_view is None):
             self.roles(smem, weight, x, bias, out, m, tma, tidx, tile_n, tile_t, rank)
         else:
             if tile_n < self.full_tiles:
@@ -271,7 +293,10 @@ class WarpSplitKKernel:
 
     def _k_base(self, rank, element_bytes=_BYTES):
         """Byte offset of this CTA's share of K within a row (of x, or of the
-        weight with its ``element_bytes``)."""
+        weight with its ``element_bytes``): static in a rank's view of an
+        uneven split."""
+        if self.k_first is not None:
+            return Int64(self.k_first * element_bytes)
         return Int64(rank) * (self.k_cta * element_bytes)
 
     # ---------------------------------------------------- weight loader
@@ -451,7 +476,8 @@ class WarpSplitKKernel:
         # along K, the first of this CTA's K share at box rank * k_cta / 64
         x_boxes = cute.local_tile(tma_tensor, (t.token_tile, layout.TMA_BOX_COLS),
                                   (tile_t, None))
-        first_box = rank * (self.k_cta // layout.TMA_BOX_COLS)
+        first_box = (rank * (self.k_cta // layout.TMA_BOX_COLS) if self.k_first is None
+                     else self.k_first // layout.TMA_BOX_COLS)
         self._tma_prefetch_map(tma_atom, lane)
         self._pdl_before_x()
         for i in range(self.k_tiles):
@@ -624,7 +650,8 @@ class WarpSplitKKernel:
         k_blocks = layout.fp8_scale_blocks(self.n, self.k)[1]
         block = layout.FP8_SCALE_BLOCK
         # this CTA's first K block, and this warp's within every tile
-        first = Int32(rank) * (self.k_cta // block) + layout.warp_k_start(warp, t.k_tile) // block
+        first = (Int32(rank) * (self.k_cta // block) if self.k_first is None
+                 else Int32(self.k_first // block)) + layout.warp_k_start(warp, t.k_tile) // block
         rows = Int32(tile_n) * t.output_tile
 
         def scale_of(m_iter, tile):
@@ -783,8 +810,9 @@ class WarpSplitKFp8Kernel(WarpSplitKKernel):
         """The scales' pointer, for the epilogue (``_scaled``) to read at
         trace time; a mixed grid's half view too. Plain Python: not staged."""
         self.scale = scale
-        if self.half_view is not None:
-            self.half_view.scale = scale
+        for view in [self.half_view] + (self.rank_views or []):
+            if view is not None:
+                view.scale = scale
 
     def _scaled(self, total, n_index, store):
         """The 8 sums of one output vector times their columns' scales (or

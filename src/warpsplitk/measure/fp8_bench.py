@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from ..kernel import layout
 from ..planning.choose import default_tactic
 from ..planning.plans import CUBLAS, default_choice, prepare, prepare_choices
 from ..runtime import timing
@@ -68,7 +69,6 @@ def random_fp8(n, k, copies, seed=0, scales="channel"):
     """``copies`` random e4m3 ``[n, k]`` weights (every finite code but the
     largest magnitudes likely, never NaN) and FP32 scales of that kind."""
     import torch
-    from ..kernel import layout
     shape = {"tensor": (1,), "channel": (n,), "block128": layout.fp8_scale_blocks(n, k)}[scales]
     gen = torch.Generator(device="cuda").manual_seed(seed)
     weights, scale_list = [], []

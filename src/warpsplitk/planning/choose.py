@@ -91,7 +91,7 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
 #: gained nothing.
 FP8_SPLIT_MIN_K = 8192
 #: ...at M > 16 (token tiles of 32) the 64-row tiles and deep rings of the
-#: BF16 choice measured 1.3-2.3x slower than 32-row tiles of 256 with a
+#: BF16 choice measured 1.75-2.3x slower than 32-row tiles of 256 with a
 #: two-stage ring and two activation-loader warps (28672x4096: 105 -> 46 us),
 #: where the grid has more CTAs than SMs (several resident per SM).
 FP8_WIDE_M_STAGES = 2
@@ -103,7 +103,7 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> Warp
     (``FP8_SPLIT_MIN_K``, ``FP8_WIDE_M_STAGES``): 16-byte activation copies
     (the FP8 kernel's only kind) by two loader warps, no L2 prefetch, early
     trigger or mixed grid (measured on BF16 weights); at token tiles of 32,
-    tiles of at most 32 rows; two CTAs along K where the grid would leave
+    32-row tiles for 64-row ones; two CTAs along K where the grid would leave
     one CTA per SM on a long K; at token tiles of 32 and more CTAs than SMs,
     a two-stage ring. A rule whose tactic breaks ``check_tactic`` is skipped;
     where even the first breaks one, the first of :func:`ranked`'s order
@@ -121,8 +121,10 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> Warp
 
     tactic = step(base, b_loader_warps=2)
     wide_m = tactic.token_tile == max(MMA_TOKEN_TILES)
-    if wide_m and tactic.output_tile > 32:
+    if wide_m and tactic.output_tile == 64:
         tactic = step(tactic, output_tile=32, k_tile=256)
+        if tactic.output_tile == 64:  # K takes no tiles of 256
+            tactic = step(tactic, output_tile=32)
     if grid_ctas(tactic, m, n) <= sm_count and k >= FP8_SPLIT_MIN_K and tactic.k_split == 1:
         tactic = step(tactic, k_split=2)
     if wide_m and grid_ctas(tactic, m, n) > sm_count:

@@ -169,7 +169,11 @@ class CompileReport:
 
     def audit(self) -> list[str]:
         t = self.tactic
-        return audit_ptx(self.ptx, k_tiles=self.k // (t.k_tile * t.k_split), k_split=t.k_split,
+        tiles = self.k // t.k_tile
+        # an uneven split traces one K loop per rank, of its own length
+        k_tiles = (tuple(layout.k_share(r, tiles, t.k_split)[1] for r in range(t.k_split))
+                   if tiles % t.k_split else tiles // t.k_split)
+        return audit_ptx(self.ptx, k_tiles=k_tiles, k_split=t.k_split,
                          l2_prefetch=bool(t.l2_prefetch), bulk_x=t.x_copy == BULK,
                          tma_x=t.x_copy == TMA,
                          prefetch_bytes=self.prefetch_bytes, stages=t.stages,
@@ -428,7 +432,8 @@ def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None 
     unrolled, so the releases appear in K tile order (a mixed grid traces it
     twice); given ``k_tiles`` and ``stages``, the last ``stages`` tiles of
     each loop, never refilled, must come without a fence (it only costs).
-    Without an async ring there must be no fence at all."""
+    Without an async ring there must be no fence at all. ``k_tiles`` a
+    tuple: one loop of each length in turn (an uneven split's ranks)."""
     if not async_ring:
         return ([f"found the release fence ({_RELEASE_FENCE}) with a cp.async activation ring"]
                 if _ANY_RELEASE_FENCE.search(ptx_text) else [])
@@ -445,6 +450,14 @@ def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None 
             read = False
     if not groups:
         return ["no stage release found to check the release fence against"]
+    if isinstance(k_tiles, tuple):
+        if len(groups) != sum(k_tiles):
+            return [f"{len(groups)} stage releases, not the {sum(k_tiles)} K tiles of the "
+                    f"loops {k_tiles}"]
+        if stages is None:
+            return []
+        return _fence_mismatches(groups, [layout.stage_refilled(i, stages, n)
+                                          for n in k_tiles for i in range(n)])
     if k_tiles is not None and len(groups) % k_tiles:
         return [f"{len(groups)} stage releases, not a multiple of the {k_tiles} K tiles"]
     problems = []
@@ -458,6 +471,12 @@ def release_fence_problems(ptx_text: str, async_ring: bool, k_tiles: int | None 
                                 "unfenced one in the same K loop")
         return problems
     wanted = [layout.stage_refilled(i % k_tiles, stages, k_tiles) for i in range(len(groups))]
+    return problems + _fence_mismatches(groups, wanted)
+
+
+def _fence_mismatches(groups, wanted) -> list[str]:
+    """Each release (``(PTX line, fenced)``) against whether its stage is refilled."""
+    problems = []
     for (number, fenced), want in zip(groups, wanted):
         if want and not fenced:
             problems.append(f"PTX line {number}: a stage released after ldmatrix reads "
