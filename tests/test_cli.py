@@ -136,6 +136,32 @@ def test_compile_refuses_a_tactic_the_shape_cannot_take(capsys):
     _one_error(capsys, "compile", "N must be below 1073741824", "N=1073741824")
 
 
+def test_compile_fp8_takes_the_fp8_default_and_refuses_what_fp8_refuses(capsys, monkeypatch):
+    """``--fp8-scales``: the FP8-weight kernel, the FP8 default's tactic; a
+    tactic FP8 weights cannot take is one line and exit 2."""
+    seen = []
+
+    class Report:
+        arch, threads, smem_bytes, registers, spill_bytes, local_bytes = "sm_90a", 256, 1, 1, 0, 0
+        ptx = ""
+
+        def audit(self):
+            return []
+
+    def fake_compile(n, k, tactic, arch, has_bias=False, fp8_scales=None):
+        seen.append((n, k, tactic, fp8_scales))
+        return Report()
+    monkeypatch.setattr(compile_module, "compile_for_arch", fake_compile)
+    from warpsplitk.planning.choose import default_tactic
+    assert main(["compile", "--n", "4096", "--k", "13696", "--m", "32",
+                 "--fp8-scales", "block128"]) == 0
+    assert seen == [(4096, 13696, default_tactic(32, 4096, 13696, 132, fp8=True), "block128")]
+    assert "ptx audit     ok" in capsys.readouterr().out
+    assert main(["compile", "--n", "4096", "--k", "4096", "--fp8-scales", "channel",
+                 "--tactic", "16,8,128,4,1+tma"]) == 2
+    _one_error(capsys, "compile", "--tactic", "FP8 weights take x_copy 'cp.async'")
+
+
 # ------------------------------------------------------------ files
 
 

@@ -23,6 +23,9 @@ def add_parser(sub):
                    help="o,t,k,s,b[...] (default: default_tactic's)")
     options.add_arch(p)
     p.add_argument("--bias", action="store_true", help="compile the bias epilogue")
+    p.add_argument("--fp8-scales", choices=compiler.FP8_SCALES,
+                   help="the kernel for e4m3 weights with these FP32 scales (tensor, channel "
+                        "or block128; default tactic: the FP8 default)")
     options.add_sm_count(p, "SMs the default tactic is chosen for")
     p.add_argument("--emit-ptx", metavar="PATH", help="write the PTX here")
     p.set_defaults(func=run)
@@ -32,11 +35,13 @@ def run(args, argv):
     checks.arch_defaults(args)
     tactic = _checked_tactic(args)
     checks.output_folder("--emit-ptx", args.emit_ptx)
-    report = compiler.compile_for_arch(args.n, args.k, tactic, args.arch, has_bias=args.bias)
-    disk_cache.store_resources(
-        disk_cache.key(args.arch, args.n, args.k, tactic, args.bias, True),
-        {"registers": report.registers, "spill_bytes": report.spill_bytes,
-         "local_bytes": report.local_bytes}, describe=(args.n, args.k, tactic, args.arch))
+    report = compiler.compile_for_arch(args.n, args.k, tactic, args.arch, has_bias=args.bias,
+                                       fp8_scales=args.fp8_scales)
+    if args.fp8_scales is None:  # (the resource records are BF16 kernels', for plan)
+        disk_cache.store_resources(
+            disk_cache.key(args.arch, args.n, args.k, tactic, args.bias, True),
+            {"registers": report.registers, "spill_bytes": report.spill_bytes,
+             "local_bytes": report.local_bytes}, describe=(args.n, args.k, tactic, args.arch))
     problems = _print_report(tactic, report)
     if args.emit_ptx:
         with open(args.emit_ptx, "w") as f:
@@ -49,9 +54,10 @@ def _checked_tactic(args):
     """``--tactic``, else the default tactic for ``--m`` on ``--sm-count`` SMs,
     checked against N and K."""
     try:
+        fp8 = args.fp8_scales is not None
         tactic = args.tactic or choose.default_tactic(args.m, args.n, args.k,
-                                                       sm_count=args.sm_count)
-        tactics.check_tactic(tactic, args.n, args.k)
+                                                       sm_count=args.sm_count, fp8=fp8)
+        tactics.check_tactic(tactic, args.n, args.k, fp8=fp8)
     except ValueError as error:
         raise UsageError(f"{'argument --tactic: ' if args.tactic else ''}N={args.n} K={args.k}: "
                          f"{error}") from None
