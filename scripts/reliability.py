@@ -4,6 +4,7 @@
                                          [--json OUT] [--k-split] [--bulk-x] [--tma-x]
                                          [--half-tiles] [--l2-prefetch]
                                          [--deep-rings] [--NAME-only ...] [--progress]
+                                         [--swiglu] [--fp8 tensor|channel|block128]
         --subset shipped: every distinct tactic of the built-in H200 plan and
         of the default heuristic over the built-in shape table, each on a
         small weight of its own output tiles whose K is one K tile past what
@@ -28,6 +29,8 @@
         tools run with different offsets cover all three between them.
         --NAME-only (NAME in CASE_FILTERS: clusters, x-copies, aliased,
         narrow, past-16) keeps the cases that pass every one given.
+        --fp8 KIND: the cases an e4m3 weight with KIND scales takes, each
+        with such a weight (with --subset shipped: the FP8 default's tactics).
     python3 scripts/reliability.py soak [--projections 64] [--replays 100000]
         A captured graph of a decode-layer-like chain of projections (each
         output feeds the next input, PDL on), replayed many times; outputs
@@ -199,7 +202,6 @@ def swiglu_reference(x, w):
 def fp8_operands(n, k, kind):
     """A random e4m3 ``[n, k]`` weight (no NaN), FP32 scales of ``kind``, and
     the dequantized weight (float64)."""
-    from warpsplitk.kernel import layout
     w8 = (torch.randn(n, k, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
     shape = {"tensor": (1,), "channel": (n,), "block128": layout.fp8_scale_blocks(n, k)}[kind]
     scale = torch.rand(shape, device="cuda") * 1e-2 + 1e-3
