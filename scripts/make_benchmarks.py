@@ -74,22 +74,26 @@ END = "<!-- bench:end -->"
 BIG = 16e6  # bytes: the weights whose bandwidth is reported separately
 
 
+def m_grid(rows, key, head, label, cell) -> list[str]:
+    """A table with a row per ``key(row)`` (in first-seen order) and a
+    column per M: ``head`` names the leading columns, ``label(key)`` fills
+    them, ``cell(row)`` each M's (blank where a key has no row at an M)."""
+    ms = sorted({r["m"] for r in rows})
+    found = {(key(r), r["m"]): r for r in rows}
+    out = ["| " + " | ".join([*head, *(f"M={m}" for m in ms)]) + " |",
+           "|" + "---|" * (len(head) + len(ms))]
+    for k in dict.fromkeys(key(r) for r in rows):
+        parts = [cell(found[(k, m)]) if (k, m) in found else "" for m in ms]
+        out.append("| " + " | ".join([*label(k), *parts]) + " |")
+    return out
+
+
 def grid(rows) -> list[str]:
     """Per shape and M: warpsplitk µs/cuBLAS µs (speedup)."""
-    ms = sorted({r["m"] for r in rows})
-    shapes = list(dict.fromkeys((r["n"], r["k"]) for r in rows))
-    cell = {(r["n"], r["k"], r["m"]): r for r in rows}
-    out = ["| N | K | MB | " + " | ".join(f"M={m}" for m in ms) + " |",
-           "|---|---|---|" + "---|" * len(ms)]
-    for n, k in shapes:
-        parts = []
-        for m in ms:
-            r = cell.get((n, k, m))
-            parts.append("" if r is None else
-                         f"{r['ours_us']:.2f}/{r['cublas_us']:.2f} "
-                         f"({r['cublas_us'] / r['ours_us']:.2f}×)")
-        out.append(f"| {n} | {k} | {n * k * 2 / 1e6:.1f} | " + " | ".join(parts) + " |")
-    return out
+    return m_grid(rows, lambda r: (r["n"], r["k"]), ["N", "K", "MB"],
+                  lambda nk: [str(nk[0]), str(nk[1]), f"{nk[0] * nk[1] * 2 / 1e6:.1f}"],
+                  lambda r: f"{r['ours_us']:.2f}/{r['cublas_us']:.2f} "
+                            f"({r['cublas_us'] / r['ours_us']:.2f}×)")
 
 
 def chain_table(rows, tbps: float) -> list[str]:
@@ -98,22 +102,13 @@ def chain_table(rows, tbps: float) -> list[str]:
     ``tbps``, the one floor of these docs; the tactics are the plan's, in
     the tactic table)."""
     from warpsplitk.measure.bench import chain_floor_us
-    ms = sorted({r["m"] for r in rows})
-    pairs = list(dict.fromkeys((tuple(r["first"]), tuple(r["second"])) for r in rows))
-    cell = {(tuple(r["first"]), tuple(r["second"]), r["m"]): r for r in rows}
-    out = ["| first → second | " + " | ".join(f"M={m}" for m in ms) + " |",
-           "|---|" + "---|" * len(ms)]
-    for first, second in pairs:
-        parts = []
-        for m in ms:
-            r = cell.get((first, second, m))
-            floor = chain_floor_us(first, second, tbps)
-            parts.append("" if r is None else
-                         f"{r['ours_us']:.2f} ({r['cublas_us'] / r['ours_us']:.2f}×, "
-                         f"{100 * floor / r['ours_us']:.0f}%)")
-        name = " → ".join("×".join(str(v) for v in shape) for shape in (first, second))
-        out.append(f"| {name} | " + " | ".join(parts) + " |")
-    return out
+
+    def cell(r):
+        floor = chain_floor_us(r["first"], r["second"], tbps)
+        return (f"{r['ours_us']:.2f} ({r['cublas_us'] / r['ours_us']:.2f}×, "
+                f"{100 * floor / r['ours_us']:.0f}%)")
+    return m_grid(rows, lambda r: (tuple(r["first"]), tuple(r["second"])), ["first → second"],
+                  lambda pair: [" → ".join("×".join(map(str, shape)) for shape in pair)], cell)
 
 
 def _rel(path: Path) -> str:
@@ -478,16 +473,11 @@ def fp8_md(record: dict, path: Path) -> list[str]:
            f"{env['gpu']}, {env['date'][:10]}. e4m3 weights with {kind} scales on the "
            "FP8 default. Cells: FP8 µs (its speedup over our BF16 call on the dequantized "
            f"weight / over {other}).", ""]
-    ms = sorted({r["m"] for r in record["rows"]})
-    cell = {(r["n"], r["k"], r["m"]): r for r in record["rows"]}
     ratio = "fp8_over_hf_fp8" if hf else "fp8_over_scaled_mm"
-    out += ["| N | K | FP8 MB | " + " | ".join(f"M={m}" for m in ms) + " |",
-            "|---|---|---|" + "---|" * len(ms)]
-    for n, k in dict.fromkeys((r["n"], r["k"]) for r in record["rows"]):
-        parts = [f"{c['fp8_us']:.2f} ({c['fp8_over_bf16']:.2f}×/"
-                 + (f"{c[ratio]:.2f}×)" if c.get(ratio) else "–)")
-                 if (c := cell.get((n, k, m))) else "" for m in ms]
-        out.append(f"| {n} | {k} | {n * k / 1e6:.1f} | " + " | ".join(parts) + " |")
+    out += m_grid(record["rows"], lambda r: (r["n"], r["k"]), ["N", "K", "FP8 MB"],
+                  lambda nk: [str(nk[0]), str(nk[1]), f"{nk[0] * nk[1] / 1e6:.1f}"],
+                  lambda c: f"{c['fp8_us']:.2f} ({c['fp8_over_bf16']:.2f}×/"
+                            + (f"{c[ratio]:.2f}×)" if c.get(ratio) else "–)"))
     if s["big_tbps"] is not None:
         out += ["", f"≥ 16 MB of e4m3 at M ≤ 8: a median {s['big_tbps']:.2f} TB/s "
                     f"({100 * s['big_read_share']:.0f}% of the measured "

@@ -202,14 +202,10 @@ def swiglu_reference(x, w):
 def fp8_operands(n, k, kind):
     """A random e4m3 ``[n, k]`` weight (no NaN), FP32 scales of ``kind``, and
     the dequantized weight (float64)."""
-    w8 = (torch.randn(n, k, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-    shape = {"tensor": (1,), "channel": (n,), "block128": layout.fp8_scale_blocks(n, k)}[kind]
-    scale = torch.rand(shape, device="cuda") * 1e-2 + 1e-3
-    if kind == "block128":
-        full = scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-    else:
-        full = scale.reshape(-1, 1)
-    return w8, scale, w8.double() * full.double()
+    from warpsplitk.contract import fp8_scale_factors
+    from warpsplitk.measure.fp8_bench import random_fp8
+    (w8,), (scale,) = random_fp8(n, k, 1, seed=n + k, scales=kind)
+    return w8, scale, w8.double() * fp8_scale_factors(scale, n, k).double()
 
 
 def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), only=(), progress=False, bulk_xs=(False,), l2_prefetch=False, deep_rings=False,

@@ -397,14 +397,9 @@ def test_fp8_rows_round_trip_into_their_section(tmp_path):
     assert "a median 3.01 TB/s (95% of the measured 3.17 TB/s read), 1.87× our BF16 call" in page
 
 
-def test_fp8_bench_scales_expand_as_the_kernel_reads_them():
+def test_fp8_bench_row_scales_for_scaled_mm():
     import torch
     from warpsplitk.measure import fp8_bench
     blocks = torch.arange(6, dtype=torch.float32).view(2, 3) + 1  # 160 x 300: partial edges
-    full = fp8_bench.full_scale(blocks, 160, 300)
-    assert full.shape == (160, 300) and full[0, 0] == 1 and full[127, 255] == 2
-    assert full[128, 0] == 4 and full[159, 299] == 6
     assert torch.equal(fp8_bench.row_scales(blocks, 160, 300)[0, :2], torch.tensor([3.0, 3.0]))
     assert fp8_bench.row_scales(torch.tensor([0.5]), 4, 128).tolist() == [[0.5] * 4]
-    channel = torch.rand(4)
-    assert torch.equal(fp8_bench.full_scale(channel, 4, 8)[:, 5], channel)

@@ -109,3 +109,13 @@ def test_fp8_operands(cpu_kernel):
         one = weight.clone()
         one.view(torch.uint8)[0, 0] = code
         assert (fp8_value_refusal(one, scale) is not None) == bool(nan[code])
+
+
+def test_fp8_scale_factors_expand_as_the_kernel_reads_them():
+    from warpsplitk.contract import fp8_scale_factors
+    blocks = torch.arange(6, dtype=torch.float32).view(2, 3) + 1  # 160 x 300: partial edges
+    full = fp8_scale_factors(blocks, 160, 300)
+    assert full.shape == (160, 300) and full[0, 0] == 1 and full[127, 255] == 2
+    assert full[128, 0] == 4 and full[159, 299] == 6
+    channel = torch.rand(4)
+    assert torch.equal(fp8_scale_factors(channel, 4, 8)[:, 5], channel)

@@ -28,9 +28,9 @@ CASES = [  # tactic, N, K
 MS = (1, 5, 8, 16, 32)
 
 
-def _prepared(w8, tactic, m, bias, scale):
+def _prepared(w8, tactic, ms, bias, scale):
     from warpsplitk import PreparedWarpSplitK
-    return PreparedWarpSplitK(w8, {m: tactic}, bias=bias, weight_scale=scale)
+    return PreparedWarpSplitK(w8, dict.fromkeys(ms, tactic), bias=bias, weight_scale=scale)
 
 
 def _special_codes(n, k, generator):
@@ -59,6 +59,20 @@ def _scales(kind, n, k, generator):
     return scale.cuda(), full.double().cuda()
 
 
+def _runs_match_float64(prepared, dequant, ms, generator, bias=None):
+    """``prepared`` at each M of fresh x, its output NaN-poisoned first,
+    within 1e-2 of float64 ``x @ dequant^T (+ bias)``, no NaN left."""
+    n, k = dequant.shape
+    for m in ms:
+        x = torch.randn(m, k, generator=generator).to(torch.bfloat16).cuda()
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        prepared.run(x, out)
+        torch.cuda.synchronize()
+        ref = x.double() @ dequant.t() + (bias.double() if bias is not None else 0)
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert not out.isnan().any() and err < 1e-2, (m, bias is not None, err)
+
+
 @pytest.mark.parametrize("tactic,n,k", CASES, ids=[f"{t.short()}-{n}x{k}" for t, n, k in CASES])
 @pytest.mark.parametrize("scales", ["tensor", "channel", "block128"])
 def test_fp8_weights_against_float64(tactic, n, k, scales):
@@ -67,16 +81,9 @@ def test_fp8_weights_against_float64(tactic, n, k, scales):
     scale, factor = _scales(scales, n, k, g)
     bias = torch.randn(n, generator=g).to(torch.bfloat16).cuda()
     dequant = w8.double() * factor
-    for has_bias in (False, True):
-        for m in MS:
-            prepared = _prepared(w8, tactic, m, bias if has_bias else None, scale)
-            x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
-            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            prepared.run(x, out)
-            torch.cuda.synchronize()
-            ref = x.double() @ dequant.t() + (bias.double() if has_bias else 0)
-            err = ((out.double() - ref).norm() / ref.norm()).item()
-            assert not out.isnan().any() and err < 1e-2, (m, has_bias, err)
+    for with_bias in (None, bias):
+        _runs_match_float64(_prepared(w8, tactic, MS, with_bias, scale), dequant, MS, g,
+                            with_bias)
 
 
 @pytest.mark.parametrize("blocks", [False, True], ids=["channel", "block128"])
@@ -89,7 +96,7 @@ def test_fp8_matches_the_emulator(blocks):
     scale = (2.0 ** rng.integers(-3, 3, size=(2, 8) if blocks else n)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     expected = emulator.emulate_fp8(x, codes, scale, tactic, bias)
-    prepared = _prepared(torch.from_numpy(codes).cuda().view(torch.float8_e4m3fn), tactic, m,
+    prepared = _prepared(torch.from_numpy(codes).cuda().view(torch.float8_e4m3fn), tactic, [m],
                          torch.from_numpy(bias).to(torch.bfloat16).cuda(),
                          torch.from_numpy(scale).cuda())
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -98,10 +105,6 @@ def test_fp8_matches_the_emulator(blocks):
     got = out.float().cpu().numpy()
     # the mma's FP32 accumulation order is the hardware's: equal up to BF16 rounding of the sums
     np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
-
-
-DEFAULT_SHAPES = [(28672, 4096), (1024, 4096), (6144, 4096), (4096, 14336), (768, 128),
-                  (3072, 8192), (2112, 7168)]
 
 
 @pytest.mark.parametrize("n,k", [(2112, 7168), (3216, 1536), (576, 7168)],
@@ -115,15 +118,11 @@ def test_block_scales_on_the_fp8_default(n, k):
     scale, factor = _scales("block128", n, k, g)
     prepared = prepare(w8, ms=range(1, 33), weight_scale=scale)
     assert prepared.fp8_scales == "block128"
-    dequant = w8.double() * factor
-    for m in (1, 2, 4, 8, 13, 16, 32):
-        x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
-        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        prepared.run(x, out)
-        torch.cuda.synchronize()
-        ref = x.double() @ dequant.t()
-        err = ((out.double() - ref).norm() / ref.norm()).item()
-        assert not out.isnan().any() and err < 1e-2, (m, err)
+    _runs_match_float64(prepared, w8.double() * factor, (1, 2, 4, 8, 13, 16, 32), g)
+
+
+DEFAULT_SHAPES = [(28672, 4096), (1024, 4096), (6144, 4096), (4096, 14336), (768, 128),
+                  (3072, 8192), (2112, 7168)]
 
 
 @pytest.mark.parametrize("n,k", DEFAULT_SHAPES, ids=[f"{n}x{k}" for n, k in DEFAULT_SHAPES])
@@ -136,15 +135,7 @@ def test_prepare_runs_the_fp8_default_at_every_m(n, k):
     scale = (torch.rand(n, 1, generator=g) * 0.02 + 0.001).cuda()
     prepared = prepare(w8, ms=range(1, 33), weight_scale=scale)
     assert prepared.fp8_scales == "channel"
-    dequant = w8.double() * scale.double()
-    for m in range(1, 33):
-        x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
-        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        prepared.run(x, out)
-        torch.cuda.synchronize()
-        ref = x.double() @ dequant.t()
-        err = ((out.double() - ref).norm() / ref.norm()).item()
-        assert not out.isnan().any() and err < 1e-2, (m, err)
+    _runs_match_float64(prepared, w8.double() * scale.double(), range(1, 33), g)
 
 
 def test_refusals_leave_out_untouched_and_nan_weights_are_refused():

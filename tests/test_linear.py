@@ -47,6 +47,16 @@ def cpu_kernel(meta_kernel, monkeypatch):
     return meta_kernel
 
 
+def graph_recorder():
+    """A torch.compile backend that keeps each FX graph it is given (and runs it)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    return backend, graphs
+
+
 def meta(*shape):
     return torch.empty(*shape, device="meta", dtype=torch.bfloat16)
 
@@ -285,12 +295,7 @@ def test_nn_imports_run_one_way_and_name_nothing_private():
 
 def test_compile_fullgraph_kernel_branch(meta_kernel):
     mod = DecodeLinear(meta(64, 256), meta(64))
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    backend, graphs = graph_recorder()
     compiled = torch.compile(mod, fullgraph=True, backend=backend)
     assert compiled(meta(2, 3, 256)).shape == (2, 3, 64)
     assert compiled(meta(2, 3, 256)).shape == (2, 3, 64)
@@ -301,12 +306,7 @@ def test_compile_fullgraph_kernel_branch(meta_kernel):
 
 def test_compile_dynamic_m_does_not_specialise(meta_kernel):
     mod = DecodeLinear(meta(64, 256))
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    backend, graphs = graph_recorder()
     compiled = torch.compile(mod, fullgraph=True, backend=backend, dynamic=True)
     for m in (40, 41, 50, 3, 4, 32):
         assert compiled(meta(m, 256)).shape == (m, 64)
@@ -546,12 +546,7 @@ def test_fp8_compile_fullgraph_runs_the_fp8_op(meta_fp8):
     scale = torch.empty(64, 1, device="meta", dtype=torch.float32)
     mod = DecodeLinear.from_fp8(w8, scale, meta(64))
     assert meta_fp8 == [((64, 256), True)] and mod.accepts(meta(5, 256))
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    backend, graphs = graph_recorder()
     compiled = torch.compile(mod, fullgraph=True, backend=backend)
     assert compiled(meta(2, 3, 256)).shape == (2, 3, 64)
     assert len(graphs) == 1 and "warpsplitk.decode_linear_fp8" in graphs[0].code

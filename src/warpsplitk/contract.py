@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import operator
 
+from .kernel import layout
+
 #: Token rows (M) a call takes at most: the largest token tile, so one
 #: weight tile is streamed once per call.
 MAX_M = 32
@@ -58,8 +60,8 @@ FP8_DTYPE_NAME = "float8_e4m3fn"
 #: one per 128 x 128 block (``[ceil(N / 128), ceil(K / 128)]``, row-major:
 #: DeepSeek's and transformers' ``weight_scale_inv``).
 FP8_SCALE_KINDS = ("tensor", "channel", "block128")
-#: The block scales' block edge (``kernel.layout.FP8_SCALE_BLOCK``).
-FP8_SCALE_BLOCK = 128
+#: The block scales' block edge (the address math's: ``kernel.layout``).
+FP8_SCALE_BLOCK = layout.FP8_SCALE_BLOCK
 
 #: The device type the kernel runs on. Read at call time, so CPU tests can
 #: set it to "cpu" and exercise the kernel paths on CPU tensors.
@@ -197,6 +199,28 @@ def weight_tensors_refusal(weight, bias=None) -> str | None:
     return reason
 
 
+def is_fp8(t) -> bool:
+    """Whether ``t`` is a tensor of ``FP8_DTYPE_NAME`` (an e4m3 weight)."""
+    return str(getattr(t, "dtype", "")) == f"torch.{FP8_DTYPE_NAME}"
+
+
+def fp8_scale_shape(kind, n, k) -> tuple:
+    """The shape of an ``[n, k]`` FP8 weight's scales of ``kind``
+    (``FP8_SCALE_KINDS``; one of the shapes ``fp8_scale_kind`` reads so)."""
+    return {"tensor": (1,), "channel": (n,), "block128": layout.fp8_scale_blocks(n, k)}[kind]
+
+
+def fp8_scale_factors(scale, n, k):
+    """An ``[n, k]`` FP8 weight's FP32 scales (``fp8_scale_kind``'s shapes)
+    as each weight's factor, ``[n, k]`` (one or per-row scales: a broadcast
+    view; blocks, partial at the edges, expanded)."""
+    scale = scale.float()
+    if scale.dim() == 2 and tuple(scale.shape) != (n, 1):
+        block = FP8_SCALE_BLOCK
+        return scale.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
+    return scale.reshape(-1, 1).expand(n, k)
+
+
 def fp8_scale_kind(scale, n, k=None) -> str | None:
     """The kind (``FP8_SCALE_KINDS``) an FP8 ``[n, k]`` weight's ``scale``
     has by its shape, or None when it has none of their shapes (``k`` None:
@@ -206,19 +230,23 @@ def fp8_scale_kind(scale, n, k=None) -> str | None:
         return "tensor"
     if shape in ((n,), (n, 1)) and n > 1:
         return "channel"
-    if k is not None and shape == (-(-n // FP8_SCALE_BLOCK), -(-k // FP8_SCALE_BLOCK)):
+    if k is not None and shape == layout.fp8_scale_blocks(n, k):
         return "block128"
     return None
 
 
 def fp8_refusal(weight, scale, bias=None, scale_kind=None) -> str | None:
     """Why an FP8 ``weight`` (packed ``float8_e4m3fn [N, K]``) with ``scale``
-    (FP32, contiguous, on the weight's device: one, or one per row) and
-    ``bias`` (BF16 ``[N]``) is no operand set the kernel takes, or None.
+    (FP32, contiguous, on the weight's device: ``fp8_scale_kind``'s shapes)
+    and ``bias`` (BF16 ``[N]``) is no operand set the kernel takes (an FP8
+    weight without scales included), or None.
     ``scale_kind``: the kind the caller means (None: by the scale's shape).
     The values are not read (``fp8_value_refusal`` reads them)."""
     import torch
 
+    if scale is None and is_fp8(weight):
+        return (f"an FP8 ({FP8_DTYPE_NAME}) weight needs weight_scale: one FP32 scale, one per "
+                "output row, or one per 128 x 128 block")
     reason = operand_refusal("weight", weight, dtype_name=FP8_DTYPE_NAME)
     if reason is None and bias is not None:
         reason = operand_refusal("bias", bias, (weight.shape[0],), weight.device)
@@ -230,8 +258,8 @@ def fp8_refusal(weight, scale, bias=None, scale_kind=None) -> str | None:
     if not isinstance(scale, torch.Tensor):
         return f"weight_scale must be a float32 torch.Tensor, got {type(scale).__name__}"
     kind = fp8_scale_kind(scale, n, k)
-    blocks = (-(-n // FP8_SCALE_BLOCK), -(-k // FP8_SCALE_BLOCK))
-    wanted = {"tensor": "() or (1,)", "channel": f"({n},) or ({n}, 1)", "block128": str(blocks)}
+    wanted = {"tensor": "() or (1,)", "channel": f"({n},) or ({n}, 1)",
+              "block128": str(layout.fp8_scale_blocks(n, k))}
     if kind is None or (scale_kind is not None and kind != scale_kind):
         expected = (wanted[scale_kind] if scale_kind is not None
                     else f"{wanted['tensor']} (one scale), {wanted['channel']} (one per row) "
@@ -269,5 +297,7 @@ __all__ = ["MAX_M", "ALIGN_BYTES", "SUPPORTED_ARCHS", "GPUS", "ARCH_GPUS", "BUIL
            "MAX_K_TILES", "MAX_N", "DTYPE_NAME", "FP8_DTYPE_NAME", "FP8_SCALE_KINDS",
            "FP8_SCALE_BLOCK", "as_integer", "shape_refusal",
            "n_bound_refusal", "DEVICE_TYPE", "describe", "operand_refusal", "matrix_refusal",
-           "weight_refusal", "weight_tensors_refusal", "fp8_scale_kind", "fp8_refusal",
+           "weight_refusal", "weight_tensors_refusal", "is_fp8", "fp8_scale_shape",
+           "fp8_scale_factors",
+           "fp8_scale_kind", "fp8_refusal",
            "fp8_value_refusal"]

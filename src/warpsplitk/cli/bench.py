@@ -171,13 +171,18 @@ def _write_json(path, command, rounds, mode, records):
         json.dump({"environment": environment, "mode": mode, "rows": records}, f, indent=1)
 
 
+def _environment_line(env, command):
+    """The run's command into ``env``, and its one-line summary printed."""
+    env["command"] = command
+    print(f"# {env['gpu']}  read {env['read_TBps']} TB/s (datasheet {env['datasheet_TBps']})  "
+          f"torch {env['torch']}  cutlass-dsl {env['cutlass_dsl']}  {env['date']}")
+
+
 def _run_fp8(args, shapes, command):
     print(fp8_bench.HEADER, flush=True)
     env, rows = fp8_bench.run_fp8_bench(shapes, args.m, progress=_progress, rounds=args.rounds,
                                         scales=args.scales)
-    env["command"] = command
-    print(f"# {env['gpu']}  read {env['read_TBps']} TB/s (datasheet {env['datasheet_TBps']})  "
-          f"torch {env['torch']}  cutlass-dsl {env['cutlass_dsl']}  {env['date']}")
+    _environment_line(env, command)
     if args.json:
         fp8_bench.write_json(args.json, env, rows)
     return 0
@@ -187,9 +192,7 @@ def _run_shapes(args, plan, shapes, command):
     print(measure_bench.HEADER, flush=True)
     env, rows = measure_bench.run_bench(shapes, args.m, plan, progress=_progress,
                                         rounds=args.rounds)
-    env["command"] = command
-    print(f"# {env['gpu']}  read {env['read_TBps']} TB/s (datasheet {env['datasheet_TBps']})  "
-          f"torch {env['torch']}  cutlass-dsl {env['cutlass_dsl']}  {env['date']}")
+    _environment_line(env, command)
     if args.json:
         measure_bench.write_json(args.json, env, rows)
     if args.plot:

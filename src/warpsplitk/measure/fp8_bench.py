@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from ..kernel import layout
+from ..contract import fp8_scale_factors, fp8_scale_shape
 from ..planning.choose import default_tactic
 from ..planning.plans import CUBLAS, default_choice, prepare, prepare_choices
 from ..runtime import timing
@@ -69,7 +69,7 @@ def random_fp8(n, k, copies, seed=0, scales="channel"):
     """``copies`` random e4m3 ``[n, k]`` weights (every finite code but the
     largest magnitudes likely, never NaN) and FP32 scales of that kind."""
     import torch
-    shape = {"tensor": (1,), "channel": (n,), "block128": layout.fp8_scale_blocks(n, k)}[scales]
+    shape = fp8_scale_shape(scales, n, k)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     weights, scale_list = [], []
     for _ in range(copies):
@@ -79,19 +79,12 @@ def random_fp8(n, k, copies, seed=0, scales="channel"):
     return weights, scale_list
 
 
-def full_scale(scale, n, k):
-    """Each weight's factor, ``[n, k]`` float32 (broadcast rows for one or per-row scales)."""
-    if scale.dim() == 2:
-        return scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-    return scale.reshape(-1, 1).expand(n, k)
-
-
 def row_scales(scale, n, k):
     """What ``torch._scaled_mm`` takes of the weight's scales: one per row
     ``[1, n]`` (block scales: each row's largest, as a row-wise checkpoint
     would hold; its result then differs from the others' product)."""
     if scale.dim() == 2:
-        return full_scale(scale, n, k).amax(dim=1).view(1, n).contiguous()
+        return fp8_scale_factors(scale, n, k).amax(dim=1).view(1, n).contiguous()
     return scale.reshape(-1).expand(n).reshape(1, n).contiguous()
 
 
@@ -159,14 +152,14 @@ def bench_fp8_shape(n, k, ms, read_tbps, sheet_tbps, rounds=None, progress=print
     rounds = timing.resolve_rounds(rounds)
     w8s, scales = random_fp8(n, k, timing.copies_for(n * k), seed=n + k, scales=scales_kind)
     # the same products in BF16 (half as many copies fill the same bytes)
-    bf16s = [(w.float() * full_scale(s, n, k)).to(torch.bfloat16)
+    bf16s = [(w.float() * fp8_scale_factors(s, n, k)).to(torch.bfloat16)
              for w, s in list(zip(w8s, scales))[:timing.copies_for(n * k * 2)]]
     ours = [prepare(w, ms=ms, weight_scale=s) for w, s in zip(w8s, scales)]
     bf16_choice = {m: default_choice(m, n, k) for m in ms}
     bf16 = [prepare_choices(w, bf16_choice) for w in bf16s]
     rows_scale = [row_scales(s, n, k) for s in scales]
     hf = hf_fp8_linears(w8s, scales) if scales_kind == "block128" else None
-    reference = w8s[0].double() * full_scale(scales[0], n, k).double()
+    reference = w8s[0].double() * fp8_scale_factors(scales[0], n, k).double()
     rows = []
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -270,5 +263,5 @@ def write_json(path, env, rows):
 
 
 __all__ = ["Fp8Row", "run_fp8_bench", "bench_fp8_shape", "scaled_mm_call", "random_fp8",
-           "full_scale", "row_scales", "hf_fp8_linears",
+           "row_scales", "hf_fp8_linears",
            "HEADER", "format_row", "write_json", "E4M3_MAX"]

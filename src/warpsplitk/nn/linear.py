@@ -57,10 +57,8 @@ def fp8_linear_scale(module) -> tuple[str | None, str | None]:
     FP32 scales under one of ``FP8_SCALE_NAMES``, 128 x 128 blocks when
     blocked, activations quantized per call if at all), else ``(None,
     why not)``."""
-    import torch
-    weight = getattr(module, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float8_e4m3fn:
-        return None, f"{type(module).__name__} has no float8_e4m3fn weight"
+    if not contract.is_fp8(getattr(module, "weight", None)):
+        return None, f"{type(module).__name__} has no {contract.FP8_DTYPE_NAME} weight"
     name = next((n for n in FP8_SCALE_NAMES if isinstance(getattr(module, n, None), torch.Tensor)),
                 None)
     if name is None:

@@ -35,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from ..contract import ALIGN_BYTES, FP8_SCALE_BLOCK
+from ..contract import ALIGN_BYTES, fp8_scale_factors
 
 
 _registry: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
@@ -104,16 +104,8 @@ def _decode_linear_fp8_cuda(x: torch.Tensor, weight: torch.Tensor, weight_scale:
 
 
 def dequantized(weight, weight_scale, dtype):
-    """An FP8 weight times its scales (one, one per row, or one per 128 x 128
-    block), as ``dtype``."""
-    n, k = weight.shape
-    scale = weight_scale.float()
-    if scale.dim() == 2 and tuple(scale.shape) != (n, 1):  # blocks, partial at the edges
-        block = FP8_SCALE_BLOCK
-        scale = scale.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
-    else:
-        scale = scale.reshape(-1, 1)
-    return (weight.float() * scale).to(dtype)
+    """An FP8 weight times its scales (``contract.fp8_scale_factors``), as ``dtype``."""
+    return (weight.float() * fp8_scale_factors(weight_scale, *weight.shape)).to(dtype)
 
 
 def _linear_backward(ctx, grad):

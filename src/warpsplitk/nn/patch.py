@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from .. import contract
 from ..contract import MAX_M
 from ..planning import plans
 from ..tactics import check_ms
@@ -72,10 +73,7 @@ def is_fp8_linear(module) -> bool:
     """Whether ``module`` is an ``nn.Linear`` subclass holding an e4m3 weight
     (transformers' ``FP8Linear``, ``FbgemmFp8Linear``): ``patch_model``
     swaps it where ``fp8_linear_scale`` recognises its scales."""
-    import torch
-    weight = getattr(module, "weight", None)
-    return (isinstance(module, nn.Linear) and isinstance(weight, torch.Tensor)
-            and weight.dtype == torch.float8_e4m3fn)
+    return isinstance(module, nn.Linear) and contract.is_fp8(getattr(module, "weight", None))
 
 
 def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None,

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from ..contract import (
-    FP8_DTYPE_NAME,
     MAX_M,
     fp8_refusal,
     fp8_scale_kind,
+    is_fp8,
     matrix_refusal,
     weight_refusal,
     weight_tensors_refusal,
@@ -70,12 +70,6 @@ def _check_prepare_ms(ms) -> tuple[int, ...]:
     return checked
 
 
-def is_fp8(weight) -> bool:
-    """Whether ``weight`` is an e4m3 tensor (``contract.FP8_DTYPE_NAME``)."""
-    import torch
-    return isinstance(weight, torch.Tensor) and weight.dtype == getattr(torch, FP8_DTYPE_NAME)
-
-
 def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1), bias=None, *,
             swiglu: bool = False, weight_scale=None, scale_kind: str | None = None):
     """``weight`` prepared with the plan's choice for each M in ``ms`` (the
@@ -96,20 +90,16 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise ValueError(f"bias must be None or a torch.Tensor [N], got {type(bias).__name__}")
     check_plan(plan)
-    if is_fp8(weight):
-        if swiglu:
-            raise ValueError("the SwiGLU epilogue is for BF16 weights, got a float8_e4m3fn weight")
-        reason = (fp8_refusal(weight, weight_scale, bias, scale_kind) if weight_scale is not None
-                  else "an FP8 (float8_e4m3fn) weight needs weight_scale: one FP32 scale, or "
-                       "one per output row")
+    if is_fp8(weight) or weight_scale is not None or scale_kind is not None:
+        # an FP8 weight's operands refused first, as below; then the FP8
+        # default's shape rules, and PreparedWarpSplitK's (scales only with
+        # an FP8 weight, no SwiGLU epilogue on one)
+        reason = fp8_refusal(weight, weight_scale, bias, scale_kind) if is_fp8(weight) else None
         if reason:
             raise ValueError(reason)
-        tactics = {m: default_tactic(m, n, k, fp8=True) for m in ms}
-        return PreparedWarpSplitK(weight, tactics, bias=bias, weight_scale=weight_scale,
+        return PreparedWarpSplitK(weight, {m: default_tactic(m, n, k, fp8=True) for m in ms},
+                                  bias=bias, swiglu=swiglu, weight_scale=weight_scale,
                                   scale_kind=scale_kind)
-    if weight_scale is not None or scale_kind is not None:
-        raise ValueError("weight_scale and scale_kind are for float8_e4m3fn weights, "
-                         f"got a {weight.dtype} weight")
     # a tensor the kernel cannot take (device, dtype, layout) is refused before
     # any plan is read or tuned; a shape it cannot take, by the default below
     reason = weight_tensors_refusal(weight, bias)
@@ -274,7 +264,7 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     return prepared
 
 
-__all__ = ["resolve_plan", "prepare", "prepare_model", "is_fp8", "precompile_fp8", "prepare_choices", "precompile_for",
+__all__ = ["resolve_plan", "prepare", "prepare_model", "precompile_fp8", "prepare_choices", "precompile_for",
            "swiglu_tactic", "before_down", "BEFORE_DOWN_MAX_M",
            # from decode_plan
            "CUBLAS", "PLAN_FORMAT", "PLAN_VERSION", "DecodePlan", "builtin_plan", "builtin_plans",

@@ -50,12 +50,6 @@ def _check_weight(weight, bias):
     return weight.shape
 
 
-def _is_fp8(weight) -> bool:
-    torch = _torch()
-    return isinstance(weight, torch.Tensor) and weight.dtype == getattr(
-        torch, contract.FP8_DTYPE_NAME)
-
-
 def _check_fp8(weight, scale, bias, scale_kind) -> str:
     """The scale kind of an FP8 weight the kernel can take with ``scale`` and
     ``bias``: ``ValueError`` with the contract's reason otherwise (NaN codes
@@ -159,18 +153,14 @@ class PreparedWarpSplitK:
     def __init__(self, weight, tactics: Mapping[int, WarpSplitKTactic], bias=None, *,
                  swiglu: bool = False, weight_scale=None, scale_kind: str | None = None):
         torch = _torch()
-        fp8 = _is_fp8(weight)
+        fp8 = contract.is_fp8(weight) or weight_scale is not None or scale_kind is not None
+        if fp8 and isinstance(weight, torch.Tensor) and not contract.is_fp8(weight):
+            raise ValueError(f"weight_scale and scale_kind are for {contract.FP8_DTYPE_NAME} "
+                             f"weights, got a {weight.dtype} weight")
         if fp8:
-            if weight_scale is None:
-                raise ValueError("an FP8 (float8_e4m3fn) weight needs weight_scale: one FP32 "
-                                 "scale, or one per output row")
             self.fp8_scales = _check_fp8(weight, weight_scale, bias, scale_kind)
             n, k = weight.shape
         else:
-            if weight_scale is not None or scale_kind is not None:
-                given = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
-                raise ValueError("weight_scale and scale_kind are for float8_e4m3fn weights, "
-                                 f"got a {given} weight")
             self.fp8_scales = None
             n, k = _check_weight(weight, bias)
         tactics = _check_tactics(tactics, n, k, bool(swiglu), fp8)
