@@ -94,14 +94,16 @@ def _deepest_past_16(o, t, kt, b, c, bulk, tma=False):
 def shipped_tactics(fp8=False):
     """Every distinct tactic of the built-in H200 plan and of the default
     heuristic over the built-in shape table, for M 1..32 (``fp8``: the FP8
-    default's over the table)."""
+    default's over the table, for channel and block scales)."""
     from warpsplitk import builtin_plan
     from warpsplitk.shapes import load
     found = set() if fp8 else {tactic for entries in builtin_plan("h200").entries.values()
                                for tactic, _ in entries.values()}
+    # the FP8 default's choice depends on the scales' kind (block scales: shorter rings)
+    kinds = ("channel", "block128") if fp8 else ("channel",)
     for shape in load()["shapes"]:
-        found |= {default_tactic(m, shape["n"], shape["k"], sm_count=132, fp8=fp8)
-                  for m in range(1, 33)}
+        found |= {default_tactic(m, shape["n"], shape["k"], sm_count=132, fp8=fp8,
+                                 fp8_scales=kind) for m in range(1, 33) for kind in kinds}
     return sorted(found)
 
 

@@ -102,6 +102,19 @@ def test_bench_rounds_checked_before_the_gpu(capsys, no_gpu_needed):
     _one_error(capsys, "bench", "--rounds", "at least 1, got 0")
 
 
+@pytest.mark.parametrize("flags,words", [
+    (["--dtype", "fp8"], ["--hf-fp8-kernel", "--scales block128"]),
+    (["--dtype", "fp8", "--scales", "block128"], ["--hf-fp8-kernel", "finegrained-fp8", "got"]),
+])
+def test_bench_hf_fp8_kernel_checked_before_the_gpu(flags, words, tmp_path, capsys,
+                                                      no_gpu_needed):
+    """--hf-fp8-kernel: only for block scales (what FP8Linear takes), and a
+    folder holding kernels-community's finegrained-fp8."""
+    assert main(["bench", "--shapes", "768,128", *flags, "--hf-fp8-kernel",
+                 str(tmp_path)]) == 2
+    _one_error(capsys, "bench", *words)
+
+
 # ------------------------------------------------------------ --m
 
 
@@ -155,7 +168,8 @@ def test_compile_fp8_takes_the_fp8_default_and_refuses_what_fp8_refuses(capsys, 
     from warpsplitk.planning.choose import default_tactic
     assert main(["compile", "--n", "4096", "--k", "13696", "--m", "32",
                  "--fp8-scales", "block128"]) == 0
-    assert seen == [(4096, 13696, default_tactic(32, 4096, 13696, 132, fp8=True), "block128")]
+    assert seen == [(4096, 13696, default_tactic(32, 4096, 13696, 132, fp8=True,
+                                                 fp8_scales="block128"), "block128")]
     assert "ptx audit     ok" in capsys.readouterr().out
     assert main(["compile", "--n", "4096", "--k", "4096", "--fp8-scales", "channel",
                  "--tactic", "16,8,128,4,1+tma"]) == 2

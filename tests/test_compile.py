@@ -671,6 +671,7 @@ FP8_COMPILES = [
     (WarpSplitKTactic(16, 8, 128, 4, 1), 4096, 4096, "block128", False),
     (WarpSplitKTactic(32, 8, 256, 5, 2, 2), 1024, 8192, "block128", True),
     (WarpSplitKTactic(32, 32, 256, 2, 2), 2048, 4096, "block128", False),
+    (WarpSplitKTactic(16, 32, 128, 4, 2), 1024, 4096, "block128", False),  # its default's
 ]
 
 

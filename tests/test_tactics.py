@@ -760,3 +760,24 @@ def test_the_fp8_default_is_legal_for_fp8_weights_at_every_m(n, k):
         assert tactic.x_copy == "cp.async"
     with pytest.raises(ValueError, match="SwiGLU epilogue is for BF16 weights"):
         default_tactic(1, n, k, 132, fp8=True, swiglu=True)
+    for m in range(1, 33):  # block scales: its own rules, as legal
+        check_tactic(default_tactic(m, n, k, 132, fp8=True, fp8_scales="block128"), n, k,
+                     fp8=True)
+
+
+@pytest.mark.parametrize("m, n, k, channel, block", [
+    (16, 4096, 14336, "32,16,256,9,2,2", "32,16,256,4,2,2"),  # M > 8: at most 4 stages
+    (32, 4096, 14336, "32,32,256,2,2,2", "16,32,256,2,2,2"),  # M > 16: 16-row tiles
+    (32, 6144, 4096, "48,32,128,11,2", "16,32,128,4,2"),      # ...narrowed: a short ring
+    (32, 2112, 7168, "16,32,256,9,2", "16,32,256,9,2"),       # already 16 rows: as it is
+    (8, 4096, 14336, "32,8,256,11,2,2", "32,8,256,11,2,2"),   # M <= 8: as channel scales
+])
+def test_the_fp8_default_for_block_scales_narrows_tiles_and_rings(m, n, k, channel, block):
+    """The measured block-scale rules (``choose.FP8_BLOCK_STAGES``) on the
+    sweep's cells; tensor scales choose as channel ones."""
+    from warpsplitk.planning.choose import default_tactic
+    assert default_tactic(m, n, k, 132, fp8=True).short() == channel
+    assert default_tactic(m, n, k, 132, fp8=True, fp8_scales="tensor").short() == channel
+    assert default_tactic(m, n, k, 132, fp8=True, fp8_scales="block128").short() == block
+    with pytest.raises(ValueError, match="fp8_scales must be one of .* got 'row'"):
+        default_tactic(m, n, k, 132, fp8=True, fp8_scales="row")

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 from .. import models
 from ..measure import bench as measure_bench
-from ..measure import fp8_bench, layer_bench, plot
+from ..measure import fp8_bench, hf_fp8, layer_bench, plot
 from ..runtime.timing import ROUNDS
 from . import checks, options
 from .options import UsageError
@@ -38,6 +38,10 @@ def add_parser(sub):
     p.add_argument("--scales", choices=("channel", "tensor", "block128"), default="channel",
                    help="with --dtype fp8: the weight's FP32 scales, one per row (default), one, "
                         "or one per 128x128 block (then also against transformers' FP8Linear)")
+    p.add_argument("--hf-fp8-kernel", metavar="DIR",
+                   help="with --scales block128 where the Hub cannot be reached: a checkout of "
+                        "kernels-community's finegrained-fp8, the Triton kernel transformers' "
+                        "FP8Linear runs (else it is fetched, or its column stays empty)")
     p.add_argument("--layer", action="store_true",
                    help="with --model: one decode layer's GEMM path (merged q/k/v, an attention "
                         "stand-in, o, gate/up with the SwiGLU epilogue, down) against the same "
@@ -103,12 +107,24 @@ def _check_modes(args):
         _check_layer(args)
     if args.dtype != "fp8" and args.scales != "channel":
         raise UsageError("argument --scales: only with --dtype fp8")
+    if args.hf_fp8_kernel is not None:
+        _check_hf_kernel(args)
     if args.dtype == "fp8":
         for flag, given in (("--chain", args.chain), ("--layer", args.layer),
                             ("--plan", args.plan is not None), ("--plot", args.plot)):
             if given:
                 raise UsageError(f"argument {flag}: not with --dtype fp8 (it times each shape's "
                                  "FP8 default; plans hold BF16 tactics)")
+
+
+def _check_hf_kernel(args):
+    if args.dtype != "fp8" or args.scales != "block128":
+        raise UsageError("argument --hf-fp8-kernel: only with --dtype fp8 --scales block128 "
+                         "(transformers' FP8Linear takes 128x128 block scales)")
+    try:
+        hf_fp8.package_dir(args.hf_fp8_kernel)
+    except ValueError as error:
+        raise UsageError(f"argument --hf-fp8-kernel: {error}") from None
 
 
 def _check_layer(args):
@@ -179,9 +195,13 @@ def _environment_line(env, command):
 
 
 def _run_fp8(args, shapes, command):
+    hf_kernel = (hf_fp8.use_local_kernel(args.hf_fp8_kernel)
+                 if args.hf_fp8_kernel is not None else None)
     print(fp8_bench.HEADER, flush=True)
     env, rows = fp8_bench.run_fp8_bench(shapes, args.m, progress=_progress, rounds=args.rounds,
                                         scales=args.scales)
+    if hf_kernel is not None:
+        env["hf_fp8_kernel"] = hf_kernel
     _environment_line(env, command)
     if args.json:
         fp8_bench.write_json(args.json, env, rows)

@@ -55,8 +55,9 @@ def _checked_tactic(args):
     checked against N and K."""
     try:
         fp8 = args.fp8_scales is not None
-        tactic = args.tactic or choose.default_tactic(args.m, args.n, args.k,
-                                                       sm_count=args.sm_count, fp8=fp8)
+        tactic = args.tactic or choose.default_tactic(
+            args.m, args.n, args.k, sm_count=args.sm_count, fp8=fp8,
+            fp8_scales=args.fp8_scales or "channel")
         tactics.check_tactic(tactic, args.n, args.k, fp8=fp8)
     except ValueError as error:
         raise UsageError(f"{'argument --tactic: ' if args.tactic else ''}N={args.n} K={args.k}: "

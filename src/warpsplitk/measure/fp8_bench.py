@@ -217,13 +217,17 @@ def _time_hf(layers, x, out, rounds):
 
 
 HEADER = (f"{'N':>6} {'K':>6} {'M':>3} {'FP8 tactic':>22} {'FP8 us':>8} {'BF16 us':>8} "
-          f"{'cuBLAS':>8} {'scaledmm':>8} {'xBF16':>6} {'xscmm':>6} {'TB/s':>5} {'%floor':>6}")
+          f"{'cuBLAS':>8} {'scaledmm':>8} {'HF fp8':>8} {'xBF16':>6} {'xscmm':>6} {'xHF':>6} "
+          f"{'TB/s':>5} {'%floor':>6}")
 
 
 def format_row(r: Fp8Row) -> str:
+    hf_us, over_hf = (("-", "-") if r.hf_fp8_us is None
+                      else (f"{r.hf_fp8_us:.2f}", f"{r.hf_fp8_us / r.fp8_us:.2f}"))
     return (f"{r.n:>6} {r.k:>6} {r.m:>3} {r.tactic:>22} {r.fp8_us:8.2f} {r.bf16_us:8.2f} "
-            f"{r.cublas_us:8.2f} {r.scaled_mm_us:8.2f} {r.over_bf16:6.2f} "
-            f"{r.over_scaled_mm:6.2f} {r.weight_tbps:5.2f} {100 * r.floor_us / r.fp8_us:5.0f}%")
+            f"{r.cublas_us:8.2f} {r.scaled_mm_us:8.2f} {hf_us:>8} {r.over_bf16:6.2f} "
+            f"{r.over_scaled_mm:6.2f} {over_hf:>6} {r.weight_tbps:5.2f} "
+            f"{100 * r.floor_us / r.fp8_us:5.0f}%")
 
 
 def run_fp8_bench(shapes, ms=DEFAULT_MS, *, read_tbps=None, progress=print, rounds=None,
@@ -239,7 +243,8 @@ def run_fp8_bench(shapes, ms=DEFAULT_MS, *, read_tbps=None, progress=print, roun
         read_tbps = timing.measured_read_bandwidth() / 1e12
     env["read_TBps"] = round(read_tbps, 3)
     arch = device_arch(torch.cuda.current_device())
-    kernels = [(n, k, default_tactic(m, n, k, fp8=True), False, True, False, scales)
+    kernels = [(n, k, default_tactic(m, n, k, fp8=True, fp8_scales=scales), False, True, False,
+                scales)
                for n, k in shapes for m in ms]
     kernels += [(n, k, t, False, True) for n, k in shapes for m in ms
                 for t in (default_choice(m, n, k),) if t != CUBLAS]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from ..contract import min_k_split
+from ..contract import FP8_SCALE_KINDS, min_k_split
 from ..kernel import layout
 from ..tactics import (
     CP_ASYNC,
@@ -62,21 +62,24 @@ from .cost_model import CostModel, shipped_model
 
 
 def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
-                   swiglu: bool = False, fp8: bool = False) -> WarpSplitKTactic:
+                   swiglu: bool = False, fp8: bool = False,
+                   fp8_scales: str = "channel") -> WarpSplitKTactic:
     """The tactic the cost model predicts fastest for M tokens on an
     ``[n, k]`` weight (:func:`choose`): the tuner's candidates and the
     reference heuristic's tactic, ranked by the model fitted to the tuner's
     measurements, then the options its nearest measured pairs say gain.
     Legal for every M in 1..32 and every shape ``contract.shape_refusal``
     accepts, with ``swiglu`` for the SwiGLU epilogue (no mixed grid), with
-    ``fp8`` for e4m3 weights (:func:`fp8_tactic`); ``sm_count`` None: the
-    current GPU's. The same answer on every call.
+    ``fp8`` for e4m3 weights with ``fp8_scales`` scales (:func:`fp8_tactic`);
+    ``sm_count`` None: the current GPU's. The same answer on every call.
     """
     m = check_m(m)
     sm_count = resolve_sm_count(sm_count)
     n, k = check_shape(n, k)
     if fp8:
-        tactic = fp8_tactic(m, n, k, sm_count)
+        if fp8_scales not in FP8_SCALE_KINDS:
+            raise ValueError(f"fp8_scales must be one of {FP8_SCALE_KINDS}, got {fp8_scales!r}")
+        tactic = fp8_tactic(m, n, k, sm_count, fp8_scales)
         check_tactic(tactic, n, k, swiglu=swiglu, fp8=True)  # (no SwiGLU on FP8 weights)
         return tactic
     return choose_tactic(m, n, k, sm_count, swiglu=swiglu)
@@ -95,17 +98,27 @@ FP8_SPLIT_MIN_K = 8192
 #: two-stage ring and two activation-loader warps (28672x4096: 105 -> 46 us),
 #: where the grid has more CTAs than SMs (several resident per SM).
 FP8_WIDE_M_STAGES = 2
+#: With 128 x 128 block scales (every tile's partial sums rescaled into the
+#: accumulators) at M > 8, rings of at most this many stages, and at M > 16
+#: 16-row tiles for wider ones: one H100 sweep of 119 kernels on four shapes
+#: at M = 16 and 32 (4096x14336: 33.4 -> 22.3 us at M = 16, 56.7 -> 36.7 at
+#: M = 32; 6144x4096 at M = 32: 21.4 -> 14.6; 2112x7168 at M = 16: 9.1 ->
+#: 7.5). The per-channel default's deeper rings and wider tiles measured
+#: best with channel scales on the same shapes.
+FP8_BLOCK_STAGES = 4
 
 
 @functools.lru_cache(maxsize=8192)
-def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> WarpSplitKTactic:
+def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
+               scales: str = "channel") -> WarpSplitKTactic:
     """The FP8-weight default, the BF16 choice adapted by measured rules
     (``FP8_SPLIT_MIN_K``, ``FP8_WIDE_M_STAGES``): 16-byte activation copies
     (the FP8 kernel's only kind) by two loader warps, no L2 prefetch, early
     trigger or mixed grid (measured on BF16 weights); at token tiles of 32,
     32-row tiles for 64-row ones; two CTAs along K where the grid would leave
     one CTA per SM on a long K; at token tiles of 32 and more CTAs than SMs,
-    a two-stage ring. A rule whose tactic breaks ``check_tactic`` is skipped;
+    a two-stage ring; with ``scales`` "block128", ``FP8_BLOCK_STAGES``'s rules.
+    A rule whose tactic breaks ``check_tactic`` is skipped;
     where even the first breaks one, the first of :func:`ranked`'s order
     that keeps them."""
     base = dataclasses.replace(choose_tactic(m, n, k, sm_count), x_copy=CP_ASYNC,
@@ -129,6 +142,13 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT) -> Warp
         tactic = step(tactic, k_split=2)
     if wide_m and grid_ctas(tactic, m, n) > sm_count:
         tactic = step(tactic, stages=FP8_WIDE_M_STAGES)
+    if scales == "block128" and tactic.token_tile > 8:
+        # at M > 16 only a narrowed tile takes the short ring (2112x7168's
+        # 16-row tiles measured slower with it: 12.4 -> 14.4 us)
+        narrowed = step(tactic, output_tile=16) if wide_m and tactic.output_tile > 16 else tactic
+        narrowed, tactic = narrowed != tactic, narrowed
+        if tactic.stages > FP8_BLOCK_STAGES and (not wide_m or narrowed):
+            tactic = step(tactic, stages=FP8_BLOCK_STAGES)
     return tactic
 
 

@@ -97,7 +97,10 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
         reason = fp8_refusal(weight, weight_scale, bias, scale_kind) if is_fp8(weight) else None
         if reason:
             raise ValueError(reason)
-        return PreparedWarpSplitK(weight, {m: default_tactic(m, n, k, fp8=True) for m in ms},
+        kind = scale_kind or (fp8_scale_kind(weight_scale, n, k) if is_fp8(weight) else None)
+        return PreparedWarpSplitK(weight, {m: default_tactic(m, n, k, fp8=True,
+                                                             fp8_scales=kind or "channel")
+                                           for m in ms},
                                   bias=bias, swiglu=swiglu, weight_scale=weight_scale,
                                   scale_kind=scale_kind)
     # a tensor the kernel cannot take (device, dtype, layout) is refused before
@@ -208,8 +211,8 @@ def precompile_fp8(weights, ms=range(1, MAX_M + 1), jobs=None, progress=None):
         try:
             arch = device_arch(weight.device.index if weight.device.index is not None
                                else torch.cuda.current_device())
-            kernels = [(n, k, default_tactic(m, n, k, fp8=True), False, True, False, kind)
-                       for m in ms]
+            kernels = [(n, k, default_tactic(m, n, k, fp8=True, fp8_scales=kind or "channel"),
+                        False, True, False, kind) for m in ms]
         except ValueError:
             continue
         if kind is not None:
