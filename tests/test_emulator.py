@@ -566,3 +566,32 @@ def test_fp8_emulate_refuses_what_the_kernel_refuses():
         _emulator.emulate_fp8(x, as_fp8, scale, WarpSplitKTactic(16, 8, 128, 2, 1), bias,
                               round_output=False),
         fp8_reference(x, w, scale, bias))
+
+
+FP8_SWIGLU_CASES = [
+    (WarpSplitKTactic(32, 8, 128, 2, 1), 3, 64, 512, "channel"),
+    (WarpSplitKTactic(32, 16, 256, 2, 2, 2), 13, 256, 1024, "block128"),  # gate, up: own blocks
+    (WarpSplitKTactic(64, 32, 128, 2, 2), 32, 384, 512, "block128"),      # I = 192 mid-block
+    (WarpSplitKTactic(32, 1, 256, 2, 1), 1, 32, 512, "tensor"),
+]
+
+
+@pytest.mark.parametrize("tactic,m,n,k,scale_kind", FP8_SWIGLU_CASES,
+                         ids=[f"{c[0].short()}-{c[1]}x{c[2]}x{c[3]}-{c[4]}"
+                              for c in FP8_SWIGLU_CASES])
+def test_fp8_swiglu_scales_gate_and_up_by_their_own_rows(tactic, m, n, k, scale_kind):
+    """An FP8 ``[gate; up]`` weight with the SwiGLU epilogue: each half's
+    sums scaled by the scales of its own rows (the up half's N / 2 further
+    on), then ``silu(gate) * up``: exact on integers before the SiLU."""
+    x, w, scale, bias = fp8_problem(m, n, k, m + n + k + 1, scale_kind)
+    out = _emulator.emulate_fp8(x, w, scale, tactic, bias, swiglu=True, round_output=False,
+                                check_coverage=True)
+    full = fp8_reference(x, w, scale, bias)
+    half = n // 2
+    np.testing.assert_array_equal(out, _emulator.silu_mul(full[:, :half], full[:, half:]))
+
+
+def test_fp8_swiglu_takes_tiles_of_32_rows_or_more():
+    x, w, scale, bias = fp8_problem(1, 64, 256, 3, "channel")
+    with pytest.raises(ValueError, match="SwiGLU epilogue take output_tile 32 or more, got 16"):
+        _emulator.emulate_fp8(x, w, scale, WarpSplitKTactic(16, 8, 128, 2, 1), bias, swiglu=True)

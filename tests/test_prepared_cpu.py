@@ -305,7 +305,7 @@ def test_block_scales_refuse_a_mixed_grid(fp8_world, monkeypatch):
 
 @pytest.mark.parametrize("tactic, swiglu, message", [
     (WarpSplitKTactic(16, 8, 128, 2, 1, x_copy="tma"), False, "FP8 weights take x_copy 'cp.async'"),
-    (T128, True, "the SwiGLU epilogue is for BF16 weights"),
+    (T128, True, "FP8 weights with the SwiGLU epilogue take output_tile 32 or more, got 16"),
 ])
 def test_fp8_tactics_follow_the_fp8_rules(fp8_world, tactic, swiglu, message):
     with pytest.raises(ValueError, match=message):
@@ -332,8 +332,9 @@ def test_prepare_runs_an_fp8_weight_on_the_fp8_default(fp8_world):
     assert {options["fp8_scales"] for *_, options in compiled} == {"channel"}
     with pytest.raises(ValueError, match="needs weight_scale"):
         plans.prepare(weight, None, ms=(1,))
-    with pytest.raises(ValueError, match="the SwiGLU epilogue is for BF16 weights"):
-        plans.prepare(weight, None, ms=(1,), weight_scale=scale, swiglu=True)
+    swiglu = plans.prepare(weight, None, ms=(1, 32), weight_scale=scale, swiglu=True)
+    assert swiglu.swiglu and swiglu.tactics == {
+        m: default_tactic(m, N, K, fp8=True, swiglu=True) for m in (1, 32)}
     with pytest.raises(ValueError, match="are for float8_e4m3fn weights"):
         plans.prepare(aligned(N, K), None, ms=(1,), weight_scale=scale)
 

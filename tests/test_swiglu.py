@@ -148,6 +148,25 @@ def test_compiles_for_sm90a_and_passes_the_audit(tactic, n, k, with_bias):
         stages=tactic.stages))
 
 
+FP8_SM90 = [(T(32, 8, 256, 5, 2, 2), 2048, 4096, "block128", True),
+            (T(64, 8, 128, 5, 2), 2048, 4096, "channel", False),
+            (T(32, 32, 256, 2, 2), 1024, 2048, "tensor", True)]
+
+
+@pytest.mark.parametrize("tactic,n,k,scales,with_bias", FP8_SM90,
+                         ids=[f"{c[0].short()}-{c[3]}" for c in FP8_SM90])
+def test_fp8_weights_with_the_epilogue_compile_and_pass_the_audit(tactic, n, k, scales,
+                                                                    with_bias):
+    """An e4m3 ``[gate; up]`` weight: the FP8 kernel with the SwiGLU
+    epilogue, audited as both, no local memory."""
+    from warpsplitk.runtime.compile import compile_for_arch
+    report = compile_for_arch(n, k, tactic, "sm_90a", has_bias=with_bias, swiglu=True,
+                              fp8_scales=scales)
+    assert report.audit() == []
+    assert report.spill_bytes == 0 and report.local_bytes == 0
+    assert report.smem_bytes < tactic.smem_bytes  # byte stages
+
+
 def test_a_plain_kernel_fails_the_swiglu_audit():
     from warpsplitk.runtime.compile import compile_for_arch
     report = compile_for_arch(256, 1024, T(16, 8, 128, 4, 1), "sm_90a")
@@ -155,19 +174,24 @@ def test_a_plain_kernel_fails_the_swiglu_audit():
     assert any(p.startswith("missing SwiGLU") for p in report.audit())
 
 
-@pytest.mark.parametrize("output_tile,k_tile", [(16, 128), (16, 256), (32, 128), (32, 256),
-                                                (48, 128), (64, 128)])
-def test_a_loader_copy_never_straddles_the_gate_and_up_halves(output_tile, k_tile):
+@pytest.mark.parametrize("output_tile,k_tile,chunk", [
+    (16, 128, layout.CHUNK), (16, 256, layout.CHUNK), (32, 128, layout.CHUNK),
+    (32, 256, layout.CHUNK), (48, 128, layout.CHUNK), (64, 128, layout.CHUNK),
+    # e4m3 weights: 16 elements a copy, twice the rows a round (tiles of 32 and more)
+    (32, 128, layout.FP8_CHUNK), (32, 256, layout.FP8_CHUNK), (48, 128, layout.FP8_CHUNK),
+    (64, 128, layout.FP8_CHUNK)])
+def test_a_loader_copy_never_straddles_the_gate_and_up_halves(output_tile, k_tile, chunk):
     """The kernel shifts each weight copy to the up half by its first row's
     side (``swiglu_row_shift`` of thread 0's row): every thread's row of
     that copy must be on the same side."""
     threads = layout.A_LOADER_WARPS * layout.WARP
     n, half = output_tile * 8, output_tile // 2
-    for copy in range(layout.copies_per_thread(output_tile, k_tile, threads)):
-        rows = {layout.loader_copy(thread, copy, k_tile, threads)[0] for thread in range(threads)}
+    for copy in range(layout.copies_per_thread(output_tile, k_tile, threads, chunk)):
+        rows = {layout.loader_copy(thread, copy, k_tile, threads, chunk)[0]
+                for thread in range(threads)}
         shifts = {layout.swiglu_row_shift(r, output_tile, n) for r in rows}
         assert len(shifts) == 1
-        first = layout.loader_copy(0, copy, k_tile, threads)[0]
+        first = layout.loader_copy(0, copy, k_tile, threads, chunk)[0]
         for r in rows:
             assert layout.weight_row(3, r, output_tile, n, swiglu=True) == \
                 3 * half + r + layout.swiglu_row_shift(first, output_tile, n)

@@ -730,8 +730,11 @@ def test_fp8_rules():
     for x_copy in ("bulk", "tma"):
         with pytest.raises(ValueError, match=f"FP8 weights take x_copy 'cp.async', got '{x_copy}'"):
             check_tactic(T(16, 8, 128, 4, 1, x_copy=x_copy), 256, 1024, fp8=True)
-    with pytest.raises(ValueError, match="SwiGLU epilogue is for BF16 weights"):
+    # with the SwiGLU epilogue, each 16-row MMA block all gate or all up rows
+    with pytest.raises(ValueError, match="SwiGLU epilogue take output_tile 32 or more, got 16"):
         check_tactic(T(16, 8, 128, 4, 1), 256, 1024, swiglu=True, fp8=True)
+    check_tactic(T(32, 8, 128, 4, 1), 256, 1024, swiglu=True, fp8=True)
+    check_tactic(T(16, 8, 128, 4, 1), 256, 1024, swiglu=True)  # BF16 takes 16
     # the BF16 rules hold first
     with pytest.raises(ValueError, match="multiple of output_tile"):
         check_tactic(T(16, 8, 128, 4, 1), 40, 1024, fp8=True)
@@ -758,8 +761,10 @@ def test_the_fp8_default_is_legal_for_fp8_weights_at_every_m(n, k):
         tactic = default_tactic(m, n, k, 132, fp8=True)
         check_tactic(tactic, n, k, fp8=True)
         assert tactic.x_copy == "cp.async"
-    with pytest.raises(ValueError, match="SwiGLU epilogue is for BF16 weights"):
-        default_tactic(1, n, k, 132, fp8=True, swiglu=True)
+    for m in range(1, 33):  # [gate; up]: the FP8 default for the epilogue
+        for kind in ("channel", "block128"):
+            check_tactic(default_tactic(m, n, k, 132, fp8=True, fp8_scales=kind, swiglu=True),
+                         n, k, swiglu=True, fp8=True)
     for m in range(1, 33):  # block scales: its own rules, as legal
         check_tactic(default_tactic(m, n, k, 132, fp8=True, fp8_scales="block128"), n, k,
                      fp8=True)

@@ -467,6 +467,10 @@ _RULES = (_one_lane_copies, _no_narrow_boxes, _even_thread_copies, _wide_tiles_t
           _rows_fill_n, _k_fills_tiles, _ring_within_k, _prefetch_past_ring, _ring_of_two)
 
 
+#: the narrowest tile of an FP8 weight with the SwiGLU epilogue: 16 gate rows and 16 up rows
+FP8_SWIGLU_MIN_TILE = 2 * layout.MMA_M
+
+
 def _fp8_rules(t, swiglu):
     """What the FP8-weight kernel takes beyond the BF16 one's rules."""
     if t.x_copy != CP_ASYNC:
@@ -474,8 +478,11 @@ def _fp8_rules(t, swiglu):
         # (layout.swizzle_pairs), which bulk rows and TMA boxes are not
         raise ValueError(f"warp split-K tactic: FP8 weights take x_copy {CP_ASYNC!r}, "
                          f"got {t.x_copy!r}")
-    if swiglu:
-        raise ValueError("warp split-K: the SwiGLU epilogue is for BF16 weights")
+    if swiglu and t.output_tile < FP8_SWIGLU_MIN_TILE:
+        # a block scale is one per 16-row MMA block: its rows must all be
+        # gate or all up rows, so each half of the tile has 16 or more
+        raise ValueError(f"warp split-K tactic: FP8 weights with the SwiGLU epilogue take "
+                         f"output_tile {FP8_SWIGLU_MIN_TILE} or more, got {t.output_tile}")
 
 
 def check_tactic(tactic: WarpSplitKTactic, n: int, k: int, *, swiglu: bool = False,

@@ -304,7 +304,7 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False,
         if blocks is not None:
             part = np.zeros_like(acc)
             _fp8_mma_tile(part, a_view, b_view, t)
-            _accumulate_blocks(acc, part, blocks, t, tile_n, i)
+            _accumulate_blocks(acc, part, blocks, t, tile_n, i, n, swiglu)
         elif fp8:
             _fp8_mma_tile(acc, a_view, b_view, t)
         else:
@@ -348,16 +348,18 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
                      None if blocks is not None else scale)
 
 
-def _accumulate_blocks(acc, part, blocks, t, tile_n, tile):
+def _accumulate_blocks(acc, part, blocks, t, tile_n, tile, n, swiglu):
     """``acc += part * scale`` per warp and 16 rows, ``scale`` the block
     scale of the warp's quarter of K tile ``tile`` (``blocks``: the scales
-    and this share's first k), rounded once to FP32 as the kernel's FMA."""
+    and this share's first k) and of the weight rows the 16 hold (``n``
+    rows; ``swiglu``: gate or up rows), rounded once to FP32 as the
+    kernel's FMA."""
     scales, k_first = blocks
     k_total = scales.shape[1] * layout.FP8_SCALE_BLOCK
     for warp in range(layout.COMPUTE_WARPS):
         k0 = k_first + tile * t.k_tile + layout.warp_k_start(warp, t.k_tile)
         for mi in range(acc.shape[1]):
-            row = tile_n * t.output_tile + mi * layout.MMA_M
+            row = layout.weight_row(tile_n, mi * layout.MMA_M, t.output_tile, n, swiglu)
             scale = np.float64(scales.reshape(-1)[layout.fp8_block_scale_index(row, k0, k_total)])
             acc[warp, mi] = (part[warp, mi].astype(np.float64) * scale
                              + acc[warp, mi]).astype(np.float32)
@@ -415,6 +417,8 @@ def _epilogue(buf, m, half, t, tile_n, tile_t, bias, swiglu, scale=None):
             n0 = tile_n * rows + row
             if scale is not None:
                 total = (total * scale[n0:n0 + layout.CHUNK]).astype(np.float32)
+                if swiglu:
+                    up = (up * scale[half + n0:half + n0 + layout.CHUNK]).astype(np.float32)
             if bias is not None:
                 total = (total + bias[n0:n0 + layout.CHUNK]).astype(np.float32)
                 if swiglu:
@@ -528,8 +532,8 @@ def _fp8_codes(weight) -> np.ndarray:
     return weight
 
 
-def emulate_fp8(x, weight, scale, tactic: WarpSplitKTactic, bias=None, *, round_output=True,
-                check_coverage=False) -> np.ndarray:
+def emulate_fp8(x, weight, scale, tactic: WarpSplitKTactic, bias=None, *, swiglu=False,
+                round_output=True, check_coverage=False) -> np.ndarray:
     """What the FP8-weight kernel writes for ``out = x @ (scale * W)^T (+
     bias)``, as float32: ``weight`` ``[N, K]`` e4m3 (a float8_e4m3fn tensor or
     its bytes as uint8), ``scale`` one FP32 for the tensor or ``[N]`` per
@@ -538,11 +542,12 @@ def emulate_fp8(x, weight, scale, tactic: WarpSplitKTactic, bias=None, *, round_
     The weights go through the kernel's conversion (``fp8_to_bf16``), its
     k permutation and its loads; the scale multiplies each column's FP32
     sum (a block scale: each warp's partial sums of each K tile), then the
-    bias is added."""
+    bias is added; with ``swiglu`` (``weight`` is ``[gate; up]``) the gate
+    and up sums, each so, make ``silu(gate) * up`` as ``emulate``'s."""
     x = round_bf16(_float32("x", x))
     codes = _fp8_codes(weight)
     n, k = _problem_shape(x, codes)
-    check_tactic(tactic, n, k, fp8=True)
+    check_tactic(tactic, n, k, swiglu=swiglu, fp8=True)
     scale = _float32("scale", scale)
     if scale.shape == layout.fp8_scale_blocks(n, k) and scale.size > 1 and scale.ndim == 2:
         if tactic.half_tiles:
@@ -553,7 +558,7 @@ def emulate_fp8(x, weight, scale, tactic: WarpSplitKTactic, bias=None, *, round_
             raise ValueError(f"scale must be one value, [N] = ({n},) or the block scales "
                              f"{layout.fp8_scale_blocks(n, k)}, got shape {scale.shape}")
         scale = np.broadcast_to(scale, (n,)).astype(np.float32)
-    out = _run_grid(x, codes, tactic, _bias(bias, n), False, check_coverage, scale)
+    out = _run_grid(x, codes, tactic, _bias(bias, n), swiglu, check_coverage, scale)
     return round_bf16(out) if round_output else out
 
 

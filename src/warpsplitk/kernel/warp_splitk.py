@@ -323,9 +323,9 @@ class WarpSplitKKernel:
             src = base + Int64((row * self.k + col) * wb) + k_tile_index * t.k_tile * wb
             if self.swiglu:
                 # up rows: the same outputs' rows in the second half of W
-                first_row, _ = layout.loader_copy(0, chunk, t.k_tile, self.a_threads)
+                first_row, _ = layout.loader_copy(0, chunk, t.k_tile, self.a_threads, elements)
                 src = src + layout.swiglu_row_shift(first_row, t.output_tile, self.n) * (
-                    self.k * _BYTES)
+                    self.k * wb)
             if hinted:
                 ptx.cp_async_16_hinted(dst, src, policy)
             else:
@@ -652,10 +652,15 @@ class WarpSplitKKernel:
         # this CTA's first K block, and this warp's within every tile
         first = (Int32(rank) * (self.k_cta // block) if self.k_first is None
                  else Int32(self.k_first // block)) + layout.warp_k_start(warp, t.k_tile) // block
-        rows = Int32(tile_n) * t.output_tile
+        rows = Int32(tile_n) * layout.output_rows(t.output_tile, self.swiglu)
 
         def scale_of(m_iter, tile):
-            row_block = (rows + m_iter * layout.MMA_M) // block
+            # the weight rows of the 16 (layout.weight_row: with the SwiGLU
+            # epilogue a tile's second half holds up rows, N / 2 further)
+            row = m_iter * layout.MMA_M
+            if self.swiglu:
+                row += layout.swiglu_row_shift(row, t.output_tile, self.n)
+            row_block = (rows + row) // block
             index = row_block * k_blocks + first + tile * t.k_tile // block
             return ptx.ld_global_f32(self.scale.toint() + Int64(index) * 4)
         return scale_of
@@ -767,6 +772,9 @@ class WarpSplitKKernel:
         plus its bias, then ``silu(gate) * up`` in FP32 and one rounding."""
         gate = reduce(token, row)
         up = reduce(token, row + rows)
+        if cutlass.const_expr(self.fp8):
+            gate = self._scaled(gate, n_index, store)
+            up = self._scaled(up, self.out_columns + n_index, store)
         if cutlass.const_expr(self.has_bias):
             gate_bias = ptx.ld_global_bf16x8_as_f32(bias.toint() + Int64(n_index * _BYTES), store)
             up_bias = ptx.ld_global_bf16x8_as_f32(
@@ -788,11 +796,11 @@ class WarpSplitKFp8Kernel(WarpSplitKKernel):
     fp8 = True
 
     def __init__(self, tactic: WarpSplitKTactic, n: int, k: int, *, has_bias: bool = False,
-                 use_pdl: bool = True, scales: str = "channel"):
+                 use_pdl: bool = True, scales: str = "channel", swiglu: bool = False):
         # before the base makes a mixed grid's half view, a copy of this one
         self.scales = scales
         self.scale = None
-        super().__init__(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl)
+        super().__init__(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl, swiglu=swiglu)
 
     @cute.jit
     def __call__(self, weight: cute.Pointer, x: cute.Pointer, bias: cute.Pointer,

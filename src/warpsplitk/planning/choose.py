@@ -79,8 +79,8 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
     if fp8:
         if fp8_scales not in FP8_SCALE_KINDS:
             raise ValueError(f"fp8_scales must be one of {FP8_SCALE_KINDS}, got {fp8_scales!r}")
-        tactic = fp8_tactic(m, n, k, sm_count, fp8_scales)
-        check_tactic(tactic, n, k, swiglu=swiglu, fp8=True)  # (no SwiGLU on FP8 weights)
+        tactic = fp8_tactic(m, n, k, sm_count, fp8_scales, swiglu=swiglu)
+        check_tactic(tactic, n, k, swiglu=swiglu, fp8=True)
         return tactic
     return choose_tactic(m, n, k, sm_count, swiglu=swiglu)
 
@@ -110,7 +110,7 @@ FP8_BLOCK_STAGES = 4
 
 @functools.lru_cache(maxsize=8192)
 def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
-               scales: str = "channel") -> WarpSplitKTactic:
+               scales: str = "channel", *, swiglu: bool = False) -> WarpSplitKTactic:
     """The FP8-weight default, the BF16 choice adapted by measured rules
     (``FP8_SPLIT_MIN_K``, ``FP8_WIDE_M_STAGES``): 16-byte activation copies
     (the FP8 kernel's only kind) by two loader warps, no L2 prefetch, early
@@ -118,19 +118,23 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     32-row tiles for 64-row ones; two CTAs along K where the grid would leave
     one CTA per SM on a long K; at token tiles of 32 and more CTAs than SMs,
     a two-stage ring; with ``scales`` "block128", ``FP8_BLOCK_STAGES``'s rules.
+    ``swiglu``: for the SwiGLU epilogue, from its BF16 choice.
     A rule whose tactic breaks ``check_tactic`` is skipped;
     where even the first breaks one, the first of :func:`ranked`'s order
     that keeps them."""
-    base = dataclasses.replace(choose_tactic(m, n, k, sm_count), x_copy=CP_ASYNC,
+    def legal(tactic):
+        return is_legal(tactic, n, k, swiglu=swiglu, fp8=True)
+
+    base = dataclasses.replace(choose_tactic(m, n, k, sm_count, swiglu=swiglu), x_copy=CP_ASYNC,
                                early_launch=False, l2_prefetch=0, half_tiles=0)
-    if not is_legal(base, n, k, fp8=True):
-        base = next(t for t in (dataclasses.replace(t, x_copy=CP_ASYNC)
+    if not legal(base):
+        base = next(t for t in (dataclasses.replace(t, x_copy=CP_ASYNC, half_tiles=0)
                                 for t, _ in ranked(m, n, k, sm_count))
-                    if is_legal(t, n, k, fp8=True))
+                    if legal(t))
 
     def step(tactic, **changes):
         changed = dataclasses.replace(tactic, **changes)
-        return changed if is_legal(changed, n, k, fp8=True) else tactic
+        return changed if legal(changed) else tactic
 
     tactic = step(base, b_loader_warps=2)
     wide_m = tactic.token_tile == max(MMA_TOKEN_TILES)

@@ -72,7 +72,7 @@ def build(n, k, tactic, has_bias, use_pdl, arch, options="", swiglu=False, fp8_s
         args = fake_args()
     else:
         kernel = WarpSplitKFp8Kernel(tactic, n, k, has_bias=has_bias, use_pdl=use_pdl,
-                                     scales=fp8_scales)
+                                     scales=fp8_scales, swiglu=swiglu)
         args = fake_args(5)
     # the target goes in the options: CUTE_DSL_ARCH is read once per process
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch} {options}".strip())
