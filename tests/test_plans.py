@@ -1,13 +1,16 @@
 """Decode plans (planning/decode_plan.py, through planning/plans.py): file round
 trip, validation, lookup and fallback, prepare's refusals, the plan view."""
 
+import dataclasses
 import json
 import warnings
+from importlib import resources
 
 import pytest
 
 from warpsplitk import shapes
 from warpsplitk.planning.plans import (
+    FP8_PLAN_VERSION,
     PLAN_FORMAT,
     PLAN_VERSION,
     DecodePlan,
@@ -180,7 +183,7 @@ def test_plan_entries_of_any_integer_type_are_ints():
 
 def test_the_warned_shapes_are_no_constructor_argument():
     import inspect
-    assert list(inspect.signature(DecodePlan).parameters) == ["meta", "entries"]
+    assert list(inspect.signature(DecodePlan).parameters) == ["meta", "entries", "fp8_entries"]
     with pytest.raises(TypeError):
         DecodePlan(_warned=set())
     assert "_warned" not in repr(DecodePlan())
@@ -302,3 +305,101 @@ def test_prepare_refuses_a_cpu_weight_before_reading_the_plan():
         warnings.simplefilter("error")  # a plan warning would fail here
         with pytest.raises(ValueError, match="^weight must be on a CUDA device, got cpu$"):
             prepare(weight, DecodePlan(entries={(512, 512): {}}), ms=[1])
+
+
+# ------------------------------------------------------------- FP8 entries
+
+def fp8_plan():
+    """``small_plan`` with FP8 entries: tactics other than the FP8 default."""
+    plan = small_plan()
+    for m in (1, 8):
+        default = default_tactic(m, 4224, 7168, 132, fp8=True)
+        plan.set(4224, 7168, m, dataclasses.replace(default, early_launch=True), 9.5, fp8=True)
+    plan.set(768, 128, 32, T(16, 32, 128, 1, 2), None, fp8=True)
+    return plan
+
+
+def test_fp8_entries_round_trip_as_version_2(tmp_path):
+    plan = fp8_plan()
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = load_plan(path)
+    assert loaded == plan and loaded.fp8_entries == plan.fp8_entries
+    assert loaded.entries == small_plan().entries  # the BF16 entries as they were
+    data = json.loads(path.read_text())
+    assert data["version"] == FP8_PLAN_VERSION == 2
+    assert data["shapes"] == small_plan().to_json()["shapes"]
+    assert [(s["n"], s["k"], sorted(s["entries"])) for s in data["fp8"]["shapes"]] == [
+        (768, 128, ["32"]), (4224, 7168, ["1", "8"])]
+    assert "3 FP8 entries" in repr(loaded) and "FP8" not in repr(small_plan())
+
+
+def test_a_plan_without_fp8_entries_stays_version_1(tmp_path):
+    data = small_plan().to_json()
+    assert data["version"] == PLAN_VERSION == 1 and "fp8" not in data
+    # the shipped plan: read and written back byte for byte
+    shipped = resources.files("warpsplitk").joinpath("data/plan-h200.json")
+    builtin_plan("h200").save(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_bytes() == shipped.read_bytes()
+    # a version 2 file without FP8 entries reads too (and writes as version 1)
+    data["version"] = 2
+    assert plan_from_json(data) == small_plan()
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d.update(version=3), r"^plan: plan version 3, this warpsplitk reads versions 1 "
+                                    r"\(BF16 entries\) and 2 \(BF16 and FP8 entries\)$"),
+    (lambda d: d.update(version=1), r"a version 1 plan holds BF16 entries only; an 'fp8' "
+                                    r"section needs version 2$"),
+    (lambda d: d.update(fp8=[]), r"a plan's 'fp8' section is an object whose 'shapes' is a list"),
+    (lambda d: d["fp8"].update(shapes={}), r"'shapes' is a list, got \{'shapes': \{\}\}"),
+    (lambda d: d["fp8"]["shapes"][0].pop("k"), r"fp8 shapes\[0\] needs 'n', 'k' and 'entries'"),
+    # checked as FP8 entries: the FP8 kernel's rules, and no cuBLAS
+    (lambda d: d["fp8"]["shapes"][0]["entries"].update({"8": {"tactic": "16,8,128,1,1+tma"}}),
+     r"FP8 N=768 K=128 M=8: warp split-K tactic: FP8 weights take x_copy 'cp\.async', got 'tma'"),
+    (lambda d: d["fp8"]["shapes"][0]["entries"].update({"8": {"tactic": "cublas"}}),
+     "FP8 N=768 K=128 M=8: an FP8 entry must be a tactic, got 'cublas'"),
+    (lambda d: d["fp8"]["shapes"][0]["entries"]["32"].update(us=-1), "FP8 .* 'us' must be"),
+    (lambda d: d["fp8"]["shapes"].append(dict(d["fp8"]["shapes"][0])),
+     "FP8 N=768 K=128 M=32: a second entry"),
+])
+def test_bad_fp8_sections_name_the_entry(mutate, match):
+    data = fp8_plan().to_json()
+    mutate(data)
+    with pytest.raises(ValueError, match=match):
+        plan_from_json(data)
+
+
+def test_fp8_entries_are_apart_from_the_bf16_ones():
+    plan = fp8_plan()
+    assert plan.lookup(768, 128, 32) == T(16, 32, 128, 1, 2)  # both hold it: each its own
+    assert plan.lookup(4224, 7168, 8) is None and plan.lookup(4224, 7168, 8, fp8=True).early_launch
+    assert plan.lookup(4224, 7168, 2, fp8=True) is None
+    with pytest.raises(ValueError, match="an FP8 entry must be a tactic, got 'cublas'"):
+        plan.set(768, 128, 1, "cublas", fp8=True)
+    with pytest.raises(ValueError, match="FP8 weights take x_copy 'cp.async', got 'bulk'"):
+        plan.set(768, 128, 1, T(16, 1, 128, 1, 1, x_copy="bulk"), fp8=True)
+    plan.set(768, 128, 1, T(16, 1, 128, 1, 1, x_copy="bulk"))  # a BF16 entry takes it
+    with pytest.raises(ValueError, match="decode plan FP8 entry: M must be in 1..32, got 33"):
+        plan.set(768, 128, 33, T(16, 32, 128, 1, 2), fp8=True)
+
+
+def test_fp8_lookups_fall_back_to_the_fp8_default_said_once():
+    plan = fp8_plan()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hit = plan.tactic_for(4224, 7168, 1, 132, fp8=True)
+        got = [plan.tactic_for(2048, 2048, m, 132, fp8=True) for m in (1, 2)]
+        plan.tactic_for(4224, 7168, 2, 132, fp8=True)
+    assert hit == plan.lookup(4224, 7168, 1, fp8=True)
+    assert got == [default_tactic(m, 2048, 2048, 132, fp8=True) for m in (1, 2)]
+    assert [str(w.message) for w in caught] == [
+        "decode plan has no FP8 entry for N=2048, K=2048: using the FP8 default "
+        "(default_tactic(..., fp8=True))",
+        "decode plan has no FP8 entry for M=2 for N=4224, K=7168: using the FP8 default "
+        "(default_tactic(..., fp8=True))"]
+    # a plan without FP8 entries is no FP8 plan: the default, nothing to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert small_plan().tactic_for(4224, 7168, 1, 132, fp8=True) == default_tactic(
+            1, 4224, 7168, 132, fp8=True)

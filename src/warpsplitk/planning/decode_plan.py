@@ -9,10 +9,21 @@ A plan is a versioned JSON file::
 
 An entry's tactic may instead be ``"cublas"`` (``CUBLAS``): for that M the
 prepared weight runs ``torch.matmul`` (cuBLAS), where it measured faster.
-``load_plan`` validates every other entry with ``check_tactic``: a bad or
-stale file is an error naming the entry, never a silent fallback. Lookups for
-shapes the plan lacks fall back to the cost model (``default_choice``: its
-tactic, or cuBLAS where it predicts cuBLAS faster) and say so once.
+
+Those are the entries of BF16 weights. A plan may also hold entries for FP8
+(e4m3) weights, tuned on them (``tune(..., fp8_scales=...)``): version 2, the
+same as version 1 plus ``"fp8": {"shapes": [...]}`` in the form of
+``"shapes"``. An FP8 entry is always a tactic (no cuBLAS call takes an FP8
+weight and its scales) and serves weights of every scale kind. A plan is
+written as version 1 while it has no FP8 entries, so a BF16 plan's file stays
+what older versions read.
+
+``load_plan`` validates every entry with ``check_tactic`` (``fp8=True`` for
+the FP8 ones): a bad or stale file is an error naming the entry, never a
+silent fallback. Lookups for shapes the plan lacks fall back to the defaults
+(``default_choice`` for BF16: the cost model's tactic, or cuBLAS where it
+predicts cuBLAS faster; ``default_tactic(..., fp8=True)`` for FP8) and say so
+once.
 
 The plan data only: no torch, no tuning. Preparing weights with a plan is
 :mod:`warpsplitk.planning.plans`.
@@ -32,7 +43,10 @@ from ..tactics import WarpSplitKTactic, as_integer, check_tactic, resolve_sm_cou
 from .choose import default_tactic, prefers_cublas
 
 PLAN_FORMAT = "warpsplitk-plan"
+#: The version of a plan with BF16 entries only.
 PLAN_VERSION = 1
+#: The version of a plan with FP8 entries too (its ``"fp8"`` section).
+FP8_PLAN_VERSION = 2
 #: A plan entry that runs ``torch.matmul`` (cuBLAS) for its M instead of the kernel.
 CUBLAS = "cublas"
 
@@ -82,56 +96,100 @@ def default_choice(m: int, n: int, k: int, sm_count: int | None = None, *,
     return CUBLAS if prefers_cublas(m, n, k, sm_count, chained=bool(chained)) else tactic
 
 
+def _label(fp8) -> str:
+    """How messages name an entry's weights: FP8 ones by name, BF16 as always."""
+    return "FP8 " if fp8 else ""
+
+
+def _check_choice(tactic, n, k, fp8):
+    """``ValueError`` unless ``tactic`` can be the plan's entry for an
+    ``[n, k]`` weight: a tactic ``check_tactic`` takes (with ``fp8`` for an
+    e4m3 weight), or, for a BF16 weight, ``CUBLAS``."""
+    if tactic == CUBLAS:
+        if fp8:
+            raise ValueError(f"an FP8 entry must be a tactic, got {CUBLAS!r}: no cuBLAS call "
+                             "takes an FP8 weight with its scales")
+        return
+    check_tactic(tactic, n, k, fp8=fp8)
+
+
+def _shapes_json(table) -> list:
+    """A plan file's ``"shapes"`` list of ``{(n, k): {m: (tactic, us)}}``."""
+    return [{"n": n, "k": k, "entries": {
+        str(m): {"tactic": t if t == CUBLAS else t.short(), "us": us}
+        for m, (t, us) in sorted(by_m.items())}}
+        for (n, k), by_m in sorted(table.items())]
+
+
 @dataclass
 class DecodePlan:
     meta: dict = field(default_factory=dict)
-    #: {(n, k): {m: (tactic, measured_us or None)}}
+    #: BF16 weights': {(n, k): {m: (tactic or CUBLAS, measured_us or None)}}
     entries: dict = field(default_factory=dict)
+    #: FP8 (e4m3) weights': {(n, k): {m: (tactic, measured_us or None)}}
+    fp8_entries: dict = field(default_factory=dict)
     _warned: set = field(default_factory=set, init=False, repr=False, compare=False)
 
     def __repr__(self):
         # the entries run to thousands of tactics: counts, and where the plan came from
-        count = sum(len(by_m) for by_m in self.entries.values())
+        counts = [f"{len(table)} {_label(fp8)}shapes, "
+                  f"{sum(len(by_m) for by_m in table.values())} {_label(fp8)}entries"
+                  for fp8, table in ((False, self.entries), (True, self.fp8_entries))
+                  if table or not fp8]
         made = ", ".join(f"{key}={self.meta[key]!r}" for key in ("gpu", "source")
                          if key in self.meta)
-        return (f"DecodePlan({len(self.entries)} shapes, {count} entries"
-                + (f", {made}" if made else "") + ")")
+        return f"DecodePlan({', '.join(counts)}" + (f", {made}" if made else "") + ")"
 
-    def lookup(self, n: int, k: int, m: int) -> WarpSplitKTactic | str | None:
-        """The plan's choice for (N, K, M): a tactic, ``CUBLAS``, or None."""
-        hit = self.entries.get((n, k), {}).get(m)
+    def table(self, fp8: bool = False) -> dict:
+        """The entries of BF16 weights, or with ``fp8`` those of FP8 weights."""
+        return self.fp8_entries if fp8 else self.entries
+
+    def lookup(self, n: int, k: int, m: int, *, fp8: bool = False
+               ) -> WarpSplitKTactic | str | None:
+        """The plan's choice for (N, K, M): a tactic, ``CUBLAS``, or None;
+        with ``fp8``, its FP8 entry's tactic, or None."""
+        hit = self.table(fp8).get((n, k), {}).get(m)
         return None if hit is None else hit[0]
 
     def tactic_for(self, n: int, k: int, m: int, sm_count: int | None = None, *,
-                   chained: bool = False) -> WarpSplitKTactic | str:
+                   chained: bool = False, fp8: bool = False) -> WarpSplitKTactic | str:
         """The plan's choice (a tactic or ``CUBLAS``), else ``default_choice``
-        (``chained`` as there; said once per shape, unless the plan is empty:
-        no plan at all)."""
-        tactic = self.lookup(n, k, m)
+        (``chained`` as there); with ``fp8`` the plan's FP8 entry, else the
+        FP8 default (``default_tactic(..., fp8=True)``). A missing entry is
+        said once per shape, unless the plan has no entries of the weight's
+        dtype at all (no plan for it)."""
+        tactic = self.lookup(n, k, m, fp8=fp8)
         if tactic is not None:
             return tactic
-        if self.entries and (n, k) not in self._warned:
-            self._warned.add((n, k))
-            have = "no entry" if (n, k) not in self.entries else f"no entry for M={m}"
-            warnings.warn(f"decode plan has {have} for N={n}, K={k}: using the cost model's "
-                          "choice (default_choice)", stacklevel=2)
+        table = self.table(fp8)
+        if table and (fp8, n, k) not in self._warned:
+            self._warned.add((fp8, n, k))
+            have = f"no {_label(fp8)}entry" + ("" if (n, k) not in table else f" for M={m}")
+            default = ("the FP8 default (default_tactic(..., fp8=True))" if fp8
+                       else "the cost model's choice (default_choice)")
+            warnings.warn(f"decode plan has {have} for N={n}, K={k}: using {default}",
+                          stacklevel=2)
+        if fp8:
+            return default_tactic(m, n, k, sm_count, fp8=True)
         return default_choice(m, n, k, sm_count, chained=chained)
 
-    def set(self, n, k, m, tactic, us=None):
+    def set(self, n, k, m, tactic, us=None, *, fp8: bool = False):
         """Choose ``tactic`` (or ``CUBLAS``) for (N, K, M), measured at ``us``
-        microseconds (or None)."""
-        n, k, m = _check_entry(n, k, m, us, "decode plan entry")
-        if tactic != CUBLAS:
-            check_tactic(tactic, n, k)
-        self.entries.setdefault((n, k), {})[m] = (tactic, us)
+        microseconds (or None); with ``fp8``, for an FP8 weight (a tactic)."""
+        n, k, m = _check_entry(n, k, m, us, f"decode plan {_label(fp8)}entry")
+        _check_choice(tactic, n, k, fp8)
+        self.table(fp8).setdefault((n, k), {})[m] = (tactic, us)
 
     def to_json(self) -> dict:
-        shapes = []
-        for (n, k), by_m in sorted(self.entries.items()):
-            shapes.append({"n": n, "k": k, "entries": {
-                str(m): {"tactic": t if t == CUBLAS else t.short(), "us": us}
-                for m, (t, us) in sorted(by_m.items())}})
-        return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "meta": self.meta, "shapes": shapes}
+        """The plan file's data: version 1 while the plan has no FP8 entries
+        (a BF16 plan's file is what older versions read), else version 2
+        with the ``"fp8"`` section."""
+        data = {"format": PLAN_FORMAT,
+                "version": FP8_PLAN_VERSION if self.fp8_entries else PLAN_VERSION,
+                "meta": self.meta, "shapes": _shapes_json(self.entries)}
+        if self.fp8_entries:
+            data["fp8"] = {"shapes": _shapes_json(self.fp8_entries)}
+        return data
 
     def save(self, path):
         with open(path, "w") as f:
@@ -148,13 +206,12 @@ def _entry_m(key, where) -> int:
     raise ValueError(f"{where}: M must be an integer in 1..{MAX_M}, got {key!r}")
 
 
-def _entry_tactic(entry, n, k, where):
-    """An entry's tactic (or ``CUBLAS``), legal for ``[n, k]``."""
+def _entry_tactic(entry, n, k, where, fp8):
+    """An entry's tactic (or ``CUBLAS``, for a BF16 weight), legal for
+    ``[n, k]`` (with ``fp8``: for an e4m3 weight)."""
     try:
-        if entry["tactic"] == CUBLAS:
-            return CUBLAS
-        tactic = WarpSplitKTactic.parse(entry["tactic"])
-        check_tactic(tactic, n, k)
+        tactic = CUBLAS if entry["tactic"] == CUBLAS else WarpSplitKTactic.parse(entry["tactic"])
+        _check_choice(tactic, n, k, fp8)
         return tactic
     except (KeyError, TypeError):
         raise ValueError(f"{where}: entry needs a 'tactic'") from None
@@ -162,32 +219,57 @@ def _entry_tactic(entry, n, k, where):
         raise ValueError(f"{where}: {error}") from None
 
 
-def plan_from_json(data, source="plan") -> DecodePlan:
-    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-        raise ValueError(f"{source}: not a warpsplitk plan (format must be {PLAN_FORMAT!r})")
-    if type(data.get("version")) is not int or data["version"] != PLAN_VERSION:
-        raise ValueError(f"{source}: plan version {data.get('version')!r}, this warpsplitk reads "
-                         f"version {PLAN_VERSION}")
-    if not isinstance(data.get("meta", {}), dict) or not isinstance(data.get("shapes", []), list):
-        raise ValueError(f"{source}: a plan's 'meta' is an object and its 'shapes' a list")
-    plan = DecodePlan(meta=dict(data.get("meta", {})))
-    for i, shape in enumerate(data.get("shapes", [])):
+def _read_shapes(plan, shapes, source, fp8):
+    """Add the entries of ``shapes`` (a plan file's ``"shapes"`` list, or
+    with ``fp8`` its FP8 section's) to ``plan``, each checked."""
+    table, section = plan.table(fp8), "fp8 shapes" if fp8 else "shapes"
+    for i, shape in enumerate(shapes):
         try:
             n, k, entries = shape["n"], shape["k"], shape["entries"]
         except (KeyError, TypeError):
-            raise ValueError(f"{source}: shapes[{i}] needs 'n', 'k' and 'entries'") from None
+            raise ValueError(f"{source}: {section}[{i}] needs 'n', 'k' and 'entries'") from None
         if not isinstance(entries, dict):
-            raise ValueError(f"{source}: shapes[{i}] 'entries' must map each M to its tactic")
+            raise ValueError(f"{source}: {section}[{i}] 'entries' must map each M to its tactic")
         for key, entry in entries.items():
-            where = f"{source}: N={n} K={k} M={key}"
+            where = f"{source}: {_label(fp8)}N={n} K={k} M={key}"
             m = _entry_m(key, where)
             if not isinstance(entry, dict):
                 raise ValueError(f"{where}: entry needs a 'tactic'")
             n, k, m = _check_entry(n, k, m, entry.get("us"), where)
-            if m in plan.entries.get((n, k), {}):
+            if m in table.get((n, k), {}):
                 raise ValueError(f"{where}: a second entry for this N, K and M")
-            tactic = _entry_tactic(entry, n, k, where)
-            plan.entries.setdefault((n, k), {})[m] = (tactic, entry.get("us"))
+            table.setdefault((n, k), {})[m] = (_entry_tactic(entry, n, k, where, fp8),
+                                               entry.get("us"))
+
+
+def _fp8_shapes(data, version, source) -> list:
+    """The shapes of a plan file's FP8 section (``[]`` where it has none)."""
+    if "fp8" not in data:
+        return []
+    if version == PLAN_VERSION:
+        raise ValueError(f"{source}: a version {PLAN_VERSION} plan holds BF16 entries only; an "
+                         f"'fp8' section needs version {FP8_PLAN_VERSION}")
+    section = data["fp8"]
+    if not isinstance(section, dict) or not isinstance(section.get("shapes", []), list):
+        raise ValueError(f"{source}: a plan's 'fp8' section is an object whose 'shapes' is a "
+                         f"list, got {section!r:.80}")
+    return section.get("shapes", [])
+
+
+def plan_from_json(data, source="plan") -> DecodePlan:
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise ValueError(f"{source}: not a warpsplitk plan (format must be {PLAN_FORMAT!r})")
+    version = data.get("version")
+    if type(version) is not int or version not in (PLAN_VERSION, FP8_PLAN_VERSION):
+        raise ValueError(f"{source}: plan version {version!r}, this warpsplitk reads versions "
+                         f"{PLAN_VERSION} (BF16 entries) and {FP8_PLAN_VERSION} (BF16 and FP8 "
+                         "entries)")
+    if not isinstance(data.get("meta", {}), dict) or not isinstance(data.get("shapes", []), list):
+        raise ValueError(f"{source}: a plan's 'meta' is an object and its 'shapes' a list")
+    fp8_shapes = _fp8_shapes(data, version, source)
+    plan = DecodePlan(meta=dict(data.get("meta", {})))
+    _read_shapes(plan, data.get("shapes", []), source, fp8=False)
+    _read_shapes(plan, fp8_shapes, source, fp8=True)
     return plan
 
 
