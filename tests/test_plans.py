@@ -403,3 +403,18 @@ def test_fp8_lookups_fall_back_to_the_fp8_default_said_once():
         warnings.simplefilter("error")
         assert small_plan().tactic_for(4224, 7168, 1, 132, fp8=True) == default_tactic(
             1, 4224, 7168, 132, fp8=True)
+
+
+def test_plan_view_says_it_shows_bf16_tactics_of_a_plan_with_fp8_entries(tmp_path, capsys):
+    from warpsplitk.cli import main
+    path = tmp_path / "plan.json"
+    fp8_plan().save(path)
+    argv = ["plan", "--no-compile", "--shapes", "4224,7168", "--m", "1", "--plan"]
+    assert main(argv + [str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "BF16 weights only: the plan's FP8 entries (2 shapes) are not shown" in out
+    row = next(line for line in out.splitlines() if " 4224  7168   1 " in line)
+    assert small_plan().lookup(4224, 7168, 1).short() in row.split()
+    small_plan().save(path)
+    assert main(argv + [str(path)]) == 0
+    assert "FP8" not in capsys.readouterr().out
