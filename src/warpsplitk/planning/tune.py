@@ -27,11 +27,12 @@ With ``fp8_scales`` (``warpsplitk tune --dtype fp8``) the tune is of e4m3
 weights with FP32 scales of that kind, timed as the benchmark times them
 (``timing.random_fp8``), into the plan's FP8 entries. Quick or exhaustive,
 each cell first measures the pruned FP8 space (``candidates(...,
-fp8=True)``: a few dozen tactics, the FP8 default among them), as the cost
-model's shortlist ranks by BF16 timings; the exhaustive tune then adds the
-twins the FP8 kernel takes, but no mixed grid (FP8 entries serve every scale
-kind, and block scales take none). No cuBLAS timing: no cuBLAS call takes an
-FP8 weight with its scales.
+fp8=True)``: a few dozen tactics, the FP8 default among them): the cost
+model behind the quick shortlist is fitted to BF16 timings, and an FP8 call
+is bound by other work (``choose.fp8_tactic``). The exhaustive tune then
+adds the twins the FP8 kernel takes, but no mixed grid (FP8 entries serve
+every scale kind, and block scales take none). No cuBLAS timing: no cuBLAS
+call takes an FP8 weight with its scales.
 """
 
 from __future__ import annotations
@@ -243,7 +244,7 @@ class Tuner:
     def _work(self) -> dict:
         """``{(n, k, rep): [tactic, ...]}``: what each cell measures first."""
         o = self.options
-        # FP8: the pruned space, quick or not (the shortlist ranks by BF16 timings)
+        # FP8: the pruned space, quick or not (the shortlist's model is of BF16 timings)
         if o.shortlist and self.fp8_scales is None:
             return {(n, k, r): choose.shortlist(r, n, k, self.sm_count, o.shortlist)
                     for n, k in self.shapes for r in self.reps}
