@@ -392,7 +392,8 @@ def test_tune_dtype_fp8_tunes_fp8_entries_with_the_scales_asked(tmp_path, monkey
         seen.update(kwargs, shapes=shapes, ms=list(ms))
         plan = DecodePlan()
         for m in ms:
-            plan.set(256, 512, m, default_tactic(m, 256, 512, 132, fp8=True), 2.0, fp8=True)
+            plan.set(256, 512, m, default_tactic(m, 256, 512, 132, fp8=True), 2.0,
+                     fp8_scales=kwargs["fp8_scales"])
         return plan
 
     monkeypatch.setattr(tune_module, "tune", fake_tune)
@@ -403,7 +404,7 @@ def test_tune_dtype_fp8_tunes_fp8_entries_with_the_scales_asked(tmp_path, monkey
     assert seen["fp8_scales"] == "channel"  # the default scales
     assert "FP8 plan (channel scales) for 1 shapes x 1 Ms written to" in capsys.readouterr().out
     data = json.loads(out.read_text())
-    assert data["version"] == 2 and data["shapes"] == [] and len(data["fp8"]["shapes"]) == 1
+    assert data["version"] == 2 and data["shapes"] == [] and len(data["fp8"]["channel"]) == 1
     assert main(argv + ["--dtype", "fp8", "--scales", "block128"]) == 0
     assert seen["fp8_scales"] == "block128"
     capsys.readouterr()
@@ -432,7 +433,8 @@ def test_tune_from_log_dtype_fp8_rebuilds_the_fp8_entries(tmp_path, capsys):
     base = ["tune", "--from-log", "--log", str(log), "-o", str(out)]
     assert main(base + ["--dtype", "fp8", "--scales", "tensor"]) == 0
     plan = load_plan(out)
-    assert plan.entries == {} and plan.fp8_entries[(1024, 4096)][1] == (tactic, 3.0)
+    assert plan.entries == {} and plan.lookup(1024, 4096, 1, fp8_scales="tensor") == tactic
+    assert plan.fp8_entries["tensor"][(1024, 4096)][1] == (tactic, 3.0)
     assert "FP8 plan (tensor scales) for 1 shapes written" in capsys.readouterr().out
     assert main(base + ["--dtype", "fp8", "--scales", "block128"]) == 0  # none of those scales
     assert load_plan(out).fp8_entries == {}

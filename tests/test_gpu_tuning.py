@@ -53,10 +53,10 @@ def _fp8_runs_match_float64(prepared, w8, scale, ms):
 
 
 def test_fp8_tune_writes_fp8_entries_that_prepare_runs(tmp_path):
-    """`warpsplitk tune --dtype fp8` on one small shape: a plan of FP8
-    entries only, each the fastest of the FP8 candidates its M measured
-    (e4m3 weights, block scales); prepare runs them on e4m3 weights of
-    either scale kind, within 1e-2 of float64."""
+    """`warpsplitk tune --dtype fp8 --scales block128` on one small shape: a
+    plan of block-scale FP8 entries only, each the fastest of the FP8
+    candidates its M measured; prepare runs them on an e4m3 weight with
+    block scales, within 1e-2 of float64."""
     from warpsplitk.cli import main
     from warpsplitk.planning.plans import load_plan
     from warpsplitk.planning.tune import candidates
@@ -67,20 +67,22 @@ def test_fp8_tune_writes_fp8_entries_that_prepare_runs(tmp_path):
                  "--m", "1,8", "-o", str(out), "--log", str(log)]) == 0
     plan = load_plan(out)
     assert json.loads(out.read_text())["version"] == 2
-    assert plan.entries == {} and sorted(plan.fp8_entries[(n, k)]) == [1, 5, 6, 7, 8]
+    assert plan.entries == {} and list(plan.fp8_entries) == ["block128"]
+    assert sorted(plan.fp8_entries["block128"][(n, k)]) == [1, 5, 6, 7, 8]
     records = [r for r in map(json.loads, log.read_text().splitlines()) if "key" in r]
     assert records and all(r["fp8"] == "block128" for r in records)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for m in (1, 8):
         timed = {r["tactic"] for r in records
                  if r["m"] == m and r.get("ok") and not r.get("confirm")}
-        assert timed and timed <= {t.short() for t in candidates(m, n, k, sms, fp8=True)}
-        assert plan.lookup(n, k, m, fp8=True).short() in timed
-    for scales in ("block128", "channel"):
-        (w8,), (scale,) = timing.random_fp8(n, k, 1, seed=7, scales=scales)
-        prepared = prepare(w8, plan, (1, 5, 8), weight_scale=scale)
-        assert prepared.tactics == {m: plan.lookup(n, k, m, fp8=True) for m in (1, 5, 8)}
-        _fp8_runs_match_float64(prepared, w8, scale, (1, 5, 8))
+        assert timed and timed <= {t.short() for t in candidates(m, n, k, sms,
+                                                                 fp8_scales="block128")}
+        assert plan.lookup(n, k, m, fp8_scales="block128").short() in timed
+    (w8,), (scale,) = timing.random_fp8(n, k, 1, seed=7, scales="block128")
+    prepared = prepare(w8, plan, (1, 5, 8), weight_scale=scale)
+    assert prepared.tactics == {m: plan.lookup(n, k, m, fp8_scales="block128")
+                                for m in (1, 5, 8)}
+    _fp8_runs_match_float64(prepared, w8, scale, (1, 5, 8))
 
 
 def test_auto_tunes_an_fp8_weight_as_fp8_and_keeps_it(tmp_path, monkeypatch):
@@ -95,8 +97,9 @@ def test_auto_tunes_an_fp8_weight_as_fp8_and_keeps_it(tmp_path, monkeypatch):
     properties = torch.cuda.get_device_properties(0)
     key = plan_cache.gpu_key(properties.name, properties.multi_processor_count)
     cached = plan_cache.load(key)
-    assert prepared.tactics == {1: cached.lookup(n, k, 1, fp8=True)}
+    assert prepared.tactics == {1: cached.lookup(n, k, 1, fp8_scales="tensor")}
     assert cached.lookup(n, k, 1) is None  # no BF16 entry came of it
+    assert cached.lookup(n, k, 1, fp8_scales="channel") is None  # nor another kind's
     _fp8_runs_match_float64(prepared, w8, scale, (1,))
 
 

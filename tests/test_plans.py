@@ -310,12 +310,14 @@ def test_prepare_refuses_a_cpu_weight_before_reading_the_plan():
 # ------------------------------------------------------------- FP8 entries
 
 def fp8_plan():
-    """``small_plan`` with FP8 entries: tactics other than the FP8 default."""
+    """``small_plan`` with FP8 entries for channel and block scales: tactics
+    other than the FP8 default."""
     plan = small_plan()
     for m in (1, 8):
-        default = default_tactic(m, 4224, 7168, 132, fp8=True)
-        plan.set(4224, 7168, m, dataclasses.replace(default, early_launch=True), 9.5, fp8=True)
-    plan.set(768, 128, 32, T(16, 32, 128, 1, 2), None, fp8=True)
+        default = default_tactic(m, 4224, 7168, 132, fp8=True, fp8_scales="block128")
+        plan.set(4224, 7168, m, dataclasses.replace(default, early_launch=True), 9.5,
+                 fp8_scales="block128")
+    plan.set(768, 128, 32, T(16, 32, 128, 1, 2), None, fp8_scales="channel")
     return plan
 
 
@@ -329,9 +331,10 @@ def test_fp8_entries_round_trip_as_version_2(tmp_path):
     data = json.loads(path.read_text())
     assert data["version"] == FP8_PLAN_VERSION == 2
     assert data["shapes"] == small_plan().to_json()["shapes"]
-    assert [(s["n"], s["k"], sorted(s["entries"])) for s in data["fp8"]["shapes"]] == [
-        (768, 128, ["32"]), (4224, 7168, ["1", "8"])]
-    assert "3 FP8 entries" in repr(loaded) and "FP8" not in repr(small_plan())
+    assert {kind: [(s["n"], s["k"], sorted(s["entries"])) for s in shapes]
+            for kind, shapes in data["fp8"].items()} == {
+        "channel": [(768, 128, ["32"])], "block128": [(4224, 7168, ["1", "8"])]}
+    assert "2 FP8 shapes, 3 FP8 entries" in repr(loaded) and "FP8" not in repr(small_plan())
 
 
 def test_a_plan_without_fp8_entries_stays_version_1(tmp_path):
@@ -344,6 +347,8 @@ def test_a_plan_without_fp8_entries_stays_version_1(tmp_path):
     # a version 2 file without FP8 entries reads too (and writes as version 1)
     data["version"] = 2
     assert plan_from_json(data) == small_plan()
+    data["fp8"] = {"tensor": []}
+    assert plan_from_json(data).to_json()["version"] == 1
 
 
 @pytest.mark.parametrize("mutate,match", [
@@ -351,17 +356,22 @@ def test_a_plan_without_fp8_entries_stays_version_1(tmp_path):
                                     r"\(BF16 entries\) and 2 \(BF16 and FP8 entries\)$"),
     (lambda d: d.update(version=1), r"a version 1 plan holds BF16 entries only; an 'fp8' "
                                     r"section needs version 2$"),
-    (lambda d: d.update(fp8=[]), r"a plan's 'fp8' section is an object whose 'shapes' is a list"),
-    (lambda d: d["fp8"].update(shapes={}), r"'shapes' is a list, got \{'shapes': \{\}\}"),
-    (lambda d: d["fp8"]["shapes"][0].pop("k"), r"fp8 shapes\[0\] needs 'n', 'k' and 'entries'"),
+    (lambda d: d.update(fp8=[]), r"a plan's 'fp8' section maps each scale kind to a list of "
+                                 r"shapes, got \[\]"),
+    (lambda d: d["fp8"].update(channel={}), r"maps each scale kind to a list of shapes"),
+    (lambda d: d["fp8"].update(block=[]), r"the 'fp8' section's keys are scale kinds \('tensor', "
+                                          r"'channel', 'block128'\), got 'block'$"),
+    (lambda d: d["fp8"]["channel"][0].pop("k"), r"fp8 channel shapes\[0\] needs 'n', 'k' and "
+                                                r"'entries'"),
     # checked as FP8 entries: the FP8 kernel's rules, and no cuBLAS
-    (lambda d: d["fp8"]["shapes"][0]["entries"].update({"8": {"tactic": "16,8,128,1,1+tma"}}),
-     r"FP8 N=768 K=128 M=8: warp split-K tactic: FP8 weights take x_copy 'cp\.async', got 'tma'"),
-    (lambda d: d["fp8"]["shapes"][0]["entries"].update({"8": {"tactic": "cublas"}}),
-     "FP8 N=768 K=128 M=8: an FP8 entry must be a tactic, got 'cublas'"),
-    (lambda d: d["fp8"]["shapes"][0]["entries"]["32"].update(us=-1), "FP8 .* 'us' must be"),
-    (lambda d: d["fp8"]["shapes"].append(dict(d["fp8"]["shapes"][0])),
-     "FP8 N=768 K=128 M=32: a second entry"),
+    (lambda d: d["fp8"]["channel"][0]["entries"].update({"8": {"tactic": "16,8,128,1,1+tma"}}),
+     r"FP8 \(channel scales\) N=768 K=128 M=8: warp split-K tactic: FP8 weights take x_copy "
+     r"'cp\.async', got 'tma'"),
+    (lambda d: d["fp8"]["channel"][0]["entries"].update({"8": {"tactic": "cublas"}}),
+     r"\(channel scales\) N=768 K=128 M=8: an FP8 entry must be a tactic, got 'cublas'"),
+    (lambda d: d["fp8"]["channel"][0]["entries"]["32"].update(us=-1), "FP8 .* 'us' must be"),
+    (lambda d: d["fp8"]["channel"].append(dict(d["fp8"]["channel"][0])),
+     r"\(channel scales\) N=768 K=128 M=32: a second entry"),
 ])
 def test_bad_fp8_sections_name_the_entry(mutate, match):
     data = fp8_plan().to_json()
@@ -370,39 +380,61 @@ def test_bad_fp8_sections_name_the_entry(mutate, match):
         plan_from_json(data)
 
 
-def test_fp8_entries_are_apart_from_the_bf16_ones():
+def test_fp8_entries_are_apart_from_the_bf16_ones_and_by_scale_kind():
     plan = fp8_plan()
     assert plan.lookup(768, 128, 32) == T(16, 32, 128, 1, 2)  # both hold it: each its own
-    assert plan.lookup(4224, 7168, 8) is None and plan.lookup(4224, 7168, 8, fp8=True).early_launch
-    assert plan.lookup(4224, 7168, 2, fp8=True) is None
+    assert plan.lookup(768, 128, 32, fp8_scales="channel") == T(16, 32, 128, 1, 2)
+    assert plan.lookup(768, 128, 32, fp8_scales="tensor") is None
+    assert plan.lookup(4224, 7168, 8) is None
+    assert plan.lookup(4224, 7168, 8, fp8_scales="block128").early_launch
+    assert plan.lookup(4224, 7168, 8, fp8_scales="channel") is None
     with pytest.raises(ValueError, match="an FP8 entry must be a tactic, got 'cublas'"):
-        plan.set(768, 128, 1, "cublas", fp8=True)
+        plan.set(768, 128, 1, "cublas", fp8_scales="tensor")
     with pytest.raises(ValueError, match="FP8 weights take x_copy 'cp.async', got 'bulk'"):
-        plan.set(768, 128, 1, T(16, 1, 128, 1, 1, x_copy="bulk"), fp8=True)
+        plan.set(768, 128, 1, T(16, 1, 128, 1, 1, x_copy="bulk"), fp8_scales="tensor")
     plan.set(768, 128, 1, T(16, 1, 128, 1, 1, x_copy="bulk"))  # a BF16 entry takes it
-    with pytest.raises(ValueError, match="decode plan FP8 entry: M must be in 1..32, got 33"):
-        plan.set(768, 128, 33, T(16, 32, 128, 1, 2), fp8=True)
+    with pytest.raises(ValueError, match=r"decode plan FP8 \(tensor scales\) entry: M must be in "
+                                         r"1\.\.32, got 33"):
+        plan.set(768, 128, 33, T(16, 32, 128, 1, 2), fp8_scales="tensor")
+    for call in (lambda: plan.set(768, 128, 1, T(16, 32, 128, 1, 2), fp8_scales="row"),
+                 lambda: plan.lookup(768, 128, 1, fp8_scales=True)):
+        with pytest.raises(ValueError, match=r"fp8_scales must be None \(BF16 weights\) or one "
+                                             r"of \('tensor', 'channel', 'block128'\), got "):
+            call()
+    assert "tensor" not in plan.fp8_entries  # nothing refused was kept
 
 
 def test_fp8_lookups_fall_back_to_the_fp8_default_said_once():
     plan = fp8_plan()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        hit = plan.tactic_for(4224, 7168, 1, 132, fp8=True)
-        got = [plan.tactic_for(2048, 2048, m, 132, fp8=True) for m in (1, 2)]
-        plan.tactic_for(4224, 7168, 2, 132, fp8=True)
-    assert hit == plan.lookup(4224, 7168, 1, fp8=True)
-    assert got == [default_tactic(m, 2048, 2048, 132, fp8=True) for m in (1, 2)]
+        hit = plan.tactic_for(4224, 7168, 1, 132, fp8_scales="block128")
+        got = [plan.tactic_for(2048, 2048, m, 132, fp8_scales="block128") for m in (1, 32)]
+        plan.tactic_for(4224, 7168, 2, 132, fp8_scales="block128")
+    assert hit == plan.lookup(4224, 7168, 1, fp8_scales="block128")
+    assert got == [default_tactic(m, 2048, 2048, 132, fp8=True, fp8_scales="block128")
+                   for m in (1, 32)]
     assert [str(w.message) for w in caught] == [
-        "decode plan has no FP8 entry for N=2048, K=2048: using the FP8 default "
-        "(default_tactic(..., fp8=True))",
-        "decode plan has no FP8 entry for M=2 for N=4224, K=7168: using the FP8 default "
-        "(default_tactic(..., fp8=True))"]
-    # a plan without FP8 entries is no FP8 plan: the default, nothing to say
+        "decode plan has no FP8 (block128 scales) entry for N=2048, K=2048: using the FP8 "
+        "default (default_tactic(..., fp8=True))",
+        "decode plan has no FP8 (block128 scales) entry for M=2 for N=4224, K=7168: using the "
+        "FP8 default (default_tactic(..., fp8=True))"]
+    # no entries for these scales: no plan for them; the default, nothing to say
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert small_plan().tactic_for(4224, 7168, 1, 132, fp8=True) == default_tactic(
-            1, 4224, 7168, 132, fp8=True)
+        assert plan.tactic_for(4224, 7168, 1, 132, fp8_scales="tensor") == default_tactic(
+            1, 4224, 7168, 132, fp8=True, fp8_scales="tensor")
+
+
+def test_merge_takes_the_other_plans_entries_of_every_kind():
+    plan = small_plan()
+    plan.merge(fp8_plan())
+    assert plan == fp8_plan()
+    other = DecodePlan()
+    other.set(768, 128, 32, T(16, 32, 128, 1, 1), fp8_scales="channel")
+    plan.merge(other)
+    assert plan.lookup(768, 128, 32, fp8_scales="channel") == T(16, 32, 128, 1, 1)
+    assert plan.lookup(768, 128, 32) == T(16, 32, 128, 1, 2)
 
 
 def test_plan_view_says_it_shows_bf16_tactics_of_a_plan_with_fp8_entries(tmp_path, capsys):

@@ -181,12 +181,13 @@ def test_the_fp8_space_is_the_fp8_kernels_and_holds_the_fp8_default(n, k):
     the deepest that keeps its CTAs per SM at one byte per weight."""
     from warpsplitk.planning.space import base_candidates
     for m in REPRESENTATIVE_MS:
-        found = candidates(m, n, k, 132, fp8=True)
-        assert default_tactic(m, n, k, 132, fp8=True) in found
-        assert all(is_legal(t, n, k, fp8=True) for t in found)
-        late = {t for t in found if not t.early_launch}
-        assert {dataclasses.replace(t, early_launch=True) for t in late} == \
-            {t for t in found if t.early_launch}
+        for kind in ("channel", "block128"):  # each kind's default among them
+            found = candidates(m, n, k, 132, fp8_scales=kind)
+            assert default_tactic(m, n, k, 132, fp8=True, fp8_scales=kind) in found
+            assert all(is_legal(t, n, k, fp8=True) for t in found)
+            late = {t for t in found if not t.early_launch}
+            assert {dataclasses.replace(t, early_launch=True) for t in late} == \
+                {t for t in found if t.early_launch}
         for t in base_candidates(m, n, k, 132, early_launches=(False,), fp8=True):
             deeper = dataclasses.replace(t, stages=t.stages + 1)
             assert (t.stages == 16 or not is_legal(deeper, n, k, fp8=True)
@@ -195,7 +196,7 @@ def test_the_fp8_space_is_the_fp8_kernels_and_holds_the_fp8_default(n, k):
 
 def test_fp8_rings_are_sized_by_the_fp8_kernels_shared_memory():
     # 4096 x 4096 at M = 16: rings a BF16 weight's stages would not fit
-    found = candidates(16, 4096, 4096, 132, fp8=True)
+    found = candidates(16, 4096, 4096, 132, fp8_scales="channel")
     assert any(not is_legal(t, 4096, 4096) for t in found)
     deepest = max(found, key=lambda t: t.stages)
     assert deepest.smem_plan_for(fp8=True).total < deepest.smem_bytes
@@ -205,7 +206,7 @@ def test_fp8_rings_are_sized_by_the_fp8_kernels_shared_memory():
 def test_fp8_twins_are_the_fp8_kernels():
     from warpsplitk.planning.space import bounded_prefetch_twins, narrow_twins, prefetch_twins
     n, k = 4096, 4096
-    parents = {t: 1.0 + i for i, t in enumerate(candidates(1, n, k, 132, fp8=True))}
+    parents = {t: 1.0 + i for i, t in enumerate(candidates(1, n, k, 132, fp8_scales="tensor"))}
     twins = (narrow_twins(parents, n, k, 1, 132, fp8=True)
              + prefetch_twins(parents, n, k, fp8=True)
              + bounded_prefetch_twins(parents, n, k, fp8=True))

@@ -716,7 +716,7 @@ def test_an_fp8_tune_times_e4m3_weights_into_the_plans_fp8_entries(fake_gpu, tmp
     fake_gpu.cublas_us.update({1: 20.0, 8: 20.0})
     bf16 = tune([(n, k)], [1, 8], log_path=str(log), progress=lines.append)
     bf16_size = len(log.read_text().splitlines())
-    work = {m: candidates(m, n, k, 132, fp8=True) for m in (1, 8)}
+    work = {m: candidates(m, n, k, 132, fp8_scales="block128") for m in (1, 8)}
     fast, wrong = work[8][3], work[1][0]
     fake_gpu.times[fast] = 5.0
     fake_gpu.wrong.add(wrong)
@@ -724,8 +724,9 @@ def test_an_fp8_tune_times_e4m3_weights_into_the_plans_fp8_entries(fake_gpu, tmp
     plan = tune([(n, k)], [1, 8], log_path=str(log), progress=lines.append,
                 fp8_scales="block128")
     assert plan.entries == {} and plan.meta["fp8_scales"] == "block128"
-    assert plan.lookup(n, k, 8, fp8=True) == fast and plan.fp8_entries[(n, k)][8] == (fast, 5.0)
-    assert sorted(plan.fp8_entries[(n, k)]) == [1, 8]
+    entries = plan.fp8_entries["block128"][(n, k)]
+    assert plan.lookup(n, k, 8, fp8_scales="block128") == fast and entries[8] == (fast, 5.0)
+    assert sorted(entries) == [1, 8] and list(plan.fp8_entries) == ["block128"]
     _, *records = [json.loads(line) for line in log.read_text().splitlines()[bf16_size:]]
     assert all(r["fp8"] == "block128" for r in records)
     assert "cublas" not in {r["tactic"] for r in records}
@@ -749,23 +750,24 @@ def test_an_fp8_tune_times_e4m3_weights_into_the_plans_fp8_entries(fake_gpu, tmp
     assert again.fp8_entries == plan.fp8_entries and len(fake_gpu.timed) == measured
 
 
-def test_an_exhaustive_fp8_tune_measures_fp8_twins_only(fake_gpu):
-    from warpsplitk.planning.tune import tune
+@pytest.mark.parametrize("scales", ["channel", "block128"])
+def test_an_exhaustive_fp8_tune_measures_fp8_twins_only(fake_gpu, scales):
     from warpsplitk.planning.space import mixed_twins
-    # at M = 16 its grid is uneven: BF16 tunes time mixed grids the FP8 kernel takes
+    from warpsplitk.planning.tune import tune
+    # at M = 16 its grid is uneven: mixed grids the FP8 kernel takes are twins
     n, k = 1536, 4096
-    first = candidates(16, n, k, 132, fp8=True)
+    first = candidates(16, n, k, 132, fp8_scales=scales)
     assert any(is_legal(t, n, k, fp8=True) for t in mixed_twins(dict.fromkeys(first, 1.0), n, k,
                                                                   16, 132))
-    plan = tune([(n, k)], [1, 16], progress=lambda line: None, shortlist=0,
-                fp8_scales="channel")
+    plan = tune([(n, k)], [1, 16], progress=lambda line: None, shortlist=0, fp8_scales=scales)
     measured = set(fake_gpu.compiled)
-    assert plan.lookup(n, k, 16, fp8=True) in measured
+    assert plan.lookup(n, k, 16, fp8_scales=scales) in measured
     # twins beyond the first candidates (the narrow token tiles of M = 1) ...
-    assert measured - set(first) - set(candidates(1, n, k, 132, fp8=True))
+    assert measured - set(first) - set(candidates(1, n, k, 132, fp8_scales=scales))
     assert any(t.token_tile < 8 for t in measured)
-    # ... each one the FP8 kernel takes, and no mixed grid (block scales take none)
-    assert all(is_legal(t, n, k, fp8=True) and not t.half_tiles for t in measured)
+    # ... each one the FP8 kernel takes; mixed grids only where the scales take them
+    assert all(is_legal(t, n, k, fp8=True) for t in measured)
+    assert any(t.half_tiles for t in measured) == (scales != "block128")
     with pytest.raises(ValueError, match=r"fp8_scales must be None \(BF16 weights\) or one of "
                                          r"\('tensor', 'channel', 'block128'\), got 'block'"):
         tune([(n, k)], [1], fp8_scales="block")

@@ -34,9 +34,9 @@ def add_parser(sub):
                    help="fp8: tune for e4m3 weights (W8A16) into the plan's FP8 entries, each "
                         "cell's pruned FP8 space measured, no cuBLAS (default bf16)")
     p.add_argument("--scales", choices=FP8_SCALE_KINDS,
-                   help="with --dtype fp8: the FP32 scales the weights are timed with: one "
-                        "(tensor), one per row (channel, the default) or one per 128x128 block "
-                        "(block128); the entries serve weights of every kind")
+                   help="with --dtype fp8: the FP32 scales the weights are timed with, and the "
+                        "plan's entries are for: one (tensor), one per row (channel, the "
+                        "default) or one per 128x128 block (block128)")
     p.set_defaults(func=run)
 
 
@@ -80,7 +80,7 @@ def _plan_from_log(args, records, ms, fp8_scales):
         print(f"N={n} K={k}: left out, no measurement for M={missing}")
     plan.save(args.output)
     what = f"FP8 plan ({fp8_scales} scales)" if fp8_scales else "plan"
-    print(f"{what} for {len(plan.table(fp8_scales is not None))} shapes written to "
+    print(f"{what} for {len(plan.table(fp8_scales))} shapes written to "
           f"{args.output} from {args.log}")
     return 0
 

@@ -6,7 +6,7 @@ then this GPU's cached plan file, and every shape neither covers is tuned
 first (``warpsplitk.planning.tune.tune``, with progress) and merged into the file, so
 the next process starts with nothing to tune. FP8 weights' shapes are tuned
 as FP8 (on e4m3 weights, with scales of the weight's kind) into the plan's
-FP8 entries. Tuning happens at preparation,
+FP8 entries of that kind. Tuning happens at preparation,
 never inside a CUDA-graph capture (refused with a ``ValueError``).
 
 The file is ``plans/<gpu>.json`` in the disk cache's folder
@@ -150,15 +150,6 @@ def _move_aside(path: Path, error: ValueError) -> Path:
 _SCRATCH = [".tmp-*.tmp", "*.json.tmp"]
 
 
-def merge(into: DecodePlan, plan: DecodePlan) -> None:
-    """``plan``'s entries, BF16 and FP8, merged into ``into``'s (``plan``'s
-    winning where both have an M)."""
-    for fp8 in (False, True):
-        table = into.table(fp8)
-        for shape, by_m in plan.table(fp8).items():
-            table.setdefault(shape, {}).update(by_m)
-
-
 def store(key: str, plan: DecodePlan) -> Path | None:
     """Merge ``plan``'s entries (BF16 and FP8) into this GPU's plan file (``plan`` wins where
     both have an M), atomically and under the lock; None with the cache off.
@@ -177,7 +168,7 @@ def store(key: str, plan: DecodePlan) -> Path | None:
             _move_aside(path, error)
             merged = DecodePlan()
         merged.meta.update(plan.meta)
-        merge(merged, plan)
+        merged.merge(plan)
         private_files.write_atomic(path, json.dumps(merged.to_json(), indent=1).encode())
     private_files.remove_stale_scratch(folder, _SCRATCH)
     return path
@@ -200,10 +191,10 @@ def entries() -> list[Path]:
     return sorted(folder.glob("*.json")) if folder.is_dir() else []
 
 
-def _lacking(plan: DecodePlan, shapes, ms, fp8=False) -> list:
+def _lacking(plan: DecodePlan, shapes, ms, fp8_scales=None) -> list:
     """The distinct ``(n, k)`` of ``shapes`` the kernel takes whose entries
-    in ``plan`` (its FP8 ones with ``fp8``) lack some M of ``ms``."""
-    table = plan.table(fp8)
+    in ``plan`` (its FP8 ones for ``fp8_scales``) lack some M of ``ms``."""
+    table = plan.table(fp8_scales)
     return list(dict.fromkeys(
         (int(n), int(k)) for n, k in shapes if shape_refusal(n, k) is None
         and not all(m in table.get((n, k), {}) for m in ms)))
@@ -224,7 +215,7 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
     current GPU (``gpu``: ``(name, sm_count)``, else the current CUDA
     device's): the built-in plan of this GPU model and the cached plan file,
     after tuning and storing every shape they do not cover for every M.
-    ``fp8_shapes`` (``{(n, k): scale kind}`` of FP8 weights) likewise, by
+    ``fp8_shapes`` (``[(n, k, scale kind)]`` of FP8 weights) likewise, by
     the plans' FP8 entries, tuned on e4m3 weights with scales of that kind.
     Shapes the kernel does not take are left out (they run on cuBLAS)."""
     import torch  # only plan="auto" needs it: importing plan_cache stays torch-free
@@ -238,27 +229,29 @@ def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
     plan = DecodePlan(meta={"gpu": gpu[0], "sm_count": gpu[1], "source": "auto"})
     builtin = builtin_plan_for(*gpu)
     if builtin is not None:
-        merge(plan, builtin_plan(builtin))
+        plan.merge(builtin_plan(builtin))
     keep = disk_cache.enabled()
     try:
-        merge(plan, _load(key))
+        plan.merge(_load(key))
     except OSError as error:  # the folder or file cannot be trusted: one warning
         _not_used(error)
         keep = False
-    fp8_shapes = fp8_shapes or {}
     todo = _lacking(plan, shapes, ms)
-    fp8_todo = {shape: fp8_shapes[shape] for shape in _lacking(plan, fp8_shapes, ms, fp8=True)}
+    kinds = dict.fromkeys(kind for *_, kind in fp8_shapes or ())
+    fp8_todo = {kind: _lacking(plan, [(n, k) for n, k, of in fp8_shapes if of == kind], ms, kind)
+                for kind in kinds}
+    fp8_todo = {kind: lacking for kind, lacking in fp8_todo.items() if lacking}
     if todo or fp8_todo:
-        merge(plan, _tune(key, gpu[0], todo, fp8_todo, ms, keep, progress, jobs))
+        plan.merge(_tune(key, gpu[0], todo, fp8_todo, ms, keep, progress, jobs))
     return plan
 
 
 def _tune(key, gpu_name, todo, fp8_todo, ms, keep, progress, jobs) -> DecodePlan:
-    """The plan of ``todo`` (BF16 shapes) and ``fp8_todo`` (``{(n, k):
-    scale kind}``) tuned on this GPU, its log beside the plan file and the
+    """The plan of ``todo`` (BF16 shapes) and ``fp8_todo`` (``{scale kind:
+    shapes}``) tuned on this GPU, its log beside the plan file and the
     plan stored in it where ``keep`` (and the folder can be trusted)."""
     if progress:
-        fp8 = f" and {len(fp8_todo)} FP8 shape(s)" if fp8_todo else ""
+        fp8 = (f" and {sum(map(len, fp8_todo.values()))} FP8 shape(s)" if fp8_todo else "")
         progress(f"warpsplitk: tuning {len(todo)} shape(s){fp8} this {gpu_name} has no plan for"
                  + (f"; kept in {plan_path(key)}" if keep else ""))
     log = str(log_path(key)) if keep else None
@@ -272,14 +265,13 @@ def _tune(key, gpu_name, todo, fp8_todo, ms, keep, progress, jobs) -> DecodePlan
     # progress=None: a quiet tune (the tuner itself always reports)
     quiet = progress or (lambda line: None)
     runs = [(todo, {})] if todo else []
-    runs += [([shape for shape, kind in fp8_todo.items() if kind == scales],
-              {"fp8_scales": scales}) for scales in dict.fromkeys(fp8_todo.values())]
+    runs += [(shapes, {"fp8_scales": kind}) for kind, shapes in fp8_todo.items()]
     tuned = DecodePlan()
     for shapes, dtype in runs:
         plan = tune.tune(shapes, ms, log_path=log, resume=True, jobs=jobs, progress=quiet,
                          **dtype)
         tuned.meta.update(plan.meta)
-        merge(tuned, plan)
+        tuned.merge(plan)
     if log:
         try:
             store(key, tuned)
@@ -288,5 +280,4 @@ def _tune(key, gpu_name, todo, fp8_todo, ms, keep, progress, jobs) -> DecodePlan
     return tuned
 
 
-__all__ = ["auto_plan", "gpu_key", "plan_path", "log_path", "load", "read_file", "store", "merge",
-           "entries"]
+__all__ = ["auto_plan", "gpu_key", "plan_path", "log_path", "load", "read_file", "store", "entries"]

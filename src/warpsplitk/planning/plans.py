@@ -49,8 +49,8 @@ def resolve_plan(plan, shapes, ms=range(1, MAX_M + 1), *, progress=print, jobs=N
                  fp8_shapes=None):
     """The ``DecodePlan`` (or None) ``plan`` stands for: ``"auto"`` is this
     GPU's plan (``plan_cache.auto_plan``), tuned first for the ``shapes``
-    (``[(n, k)]`` of BF16 weights) and ``fp8_shapes`` (``{(n, k): scale
-    kind}`` of FP8 weights, :func:`fp8_tuning_shapes`) it lacks; no shapes,
+    (``[(n, k)]`` of BF16 weights) and ``fp8_shapes`` (``[(n, k, scale
+    kind)]`` of FP8 weights, :func:`fp8_tuning_shapes`) it lacks; no shapes,
     nothing to tune: None."""
     if check_plan(plan) != "auto":
         return plan
@@ -59,17 +59,17 @@ def resolve_plan(plan, shapes, ms=range(1, MAX_M + 1), *, progress=print, jobs=N
     return plan_cache.auto_plan(shapes, ms, progress=progress, jobs=jobs, fp8_shapes=fp8_shapes)
 
 
-def fp8_tuning_shapes(weights) -> dict:
-    """``{(n, k): scale kind}`` of the FP8 weights of ``{name: (weight,
-    scale)}`` the kernel takes with their scales: what ``plan="auto"`` tunes
-    as FP8 (a shape's first kind; its entries serve every kind). The others
-    are left to ``prepare``, which says what is wrong."""
-    found = {}
+def fp8_tuning_shapes(weights) -> list:
+    """``[(n, k, scale kind)]`` of the FP8 weights of ``{name: (weight,
+    scale)}`` the kernel takes with their scales, each once: what
+    ``plan="auto"`` tunes as FP8. The others are left to ``prepare``, which
+    says what is wrong."""
+    found = []
     for weight, scale in weights.values():
         if is_fp8(weight) and fp8_refusal(weight, scale) is None:
             n, k = weight.shape
-            found.setdefault((int(n), int(k)), fp8_scale_kind(scale, n, k))
-    return found
+            found.append((int(n), int(k), fp8_scale_kind(scale, n, k)))
+    return list(dict.fromkeys(found))
 
 
 def _weight_shape(name, t):
@@ -100,9 +100,9 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
 
     An FP8 weight (``float8_e4m3fn``, with ``weight_scale`` and optionally
     ``scale_kind`` as ``PreparedWarpSplitK`` takes them) runs the plan's FP8
-    entry for each M, the FP8 default (``default_tactic(..., fp8=True)``)
-    where it has none; ``plan="auto"`` tunes its shape as FP8 where this
-    GPU's plan lacks it."""
+    entry for each M and its scales' kind, the FP8 default for them
+    (``default_tactic(..., fp8=True, fp8_scales=...)``) where it has none;
+    ``plan="auto"`` tunes its shape as FP8 where this GPU's plan lacks it."""
     n, k = _weight_shape("weight", weight)
     ms = _check_prepare_ms(ms)
     import torch  # not at the top: importing plans stays torch-free
@@ -145,7 +145,9 @@ def _prepare_fp8(weight, plan, ms, bias=None, *, swiglu=False, weight_scale=None
     plan = resolve_plan(plan, [], ms, fp8_shapes=fp8_tuning_shapes(
         {"weight": (weight, weight_scale)}) if tunable else None)
     plan = plan if plan is not None else DecodePlan()
-    return PreparedWarpSplitK(weight, {m: plan.tactic_for(n, k, m, fp8=True) for m in ms},
+    # (a BF16 weight given scales has no kind: PreparedWarpSplitK refuses it)
+    kind = scale_kind or (fp8_scale_kind(weight_scale, n, k) if is_fp8(weight) else "channel")
+    return PreparedWarpSplitK(weight, {m: plan.tactic_for(n, k, m, fp8_scales=kind) for m in ms},
                               bias=bias, swiglu=swiglu, weight_scale=weight_scale,
                               scale_kind=scale_kind)
 
@@ -234,8 +236,9 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
 def precompile_fp8(weights, ms=range(1, MAX_M + 1), jobs=None, progress=None, *,
                    plan: DecodePlan | None = None):
     """As :func:`precompile_for`, for ``{name: (fp8 weight, scale)}``: the
-    kernels of ``plan``'s FP8 entries (the FP8 default's where it has none),
-    compiled in worker processes into the disk cache."""
+    kernels of ``plan``'s FP8 entries for each weight's scales (the FP8
+    default's where it has none), compiled in worker processes into the disk
+    cache."""
     import torch  # as in prepare
 
     plan = plan if plan is not None else DecodePlan()
@@ -245,15 +248,16 @@ def precompile_fp8(weights, ms=range(1, MAX_M + 1), jobs=None, progress=None, *,
             continue  # prepare says what is wrong
         n, k = weight.shape
         kind = fp8_scale_kind(scale, n, k) if hasattr(scale, "shape") else None
+        if kind is None:
+            continue  # as above
         try:
             arch = device_arch(weight.device.index if weight.device.index is not None
                                else torch.cuda.current_device())
-            kernels = [(n, k, plan.tactic_for(n, k, m, fp8=True), False, True, False, kind)
-                       for m in ms]
+            kernels = [(n, k, plan.tactic_for(n, k, m, fp8_scales=kind), False, True, False,
+                        kind) for m in ms]
         except ValueError:
             continue
-        if kind is not None:
-            by_arch.setdefault(arch, []).extend(kernels)
+        by_arch.setdefault(arch, []).extend(kernels)
     for arch, kernels in by_arch.items():
         precompile(kernels, arch, jobs, progress)
 

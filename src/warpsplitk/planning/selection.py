@@ -97,18 +97,19 @@ def in_default_space(tactic: WarpSplitKTactic, narrow=True) -> bool:
 
 
 def build_plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS, shape_reps=None, *,
-               fp8=False) -> DecodePlan:
+               fp8_scales=None) -> DecodePlan:
     """The plan of ``best`` (``{(n, k, rep): (tactic, us)}``) for ``shapes``
     x ``ms``: each M takes its representative's choice (``shape_reps``: a
     shape's own representatives, where it has fewer), with a time only where
-    it was measured; with ``fp8``, as the plan's FP8 entries."""
+    it was measured; with ``fp8_scales``, as the plan's FP8 entries for
+    those scales."""
     plan = DecodePlan(meta=meta)
     for n, k in shapes:
         for m in ms:
             rep = representative(m, (shape_reps or {}).get((n, k), reps))
             hit = best.get((n, k, rep))
             if hit is not None:
-                plan.set(n, k, m, hit[0], hit[1] if rep == m else None, fp8=fp8)
+                plan.set(n, k, m, hit[0], hit[1] if rep == m else None, fp8_scales=fp8_scales)
     return plan
 
 
@@ -202,5 +203,4 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
                 **({"fp8_scales": fp8_scales} if fp8_scales else {}))
     if inherited:
         meta["inherited_ms"] = inherited
-    return build_plan(best, shapes, ms, meta, reps, shape_reps,
-                      fp8=fp8_scales is not None), partial
+    return build_plan(best, shapes, ms, meta, reps, shape_reps, fp8_scales=fp8_scales), partial

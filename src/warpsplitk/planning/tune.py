@@ -27,11 +27,11 @@ With ``fp8_scales`` (``warpsplitk tune --dtype fp8``) the tune is of e4m3
 weights with FP32 scales of that kind, timed as the benchmark times them
 (``timing.random_fp8``), into the plan's FP8 entries. Quick or exhaustive,
 each cell first measures the pruned FP8 space (``candidates(...,
-fp8=True)``: a few dozen tactics, the FP8 default among them): the cost
-model behind the quick shortlist is fitted to BF16 timings, and an FP8 call
-is bound by other work (``choose.fp8_tactic``). The exhaustive tune then
-adds the twins the FP8 kernel takes, but no mixed grid (FP8 entries serve
-every scale kind, and block scales take none). No cuBLAS timing: no cuBLAS
+fp8_scales=...)``: a few dozen tactics, the FP8 default for those scales
+among them): the cost model behind the quick shortlist is fitted to BF16
+timings, and an FP8 call is bound by other work (``choose.fp8_tactic``). The
+exhaustive tune then adds the twins the FP8 kernel takes (with block scales
+no mixed grid: ``runtime.compile`` refuses one). No cuBLAS timing: no cuBLAS
 call takes an FP8 weight with its scales.
 """
 
@@ -92,14 +92,22 @@ from .tune_log import (
 
 def candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
                k_splits=(1, 2), early_launches=(False, True), bulk_xs=(False, True),
-               max_stages=DEFAULT_MAX_STAGES, fp8: bool = False) -> list[WarpSplitKTactic]:
+               max_stages=DEFAULT_MAX_STAGES, fp8_scales=None) -> list[WarpSplitKTactic]:
     """What the tuner times first in a cell: ``space.base_candidates`` and the
     default tactic, each with every trigger of ``early_launches``; with
-    ``fp8``, of an e4m3 weight (the FP8 space and the FP8 default)."""
+    ``fp8_scales``, of an e4m3 weight with those scales (the FP8 space and
+    the FP8 default for them)."""
     found = set(base_candidates(m, n, k, sm_count, k_splits, early_launches, bulk_xs,
-                                max_stages, fp8=fp8))
-    found.add(default_tactic(m, n, k, sm_count, fp8=fp8))
+                                max_stages, fp8=fp8_scales is not None))
+    found.add(cell_default(m, n, k, sm_count, fp8_scales))
     return sorted({dataclasses.replace(t, early_launch=e) for t in found for e in early_launches})
+
+
+def cell_default(m, n, k, sm_count=DEFAULT_SM_COUNT, fp8_scales=None) -> WarpSplitKTactic:
+    """A cell's default tactic: ``default_tactic``'s, for an e4m3 weight with
+    ``fp8_scales`` scales the FP8 default for them."""
+    fp8 = {} if fp8_scales is None else {"fp8": True, "fp8_scales": fp8_scales}
+    return default_tactic(m, n, k, sm_count, **fp8)
 
 
 #: How many of each cell's fastest candidates are timed again by default.
@@ -249,7 +257,7 @@ class Tuner:
             return {(n, k, r): choose.shortlist(r, n, k, self.sm_count, o.shortlist)
                     for n, k in self.shapes for r in self.reps}
         return {(n, k, r): candidates(r, n, k, self.sm_count, o.k_splits, o.early_launches,
-                                      o.bulk_xs, fp8=self.fp8_scales is not None)
+                                      o.bulk_xs, fp8_scales=self.fp8_scales)
                 for n, k in self.shapes for r in self.reps}
 
     def _twin_rules(self) -> list:
@@ -263,9 +271,11 @@ class Tuner:
             (o.tma, lambda times, n, k, r: tma_twins(times, n, k)),
             # after the TMA twins: a TMA parent's narrow twin copies by 16 bytes
             (o.narrow, lambda times, n, k, r: narrow_twins(times, n, k, r, sm_count, fp8=fp8)),
-            # last: a cell's fastest, TMA twins included, are the mixed grids' parents;
-            # none for FP8 entries, which serve block scales too (no mixed grid there)
-            (o.mixed and not fp8, lambda times, n, k, r: mixed_twins(times, n, k, r, sm_count)),
+            # last: a cell's fastest, TMA twins included, are the mixed grids' parents
+            # (none with block scales: each row block takes its own scales, and a
+            # half tile's rows would need theirs; runtime.compile refuses one)
+            (o.mixed and self.fp8_scales != "block128",
+             lambda times, n, k, r: mixed_twins(times, n, k, r, sm_count)),
             # after every other rule: any of them may have found the parents
             (o.bounded_prefetch,
              lambda times, n, k, r: bounded_prefetch_twins(times, n, k, fp8=fp8)))
@@ -279,7 +289,7 @@ class Tuner:
 
     def _default(self, r, n, k) -> WarpSplitKTactic:
         """The cell's default tactic (the FP8 default for an FP8 tune)."""
-        return default_tactic(r, n, k, self.sm_count, fp8=self.fp8_scales is not None)
+        return cell_default(r, n, k, self.sm_count, self.fp8_scales)
 
     def _key(self, n, k, r, tactic, round_=0) -> str:
         """A timing's log key (``round_``: a confirmation's), of this tune's dtype."""
@@ -318,7 +328,7 @@ class Tuner:
         meta = plan_meta(self.gpu, self.sm_count, self.torch_version,
                          narrow_tiles=bool(self.options.narrow),
                          **({} if self.fp8_scales is None else {"fp8_scales": self.fp8_scales}))
-        return build_plan(self.best, self.shapes, self.ms, meta, fp8=self.fp8_scales is not None)
+        return build_plan(self.best, self.shapes, self.ms, meta, fp8_scales=self.fp8_scales)
 
     def _resume(self, log_path):
         """Take the log's valid records as measured. Stale ones (kernels
@@ -567,8 +577,8 @@ def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=Non
     more graphs and count with the median of their timings.
 
     With ``fp8_scales`` (one of ``contract.FP8_SCALE_KINDS``) the weights
-    are e4m3 with FP32 scales of that kind and the plan's entries are FP8
-    entries (the module docstring); cuBLAS is not timed."""
+    are e4m3 with FP32 scales of that kind and the plan's entries are its
+    FP8 entries for them (the module docstring); cuBLAS is not timed."""
     if fp8_scales is not None and fp8_scales not in FP8_SCALE_KINDS:
         raise ValueError(f"fp8_scales must be None (BF16 weights) or one of {FP8_SCALE_KINDS}, "
                          f"got {fp8_scales!r}")
