@@ -17,6 +17,7 @@ from warpsplitk.runtime import compile as compile_module
 from warpsplitk.runtime import disk_cache
 from warpsplitk.cli import main
 from warpsplitk.planning.plans import DecodePlan, builtin_plan
+from warpsplitk.tactics import WarpSplitKTactic
 from warpsplitk.planning.choose import default_tactic
 from warpsplitk.tactics import register_estimate
 
@@ -341,7 +342,7 @@ def test_tune_shows_only_what_a_user_needs(capsys):
     flags = {flag for action in tune_parser._actions for flag in action.option_strings}
     assert flags == {"-h", "--help", "--shapes", "--model", "--tp", "--m", "-o", "--output",
                      "--log", "--time-budget", "--jobs", "--fresh", "--from-log",
-                     "--exhaustive"}
+                     "--exhaustive", "--dtype", "--scales"}
     for gone in ("--k-split", "--k-split-4", "--x-multicast", "--early-launch", "--bulk-x",
                  "--l2-prefetch", "--bounded-prefetch", "--tma-x", "--mixed-tiles",
                  "--narrow-tiles", "--confirm", "--log-records", "--stale-records",
@@ -365,7 +366,8 @@ def test_tune_calls_the_tuner_with_its_interface_only(tmp_path, monkeypatch):
     assert main(["tune", "--shapes", "256,512", "--m", "1-4", "-o", str(out), "--log", str(log),
                  "--jobs", "3", "--time-budget", "60"]) == 0
     assert set(seen) - {"shapes", "ms"} == {"log_path", "resume", "progress", "time_budget_s",
-                                            "jobs", "shortlist"}
+                                            "jobs", "shortlist", "fp8_scales"}
+    assert seen["fp8_scales"] is None  # BF16 weights unless asked
     # the quick tune unless asked for the whole space
     assert seen["shortlist"] == tune_module.SHORTLIST > 0
     assert seen["shapes"] == [(256, 512)] and seen["ms"] == [1, 2, 3, 4]
@@ -379,6 +381,66 @@ def test_tune_calls_the_tuner_with_its_interface_only(tmp_path, monkeypatch):
     assert len(seen["shapes"]) == 16
     assert main(["tune", "-o", str(out), "--log", str(log), "--exhaustive"]) == 0
     assert seen["shortlist"] == 0
+
+
+def test_tune_dtype_fp8_tunes_fp8_entries_with_the_scales_asked(tmp_path, monkeypatch, capsys):
+    import warpsplitk.planning.tune as tune_module
+    from warpsplitk.planning.choose import default_tactic
+    seen = {}
+
+    def fake_tune(shapes, ms, **kwargs):
+        seen.update(kwargs, shapes=shapes, ms=list(ms))
+        plan = DecodePlan()
+        for m in ms:
+            plan.set(256, 512, m, default_tactic(m, 256, 512, 132, fp8=True), 2.0,
+                     fp8_scales=kwargs["fp8_scales"])
+        return plan
+
+    monkeypatch.setattr(tune_module, "tune", fake_tune)
+    monkeypatch.setattr(cli.checks, "require_gpu", lambda command: None)
+    out, log = tmp_path / "plan.json", tmp_path / "log.jsonl"
+    argv = ["tune", "--shapes", "256,512", "--m", "1", "-o", str(out), "--log", str(log)]
+    assert main(argv + ["--dtype", "fp8"]) == 0
+    assert seen["fp8_scales"] == "channel"  # the default scales
+    assert "FP8 plan (channel scales) for 1 shapes x 1 Ms written to" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["version"] == 2 and data["shapes"] == [] and len(data["fp8"]["channel"]) == 1
+    assert main(argv + ["--dtype", "fp8", "--scales", "block128"]) == 0
+    assert seen["fp8_scales"] == "block128"
+    capsys.readouterr()
+    for bad, words in ((["--scales", "tensor"], ["argument --scales: only with --dtype fp8, "
+                                                 "got --dtype bf16"]),
+                       (["--dtype", "bf16", "--scales", "channel"], ["only with --dtype fp8"]),
+                       (["--dtype", "fp16"], ["argument --dtype: invalid choice: 'fp16'"]),
+                       (["--dtype", "fp8", "--scales", "block"],
+                        ["argument --scales: invalid choice: 'block'"])):
+        assert main(argv + bad) == 2
+        _one_error(capsys, "tune", *words)
+
+
+def test_tune_from_log_dtype_fp8_rebuilds_the_fp8_entries(tmp_path, capsys):
+    from warpsplitk.planning.plans import load_plan
+    from warpsplitk.planning.selection import REPRESENTATIVE_MS
+    from warpsplitk.planning.tune_log import log_key
+    log, out = tmp_path / "log.jsonl", tmp_path / "plan.json"
+    tactic = WarpSplitKTactic.parse("16,8,256,4,1")
+    with open(log, "w") as f:
+        for m in REPRESENTATIVE_MS:
+            for scales, us in ((None, 5.0), ("tensor", 3.0)):
+                f.write(json.dumps({"key": log_key(1024, 4096, m, tactic, scales), "n": 1024,
+                                    "k": 4096, "m": m, "tactic": tactic.short(), "ok": True,
+                                    "us": us, **({"fp8": scales} if scales else {})}) + "\n")
+    base = ["tune", "--from-log", "--log", str(log), "-o", str(out)]
+    assert main(base + ["--dtype", "fp8", "--scales", "tensor"]) == 0
+    plan = load_plan(out)
+    assert plan.entries == {} and plan.lookup(1024, 4096, 1, fp8_scales="tensor") == tactic
+    assert plan.fp8_entries["tensor"][(1024, 4096)][1] == (tactic, 3.0)
+    assert "FP8 plan (tensor scales) for 1 shapes written" in capsys.readouterr().out
+    assert main(base + ["--dtype", "fp8", "--scales", "block128"]) == 0  # none of those scales
+    assert load_plan(out).fp8_entries == {}
+    assert main(base) == 0
+    plan = load_plan(out)
+    assert plan.fp8_entries == {} and plan.entries[(1024, 4096)][1] == (tactic, 5.0)
 
 
 def test_tune_from_log_takes_the_gpu_the_log_names(tmp_path, monkeypatch, capsys):
@@ -404,7 +466,7 @@ def test_tune_from_log_takes_the_gpu_the_log_names(tmp_path, monkeypatch, capsys
                    + json.dumps(record) + "\n")
     assert main(["tune", "--from-log", "--log", str(log), "-o", str(out), "--m", "8"]) == 0
     (args, kwargs), = calls
-    assert kwargs == {} and args[0] == str(log) and args[1] == [5, 6, 7, 8]
+    assert kwargs == {"fp8_scales": None} and args[0] == str(log) and args[1] == [5, 6, 7, 8]
     assert args[2]["gpu"] == "NVIDIA H200" and args[2]["sm_count"] == 132
     assert "plan for 0 shapes" in capsys.readouterr().out
     log.write_text(json.dumps(record) + "\n")

@@ -25,15 +25,18 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tuner(monkeypatch):
-    """A stand-in for tune.tune: the default tactic for every M, and a record of its calls."""
+    """A stand-in for tune.tune: the default tactic for every M (with
+    ``fp8_scales``: the FP8 default, as FP8 entries), and a record of its calls."""
     calls = []
 
     def fake_tune(shapes, ms, **kwargs):
         calls.append((list(shapes), tuple(ms), kwargs))
+        kind = kwargs.get("fp8_scales")
+        fp8 = {} if kind is None else {"fp8": True, "fp8_scales": kind}
         plan = DecodePlan(meta={"tuned": True})
         for n, k in shapes:
             for m in ms:
-                plan.set(n, k, m, default_tactic(m, n, k, 132), 1.0)
+                plan.set(n, k, m, default_tactic(m, n, k, 132, **fp8), 1.0, fp8_scales=kind)
         return plan
 
     monkeypatch.setattr(tune, "tune", fake_tune)
@@ -66,6 +69,42 @@ def test_auto_tunes_once_and_the_next_process_reads_the_file(cache, tuner, capsy
     capsys.readouterr()
     assert tuner[1][2]["progress"]("line") is None
     assert capsys.readouterr() == ("", "")
+
+
+def test_auto_tunes_fp8_shapes_as_fp8_once(cache, tuner, capsys):
+    """FP8 weights' shapes are tuned per scale kind into FP8 entries of that
+    kind, kept in the file beside the BF16 ones; BF16 entries, or another
+    kind's, cover no FP8 weight."""
+    lines = []
+    plan = plan_cache.auto_plan([(4096, 4096)], (1, 8), gpu=OTHER, progress=lines.append,
+                                fp8_shapes=[(4096, 4096, "channel"), (2048, 4096, "block128"),
+                                            (1024, 4096, "channel"), (2880, 2880, "tensor")])
+    assert [(c[0], c[2].get("fp8_scales")) for c in tuner] == [
+        ([(4096, 4096)], None), ([(4096, 4096), (1024, 4096)], "channel"),
+        ([(2048, 4096)], "block128")]  # K = 2880: not the kernel's, not tuned
+    assert all(c[2]["log_path"].endswith("-132sm-log.jsonl") for c in tuner)
+    assert any("tuning 1 shape(s) and 3 FP8 shape(s)" in line for line in lines)
+    assert plan.lookup(2048, 4096, 8, fp8_scales="block128") == default_tactic(
+        8, 2048, 4096, 132, fp8=True, fp8_scales="block128")
+    assert plan.lookup(2048, 4096, 8) is None
+    assert plan.lookup(2048, 4096, 8, fp8_scales="channel") is None
+    data = json.loads(plan_cache.plan_path(plan_cache.gpu_key(*OTHER)).read_text())
+    assert data["version"] == 2 and {kind: len(shapes) for kind, shapes in data["fp8"].items()} \
+        == {"channel": 2, "block128": 1}
+    # the next process tunes nothing; another kind of a tuned shape is tuned for it
+    again = plan_cache.auto_plan([(4096, 4096)], (1, 8), gpu=OTHER, progress=None,
+                                 fp8_shapes=[(2048, 4096, "block128")])
+    assert len(tuner) == 3 and again.fp8_entries == plan.fp8_entries
+    plan_cache.auto_plan([], (1, 8), gpu=OTHER, progress=None,
+                         fp8_shapes=[(2048, 4096, "channel")])
+    assert tuner[-1][0] == [(2048, 4096)] and tuner[-1][2]["fp8_scales"] == "channel"
+    # a BF16 shape with FP8 entries only is tuned as BF16
+    plan_cache.auto_plan([(2048, 4096)], (1, 8), gpu=OTHER, progress=None)
+    assert tuner[-1][0] == [(2048, 4096)] and "fp8_scales" not in tuner[-1][2]
+    # the built-in plan (BF16 only) covers no FP8 shape of its GPU
+    shipped = next(iter(builtin_plan("h200").entries))
+    plan_cache.auto_plan([], (1,), gpu=H200, progress=None, fp8_shapes=[(*shipped, "tensor")])
+    assert tuner[-1][0] == [shipped] and tuner[-1][2]["fp8_scales"] == "tensor"
 
 
 def test_the_builtin_plan_covers_its_own_gpu(cache, tuner):

@@ -1,13 +1,16 @@
 """Decode plans (planning/decode_plan.py, through planning/plans.py): file round
 trip, validation, lookup and fallback, prepare's refusals, the plan view."""
 
+import dataclasses
 import json
 import warnings
+from importlib import resources
 
 import pytest
 
 from warpsplitk import shapes
 from warpsplitk.planning.plans import (
+    FP8_PLAN_VERSION,
     PLAN_FORMAT,
     PLAN_VERSION,
     DecodePlan,
@@ -180,7 +183,7 @@ def test_plan_entries_of_any_integer_type_are_ints():
 
 def test_the_warned_shapes_are_no_constructor_argument():
     import inspect
-    assert list(inspect.signature(DecodePlan).parameters) == ["meta", "entries"]
+    assert list(inspect.signature(DecodePlan).parameters) == ["meta", "entries", "fp8_entries"]
     with pytest.raises(TypeError):
         DecodePlan(_warned=set())
     assert "_warned" not in repr(DecodePlan())
@@ -302,3 +305,148 @@ def test_prepare_refuses_a_cpu_weight_before_reading_the_plan():
         warnings.simplefilter("error")  # a plan warning would fail here
         with pytest.raises(ValueError, match="^weight must be on a CUDA device, got cpu$"):
             prepare(weight, DecodePlan(entries={(512, 512): {}}), ms=[1])
+
+
+# ------------------------------------------------------------- FP8 entries
+
+def fp8_plan():
+    """``small_plan`` with FP8 entries for channel and block scales: tactics
+    other than the FP8 default."""
+    plan = small_plan()
+    for m in (1, 8):
+        default = default_tactic(m, 4224, 7168, 132, fp8=True, fp8_scales="block128")
+        plan.set(4224, 7168, m, dataclasses.replace(default, early_launch=True), 9.5,
+                 fp8_scales="block128")
+    plan.set(768, 128, 32, T(16, 32, 128, 1, 2), None, fp8_scales="channel")
+    return plan
+
+
+def test_fp8_entries_round_trip_as_version_2(tmp_path):
+    plan = fp8_plan()
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = load_plan(path)
+    assert loaded == plan and loaded.fp8_entries == plan.fp8_entries
+    assert loaded.entries == small_plan().entries  # the BF16 entries as they were
+    data = json.loads(path.read_text())
+    assert data["version"] == FP8_PLAN_VERSION == 2
+    assert data["shapes"] == small_plan().to_json()["shapes"]
+    assert {kind: [(s["n"], s["k"], sorted(s["entries"])) for s in shapes]
+            for kind, shapes in data["fp8"].items()} == {
+        "channel": [(768, 128, ["32"])], "block128": [(4224, 7168, ["1", "8"])]}
+    assert "2 FP8 shapes, 3 FP8 entries" in repr(loaded) and "FP8" not in repr(small_plan())
+
+
+def test_a_plan_without_fp8_entries_stays_version_1(tmp_path):
+    data = small_plan().to_json()
+    assert data["version"] == PLAN_VERSION == 1 and "fp8" not in data
+    # the shipped plan: read and written back byte for byte
+    shipped = resources.files("warpsplitk").joinpath("data/plan-h200.json")
+    builtin_plan("h200").save(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_bytes() == shipped.read_bytes()
+    # a version 2 file without FP8 entries reads too (and writes as version 1)
+    data["version"] = 2
+    assert plan_from_json(data) == small_plan()
+    data["fp8"] = {"tensor": []}
+    assert plan_from_json(data).to_json()["version"] == 1
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d.update(version=3), r"^plan: plan version 3, this warpsplitk reads versions 1 "
+                                    r"\(BF16 entries\) and 2 \(BF16 and FP8 entries\)$"),
+    (lambda d: d.update(version=1), r"a version 1 plan holds BF16 entries only; an 'fp8' "
+                                    r"section needs version 2$"),
+    (lambda d: d.update(fp8=[]), r"a plan's 'fp8' section maps each scale kind to a list of "
+                                 r"shapes, got \[\]"),
+    (lambda d: d["fp8"].update(channel={}), r"maps each scale kind to a list of shapes"),
+    (lambda d: d["fp8"].update(block=[]), r"the 'fp8' section's keys are scale kinds \('tensor', "
+                                          r"'channel', 'block128'\), got 'block'$"),
+    (lambda d: d["fp8"]["channel"][0].pop("k"), r"fp8 channel shapes\[0\] needs 'n', 'k' and "
+                                                r"'entries'"),
+    # checked as FP8 entries: the FP8 kernel's rules, and no cuBLAS
+    (lambda d: d["fp8"]["channel"][0]["entries"].update({"8": {"tactic": "16,8,128,1,1+tma"}}),
+     r"FP8 \(channel scales\) N=768 K=128 M=8: warp split-K tactic: FP8 weights take x_copy "
+     r"'cp\.async', got 'tma'"),
+    (lambda d: d["fp8"]["channel"][0]["entries"].update({"8": {"tactic": "cublas"}}),
+     r"\(channel scales\) N=768 K=128 M=8: an FP8 entry must be a tactic, got 'cublas'"),
+    (lambda d: d["fp8"]["channel"][0]["entries"]["32"].update(us=-1), "FP8 .* 'us' must be"),
+    (lambda d: d["fp8"]["channel"].append(dict(d["fp8"]["channel"][0])),
+     r"\(channel scales\) N=768 K=128 M=32: a second entry"),
+])
+def test_bad_fp8_sections_name_the_entry(mutate, match):
+    data = fp8_plan().to_json()
+    mutate(data)
+    with pytest.raises(ValueError, match=match):
+        plan_from_json(data)
+
+
+def test_fp8_entries_are_apart_from_the_bf16_ones_and_by_scale_kind():
+    plan = fp8_plan()
+    assert plan.lookup(768, 128, 32) == T(16, 32, 128, 1, 2)  # both hold it: each its own
+    assert plan.lookup(768, 128, 32, fp8_scales="channel") == T(16, 32, 128, 1, 2)
+    assert plan.lookup(768, 128, 32, fp8_scales="tensor") is None
+    assert plan.lookup(4224, 7168, 8) is None
+    assert plan.lookup(4224, 7168, 8, fp8_scales="block128").early_launch
+    assert plan.lookup(4224, 7168, 8, fp8_scales="channel") is None
+    with pytest.raises(ValueError, match="an FP8 entry must be a tactic, got 'cublas'"):
+        plan.set(768, 128, 1, "cublas", fp8_scales="tensor")
+    with pytest.raises(ValueError, match="FP8 weights take x_copy 'cp.async', got 'bulk'"):
+        plan.set(768, 128, 1, T(16, 1, 128, 1, 1, x_copy="bulk"), fp8_scales="tensor")
+    plan.set(768, 128, 1, T(16, 1, 128, 1, 1, x_copy="bulk"))  # a BF16 entry takes it
+    with pytest.raises(ValueError, match=r"decode plan FP8 \(tensor scales\) entry: M must be in "
+                                         r"1\.\.32, got 33"):
+        plan.set(768, 128, 33, T(16, 32, 128, 1, 2), fp8_scales="tensor")
+    for call in (lambda: plan.set(768, 128, 1, T(16, 32, 128, 1, 2), fp8_scales="row"),
+                 lambda: plan.lookup(768, 128, 1, fp8_scales=True)):
+        with pytest.raises(ValueError, match=r"fp8_scales must be None \(BF16 weights\) or one "
+                                             r"of \('tensor', 'channel', 'block128'\), got "):
+            call()
+    assert "tensor" not in plan.fp8_entries  # nothing refused was kept
+
+
+def test_fp8_lookups_fall_back_to_the_fp8_default_said_once():
+    plan = fp8_plan()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hit = plan.tactic_for(4224, 7168, 1, 132, fp8_scales="block128")
+        got = [plan.tactic_for(2048, 2048, m, 132, fp8_scales="block128") for m in (1, 32)]
+        plan.tactic_for(4224, 7168, 2, 132, fp8_scales="block128")
+    assert hit == plan.lookup(4224, 7168, 1, fp8_scales="block128")
+    assert got == [default_tactic(m, 2048, 2048, 132, fp8=True, fp8_scales="block128")
+                   for m in (1, 32)]
+    assert [str(w.message) for w in caught] == [
+        "decode plan has no FP8 (block128 scales) entry for N=2048, K=2048: using the FP8 "
+        "default (default_tactic(..., fp8=True))",
+        "decode plan has no FP8 (block128 scales) entry for M=2 for N=4224, K=7168: using the "
+        "FP8 default (default_tactic(..., fp8=True))"]
+    # no entries for these scales: no plan for them; the default, nothing to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plan.tactic_for(4224, 7168, 1, 132, fp8_scales="tensor") == default_tactic(
+            1, 4224, 7168, 132, fp8=True, fp8_scales="tensor")
+
+
+def test_merge_takes_the_other_plans_entries_of_every_kind():
+    plan = small_plan()
+    plan.merge(fp8_plan())
+    assert plan == fp8_plan()
+    other = DecodePlan()
+    other.set(768, 128, 32, T(16, 32, 128, 1, 1), fp8_scales="channel")
+    plan.merge(other)
+    assert plan.lookup(768, 128, 32, fp8_scales="channel") == T(16, 32, 128, 1, 1)
+    assert plan.lookup(768, 128, 32) == T(16, 32, 128, 1, 2)
+
+
+def test_plan_view_says_it_shows_bf16_tactics_of_a_plan_with_fp8_entries(tmp_path, capsys):
+    from warpsplitk.cli import main
+    path = tmp_path / "plan.json"
+    fp8_plan().save(path)
+    argv = ["plan", "--no-compile", "--shapes", "4224,7168", "--m", "1", "--plan"]
+    assert main(argv + [str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "BF16 weights only: the plan's FP8 entries (2 shapes) are not shown" in out
+    row = next(line for line in out.splitlines() if " 4224  7168   1 " in line)
+    assert small_plan().lookup(4224, 7168, 1).short() in row.split()
+    small_plan().save(path)
+    assert main(argv + [str(path)]) == 0
+    assert "FP8" not in capsys.readouterr().out

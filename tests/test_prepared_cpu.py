@@ -339,6 +339,72 @@ def test_prepare_runs_an_fp8_weight_on_the_fp8_default(fp8_world):
         plans.prepare(aligned(N, K), None, ms=(1,), weight_scale=scale)
 
 
+def test_prepare_runs_the_plans_fp8_entries_where_it_has_them(fp8_world):
+    from warpsplitk.planning import plans
+    from warpsplitk.planning.choose import default_tactic
+    compiled, _ = fp8_world
+    weight, scale = fp8_weight(), aligned(1, K // 128, dtype=torch.float32)
+    plan = plans.DecodePlan()
+    tuned = WarpSplitKTactic(32, 8, 128, 2, 1, early_launch=True)
+    block = dict(fp8=True, fp8_scales="block128")
+    assert tuned != default_tactic(8, N, K, **block)
+    plan.set(N, K, 8, tuned, 3.0, fp8_scales="block128")
+    plan.set(N, K, 1, T128)  # a BF16 entry: not for an FP8 weight
+    plan.set(N, K, 1, T128, fp8_scales="channel")  # nor another kind's
+    with pytest.warns(UserWarning, match=r"no FP8 \(block128 scales\) entry for M=1 for N=64"):
+        prepared = plans.prepare(weight, plan, ms=(1, 8), weight_scale=scale)
+    assert prepared.tactics == {1: default_tactic(1, N, K, **block), 8: tuned}
+    assert {options["fp8_scales"] for *_, options in compiled} == {"block128"}
+    channel = plans.prepare(weight, plan, ms=(1,), weight_scale=aligned(N, dtype=torch.float32))
+    assert channel.tactics == {1: T128}
+
+
+def test_prepare_auto_tunes_an_fp8_weight_as_fp8(fp8_world, monkeypatch):
+    """plan="auto" for an FP8 weight asks this GPU's plan for its shape as
+    FP8, with its scales' kind; a weight it refuses asks for nothing."""
+    from warpsplitk.planning import plan_cache, plans
+    asked, tuned = [], WarpSplitKTactic(32, 8, 128, 2, 1, early_launch=True)
+
+    def auto_plan(shapes, ms, **kwargs):
+        asked.append((list(shapes), tuple(ms), kwargs["fp8_shapes"]))
+        plan = plans.DecodePlan()
+        for m in ms:
+            plan.set(N, K, m, tuned, fp8_scales="channel")
+        return plan
+    monkeypatch.setattr(plan_cache, "auto_plan", auto_plan)
+    scale = aligned(N, dtype=torch.float32)
+    prepared = plans.prepare(fp8_weight(), "auto", ms=(1, 8), weight_scale=scale)
+    assert asked == [([], (1, 8), [(N, K, "channel")])]
+    assert prepared.tactics == {1: tuned, 8: tuned}
+    with pytest.raises(ValueError, match="weight_scale must be finite"):
+        plans.prepare(fp8_weight(), "auto", ms=(1,), weight_scale=torch.tensor([float("inf")]))
+    with pytest.raises(ValueError, match="needs weight_scale"):
+        plans.prepare(fp8_weight(), "auto", ms=(1,))
+    assert len(asked) == 1
+
+
+def test_prepare_model_mixes_bf16_and_fp8_weights_on_their_own_entries(fp8_world, monkeypatch):
+    from warpsplitk.planning import plans
+    from warpsplitk.planning.choose import default_tactic
+    monkeypatch.setattr(plans, "precompile_for", lambda *args, **kwargs: {})
+    precompiled = []
+    monkeypatch.setattr(plans, "precompile_fp8",
+                        lambda weights, ms, jobs, progress, plan: precompiled.append(plan))
+    bf16_tactic = WarpSplitKTactic(16, 8, 128, 2, 1)
+    fp8_tactic = WarpSplitKTactic(32, 8, 128, 2, 1, early_launch=True)
+    plan = plans.DecodePlan()
+    for m in (1, 8):
+        plan.set(N, K, m, bf16_tactic)
+        plan.set(N, K, m, fp8_tactic, fp8_scales="tensor")
+    prepared = plans.prepare_model({"q": fp8_weight(), "o": aligned(N, K)}, plan, ms=(1, 8),
+                                   progress=None,
+                                   weight_scales={"q": aligned(1, dtype=torch.float32)})
+    assert prepared["q"].tactics == {1: fp8_tactic, 8: fp8_tactic}
+    assert prepared["o"].tactics == {1: bf16_tactic, 8: bf16_tactic}
+    assert precompiled == [plan]  # the FP8 kernels compiled first are the plan's
+    assert default_tactic(8, N, K, fp8=True) != fp8_tactic
+
+
 def test_prepare_model_takes_fp8_weights_with_their_scales(fp8_world, monkeypatch):
     from warpsplitk.planning import plans
     monkeypatch.setattr(plans, "precompile_for", lambda *args, **kwargs: {})

@@ -171,3 +171,44 @@ def test_narrow_twins_give_rows_past_m_to_ring_depth():
     assert len(by_rows) == 2 and {ctas_per_sm(t) for t in by_rows} == {1, 2}
     # measured twins are not proposed again
     assert narrow_twins({**times, **dict.fromkeys(twins, 7.0)}, n, k, 1) == []
+
+
+@pytest.mark.parametrize("n,k", [(768, 128), (256, 512), (4096, 4096), (4096, 14336),
+                                 (28672, 4096), (256, 16384), (48, 8448)])
+def test_the_fp8_space_is_the_fp8_kernels_and_holds_the_fp8_default(n, k):
+    """What an FP8 tune measures first: tactics check_tactic(fp8=True) takes,
+    the FP8 default among them, each with its early-trigger twin, each ring
+    the deepest that keeps its CTAs per SM at one byte per weight."""
+    from warpsplitk.planning.space import base_candidates
+    for m in REPRESENTATIVE_MS:
+        for kind in ("channel", "block128"):  # each kind's default among them
+            found = candidates(m, n, k, 132, fp8_scales=kind)
+            assert default_tactic(m, n, k, 132, fp8=True, fp8_scales=kind) in found
+            assert all(is_legal(t, n, k, fp8=True) for t in found)
+            late = {t for t in found if not t.early_launch}
+            assert {dataclasses.replace(t, early_launch=True) for t in late} == \
+                {t for t in found if t.early_launch}
+        for t in base_candidates(m, n, k, 132, early_launches=(False,), fp8=True):
+            deeper = dataclasses.replace(t, stages=t.stages + 1)
+            assert (t.stages == 16 or not is_legal(deeper, n, k, fp8=True)
+                    or ctas_per_sm(deeper, fp8=True) < ctas_per_sm(t, fp8=True)), t
+
+
+def test_fp8_rings_are_sized_by_the_fp8_kernels_shared_memory():
+    # 4096 x 4096 at M = 16: rings a BF16 weight's stages would not fit
+    found = candidates(16, 4096, 4096, 132, fp8_scales="channel")
+    assert any(not is_legal(t, 4096, 4096) for t in found)
+    deepest = max(found, key=lambda t: t.stages)
+    assert deepest.smem_plan_for(fp8=True).total < deepest.smem_bytes
+    assert ctas_per_sm(deepest, fp8=True) >= ctas_per_sm(deepest)
+
+
+def test_fp8_twins_are_the_fp8_kernels():
+    from warpsplitk.planning.space import bounded_prefetch_twins, narrow_twins, prefetch_twins
+    n, k = 4096, 4096
+    parents = {t: 1.0 + i for i, t in enumerate(candidates(1, n, k, 132, fp8_scales="tensor"))}
+    twins = (narrow_twins(parents, n, k, 1, 132, fp8=True)
+             + prefetch_twins(parents, n, k, fp8=True)
+             + bounded_prefetch_twins(parents, n, k, fp8=True))
+    assert twins and all(is_legal(t, n, k, fp8=True) for t in twins)
+    assert any(t.token_tile < 8 for t in twins) and any(t.l2_prefetch for t in twins)

@@ -405,6 +405,27 @@ def test_stale_timings_slower_than_the_best_valid_one_are_not_measured_again(tmp
     assert dominated_stale_keys(str(log)) == {f"1024,4096,1,{tma}"}
 
 
+def test_fp8_timings_are_a_cell_of_their_own_in_the_log(tmp_path):
+    """A stale BF16 timing is judged against the BF16 timings of its cell
+    only (an FP8 weight's faster timing is of another kernel); an FP8
+    record names scales the kernel takes."""
+    from warpsplitk.planning.tune_log import check_log_record, dominated_stale_keys, log_key
+    log = tmp_path / "log.jsonl"
+    tma = "16,8,256,4,1+tma"
+    _log(log, [(1024, 4096, 1, tma, 6.0)])  # stale (revision 1): only a faster BF16 one skips it
+    plain = WarpSplitKTactic.parse("16,8,256,4,1")
+    with open(log, "a") as f:
+        f.write(json.dumps({"key": log_key(1024, 4096, 1, plain, "channel"), "n": 1024,
+                            "k": 4096, "m": 1, "tactic": plain.short(), "ok": True, "us": 2.0,
+                            "fp8": "channel", "rev": 3}) + "\n")
+    assert log_key(1024, 4096, 1, plain, "channel") == "fp8:channel:1024,4096,1,16,8,256,4,1"
+    assert dominated_stale_keys(str(log)) == set()
+    with pytest.raises(ValueError, match=r"^here: 'fp8' must be one of \('tensor', 'channel', "
+                                         r"'block128'\), got 'per-row'$"):
+        check_log_record({"key": "x", "n": 1, "k": 1, "m": 1, "tactic": "t", "fp8": "per-row"},
+                         "here")
+
+
 def test_log_records_of_retired_builds_and_tactics_never_count(tmp_path):
     """Records of an experimental build (stamped ``variant`` by versions that
     built them) and of tactics this version no longer parses (a seventh
@@ -565,18 +586,20 @@ def test_appends_are_synced(tmp_path, monkeypatch):
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """The tuner's GPU work on the CPU: a tactic's kernel computes x @ w^T,
-    but not for ``broken`` (no compile) and ``wrong`` (wrong results); it
+    """The tuner's GPU work on the CPU: a tactic's kernel computes x @ w^T
+    (an FP8 kernel's w scaled), but not for ``broken`` (no compile) and
+    ``wrong`` (wrong results); it
     times at ``times[tactic]`` (10 us unless given), cuBLAS at
     ``cublas_us[m]``. ``compiled``, ``timed`` and ``built`` record the calls."""
     import types
 
     import torch
 
+    from warpsplitk.contract import fp8_scale_factors, fp8_scale_shape
     pytest.importorskip("cuda.bindings")
     from warpsplitk.planning import tune as tune_module
     gpu = types.SimpleNamespace(times={}, cublas_us={}, broken=set(), wrong=set(), compiled=[],
-                                timed=[], built=[], last=None)
+                                options=[], timed=[], built=[], last=None)
     tensors = {}
     real_randn, real_empty, real_matmul = torch.randn, torch.empty, torch.matmul
 
@@ -588,16 +611,26 @@ def fake_gpu(monkeypatch):
         gpu.last = ("cublas", a.shape[0])
         return real_matmul(a, b, out=out)
 
-    def compile_kernel(device, n, k, tactic):
+    def compile_kernel(device, n, k, tactic, **options):
         if tactic in gpu.broken:
             raise RuntimeError("no such kernel")
         gpu.compiled.append(tactic)
+        gpu.options.append(options)
 
-        def code(w, x, bias, out, m, stream):
-            result = tensors[x].float() @ tensors[w].float().t()
-            tensors[out].copy_(result * (2 if tactic in gpu.wrong else 1))
+        def code(w, x, bias, *rest):  # rest: (scale,) out, m, stream as the kernel's
+            weight = tensors[w].float()
+            if options.get("fp8_scales"):
+                weight = weight * fp8_scale_factors(tensors[rest[0]], n, k)
+            result = tensors[x].float() @ weight.t()
+            tensors[rest[-3]].copy_(result * (2 if tactic in gpu.wrong else 1))
             gpu.last = tactic
         return code
+
+    def random_fp8(n, k, copies, seed, scales):
+        weights = [keep((real_randn(n, k) * 64).clamp(-448, 448).to(torch.float8_e4m3fn))
+                   for _ in range(copies)]
+        return weights, [keep(torch.rand(fp8_scale_shape(scales, n, k)) + 0.5)
+                         for _ in range(copies)]
 
     def time_calls(calls):
         calls[0]()
@@ -620,6 +653,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(timing, "random_weights", lambda n, k, copies, device, seed: [
         keep(real_randn(n, k, dtype=torch.bfloat16)) for _ in range(copies)])
     monkeypatch.setattr(timing, "time_calls", time_calls)
+    monkeypatch.setattr(timing, "random_fp8", random_fp8)
     monkeypatch.setattr(tune_module, "compile_warp_splitk", compile_kernel)
     monkeypatch.setattr(tune_module, "gmem_pointer", lambda address: address)
     monkeypatch.setattr(tune_module, "stream_handle", lambda device: 0)
@@ -668,3 +702,72 @@ def test_the_tuner_logs_each_measurement_once_and_resumes_from_the_log(fake_gpu,
     assert (len(fake_gpu.compiled), len(fake_gpu.timed)) == measured
     appended = [json.loads(line) for line in log.read_text().splitlines()][size:]
     assert len(appended) == 1 and "meta" in appended[0]
+
+
+def test_an_fp8_tune_times_e4m3_weights_into_the_plans_fp8_entries(fake_gpu, tmp_path):
+    """Each cell measures the pruned FP8 space (the FP8 default among it)
+    with scales of the kind asked, under keys of their own beside a BF16
+    tune's in the same log, and no cuBLAS; the plan holds FP8 entries only."""
+    from warpsplitk.planning.selection import plan_from_log
+    from warpsplitk.planning.tune import tune
+    from warpsplitk.planning.tune_log import log_key
+    n, k = 256, 512
+    log, lines = tmp_path / "log.jsonl", []
+    fake_gpu.cublas_us.update({1: 20.0, 8: 20.0})
+    bf16 = tune([(n, k)], [1, 8], log_path=str(log), progress=lines.append)
+    bf16_size = len(log.read_text().splitlines())
+    work = {m: candidates(m, n, k, 132, fp8_scales="block128") for m in (1, 8)}
+    fast, wrong = work[8][3], work[1][0]
+    fake_gpu.times[fast] = 5.0
+    fake_gpu.wrong.add(wrong)
+    fake_gpu.compiled.clear(), fake_gpu.options.clear()
+    plan = tune([(n, k)], [1, 8], log_path=str(log), progress=lines.append,
+                fp8_scales="block128")
+    assert plan.entries == {} and plan.meta["fp8_scales"] == "block128"
+    entries = plan.fp8_entries["block128"][(n, k)]
+    assert plan.lookup(n, k, 8, fp8_scales="block128") == fast and entries[8] == (fast, 5.0)
+    assert sorted(entries) == [1, 8] and list(plan.fp8_entries) == ["block128"]
+    _, *records = [json.loads(line) for line in log.read_text().splitlines()[bf16_size:]]
+    assert all(r["fp8"] == "block128" for r in records)
+    assert "cublas" not in {r["tactic"] for r in records}
+    # every FP8 candidate measured, none taken for the BF16 timing of its cell
+    assert {r["key"] for r in records if not r.get("confirm")} == {
+        log_key(n, k, m, t, "block128") for m in work for t in work[m]}
+    assert {r["key"] for r in records if r.get("confirm")} >= {
+        f"confirm:fp8:block128:{n},{k},8,{fast.short()}"}
+    assert next(r for r in records if r["tactic"] == wrong.short() and r["m"] == 1)[
+        "error"].startswith("relative error")
+    assert {o["fp8_scales"] for o in fake_gpu.options} == {"block128"}
+    assert {item[5:] for item in fake_gpu.built[-1]} == {(False, "block128")}
+    # the log rebuilds each plan from its own dtype's timings
+    assert plan_from_log(str(log), [1, 8], fp8_scales="block128")[0].fp8_entries == \
+        plan.fp8_entries
+    assert plan_from_log(str(log), [1, 8])[0].entries == bf16.entries
+    # a rerun measures nothing the log holds
+    measured = len(fake_gpu.timed)
+    again = tune([(n, k)], [1, 8], log_path=str(log), progress=lines.append,
+                 fp8_scales="block128")
+    assert again.fp8_entries == plan.fp8_entries and len(fake_gpu.timed) == measured
+
+
+@pytest.mark.parametrize("scales", ["channel", "block128"])
+def test_an_exhaustive_fp8_tune_measures_fp8_twins_only(fake_gpu, scales):
+    from warpsplitk.planning.space import mixed_twins
+    from warpsplitk.planning.tune import tune
+    # at M = 16 its grid is uneven: mixed grids the FP8 kernel takes are twins
+    n, k = 1536, 4096
+    first = candidates(16, n, k, 132, fp8_scales=scales)
+    assert any(is_legal(t, n, k, fp8=True) for t in mixed_twins(dict.fromkeys(first, 1.0), n, k,
+                                                                  16, 132))
+    plan = tune([(n, k)], [1, 16], progress=lambda line: None, shortlist=0, fp8_scales=scales)
+    measured = set(fake_gpu.compiled)
+    assert plan.lookup(n, k, 16, fp8_scales=scales) in measured
+    # twins beyond the first candidates (the narrow token tiles of M = 1) ...
+    assert measured - set(first) - set(candidates(1, n, k, 132, fp8_scales=scales))
+    assert any(t.token_tile < 8 for t in measured)
+    # ... each one the FP8 kernel takes; mixed grids only where the scales take them
+    assert all(is_legal(t, n, k, fp8=True) for t in measured)
+    assert any(t.half_tiles for t in measured) == (scales != "block128")
+    with pytest.raises(ValueError, match=r"fp8_scales must be None \(BF16 weights\) or one of "
+                                         r"\('tensor', 'channel', 'block128'\), got 'block'"):
+        tune([(n, k)], [1], fp8_scales="block")

@@ -616,19 +616,22 @@ def register_estimate(tactic: WarpSplitKTactic) -> int:
     return -(-measured // 8) * 8
 
 
-def ctas_per_sm(tactic: WarpSplitKTactic) -> int:
+def ctas_per_sm(tactic: WarpSplitKTactic, fp8: bool = False) -> int:
     """CTAs of this tactic one SM holds at once (shared memory, threads,
-    registers); ``ValueError`` for what is no tactic of the kernel's space."""
+    registers; with ``fp8``, the FP8-weight kernel's shared memory,
+    ``smem_plan_for``); ``ValueError`` for what is no tactic of the kernel's
+    space."""
     if not isinstance(tactic, WarpSplitKTactic):  # before the cache: a list is unhashable
         raise not_a_tactic(tactic)
-    return _ctas_per_sm(tactic)
+    return _ctas_per_sm(tactic, bool(fp8))
 
 
 @functools.lru_cache(maxsize=65536)  # a pure function of the (frozen) tactic
-def _ctas_per_sm(tactic):
+def _ctas_per_sm(tactic, fp8):
     _check_values(tactic)  # once per distinct tactic: the cache keeps hot loops cheap
-    by_smem = SMEM_PER_SM // (tactic.smem_bytes + SMEM_RESERVED_PER_BLOCK)
+    by_smem = SMEM_PER_SM // (tactic.smem_plan_for(fp8).total + SMEM_RESERVED_PER_BLOCK)
     by_threads = THREADS_PER_SM // tactic.threads
+    # (the BF16 kernel's registers for both: none measured of the FP8 kernel)
     by_regs = REGISTERS_PER_SM // (register_estimate(tactic) * tactic.threads)
     return max(0, min(by_smem, by_threads, by_regs, BLOCKS_PER_SM))
 

@@ -114,7 +114,7 @@ def _check_modes(args):
                             ("--plan", args.plan is not None), ("--plot", args.plot)):
             if given:
                 raise UsageError(f"argument {flag}: not with --dtype fp8 (it times each shape's "
-                                 "FP8 default; plans hold BF16 tactics)")
+                                 "FP8 default)")
 
 
 def _check_hf_kernel(args):

@@ -173,6 +173,9 @@ def _plan_line(plan, source, rows, unmeasured_gpu) -> str:
     if unmeasured_gpu:
         line += (f"; no plan was measured on the {unmeasured_gpu.removeprefix('NVIDIA ')}: "
                  "--plan h200 shows the H200's")
+    fp8_shapes = sum(map(len, plan.fp8_entries.values()))
+    if fp8_shapes:
+        line += f"; BF16 weights only: the plan's FP8 entries ({fp8_shapes} shapes) are not shown"
     return line
 
 

@@ -1,8 +1,11 @@
 """``warpsplitk tune``: measure tactics on this GPU and write a decode plan;
-``--from-log`` rebuilds the plan from a tuning log without a GPU."""
+``--from-log`` rebuilds the plan from a tuning log without a GPU. With
+``--dtype fp8`` the weights are e4m3 with FP32 scales (``--scales``) and the
+plan's entries are FP8 entries."""
 from __future__ import annotations
 
 from .. import shapes as shape_table
+from ..contract import FP8_SCALE_KINDS
 from ..planning import choose, selection, tune, tune_log
 from . import checks, options
 from .options import UsageError
@@ -27,6 +30,13 @@ def add_parser(sub):
     p.add_argument("--exhaustive", action="store_true",
                    help="measure the whole tactic space of each cell, not only the cost "
                         "model's shortlist (minutes per shape instead of seconds)")
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
+                   help="fp8: tune for e4m3 weights (W8A16) into the plan's FP8 entries, each "
+                        "cell's pruned FP8 space measured, no cuBLAS (default bf16)")
+    p.add_argument("--scales", choices=FP8_SCALE_KINDS,
+                   help="with --dtype fp8: the FP32 scales the weights are timed with, and the "
+                        "plan's entries are for: one (tensor), one per row (channel, the "
+                        "default) or one per 128x128 block (block128)")
     p.set_defaults(func=run)
 
 
@@ -35,23 +45,27 @@ def run(args, argv):
     if args.from_log and args.fresh:
         raise UsageError("argument --fresh: not with --from-log (which reads the log --fresh "
                          "would ignore)")
+    if args.scales is not None and args.dtype != "fp8":
+        raise UsageError(f"argument --scales: only with --dtype fp8, got --dtype {args.dtype}")
+    fp8_scales = (args.scales or "channel") if args.dtype == "fp8" else None
     records = _read_log(args.log, required=args.from_log) if (args.from_log or not args.fresh) \
         else []
     ms = _planned_ms(args.m)
     if args.from_log:
-        return _plan_from_log(args, records, ms)
+        return _plan_from_log(args, records, ms, fp8_scales)
     shapes = checks.kernel_shapes(checks.shape_entries(args))
     checks.require_gpu("tune")
     plan = tune.tune(shapes, ms, log_path=args.log, resume=not args.fresh,
                      progress=lambda line: print(line, flush=True),
                      time_budget_s=args.time_budget, jobs=args.jobs,
-                     shortlist=0 if args.exhaustive else choose.SHORTLIST)
+                     shortlist=0 if args.exhaustive else choose.SHORTLIST, fp8_scales=fp8_scales)
     plan.save(args.output)
-    print(f"plan for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
+    what = f"FP8 plan ({fp8_scales} scales)" if fp8_scales else "plan"
+    print(f"{what} for {len(shapes)} shapes x {len(ms)} Ms written to {args.output}")
     return 0
 
 
-def _plan_from_log(args, records, ms):
+def _plan_from_log(args, records, ms, fp8_scales):
     """--from-log: the plan of every shape the log measured, for the GPU it names."""
     if args.shapes is not None or args.model is not None:
         raise UsageError(f"argument {'--model' if args.model else '--shapes'}: not with "
@@ -60,11 +74,14 @@ def _plan_from_log(args, records, ms):
     named = [r["meta"] for r in reversed(records) if "meta" in r]
     gpu = next((p["gpu"] for p in named if p.get("gpu")), "unknown")
     sm_count = next((p["sm_count"] for p in named if p.get("sm_count")), 132)
-    plan, partial = selection.plan_from_log(args.log, ms, tune.plan_meta(gpu, sm_count, None))
+    plan, partial = selection.plan_from_log(args.log, ms, tune.plan_meta(gpu, sm_count, None),
+                                            fp8_scales=fp8_scales)
     for (n, k), missing in partial.items():
         print(f"N={n} K={k}: left out, no measurement for M={missing}")
     plan.save(args.output)
-    print(f"plan for {len(plan.entries)} shapes written to {args.output} from {args.log}")
+    what = f"FP8 plan ({fp8_scales} scales)" if fp8_scales else "plan"
+    print(f"{what} for {len(plan.table(fp8_scales))} shapes written to "
+          f"{args.output} from {args.log}")
     return 0
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from ..contract import fp8_scale_factors, fp8_scale_shape
+from ..contract import fp8_scale_factors
 from ..planning.choose import default_tactic
 from ..planning.plans import CUBLAS, default_choice, prepare, prepare_choices
 from ..runtime import timing
+from ..runtime.timing import random_fp8
 from ..runtime.compile import device_arch
 from ..runtime.precompile import precompile
 from .bench import DEFAULT_MS, environment
@@ -63,20 +64,6 @@ class Fp8Row:
     @property
     def weight_tbps(self):
         return self.n * self.k / (self.fp8_us * 1e-6) / 1e12
-
-
-def random_fp8(n, k, copies, seed=0, scales="channel"):
-    """``copies`` random e4m3 ``[n, k]`` weights (every finite code but the
-    largest magnitudes likely, never NaN) and FP32 scales of that kind."""
-    import torch
-    shape = fp8_scale_shape(scales, n, k)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    weights, scale_list = [], []
-    for _ in range(copies):
-        w = (torch.randn(n, k, device="cuda", generator=gen) * 64).clamp_(-448, 448)
-        weights.append(w.to(torch.float8_e4m3fn))
-        scale_list.append(torch.rand(shape, device="cuda", generator=gen) * 2e-3 + 1e-3)
-    return weights, scale_list
 
 
 def row_scales(scale, n, k):

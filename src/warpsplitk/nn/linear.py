@@ -146,8 +146,8 @@ class DecodeLinear(nn.Module):
     def from_fp8(cls, weight, weight_scale, bias=None, plan=None, ms=range(1, MAX_M + 1)):
         """An e4m3 ``weight`` ``[N, K]`` (``float8_e4m3fn``) with FP32
         ``weight_scale`` (one: ``()`` or ``(1,)``; one per row: ``[N]`` or
-        ``[N, 1]``; one per 128 x 128 block) and an optional BF16 ``bias``: the FP8 kernel (the FP8
-        default tactics; plans hold BF16 tactics) for decode-sized x,
+        ``[N, 1]``; one per 128 x 128 block) and an optional BF16 ``bias``: the FP8 kernel (the
+        plan's FP8 entries, the FP8 default where it has none) for decode-sized x,
         ``F.linear`` on the dequantized weight otherwise. The state_dict
         holds ``weight``, ``weight_scale`` (and ``bias``)."""
         return cls(weight, bias, plan, ms, weight_scale=weight_scale)

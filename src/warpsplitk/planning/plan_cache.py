@@ -4,7 +4,9 @@
 the current GPU: the built-in plan where one was measured on this GPU model,
 then this GPU's cached plan file, and every shape neither covers is tuned
 first (``warpsplitk.planning.tune.tune``, with progress) and merged into the file, so
-the next process starts with nothing to tune. Tuning happens at preparation,
+the next process starts with nothing to tune. FP8 weights' shapes are tuned
+as FP8 (on e4m3 weights, with scales of the weight's kind) into the plan's
+FP8 entries of that kind. Tuning happens at preparation,
 never inside a CUDA-graph capture (refused with a ``ValueError``).
 
 The file is ``plans/<gpu>.json`` in the disk cache's folder
@@ -149,7 +151,7 @@ _SCRATCH = [".tmp-*.tmp", "*.json.tmp"]
 
 
 def store(key: str, plan: DecodePlan) -> Path | None:
-    """Merge ``plan``'s entries into this GPU's plan file (``plan`` wins where
+    """Merge ``plan``'s entries (BF16 and FP8) into this GPU's plan file (``plan`` wins where
     both have an M), atomically and under the lock; None with the cache off.
     A folder or file another user could have written is an ``UntrustedPath``
     (an ``OSError``); an unreadable plan file is moved aside first."""
@@ -166,8 +168,7 @@ def store(key: str, plan: DecodePlan) -> Path | None:
             _move_aside(path, error)
             merged = DecodePlan()
         merged.meta.update(plan.meta)
-        for shape, by_m in plan.entries.items():
-            merged.entries.setdefault(shape, {}).update(by_m)
+        merged.merge(plan)
         private_files.write_atomic(path, json.dumps(merged.to_json(), indent=1).encode())
     private_files.remove_stale_scratch(folder, _SCRATCH)
     return path
@@ -190,69 +191,93 @@ def entries() -> list[Path]:
     return sorted(folder.glob("*.json")) if folder.is_dir() else []
 
 
-def _covered(plan: DecodePlan, n: int, k: int, ms) -> bool:
-    have = plan.entries.get((n, k), {})
-    return all(m in have for m in ms)
+def _lacking(plan: DecodePlan, shapes, ms, fp8_scales=None) -> list:
+    """The distinct ``(n, k)`` of ``shapes`` the kernel takes whose entries
+    in ``plan`` (its FP8 ones for ``fp8_scales``) lack some M of ``ms``."""
+    table = plan.table(fp8_scales)
+    return list(dict.fromkeys(
+        (int(n), int(k)) for n, k in shapes if shape_refusal(n, k) is None
+        and not all(m in table.get((n, k), {}) for m in ms)))
+
+
+def _current_gpu(torch) -> tuple:
+    """``(name, sm_count)`` of the current CUDA device."""
+    if not torch.cuda.is_available():
+        raise ValueError("plan='auto' is the plan measured on this machine's CUDA GPU, "
+                         "and torch sees no CUDA GPU")
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return properties.name, properties.multi_processor_count
 
 
 def auto_plan(shapes, ms=range(1, MAX_M + 1), *, gpu=None, progress=print,
-              jobs=None) -> DecodePlan:
-    """The plan for ``shapes`` (``[(n, k)]``) x ``ms`` on the current GPU
-    (``gpu``: ``(name, sm_count)``, else the current CUDA device's): the
-    built-in plan of this GPU model and the cached plan file, after tuning
-    and storing every shape they do not cover for every M. Shapes the kernel
-    does not take are left out (they run on cuBLAS)."""
+              jobs=None, fp8_shapes=None) -> DecodePlan:
+    """The plan for ``shapes`` (``[(n, k)]`` of BF16 weights) x ``ms`` on the
+    current GPU (``gpu``: ``(name, sm_count)``, else the current CUDA
+    device's): the built-in plan of this GPU model and the cached plan file,
+    after tuning and storing every shape they do not cover for every M.
+    ``fp8_shapes`` (``[(n, k, scale kind)]`` of FP8 weights) likewise, by
+    the plans' FP8 entries, tuned on e4m3 weights with scales of that kind.
+    Shapes the kernel does not take are left out (they run on cuBLAS)."""
     import torch  # only plan="auto" needs it: importing plan_cache stays torch-free
 
     ms = tuple(ms)
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise ValueError("plan='auto' tunes the shapes its plan lacks before preparing; "
                          "prepare before capturing a CUDA graph, not during it")
-    if gpu is None:
-        if not torch.cuda.is_available():
-            raise ValueError("plan='auto' is the plan measured on this machine's CUDA GPU, "
-                             "and torch sees no CUDA GPU")
-        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
-        gpu = (properties.name, properties.multi_processor_count)
+    gpu = _current_gpu(torch) if gpu is None else gpu
     key = gpu_key(*gpu)
     plan = DecodePlan(meta={"gpu": gpu[0], "sm_count": gpu[1], "source": "auto"})
     builtin = builtin_plan_for(*gpu)
     if builtin is not None:
-        plan.entries.update(builtin_plan(builtin).entries)
+        plan.merge(builtin_plan(builtin))
     keep = disk_cache.enabled()
     try:
-        cached = _load(key)
+        plan.merge(_load(key))
     except OSError as error:  # the folder or file cannot be trusted: one warning
         _not_used(error)
-        cached, keep = DecodePlan(), False
-    for shape, by_m in cached.entries.items():
-        plan.entries.setdefault(shape, {}).update(by_m)
-    todo = list(dict.fromkeys((int(n), int(k)) for n, k in shapes
-                              if shape_refusal(n, k) is None
-                              and not _covered(plan, n, k, ms)))
-    if todo:
-        if progress:
-            progress(f"warpsplitk: tuning {len(todo)} shape(s) this {gpu[0]} has no plan for"
-                     + (f"; kept in {plan_path(key)}" if keep else ""))
-        log = str(log_path(key)) if keep else None
-        if log:
-            try:
-                # the tuner appends its log here: a folder only this user writes
-                private_files.private_dir(plan_dir())
-            except OSError as error:
-                _not_kept(error)
-                log = None
-        # progress=None: a quiet tune (the tuner itself always reports)
-        tuned = tune.tune(todo, ms, log_path=log, resume=True, jobs=jobs,
-                          progress=progress or (lambda line: None))
-        if log:
-            try:
-                store(key, tuned)
-            except OSError as error:  # the tune still serves this process
-                _not_kept(error)
-        for shape, by_m in tuned.entries.items():
-            plan.entries.setdefault(shape, {}).update(by_m)
+        keep = False
+    todo = _lacking(plan, shapes, ms)
+    kinds = dict.fromkeys(kind for *_, kind in fp8_shapes or ())
+    fp8_todo = {kind: _lacking(plan, [(n, k) for n, k, of in fp8_shapes if of == kind], ms, kind)
+                for kind in kinds}
+    fp8_todo = {kind: lacking for kind, lacking in fp8_todo.items() if lacking}
+    if todo or fp8_todo:
+        plan.merge(_tune(key, gpu[0], todo, fp8_todo, ms, keep, progress, jobs))
     return plan
+
+
+def _tune(key, gpu_name, todo, fp8_todo, ms, keep, progress, jobs) -> DecodePlan:
+    """The plan of ``todo`` (BF16 shapes) and ``fp8_todo`` (``{scale kind:
+    shapes}``) tuned on this GPU, its log beside the plan file and the
+    plan stored in it where ``keep`` (and the folder can be trusted)."""
+    if progress:
+        fp8 = (f" and {sum(map(len, fp8_todo.values()))} FP8 shape(s)" if fp8_todo else "")
+        progress(f"warpsplitk: tuning {len(todo)} shape(s){fp8} this {gpu_name} has no plan for"
+                 + (f"; kept in {plan_path(key)}" if keep else ""))
+    log = str(log_path(key)) if keep else None
+    if log:
+        try:
+            # the tuner appends its log here: a folder only this user writes
+            private_files.private_dir(plan_dir())
+        except OSError as error:
+            _not_kept(error)
+            log = None
+    # progress=None: a quiet tune (the tuner itself always reports)
+    quiet = progress or (lambda line: None)
+    runs = [(todo, {})] if todo else []
+    runs += [(shapes, {"fp8_scales": kind}) for kind, shapes in fp8_todo.items()]
+    tuned = DecodePlan()
+    for shapes, dtype in runs:
+        plan = tune.tune(shapes, ms, log_path=log, resume=True, jobs=jobs, progress=quiet,
+                         **dtype)
+        tuned.meta.update(plan.meta)
+        tuned.merge(plan)
+    if log:
+        try:
+            store(key, tuned)
+        except OSError as error:  # the tune still serves this process
+            _not_kept(error)
+    return tuned
 
 
 __all__ = ["auto_plan", "gpu_key", "plan_path", "log_path", "load", "read_file", "store", "entries"]

@@ -17,6 +17,7 @@ from ..contract import (
     MAX_M,
     fp8_refusal,
     fp8_scale_kind,
+    fp8_value_refusal,
     is_fp8,
     matrix_refusal,
     weight_refusal,
@@ -30,6 +31,7 @@ from . import plan_cache
 from .choose import default_tactic
 from .decode_plan import (
     CUBLAS,
+    FP8_PLAN_VERSION,
     PLAN_FORMAT,
     PLAN_VERSION,
     DecodePlan,
@@ -43,15 +45,31 @@ from .decode_plan import (
 )
 
 
-def resolve_plan(plan, shapes, ms=range(1, MAX_M + 1), *, progress=print, jobs=None):
+def resolve_plan(plan, shapes, ms=range(1, MAX_M + 1), *, progress=print, jobs=None,
+                 fp8_shapes=None):
     """The ``DecodePlan`` (or None) ``plan`` stands for: ``"auto"`` is this
     GPU's plan (``plan_cache.auto_plan``), tuned first for the ``shapes``
-    (``[(n, k)]``) it lacks; no shapes, nothing to tune: None."""
+    (``[(n, k)]`` of BF16 weights) and ``fp8_shapes`` (``[(n, k, scale
+    kind)]`` of FP8 weights, :func:`fp8_tuning_shapes`) it lacks; no shapes,
+    nothing to tune: None."""
     if check_plan(plan) != "auto":
         return plan
-    if not shapes:
+    if not shapes and not fp8_shapes:
         return None
-    return plan_cache.auto_plan(shapes, ms, progress=progress, jobs=jobs)
+    return plan_cache.auto_plan(shapes, ms, progress=progress, jobs=jobs, fp8_shapes=fp8_shapes)
+
+
+def fp8_tuning_shapes(weights) -> list:
+    """``[(n, k, scale kind)]`` of the FP8 weights of ``{name: (weight,
+    scale)}`` the kernel takes with their scales, each once: what
+    ``plan="auto"`` tunes as FP8. The others are left to ``prepare``, which
+    says what is wrong."""
+    found = []
+    for weight, scale in weights.values():
+        if is_fp8(weight) and fp8_refusal(weight, scale) is None:
+            n, k = weight.shape
+            found.append((int(n), int(k), fp8_scale_kind(scale, n, k)))
+    return list(dict.fromkeys(found))
 
 
 def _weight_shape(name, t):
@@ -81,9 +99,10 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
     epilogue, every M on the kernel (:func:`swiglu_tactic`).
 
     An FP8 weight (``float8_e4m3fn``, with ``weight_scale`` and optionally
-    ``scale_kind`` as ``PreparedWarpSplitK`` takes them) runs the FP8
-    default (``default_tactic(..., fp8=True)``) for every M: plans hold
-    BF16 measurements and are not consulted for it."""
+    ``scale_kind`` as ``PreparedWarpSplitK`` takes them) runs the plan's FP8
+    entry for each M and its scales' kind, the FP8 default for them
+    (``default_tactic(..., fp8=True, fp8_scales=...)``) where it has none;
+    ``plan="auto"`` tunes its shape as FP8 where this GPU's plan lacks it."""
     n, k = _weight_shape("weight", weight)
     ms = _check_prepare_ms(ms)
     import torch  # not at the top: importing plans stays torch-free
@@ -91,18 +110,8 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
         raise ValueError(f"bias must be None or a torch.Tensor [N], got {type(bias).__name__}")
     check_plan(plan)
     if is_fp8(weight) or weight_scale is not None or scale_kind is not None:
-        # an FP8 weight's operands refused first, as below; then the FP8
-        # default's shape rules, and PreparedWarpSplitK's (scales only with
-        # an FP8 weight, no SwiGLU epilogue on one)
-        reason = fp8_refusal(weight, weight_scale, bias, scale_kind) if is_fp8(weight) else None
-        if reason:
-            raise ValueError(reason)
-        kind = scale_kind or (fp8_scale_kind(weight_scale, n, k) if is_fp8(weight) else None)
-        return PreparedWarpSplitK(weight, {m: default_tactic(m, n, k, fp8=True,
-                                                             fp8_scales=kind or "channel")
-                                           for m in ms},
-                                  bias=bias, swiglu=swiglu, weight_scale=weight_scale,
-                                  scale_kind=scale_kind)
+        return _prepare_fp8(weight, plan, ms, bias, swiglu=swiglu, weight_scale=weight_scale,
+                           scale_kind=scale_kind)
     # a tensor the kernel cannot take (device, dtype, layout) is refused before
     # any plan is read or tuned; a shape it cannot take, by the default below
     reason = weight_tensors_refusal(weight, bias)
@@ -114,6 +123,33 @@ def prepare(weight, plan: DecodePlan | str | None = None, ms=range(1, MAX_M + 1)
         return PreparedWarpSplitK(weight, {m: swiglu_tactic(plan, m, n, k) for m in ms},
                                   bias=bias, swiglu=True)
     return prepare_choices(weight, {m: plan.tactic_for(n, k, m) for m in ms}, bias)
+
+
+def _prepare_fp8(weight, plan, ms, bias=None, *, swiglu=False, weight_scale=None,
+                scale_kind=None) -> PreparedWarpSplitK:
+    """:func:`prepare` of an FP8 weight (or of a weight given scales): its
+    operands refused first, before any plan is read or tuned (``plan="auto"``
+    tunes on e4m3 weights with scales of this weight's kind); then
+    ``PreparedWarpSplitK``'s rules (scales only with an FP8 weight, no
+    SwiGLU epilogue on one)."""
+    n, k = weight.shape
+    reason = fp8_refusal(weight, weight_scale, bias, scale_kind) if is_fp8(weight) else None
+    if not reason and is_fp8(weight) and plan == "auto":
+        # NaN codes and non-finite scales too (a read of both, which
+        # PreparedWarpSplitK makes again), before any tuning
+        reason = fp8_value_refusal(weight, weight_scale)
+    if reason:
+        raise ValueError(reason)
+    # tuned only for what PreparedWarpSplitK then takes
+    tunable = is_fp8(weight) and not swiglu
+    plan = resolve_plan(plan, [], ms, fp8_shapes=fp8_tuning_shapes(
+        {"weight": (weight, weight_scale)}) if tunable else None)
+    plan = plan if plan is not None else DecodePlan()
+    # (a BF16 weight given scales has no kind: PreparedWarpSplitK refuses it)
+    kind = scale_kind or (fp8_scale_kind(weight_scale, n, k) if is_fp8(weight) else "channel")
+    return PreparedWarpSplitK(weight, {m: plan.tactic_for(n, k, m, fp8_scales=kind) for m in ms},
+                              bias=bias, swiglu=swiglu, weight_scale=weight_scale,
+                              scale_kind=scale_kind)
 
 
 #: ``before_down`` applies up to this M: in chained layers (``bench --chain
@@ -197,26 +233,31 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
     return failures
 
 
-def precompile_fp8(weights, ms=range(1, MAX_M + 1), jobs=None, progress=None):
-    """As :func:`precompile_for`, for ``{name: (fp8 weight, scale)}``: the FP8
-    default's kernels, compiled in worker processes into the disk cache."""
+def precompile_fp8(weights, ms=range(1, MAX_M + 1), jobs=None, progress=None, *,
+                   plan: DecodePlan | None = None):
+    """As :func:`precompile_for`, for ``{name: (fp8 weight, scale)}``: the
+    kernels of ``plan``'s FP8 entries for each weight's scales (the FP8
+    default's where it has none), compiled in worker processes into the disk
+    cache."""
     import torch  # as in prepare
 
+    plan = plan if plan is not None else DecodePlan()
     by_arch = {}
     for weight, scale in weights.values():
         if not is_fp8(weight) or not weight.is_cuda or weight.dim() != 2:
             continue  # prepare says what is wrong
         n, k = weight.shape
         kind = fp8_scale_kind(scale, n, k) if hasattr(scale, "shape") else None
+        if kind is None:
+            continue  # as above
         try:
             arch = device_arch(weight.device.index if weight.device.index is not None
                                else torch.cuda.current_device())
-            kernels = [(n, k, default_tactic(m, n, k, fp8=True, fp8_scales=kind or "channel"),
-                        False, True, False, kind) for m in ms]
+            kernels = [(n, k, plan.tactic_for(n, k, m, fp8_scales=kind), False, True, False,
+                        kind) for m in ms]
         except ValueError:
             continue
-        if kind is not None:
-            by_arch.setdefault(arch, []).extend(kernels)
+        by_arch.setdefault(arch, []).extend(kernels)
     for arch, kernels in by_arch.items():
         precompile(kernels, arch, jobs, progress)
 
@@ -232,7 +273,8 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     disk cache, from which each weight's preparation then loads them.
 
     ``plan="auto"``: the plan for this GPU (``warpsplitk.planning.plan_cache``), tuning
-    first the weights' shapes it lacks and keeping them for the next process.
+    first the weights' shapes it lacks (the FP8 weights' as FP8) and keeping
+    them for the next process.
     ``weight_scales``: ``{name: scale}`` for the FP8 weights among ``weights``
     (as :func:`prepare`'s ``weight_scale``)."""
     start = time.perf_counter()
@@ -247,11 +289,11 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
         _weight_shape(f"weights[{name!r}]", weight)
     ms = _check_prepare_ms(ms)
     bf16 = {name: w for name, w in weights.items() if name not in scales and not is_fp8(w)}
+    fp8 = {name: (weights[name], scale) for name, scale in scales.items()}
     plan = resolve_plan(plan, [tuple(w.shape) for w in bf16.values()], ms,
-                        progress=progress, jobs=jobs)
+                        progress=progress, jobs=jobs, fp8_shapes=fp8_tuning_shapes(fp8))
     precompile_for(bf16.values(), plan, ms, jobs, progress)
-    precompile_fp8({name: (weights[name], scale) for name, scale in scales.items()}, ms, jobs,
-                   progress)
+    precompile_fp8(fp8, ms, jobs, progress, plan=plan)
     prepared = {}
     for i, (name, weight) in enumerate(weights.items(), 1):
         t0 = time.perf_counter()
@@ -267,8 +309,9 @@ def prepare_model(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 1
     return prepared
 
 
-__all__ = ["resolve_plan", "prepare", "prepare_model", "precompile_fp8", "prepare_choices", "precompile_for",
+__all__ = ["resolve_plan", "prepare", "prepare_model", "precompile_fp8",
+           "fp8_tuning_shapes", "prepare_choices", "precompile_for",
            "swiglu_tactic", "before_down", "BEFORE_DOWN_MAX_M",
            # from decode_plan
-           "CUBLAS", "PLAN_FORMAT", "PLAN_VERSION", "DecodePlan", "builtin_plan", "builtin_plans",
+           "CUBLAS", "FP8_PLAN_VERSION", "PLAN_FORMAT", "PLAN_VERSION", "DecodePlan", "builtin_plan", "builtin_plans",
            "check_plan", "default_choice", "is_time", "load_plan", "plan_from_json"]

@@ -96,37 +96,42 @@ def in_default_space(tactic: WarpSplitKTactic, narrow=True) -> bool:
     return tactic.k_split in K_SPLITS
 
 
-def build_plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS, shape_reps=None) -> DecodePlan:
+def build_plan(best, shapes, ms, meta, reps=REPRESENTATIVE_MS, shape_reps=None, *,
+               fp8_scales=None) -> DecodePlan:
     """The plan of ``best`` (``{(n, k, rep): (tactic, us)}``) for ``shapes``
     x ``ms``: each M takes its representative's choice (``shape_reps``: a
     shape's own representatives, where it has fewer), with a time only where
-    it was measured."""
+    it was measured; with ``fp8_scales``, as the plan's FP8 entries for
+    those scales."""
     plan = DecodePlan(meta=meta)
     for n, k in shapes:
         for m in ms:
             rep = representative(m, (shape_reps or {}).get((n, k), reps))
             hit = best.get((n, k, rep))
             if hit is not None:
-                plan.set(n, k, m, hit[0], hit[1] if rep == m else None)
+                plan.set(n, k, m, hit[0], hit[1] if rep == m else None, fp8_scales=fp8_scales)
     return plan
 
 
-def _log_samples(logged, narrow) -> dict:
+def _log_samples(logged, narrow, fp8_scales=None) -> dict:
     """``{(n, k): {m: {tactic: [us, ...]}}}`` of a log's correct kernel
-    timings: each first timing of a tactic in the space (``in_default_space``)
-    that this version accepts, then its confirmations beside it (one without
-    a first timing counts for nothing)."""
+    timings of BF16 weights (``fp8_scales``: of e4m3 weights with scales of
+    that kind): each first timing of a tactic in the space
+    (``in_default_space``) that this version accepts, then its
+    confirmations beside it (one without a first timing counts for
+    nothing)."""
     samples = {}
-    for rec in logged.values():
+    mine = {key: rec for key, rec in logged.items() if rec.get("fp8") == fp8_scales}
+    for rec in mine.values():
         if rec.get("ok") and not rec.get("confirm") and rec["tactic"] != CUBLAS:
             tactic = WarpSplitKTactic.parse(rec["tactic"])
             if not in_default_space(tactic, narrow):
                 continue
-            if not is_legal(tactic, rec["n"], rec["k"]):
+            if not is_legal(tactic, rec["n"], rec["k"], fp8=fp8_scales is not None):
                 continue  # measured by an earlier version that allowed it (narrow + bulk_x)
             cell = samples.setdefault((rec["n"], rec["k"]), {}).setdefault(rec["m"], {})
             cell[tactic] = [rec["us"]]
-    for rec in logged.values():
+    for rec in mine.values():
         if rec.get("confirm") and rec.get("ok"):
             tactic = WarpSplitKTactic.parse(rec["tactic"])
             cell = samples.get((rec["n"], rec["k"]), {}).get(rec["m"], {})
@@ -157,7 +162,7 @@ def _choose_shapes(measured, reps, tolerance):
 
 def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
                   reps=REPRESENTATIVE_MS, narrow=True, records=None, stale=False,
-                  revision=None):
+                  revision=None, fp8_scales=None):
     """The plan ``tune`` makes from the measurements in its log, without a GPU.
 
     A shape is planned when the log has a correct measurement for every
@@ -178,14 +183,15 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     too (a plan made before the first change is rebuilt that way; its meta
     says ``async_ring_revision`` 1); with ``revision``, the records valid at
     that kernel revision (a plan made then; its meta says
-    ``kernel_revision``).
+    ``kernel_revision``). With ``fp8_scales``: the plan's FP8 entries, of
+    the log's timings of e4m3 weights with scales of that kind.
     """
     revision = KERNEL_REVISION if revision is None else revision
     logged = read_log(log_path, records, stale, revision)
     cublas_us = {(rec["n"], rec["k"], rec["m"]): rec["us"] for rec in logged.values()
-                 if rec["tactic"] == CUBLAS and rec.get("ok")}
+                 if rec["tactic"] == CUBLAS and rec.get("ok") and fp8_scales is None}
     measured = {key: {m: cell_times(cell) for m, cell in by_m.items()}
-                for key, by_m in _log_samples(logged, narrow).items()}
+                for key, by_m in _log_samples(logged, narrow, fp8_scales).items()}
     reps = sorted({representative(m, reps) for m in ms})
     best, partial, inherited, shape_reps = _choose_shapes(measured, reps, tolerance)
     best = prefer_cublas(best, cublas_us, tolerance)
@@ -193,7 +199,8 @@ def plan_from_log(log_path, ms=range(1, 33), meta=None, tolerance=TOLERANCE,
     meta = dict(meta or {}, source=f"log {os.path.basename(log_path)}", representative_ms=reps,
                 log_records=records if records is not None else count_lines(log_path),
                 async_ring_revision=1 if stale else min(revision, ASYNC_RING_REVISION),
-                kernel_revision=1 if stale else revision, narrow_tiles=bool(narrow))
+                kernel_revision=1 if stale else revision, narrow_tiles=bool(narrow),
+                **({"fp8_scales": fp8_scales} if fp8_scales else {}))
     if inherited:
         meta["inherited_ms"] = inherited
-    return build_plan(best, shapes, ms, meta, reps, shape_reps), partial
+    return build_plan(best, shapes, ms, meta, reps, shape_reps, fp8_scales=fp8_scales), partial

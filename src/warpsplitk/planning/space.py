@@ -122,9 +122,11 @@ def _activation_warps(token_tile, m, bulk=False):
 
 def base_candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
                     k_splits=(1, 2), early_launches=(False, True), bulk_xs=(False, True),
-                    max_stages=DEFAULT_MAX_STAGES) -> list[WarpSplitKTactic]:
+                    max_stages=DEFAULT_MAX_STAGES, fp8: bool = False) -> list[WarpSplitKTactic]:
     """The pruned candidates of one (shape, M) cell (the module docstring's
-    rules), each with every trigger of ``early_launches``."""
+    rules), each with every trigger of ``early_launches``; with ``fp8``, of
+    an e4m3 weight: tactics ``check_tactic(..., fp8=True)`` takes, their
+    rings sized by the FP8 kernel's shared memory (``ctas_per_sm``)."""
     cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     token_tiles = {cover} | ({cover // 2} if cover // 2 >= 8 else set())
     found = set()
@@ -142,7 +144,7 @@ def base_candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         family = [WarpSplitKTactic(output_tile, token_tile, k_tile, s, b_warps, k_split,
                                    x_copy=x_copy)
                   for s in range(1, max_stages + 1)]
-        family = [t for t in family if is_legal(t, n, k)]
+        family = [t for t in family if is_legal(t, n, k, fp8=fp8)]
         if not family:
             continue
         if optional_split and grid_ctas(family[0], m, n) // k_split >= sm_count:
@@ -152,25 +154,26 @@ def base_candidates(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         wanted = math.ceil(grid_ctas(family[0], m, n) / sm_count)
         fits_any = False
         for r in sorted({wanted, wanted + 1, 2 * wanted}):
-            fitting = [t for t in family if ctas_per_sm(t) >= r]
+            fitting = [t for t in family if ctas_per_sm(t, fp8) >= r]
             if fitting:
                 found.add(fitting[-1])
                 fits_any = True
         if not fits_any:  # several waves whatever the ring: most resident, deepest
-            found.add(max(family, key=lambda t: (ctas_per_sm(t), t.stages)))
+            found.add(max(family, key=lambda t: (ctas_per_sm(t, fp8), t.stages)))
     # the early trigger's twin of each
     return sorted({dataclasses.replace(t, early_launch=e) for t in found for e in early_launches})
 
 
-def prefetch_twins(times, n, k, top=PREFETCH_TOP) -> list[WarpSplitKTactic]:
+def prefetch_twins(times, n, k, top=PREFETCH_TOP, fp8=False) -> list[WarpSplitKTactic]:
     """``{tactic: us}`` of one cell -> its ``top`` fastest tactics with the L2
-    prefetch, where legal (the ring does not hold all of K) and the weight
-    is at most ``PREFETCH_MAX_BYTES``; none already in ``times``."""
+    prefetch, where legal (the ring does not hold all of K; ``fp8``: for an
+    e4m3 weight) and the weight is at most ``PREFETCH_MAX_BYTES`` (BF16 bytes,
+    as measured); none already in ``times``."""
     if n * k * 2 > PREFETCH_MAX_BYTES:
         return []
     fastest = sorted((t for t in times if not t.l2_prefetch), key=times.get)[:top]
     twins = [prefetch_twin(t) for t in fastest]
-    return [t for t in twins if t not in times and is_legal(t, n, k)]
+    return [t for t in twins if t not in times and is_legal(t, n, k, fp8=fp8)]
 
 
 #: the bounded L2 prefetch's measured-neighbour rule (module docstring):
@@ -190,15 +193,15 @@ def prefetch_twin(tactic: WarpSplitKTactic, depth: int = PREFETCH_ALL
 
 
 def bounded_prefetch_twins(times, n, k, top=BOUNDED_PREFETCH_TOP,
-                           depths=BOUNDED_PREFETCH_DEPTHS) -> list[WarpSplitKTactic]:
+                           depths=BOUNDED_PREFETCH_DEPTHS, fp8=False) -> list[WarpSplitKTactic]:
     """``{tactic: us}`` of one cell -> its ``top`` fastest tactics without
     an L2 prefetch, each with the prefetch
     bounded to each of ``depths`` K tiles past the ring that leaves some of
     the CTA's K share unprefetched; any weight size. None already in
-    ``times``, all legal."""
+    ``times``, all legal (``fp8``: for an e4m3 weight)."""
     parents = sorted((t for t in times if not t.l2_prefetch), key=times.get)[:top]
     twins = [prefetch_twin(t, p) for t in parents for p in depths]
-    return [t for t in dict.fromkeys(twins) if t not in times and is_legal(t, n, k)]
+    return [t for t in dict.fromkeys(twins) if t not in times and is_legal(t, n, k, fp8=fp8)]
 
 
 #: the TMA twins' measured-neighbour rule (module docstring)
@@ -312,11 +315,11 @@ NARROW_TOP = 3
 
 
 def narrow_twin(parent: WarpSplitKTactic, m: int, n: int, k: int, resident: int,
-                bulk: bool = False) -> WarpSplitKTactic | None:
+                bulk: bool = False, fp8: bool = False) -> WarpSplitKTactic | None:
     """``parent`` (8 token rows) with the narrowest token tile that covers
     M <= 4, activations by 16-byte copies (or bulk rows), at the deepest
-    legal ring that keeps ``resident`` CTAs per SM; None where there is
-    none."""
+    legal ring that keeps ``resident`` CTAs per SM (``fp8``: of the e4m3
+    weight's kernel); None where there is none."""
     if m > NARROW_TOKEN_TILES[-1] or parent.token_tile != 8:
         return None
     token_tile = min(t for t in NARROW_TOKEN_TILES if t >= m)
@@ -326,12 +329,13 @@ def narrow_twin(parent: WarpSplitKTactic, m: int, n: int, k: int, resident: int,
     if not bulk and copies % (twin.b_loader_warps * layout.WARP):
         twin = dataclasses.replace(twin, b_loader_warps=1)  # too few copies for two warps
     family = [dataclasses.replace(twin, stages=s) for s in range(1, MAX_STAGES + 1)]
-    fitting = [t for t in family if is_legal(t, n, k) and ctas_per_sm(t) >= resident]
+    fitting = [t for t in family
+               if is_legal(t, n, k, fp8=fp8) and ctas_per_sm(t, fp8) >= resident]
     return fitting[-1] if fitting else None
 
 
 def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
-                 top=NARROW_TOP) -> list[WarpSplitKTactic]:
+                 top=NARROW_TOP, fp8=False) -> list[WarpSplitKTactic]:
     """``{tactic: us}`` of one cell with M <= 4 -> its ``top`` fastest
     8-token tactics with the narrowest token tile that still covers M
     (``NARROW_TOKEN_TILES``: the stage holds M's rows only), activations by
@@ -341,17 +345,17 @@ def narrow_twins(times, n, k, m, sm_count=DEFAULT_SM_COUNT,
     parent's CTAs per SM (the shared memory the 8-row stage spent on rows
     past M, as depth) and the deepest that fits one CTA more per SM (room
     for the next kernel's CTAs to start under PDL while this grid streams).
-    None already in ``times``, all legal."""
+    None already in ``times``, all legal (``fp8``: for an e4m3 weight)."""
     if m > NARROW_TOKEN_TILES[-1]:
         return []
     parents = sorted((t for t in times if t.token_tile == 8), key=times.get)[:top]
     found = []
     for parent in parents:
-        resident = ctas_per_sm(parent)
+        resident = ctas_per_sm(parent, fp8)
         # a narrow tile takes no TMA boxes: a TMA parent's twin copies by 16 bytes
         for bulk in dict.fromkeys((False, parent.x_copy == BULK)):
             for r in (resident, resident + 1):
-                twin = narrow_twin(parent, m, n, k, r, bulk)
+                twin = narrow_twin(parent, m, n, k, r, bulk, fp8)
                 if twin is not None:
                     found.append(twin)
     unique = list(dict.fromkeys(found))

@@ -2,7 +2,9 @@
 
 A record is ``{"key", "n", "k", "m", "tactic", "ok", "us", "spread", ...,
 "rev"}``, keyed by ``log_key`` (a confirmation's key has a ``confirm:``
-prefix, ``confirm_key``); a provenance line is ``{"meta": {...}}``. The
+prefix, ``confirm_key``); a timing of an FP8 (e4m3) weight has ``"fp8"``,
+its scales' kind, and a key of its own (one log holds both dtypes); a
+provenance line is ``{"meta": {...}}``. The
 tuner resumes from the log (the last record of a key wins) and plans are
 made from it without a GPU (``selection.plan_from_log``).
 
@@ -20,14 +22,17 @@ import os
 import warnings
 
 from .. import jsonfile
-from ..contract import MAX_M
+from ..contract import FP8_SCALE_KINDS, MAX_M
 from ..tactics import WarpSplitKTactic
 from .decode_plan import CUBLAS, is_time
 
 
-def log_key(n, k, m, tactic):
-    """A measurement's log key; ``tactic`` may be ``CUBLAS`` (torch.matmul)."""
-    return f"{n},{k},{m},{tactic if tactic == CUBLAS else tactic.short()}"
+def log_key(n, k, m, tactic, fp8_scales=None):
+    """A measurement's log key; ``tactic`` may be ``CUBLAS`` (torch.matmul).
+    ``fp8_scales``: the timing of an e4m3 weight with scales of that kind
+    (``fp8:<kind>:`` before the BF16 key of the same cell and tactic)."""
+    key = f"{n},{k},{m},{tactic if tactic == CUBLAS else tactic.short()}"
+    return key if fp8_scales is None else f"fp8:{fp8_scales}:{key}"
 
 
 #: Log key prefix of a confirmation measurement (a second, later timing of
@@ -35,11 +40,11 @@ def log_key(n, k, m, tactic):
 CONFIRM_PREFIX = "confirm:"
 
 
-def confirm_key(n, k, m, tactic, round_=1):
+def confirm_key(n, k, m, tactic, round_=1, fp8_scales=None):
     """Log key of a candidate's ``round_``-th confirmation (1: ``confirm:``;
     later ones ``confirm2:``, ...)."""
     prefix = CONFIRM_PREFIX if round_ == 1 else f"confirm{round_}:"
-    return prefix + log_key(n, k, m, tactic)
+    return prefix + log_key(n, k, m, tactic, fp8_scales)
 
 
 #: Kernel revisions. A log record carries the revision its kernel had
@@ -90,8 +95,9 @@ def check_log_record(rec, where="tuning log record"):
     """``ValueError`` naming ``where`` unless ``rec`` (a log line's object)
     is a provenance line (``{"meta": ...}``) or a measurement plans can use:
     a ``key`` and a ``tactic`` string, ``n`` and ``k`` positive integers,
-    ``m`` in 1..32, ``rev`` (if any) a positive integer, and, when ``ok``,
-    ``us`` a positive finite number of microseconds."""
+    ``m`` in 1..32, ``rev`` (if any) a positive integer, ``fp8`` (if any)
+    a scale kind, and, when ``ok``, ``us`` a positive finite number of
+    microseconds."""
     if not isinstance(rec, dict) or ("key" not in rec and "meta" not in rec):
         raise ValueError(f"{where}: not a tuning record (a JSON object with a 'key')")
     if "key" not in rec:
@@ -108,6 +114,8 @@ def check_log_record(rec, where="tuning log record"):
             raise ValueError(f"{where}: {name!r} must be a positive integer, got {value!r}")
     if rec["m"] > MAX_M:
         raise ValueError(f"{where}: 'm' must be in 1..{MAX_M}, got {rec['m']}")
+    if "fp8" in rec and rec["fp8"] not in FP8_SCALE_KINDS:
+        raise ValueError(f"{where}: 'fp8' must be one of {FP8_SCALE_KINDS}, got {rec['fp8']!r}")
     us = rec.get("us")
     if rec.get("ok") and not is_time(us):
         raise ValueError(f"{where}: 'us' must be a positive number of microseconds, got {us!r}")
@@ -259,19 +267,24 @@ def stale_records(path) -> int:
     return len(stale_split(path)[1])
 
 
+def _cell(rec) -> tuple:
+    """A record's cell: its shape and M, and its weights' dtype (``fp8``)."""
+    return rec["n"], rec["k"], rec["m"], rec.get("fp8")
+
+
 def dominated_keys(valid, stale) -> set:
     """``dominated_stale_keys`` of a log already split (``stale_split``)."""
     best = {}
     for rec in valid.values():
         if rec.get("ok") and not rec.get("confirm"):
-            cell = (rec["n"], rec["k"], rec["m"])
+            cell = _cell(rec)
             best[cell] = min(best.get(cell, float("inf")), rec["us"])
     # only the release fence is known to slow kernels down: a stale K split
     # (faster since revision 3) is measured again whatever its old time
     return {key for key, rec in stale.items()
             if rec.get("ok") and not rec.get("confirm") and rec["tactic"] != CUBLAS
             and WarpSplitKTactic.parse(rec["tactic"]).k_split == 1
-            and rec["us"] >= best.get((rec["n"], rec["k"], rec["m"]), float("inf"))}
+            and rec["us"] >= best.get(_cell(rec), float("inf"))}
 
 
 def dominated_stale_keys(path) -> set:

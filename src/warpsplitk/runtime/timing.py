@@ -18,6 +18,8 @@ import re
 import statistics
 from dataclasses import dataclass
 
+from ..contract import fp8_scale_shape
+
 L2_MULTIPLE = 3
 MIN_COPIES = 2
 REPLAYS = 7
@@ -101,6 +103,20 @@ def random_weights(n, k, copies, device, seed=0):
     import torch
     gen = torch.Generator(device=device).manual_seed(seed)
     return [torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) for _ in range(copies)]
+
+
+def random_fp8(n, k, copies, seed=0, scales="channel"):
+    """``copies`` random e4m3 ``[n, k]`` weights (every finite code but the
+    largest magnitudes likely, never NaN) and FP32 scales of that kind."""
+    import torch
+    shape = fp8_scale_shape(scales, n, k)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    weights, scale_list = [], []
+    for _ in range(copies):
+        w = (torch.randn(n, k, device="cuda", generator=gen) * 64).clamp_(-448, 448)
+        weights.append(w.to(torch.float8_e4m3fn))
+        scale_list.append(torch.rand(shape, device="cuda", generator=gen) * 2e-3 + 1e-3)
+    return weights, scale_list
 
 
 def time_calls(calls, replays: int = REPLAYS, warmup: int = 2) -> Timing:
