@@ -130,8 +130,9 @@ def _prepare_fp8(weight, plan, ms, bias=None, *, swiglu=False, weight_scale=None
     """:func:`prepare` of an FP8 weight (or of a weight given scales): its
     operands refused first, before any plan is read or tuned (``plan="auto"``
     tunes on e4m3 weights with scales of this weight's kind); then
-    ``PreparedWarpSplitK``'s rules (scales only with an FP8 weight, no
-    SwiGLU epilogue on one)."""
+    ``PreparedWarpSplitK``'s rules (scales only with an FP8 weight). With
+    ``swiglu``: :func:`swiglu_tactic`'s FP8 choice (the tuner times no
+    epilogue: a plan entry only where the epilogue takes it)."""
     n, k = weight.shape
     reason = fp8_refusal(weight, weight_scale, bias, scale_kind) if is_fp8(weight) else None
     if not reason and is_fp8(weight) and plan == "auto":
@@ -147,9 +148,10 @@ def _prepare_fp8(weight, plan, ms, bias=None, *, swiglu=False, weight_scale=None
     plan = plan if plan is not None else DecodePlan()
     # (a BF16 weight given scales has no kind: PreparedWarpSplitK refuses it)
     kind = scale_kind or (fp8_scale_kind(weight_scale, n, k) if is_fp8(weight) else "channel")
-    return PreparedWarpSplitK(weight, {m: plan.tactic_for(n, k, m, fp8_scales=kind) for m in ms},
-                              bias=bias, swiglu=swiglu, weight_scale=weight_scale,
-                              scale_kind=scale_kind)
+    tactics = {m: swiglu_tactic(plan, m, n, k, fp8_scales=kind) if swiglu
+               else plan.tactic_for(n, k, m, fp8_scales=kind) for m in ms}
+    return PreparedWarpSplitK(weight, tactics, bias=bias, swiglu=swiglu,
+                              weight_scale=weight_scale, scale_kind=scale_kind)
 
 
 #: ``before_down`` applies up to this M: in chained layers (``bench --chain
@@ -159,15 +161,20 @@ BEFORE_DOWN_MAX_M = 8
 
 
 def swiglu_tactic(plan: DecodePlan | None, m: int, n: int, k: int,
-                  sm_count: int | None = None) -> WarpSplitKTactic:
+                  sm_count: int | None = None, *, fp8_scales: str | None = None
+                  ) -> WarpSplitKTactic:
     """The tactic M tokens run on a ``[gate; up]`` weight with the SwiGLU
     epilogue: the plan's, where it has one the epilogue takes (not cuBLAS,
     not a mixed grid), else ``default_tactic``'s for the epilogue; as the
-    call before down (:func:`before_down`: the early PDL trigger at M <= 8)."""
-    choice = plan.lookup(n, k, m) if plan is not None else None
-    if choice is None or choice == CUBLAS or not is_legal(choice, n, k, swiglu=True):
-        choice = default_tactic(m, n, k, sm_count, swiglu=True)
-    return before_down(choice, m)
+    call before down (:func:`before_down`: the early PDL trigger at M <= 8).
+    ``fp8_scales``: an e4m3 weight with scales of that kind, its plan
+    entries and FP8 default (which set no trigger: measured on BF16 only)."""
+    fp8 = fp8_scales is not None
+    choice = plan.lookup(n, k, m, fp8_scales=fp8_scales) if plan is not None else None
+    if choice is None or choice == CUBLAS or not is_legal(choice, n, k, swiglu=True, fp8=fp8):
+        choice = default_tactic(m, n, k, sm_count, swiglu=True, fp8=fp8,
+                                fp8_scales=fp8_scales or "channel")
+    return choice if fp8 else before_down(choice, m)
 
 
 def before_down(choice, m: int):
