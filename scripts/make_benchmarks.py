@@ -60,11 +60,14 @@ DECODE = RESULTS / "h200-llama-decode.json"
 #: examples/generate.py records, one per model (any GPU: each names its own)
 GENERATE = sorted(RESULTS.glob("*-generate-*.json"))
 #: examples/llama_decode.py records of other model families (each names its GPU)
-DECODE_FAMILIES = sorted(RESULTS.glob("*-llama-decode-*.json"))
+DECODE_FAMILIES = sorted(p for p in RESULTS.glob("*-llama-decode-*.json")
+                         if not p.stem.endswith("-fp8"))
+#: examples/llama_decode.py --fp8: FP8 checkpoints, ours against transformers' FP8 path
+DECODE_FP8 = sorted(RESULTS.glob("*-llama-decode-fp8.json"))
 #: `bench` on weights whose K needs the cluster split (each names its GPU)
 LONG_K = sorted(RESULTS.glob("*-bench-long-k.json"))
 #: ``bench --dtype fp8`` records: e4m3 weights against our BF16, cuBLAS, torch._scaled_mm
-FP8 = sorted(RESULTS.glob("*-bench-fp8.json"))
+FP8 = sorted(RESULTS.glob("*-bench-fp8*.json"))
 COST_MODEL = ROOT / "src" / "warpsplitk" / "data" / "cost-model-h200.json"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 README = ROOT / "README.md"
@@ -315,6 +318,8 @@ def benchmarks_md(bench: dict, chain: dict | None, records: int, held: dict | No
         out += long_k_md(load(path), path)
     for path in FP8:
         out += fp8_md(load(path), path)
+    for path in DECODE_FP8:
+        out += decode_fp8_md(load(path), path)
     if GENERATE:
         out += generate_md([load(path) for path in GENERATE])
     return "\n".join(out) + "\n"
@@ -455,7 +460,11 @@ def fp8_summary(record: dict) -> dict:
             "over_scaled_mm": statistics.median(r["fp8_over_scaled_mm"] for r in small),
             "min_over_scaled_mm": min(r["fp8_over_scaled_mm"] for r in rows),
             "over_bf16_m32": statistics.median(r["fp8_over_bf16"] for r in rows if r["m"] == 32),
-            "gpu": record["environment"]["gpu"]}
+            "over_hf": (statistics.median(r["fp8_over_hf_fp8"] for r in small)
+                        if all(r.get("fp8_over_hf_fp8") for r in small) else None),
+            "min_over_hf": min((r["fp8_over_hf_fp8"] for r in rows if r.get("fp8_over_hf_fp8")),
+                               default=None),
+            "kind": rows[0].get("scales", "channel"), "gpu": record["environment"]["gpu"]}
 
 
 def fp8_md(record: dict, path: Path) -> list[str]:
@@ -482,6 +491,51 @@ def fp8_md(record: dict, path: Path) -> list[str]:
         out += ["", f"≥ 16 MB of e4m3 at M ≤ 8: a median {s['big_tbps']:.2f} TB/s "
                     f"({100 * s['big_read_share']:.0f}% of the measured "
                     f"{env['read_TBps']} TB/s read), {s['big_over_bf16']:.2f}× our BF16 call."]
+    if s["over_hf"] is not None:
+        # what no kernel can beat: the weight's bytes at the measured read bandwidth
+        low = min((r for r in record["rows"] if r["m"] <= 8),
+                  key=lambda r: r["hf_fp8_us"] / r["floor_measured_us"])
+        out += ["", f"Over transformers' `FP8Linear`: a median {s['over_hf']:.2f}× at M ≤ 8, "
+                    f"{s['min_over_hf']:.2f}× at worst. Where it streams the weight fastest "
+                    f"({low['n']}×{low['k']}, M = {low['m']}: {low['hf_fp8_us']:.1f} µs), even "
+                    f"the read floor ({low['floor_measured_us']:.1f} µs) would be only "
+                    f"{low['hf_fp8_us'] / low['floor_measured_us']:.2f}× faster."]
+    return out
+
+
+def decode_fp8_summary(record: dict) -> dict:
+    rows = {r["batch"]: r for r in record["results"]}
+    return {"batch": min(rows), "smallest": rows[min(rows)]["speedup"],
+            "min": min(r["speedup"] for r in rows.values()),
+            "max": max(r["speedup"] for r in rows.values()),
+            "err": max(r["rel_err_fp64"] for r in rows.values()),
+            "hf_err": max(r["torch"]["rel_err_fp64"] for r in rows.values())}
+
+
+def decode_fp8_md(record: dict, path: Path) -> list[str]:
+    """``examples/llama_decode.py --fp8``: the decoder's linears quantized as
+    transformers' ``FineGrainedFP8Config`` quantizes, the model's own FP8
+    path against the same model patched."""
+    c = record["config"]
+    hf = next((n.split(": ", 1)[1].split(" from ")[0] for n in record["notes"]
+               if n.startswith("plain model:")),
+              "transformers' FP8Linear")
+    out = ["", "## An FP8 model's decode step", "",
+           f"Data: `{_rel(path)}` (`{record['command']}`): {c['num_hidden_layers']} Llama "
+           f"layers, hidden {c['hidden_size']}, decoder linears quantized as "
+           f"`FineGrainedFP8Config` does (e4m3, 128 × 128 blocks). Plain: {hf} (x quantized, "
+           "W8A8); patched: `patch_model`, x in BF16 (W8A16). One CUDA graph per step; error "
+           "against a float64 copy of the BF16 model.", "",
+           f"{record['date']}, {record['device']}, torch {record['torch']}, transformers "
+           f"{record['transformers']}.", "",
+           "| batch | step, µs | patched over plain | projections, µs (share of the step) "
+           "| error vs float64 |", "|---|---|---|---|---|"]
+    for r in record["results"]:
+        out.append(f"| {r['batch']} | {r['step_us_torch']:.0f}/{r['step_us_warpsplitk']:.0f} | "
+                   f"{r['speedup']:.2f}× | {r['proj_us_torch']:.0f} "
+                   f"({100 * r['proj_share_torch']:.0f}%)/{r['proj_us_warpsplitk']:.0f} "
+                   f"({100 * r['proj_share_warpsplitk']:.0f}%) | "
+                   f"{r['torch']['rel_err_fp64']:.2f}/{r['rel_err_fp64']:.2f} |")
     return out
 
 
@@ -736,9 +790,18 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
     for path in FP8:
         f = fp8_summary(load(path))
         if f["big_tbps"] is not None:
-            out.append(f"- FP8 (e4m3) weights ≥ 16 MB at M ≤ 8 ({f['gpu']}): "
-                       f"{f['big_tbps']:.2f} TB/s, {f['big_over_bf16']:.2f}× our BF16 call; "
-                       f"{f['over_scaled_mm']:.2f}× `torch._scaled_mm` (median, M ≤ 8)")
+            line = (f"- FP8 (e4m3) weights, {f['kind']} scales, ≥ 16 MB at M ≤ 8 ({f['gpu']}): "
+                    f"{f['big_tbps']:.2f} TB/s, {f['big_over_bf16']:.2f}× our BF16 call; "
+                    f"{f['over_scaled_mm']:.2f}× `torch._scaled_mm`")
+            if f["over_hf"] is not None:
+                line += f", {f['over_hf']:.2f}× transformers' `FP8Linear`"
+            out.append(line + " (median, M ≤ 8)")
+    for path in DECODE_FP8:
+        d = decode_fp8_summary(load(path))
+        out.append(f"- an FP8 (128 × 128 block) Llama-3-8B-shaped model's decode step, patched: "
+                   f"{d['smallest']:.2f}× transformers' own FP8 path at batch {d['batch']}, "
+                   f"{d['min']:.2f}–{d['max']:.2f}× over batches; logits {d['err']:.2f} from "
+                   f"the BF16 model's float64 (transformers' FP8 path: {d['hf_err']:.2f})")
     out += ["", "| M | median speedup | min | max | median TB/s, weights ≥ 16 MB |",
             "|---|---|---|---|---|"]
     for m in s["ms"]:

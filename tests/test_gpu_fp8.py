@@ -182,3 +182,55 @@ def test_fp8_replays_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)  # deterministic: the same bits
+
+
+SWIGLU_SHAPES = [(2 * 14336, 4096, "block128"), (2 * 8192, 3072, "channel"),
+                 (2 * 1408, 2048, "block128"), (2 * 1024, 4096, "tensor")]  # I = 1408: mid-block
+
+
+@pytest.mark.parametrize("n,k,scales", SWIGLU_SHAPES, ids=[f"{n}x{k}-{s}" for n, k, s in
+                                                            SWIGLU_SHAPES])
+def test_fp8_gate_up_with_the_swiglu_epilogue(n, k, scales):
+    """An e4m3 ``[gate; up]`` weight through ``prepare(swiglu=True)`` on the
+    FP8 default for the epilogue: ``silu(gate) * up`` of the dequantized
+    halves, each with its own rows' scales (and bias), against float64 at
+    every M, NaN-poisoned, and the emulator on one M."""
+    from warpsplitk import prepare
+    g = torch.Generator().manual_seed(n + k)
+    w8 = _special_codes(n, k, g).cuda()
+    scale, factor = _scales(scales, n, k, g)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16).cuda()
+    prepared = prepare(w8, ms=range(1, 33), bias=bias, weight_scale=scale, swiglu=True)
+    assert prepared.swiglu and prepared.fp8_scales == scales
+    dequant, half = w8.double() * factor, n // 2
+    for m in (1, 3, 8, 16, 17, 32):
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+        out = torch.full((m, half), float("nan"), dtype=torch.bfloat16, device="cuda")
+        prepared.run(x, out)
+        torch.cuda.synchronize()
+        pre = x.double() @ dequant.t() + bias.double()
+        ref = torch.nn.functional.silu(pre[:, :half]) * pre[:, half:]
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert not out.isnan().any() and err < 1e-2, (m, err)
+
+
+@pytest.mark.parametrize("scales", ["channel", "block128"])
+def test_fp8_swiglu_matches_the_emulator(scales):
+    """gate and up in different 128-row blocks, each its own scales."""
+    from warpsplitk import PreparedWarpSplitK
+    tactic, n, k, m = T(32, 8, 128, 3, 1), 256, 1024, 5
+    rng = np.random.default_rng(4)
+    codes = rng.integers(0, 256, size=(n, k)).astype(np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x00
+    x = rng.standard_normal((m, k)).astype(np.float32) * 0.01
+    scale = (2.0 ** rng.integers(-3, 3, size=(2, 8) if scales == "block128" else n)
+             ).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    expected = emulator.emulate_fp8(x, codes, scale, tactic, bias, swiglu=True)
+    prepared = PreparedWarpSplitK(torch.from_numpy(codes).cuda().view(torch.float8_e4m3fn),
+                                  {m: tactic}, bias=torch.from_numpy(bias).to(torch.bfloat16).cuda(),
+                                  weight_scale=torch.from_numpy(scale).cuda(), swiglu=True)
+    out = torch.full((m, n // 2), float("nan"), dtype=torch.bfloat16, device="cuda")
+    prepared.run(torch.from_numpy(x).to(torch.bfloat16).cuda(), out)
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(out.float().cpu().numpy(), expected, rtol=2e-2, atol=2e-2)
