@@ -21,7 +21,8 @@ from warpsplitk.planning import plans
 from warpsplitk.nn.linear import DecodeLinear
 from warpsplitk.nn.patch import PatchReport, patch_model, unpatch
 
-from fakes import FakePrepared  # noqa: E402
+from fakes import (FakePrepared, FineGrainedFP8Linear, RowwiseFP8Linear,  # noqa: E402
+                   fp8_weight)
 
 
 @pytest.fixture
@@ -497,10 +498,6 @@ def test_op_fake_impl_says_what_it_was_given():
 # ------------------------------------------------------------ FP8 weights
 
 
-def fp8_weight(n, k, device="cpu"):
-    return (torch.randn(n, k, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-
-
 @pytest.mark.parametrize("scale_shape", [(), (1,), (160,), (160, 1), (2, 3)])
 def test_fp8_cpu_falls_back_to_the_dequantized_weight(scale_shape):
     torch.manual_seed(1)
@@ -588,35 +585,6 @@ def test_fp8_op_refuses_a_stale_scale_and_keeps_its_input_gradient():
         needs_input_grad = (True, False, False, False, False)
     grad_x, *rest = ops._fp8_backward(Ctx, grad)
     assert torch.allclose(grad_x, grad @ (w8.float() * scale[:, None])) and rest == [None] * 4
-
-
-class FineGrainedFP8Linear(nn.Linear):
-    """transformers' fine-grained FP8 linear, as its Parameters look: an e4m3
-    weight, ``weight_scale_inv`` per 128 x 128 block, a dynamic activation
-    scheme (no ``activation_scale``), its own forward."""
-
-    def __init__(self, n, k, bias=False, block_size=(128, 128), activation_scale=None):
-        super().__init__(k, n, bias=bias, dtype=torch.bfloat16)
-        self.block_size = block_size
-        self.weight = nn.Parameter(fp8_weight(n, k), requires_grad=False)
-        self.weight_scale_inv = nn.Parameter(torch.rand(-(-n // 128), -(-k // 128)) + 0.5,
-                                             requires_grad=False)
-        self.register_parameter("activation_scale", activation_scale)
-
-    def forward(self, x):
-        return F.linear(x, ops.dequantized(self.weight, self.weight_scale_inv, x.dtype), self.bias)
-
-
-class RowwiseFP8Linear(nn.Linear):
-    """A per-row FP8 linear (``weight_scale`` ``[N, 1]``, as fbgemm's)."""
-
-    def __init__(self, n, k):
-        super().__init__(k, n, bias=False, dtype=torch.bfloat16)
-        self.weight = nn.Parameter(fp8_weight(n, k), requires_grad=False)
-        self.weight_scale = nn.Parameter(torch.rand(n, 1) + 0.5, requires_grad=False)
-
-    def forward(self, x):
-        return F.linear(x, ops.dequantized(self.weight, self.weight_scale, x.dtype))
 
 
 def test_patch_model_swaps_fp8_linears_and_unpatch_restores_them(meta_fp8, monkeypatch):

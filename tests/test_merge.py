@@ -9,6 +9,8 @@ from torch import nn  # noqa: E402
 from warpsplitk.nn.patch import patch_model, unpatch  # noqa: E402
 from warpsplitk.nn.merge import (  # noqa: E402
     MergedPart, MergedWeight, merge_linears, merge_refusal)
+from fakes import (FineGrainedFP8Linear, RowwiseFP8Linear, fp8_weight,  # noqa: E402
+                   quantize_fp8)
 
 
 def same_storage(a, b):
@@ -294,20 +296,21 @@ def test_swiglu_output_runs_where_the_merged_linear_would_and_nowhere_else(monke
 
 @pytest.fixture
 def cpu_ops(monkeypatch):
-    """The kernel "runs" on the CPU: prepare() gives stand-ins, and the custom
-    ops get CPU implementations that are their CUDA ones (handle lookup,
-    weight checks, then the stand-in's run)."""
+    """The kernel "runs" on the CPU: prepare() gives stand-ins (FP8 weights
+    dequantized), and the custom ops get CPU implementations that are their
+    CUDA ones (handle lookup, weight checks, then the stand-in's run)."""
     from fakes import FakePrepared
     from warpsplitk import contract
     from warpsplitk.nn import ops
     from warpsplitk.planning import plans
     monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
     monkeypatch.setattr(plans, "prepare",
-                        lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False:
-                        FakePrepared(weight, plan, ms, bias, swiglu))
+                        lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False,
+                        weight_scale=None:
+                        FakePrepared(weight, plan, ms, bias, swiglu, weight_scale))
     lib = torch.library.Library("warpsplitk", "IMPL")
-    lib.impl("decode_linear", ops._decode_linear_cuda, "CPU")
-    lib.impl("decode_swiglu", ops._decode_swiglu_cuda, "CPU")
+    for name in ("decode_linear", "decode_swiglu", "decode_linear_fp8", "decode_swiglu_fp8"):
+        lib.impl(name, getattr(ops, f"_{name}_cuda"), "CPU")
     torch._dynamo.reset()
     yield
     lib._destroy()
@@ -447,3 +450,203 @@ def test_a_copy_of_a_merged_model_is_merged_in_storage_of_its_own(how, monkeypat
         assert torch.equal(getattr(twin, name).weight, getattr(holder, name).weight)
         x = torch.randn(3, 256, dtype=torch.bfloat16)
         assert torch.equal(getattr(twin, name)(x), getattr(holder, name)(x))
+
+
+# ------------------------------------------------------------ FP8 linears
+
+
+def fp8_qkv(kind):
+    """q, k, v FP8 linears with 128 x 128 block scales (and biases; v not
+    whole blocks of rows: the last part may be) or per-row scales, in a holder."""
+    torch.manual_seed(0)
+    holder = nn.Module()
+    if kind == "block128":
+        holder.q, holder.k, holder.v = (FineGrainedFP8Linear(n, 256, bias=True)
+                                        for n in (256, 128, 64))
+    else:
+        holder.q, holder.k, holder.v = (RowwiseFP8Linear(n, 128) for n in (64, 32, 48))
+    return holder, [holder.q, holder.k, holder.v]
+
+
+def test_fp8_refusals_name_the_problem():
+    def block(n, **kwargs):
+        return FineGrainedFP8Linear(n, 256, **kwargs)
+    assert merge_refusal([block(64), block(128)]) == (
+        "block scales stack only where every part but the last has a multiple of 128 rows, "
+        "got a part of 64 rows")
+    assert merge_refusal([block(128), block(64)]) is None  # the last part may end mid-block
+    tensor = [block(64, block_size=None), block(64, block_size=None)]
+    assert merge_refusal(tensor) == (
+        "tensor scales (one per linear) cannot be views of one merged weight's scales; "
+        "per-row or 128 x 128 block scales can")
+    with pytest.raises(ValueError, match=r"^cannot merge these linears: tensor scales"):
+        merge_linears(tensor)
+    assert merge_refusal([block(128), block(64, block_size=None)]) == (
+        "scale kinds differ (block128 and tensor)")
+    assert merge_refusal([block(128), RowwiseFP8Linear(64, 256)]) == (
+        "mixed classes (FineGrainedFP8Linear and RowwiseFP8Linear)")
+    assert merge_refusal([nn.Linear(256, 64), block(64)]) == (
+        "mixed classes (Linear and FineGrainedFP8Linear)")
+    assert merge_refusal([block(128), block(64, block_size=(64, 64))]) == (
+        "block scales of (64, 64), not 128 x 128")
+    static = block(64, activation_scale=nn.Parameter(torch.ones(()), requires_grad=False))
+    assert merge_refusal([block(128), static]) == (
+        "a static activation scale (activation_scheme='static')")
+    extra = block(64)
+    extra.register_buffer("input_scale", torch.ones(1))
+    assert merge_refusal([block(128), extra]) == (
+        "FineGrainedFP8Linear holds input_scale besides weight, bias and weight_scale_inv")
+    double = block(64)
+    double.weight_scale_inv = nn.Parameter(double.weight_scale_inv.double())
+    assert merge_refusal([block(128), double]) == "scales differ in dtype or device"
+
+
+@pytest.mark.parametrize("kind", ["block128", "channel"])
+def test_fp8_parts_keep_their_scales_and_compute_as_the_originals(kind):
+    """FP8 parts: weight, bias and scales (under the linear's own name) views
+    of the merged storage, the state dict's keys and values as before; on a
+    CPU each part is its original module's output; load_state_dict writes
+    through (assign=True stacks again); unpatch gives the originals back."""
+    holder, lins = fp8_qkv(kind)
+    name = {"block128": "weight_scale_inv", "channel": "weight_scale"}[kind]
+    state = {key: value.clone() for key, value in holder.state_dict().items()}
+    x = torch.randn(3, lins[0].in_features, dtype=torch.bfloat16)
+    expected = [lin(x) for lin in lins]
+    holder.q, holder.k, holder.v = parts = merge_linears(lins)
+    group = parts[0].group
+    assert group.storage.scale_name == name and group.weight.dtype == torch.float8_e4m3fn
+    assert torch.equal(group.scale.flatten(), torch.cat([state[f"{p}.{name}"].flatten()
+                                                         for p in "qkv"]))
+    for part in parts:
+        assert part.fp8_scale is getattr(part, name) and same_storage(part.fp8_scale, group.scale)
+        assert same_storage(part.weight, group.weight)
+    assert all(lin.weight is None and getattr(lin, name) is None for lin in lins)
+    now = holder.state_dict()
+    assert list(now) == list(state) and all(torch.equal(now[k], state[k]) for k in state)
+    assert [torch.equal(part(x), e) for part, e in zip(parts, expected)] == [True] * 3
+    new = dict(state, **{"k.weight": fp8_weight(*state["k.weight"].shape),
+                         f"k.{name}": torch.rand_like(state[f"k.{name}"]) + 0.5})
+    holder.load_state_dict(new)
+    assert group.merged() and torch.equal(holder.k.weight, new["k.weight"])
+    assert torch.equal(group.scale[slice(*group.storage.scale_rows[1])].flatten(),
+                       new[f"k.{name}"].flatten())
+    holder.load_state_dict(state, assign=True)  # new tensors: stacked again
+    assert group.merged() and all(same_storage(getattr(p, name), group.scale) for p in parts)
+    import copy
+    twin = copy.deepcopy(holder)  # merged again, scales included, in storage of its own
+    copied = twin.q.group
+    assert copied.merged() and same_storage(getattr(twin.v, name), copied.scale)
+    assert not same_storage(copied.scale, group.scale) and torch.equal(copied.scale, group.scale)
+    assert torch.equal(twin.k(x), expected[1])
+    assert unpatch(holder) == ["q", "k", "v"]
+    assert [holder.q, holder.k, holder.v] == lins and own_storage(getattr(lins[1], name))
+    now = holder.state_dict()
+    assert list(now) == list(state) and all(torch.equal(now[k], state[k]) for k in state)
+    assert [torch.equal(lin(x), e) for lin, e in zip(lins, expected)] == [True] * 3
+
+
+def fp8_llama(only=None, dtype=torch.float32, layers=2):
+    """A Llama whose linears (``only`` those named, else all but lm_head) are
+    transformers' FP8Linear (128 x 128 block scales), and a copy whose those
+    are nn.Linear holding the dequantized weights (what the FP8 fallback
+    computes)."""
+    import copy
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      num_hidden_layers=layers, vocab_size=97)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval().to(dtype)
+    replaced = quantize_fp8(model, only)
+    reference = copy.deepcopy(model)
+    for name, (_, plain) in replaced.items():
+        parent, _, attr = name.rpartition(".")
+        setattr(reference.get_submodule(parent), attr, plain)
+    return model, reference, replaced
+
+
+def test_patch_model_merges_an_fp8_llama_and_unpatches():
+    """transformers' FP8Linear q/k/v and gate/up (block scales) merge as BF16
+    ones do: reported, the Llama MLP wrapped for the SwiGLU epilogue, the
+    state dict unchanged; on a CPU every part computes the dequantized
+    linear, so the logits are the dequantized model's; unpatch gives back
+    the FP8Linear objects."""
+    from warpsplitk.nn.merge import SwiGLUMLP
+    model, reference, replaced = fp8_llama(only=("q_proj", "k_proj", "v_proj", "gate_proj",
+                                                 "up_proj"))
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        before = reference(ids).logits
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    report = patch_model(model, merge=True, progress=None)
+    assert [n[0] for n in report.merged] == ["model.layers.0.self_attn.q_proj",
+                                             "model.layers.0.mlp.gate_proj",
+                                             "model.layers.1.self_attn.q_proj",
+                                             "model.layers.1.mlp.gate_proj"]
+    assert report.swiglu == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert isinstance(attn.v_proj, MergedPart) and isinstance(mlp, SwiGLUMLP)
+    assert same_storage(attn.v_proj.weight_scale_inv, attn.q_proj.group.scale)
+    assert attn.q_proj.group.scale.shape == (4, 2)  # 256 + 128 + 128 rows, K 256
+    now = model.state_dict()
+    assert list(now) == list(state) and all(torch.equal(now[k], state[k]) for k in state)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    unpatch(model)
+    for name, (fp8, _) in replaced.items():
+        assert model.get_submodule(name) is fp8
+    now = model.state_dict()
+    assert list(now) == list(state) and all(torch.equal(now[k], state[k]) for k in state)
+
+
+def test_compiled_fp8_llama_runs_one_fp8_gemm_per_group_and_the_fp8_swiglu_op(cpu_ops):
+    """An FP8 Llama merged on the stand-in kernel: q/k/v one FP8 kernel, gate/up
+    the FP8 SwiGLU kernel (prepared with the merged scales); under
+    torch.compile(fullgraph=True) one decode_linear_fp8 per q/k/v, o and down
+    and one decode_swiglu_fp8 per layer, the dequantized model's logits."""
+    model, reference, _ = fp8_llama(dtype=torch.bfloat16)
+    patch_model(model, merge=True, ms=[1, 4], progress=None)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    group = attn.q_proj.group
+    assert group.linear.fp8_scale.data_ptr() == group.scale.data_ptr()
+    assert mlp.group.swiglu_prepared.weight_scale is mlp.group.scale
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    plain = reference.model.layers[0].mlp
+    with torch.no_grad():
+        assert torch.equal(mlp.group.swiglu_output(x),
+                           plain.act_fn(plain.gate_proj(x)) * plain.up_proj(x))
+    graphs = []
+    ids = torch.tensor([[3], [5], [7], [11]])  # M = 4 decode rows
+    compiled = torch.compile(model, fullgraph=True, backend=recording_backend(graphs))
+    with torch.no_grad():
+        logits = compiled(ids, use_cache=False).logits
+        assert torch.equal(logits, reference(ids, use_cache=False).logits)
+    assert len(graphs) == 1
+    assert graphs[0].count("warpsplitk.decode_swiglu_fp8") == 2
+    assert graphs[0].count("warpsplitk.decode_linear_fp8") == 2 * 3
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fp8_swiglu_op_backward_matches_autograd(cpu_ops, with_bias):
+    """decode_swiglu_fp8's backward: the input's gradient through silu(gate) *
+    up of the dequantized weight (the e4m3 weight and scales get none)."""
+    from fakes import FakePrepared
+    from warpsplitk.nn import ops
+    torch.manual_seed(0)
+    x = torch.randn(3, 128, dtype=torch.float64, requires_grad=True)
+    w8, scale = fp8_weight(64, 128), torch.rand(64) + 0.5
+    bias = torch.randn(64, dtype=torch.float64) if with_bias else None
+    handle = ops.register(prepared := FakePrepared(w8, bias=bias, swiglu=True,
+                                                   weight_scale=scale))
+    try:
+        grad = torch.randn(3, 32).bfloat16().double()
+        out = ops.decode_swiglu_fp8(x, w8, scale, bias, handle)
+        assert out.shape == (3, 32)
+        ours, = torch.autograd.grad(out, [x], grad)
+        with pytest.raises(ValueError, match="not the tensors handle"):
+            ops.decode_swiglu_fp8(x, w8, scale.clone(), bias, handle)
+    finally:
+        ops.unregister(handle)
+    pre = F.linear(x, ops.dequantized(w8, scale, torch.float64), bias)
+    want, = torch.autograd.grad(F.silu(pre[:, :32]) * pre[:, 32:], [x], grad)
+    assert prepared.runs == 1 and torch.allclose(ours, want, rtol=1e-10, atol=1e-12)

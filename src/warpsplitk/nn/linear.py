@@ -73,6 +73,15 @@ def fp8_linear_scale(module) -> tuple[str | None, str | None]:
     return name, None
 
 
+def fallback_linear(x, weight, bias=None, weight_scale=None):
+    """What a ``DecodeLinear`` (or a merged part) computes where the kernel
+    does not run: ``F.linear``, of the dequantized weight (``ops.dequantized``,
+    in x's dtype) for an e4m3 weight with ``weight_scale``."""
+    if weight_scale is not None:
+        weight = ops.dequantized(weight, weight_scale, x.dtype)
+    return F.linear(x, weight, bias)
+
+
 class DecodeLinear(nn.Module):
     """``y = x @ weight^T + bias`` through the warp split-K kernel for decode-sized inputs.
 
@@ -316,10 +325,8 @@ class DecodeLinear(nn.Module):
                 out = self._prepared.launch_unchecked(
                     x2d, x2d.new_empty((x2d.shape[0], self.out_features)))
             out = out.view(*x.shape[:-1], self.out_features)
-        elif self.fp8_scale is not None:
-            out = F.linear(x, ops.dequantized(self.weight, self.fp8_scale, x.dtype), self.bias)
         else:
-            out = F.linear(x, self.weight, self.bias)
+            out = fallback_linear(x, self.weight, self.bias, self.fp8_scale)
         if not torch.compiler.is_compiling():
             # Python side effects would force graph breaks or recompiles under
             # torch.compile: count and log eager calls only.
@@ -352,4 +359,5 @@ class DecodeLinear(nn.Module):
                 f"bias={self.bias is not None}, {fp8}{path}")
 
 
-__all__ = ["DecodeLinear", "NO_MS", "ineligibility", "fp8_linear_scale", "FP8_SCALE_NAMES"]
+__all__ = ["DecodeLinear", "NO_MS", "ineligibility", "fp8_linear_scale", "FP8_SCALE_NAMES",
+           "fallback_linear"]

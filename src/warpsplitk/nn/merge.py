@@ -19,6 +19,13 @@ Llama attention calls ``q_proj``, ``k_proj`` and ``v_proj`` on one
 merged weight the kernel cannot take (on a CPU, say), computes its own
 ``F.linear`` on its view: the result of the unmerged linear, bit for bit.
 
+FP8 linears (``fp8_linear_scale``: transformers' ``FP8Linear``, per-row
+FP8 linears) of one class merge the same way, their scales with them:
+per-row scales stacked, 128 x 128 block scales stacked by block rows (every
+part but the last whole blocks of rows), each part's scales a view under its
+own name. A part the kernel does not serve computes what an FP8
+``DecodeLinear`` falls back to (``fallback_linear``: the dequantized weight).
+
 ``patch_model(model, merge=True)`` (:mod:`warpsplitk.nn.patch`) merges each
 module's ``q_proj``/``k_proj``/``v_proj`` and ``gate_proj``/``up_proj``
 (Llama, Mistral, Qwen2 and Qwen3 name them so); ``unpatch`` gives every
@@ -28,15 +35,17 @@ storage.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import ops
+from .. import contract
 from ..contract import MAX_M
 from ..planning import plans
 from ..tactics import check_ms
-from .linear import DecodeLinear
+from .linear import DecodeLinear, fallback_linear, fp8_linear_scale
 
 #: Attribute names of the projections a transformers decoder layer runs on
 #: one input, merged by ``patch_model(merge=True)``, in call order.
@@ -44,17 +53,20 @@ MERGED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def merge_refusal(linears) -> str | None:
-    """Why ``linears`` cannot be merged, or None."""
+    """Why ``linears`` cannot be merged, or None: plain ``nn.Linear``, or FP8
+    linears of one class whose scales stack (:func:`fp8_merge_refusal`)."""
     if len(linears) < 2:
         return "fewer than two linears"
     if len({id(lin) for lin in linears}) != len(linears):
         return "the same linear twice"
     first = linears[0]
     for lin in linears:
-        if type(lin) is not nn.Linear:
-            return f"{type(lin).__name__} is not a plain nn.Linear"
-        if lin.weight is None:
+        if getattr(lin, "weight", None) is None:
             return "a linear without a weight (merged already?)"
+        if type(lin) is not nn.Linear and not contract.is_fp8(lin.weight):
+            return f"{type(lin).__name__} is not a plain nn.Linear"
+        if type(lin) is not type(first):
+            return f"mixed classes ({type(first).__name__} and {type(lin).__name__})"
         if lin._forward_hooks or lin._forward_pre_hooks or "forward" in lin.__dict__:
             return "has forward hooks or an overridden forward"
         if lin.in_features != first.in_features:
@@ -63,30 +75,82 @@ def merge_refusal(linears) -> str | None:
             return "weights differ in dtype or device"
         if (lin.bias is None) != (first.bias is None):
             return "some have a bias and some do not"
-    shared = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+    reason = None if type(first) is nn.Linear else fp8_merge_refusal(linears)
+    if reason is not None:
+        return reason
+    shared = [p for lin in linears for p in lin._parameters.values() if p is not None]
     if len({id(p) for p in shared}) != len(shared):
         return "two of them share a Parameter (merging would split it)"
     return None
 
 
+def fp8_merge_refusal(linears) -> str | None:
+    """Why FP8 linears (one class, e4m3 weights of one K) cannot merge, or
+    None: each an FP8 linear the kernel computes (``fp8_linear_scale``)
+    holding only its weight, bias and scales, all scales of one name, dtype,
+    device and kind, and that kind one that stacks into the merged weight's:
+    per row, or 128 x 128 blocks with every part but the last whole blocks
+    of rows (one scale per part has no view in one weight's scales)."""
+    names, kinds = [], []
+    for lin in linears:
+        name, reason = fp8_linear_scale(lin)
+        if reason is not None:
+            return reason
+        extra = [n for n, t in (*lin._parameters.items(), *lin._buffers.items())
+                 if t is not None and n not in ("weight", "bias", name)]
+        if extra:
+            return f"{type(lin).__name__} holds {', '.join(extra)} besides weight, bias and {name}"
+        scale, (n, k) = getattr(lin, name), lin.weight.shape
+        kind = contract.fp8_scale_kind(scale, n, k)
+        if kind is None:
+            return (f"{name} of shape {tuple(scale.shape)} is none of "
+                    f"{', '.join(contract.FP8_SCALE_KINDS)} for a [{n}, {k}] weight")
+        names.append(name)
+        kinds.append(kind)
+    scales = [getattr(lin, name) for lin, name in zip(linears, names)]
+    if len(set(names)) > 1:
+        return f"scales under different names ({' and '.join(dict.fromkeys(names))})"
+    if len(set(kinds)) > 1:
+        return f"scale kinds differ ({' and '.join(dict.fromkeys(kinds))})"
+    if len({(s.dtype, s.device) for s in scales}) > 1:
+        return "scales differ in dtype or device"
+    if kinds[0] == "tensor":
+        return ("tensor scales (one per linear) cannot be views of one merged weight's scales; "
+                "per-row or 128 x 128 block scales can")
+    block = contract.FP8_SCALE_BLOCK
+    short = [lin.weight.shape[0] for lin in linears[:-1] if lin.weight.shape[0] % block]
+    if kinds[0] == "block128" and short:
+        return (f"block scales stack only where every part but the last has a multiple of "
+                f"{block} rows, got a part of {short[0]} rows")
+    return None
+
+
 class MergedWeight:
     """The storage of a merged group: the stacked ``[W_a; W_b; ...]`` (and
-    bias) of its parts, each part's ``weight`` and ``bias`` Parameters views
-    of its rows. Not an ``nn.Module``: its tensors belong to the parts'
-    Parameters, so ``state_dict`` keeps the parts' keys, ``load_state_dict``
-    writes through and ``.to()`` or ``assign=True`` (new tensors) call for
-    ``stack`` again. A copy (deepcopy, pickle) holds no storage until
-    stacked from its parts' copied values."""
+    bias, and an FP8 group's scales under ``scale_name``) of its parts, each
+    part's Parameters views of its rows. Not an ``nn.Module``: its tensors
+    belong to the parts' Parameters, so ``state_dict`` keeps the parts' keys,
+    ``load_state_dict`` writes through and ``.to()`` or ``assign=True`` (new
+    tensors) call for ``stack`` again. A copy (deepcopy, pickle) holds no
+    storage until stacked from its parts' copied values."""
 
-    def __init__(self, parts):
+    def __init__(self, parts, scale_name=None):
         self.parts = parts
-        self.weight = self.bias = None
+        #: an FP8 group's scales' Parameter name (``fp8_linear_scale``), else None
+        self.scale_name = scale_name
+        self.weight = self.bias = self.scale = None
         self.columns = []  # each part's (start, end) rows of the merged weight
-        self._views = []  # each part's (weight, bias) Parameters as stack() made them
+        self.scale_rows = []  # each part's (start, end) rows of the merged scales
+        self._views = []  # each part's Parameters (names()) as stack() made them
 
     def __getstate__(self):
         # a copy's parts get Parameters of their own: it stacks them again
-        return {**self.__dict__, "weight": None, "bias": None, "columns": [], "_views": []}
+        return {**self.__dict__, "weight": None, "bias": None, "scale": None, "columns": [],
+                "scale_rows": [], "_views": []}
+
+    def names(self) -> tuple:
+        """The names of the Parameters each part holds a view for."""
+        return ("weight", "bias") + (() if self.scale_name is None else (self.scale_name,))
 
     def awaits_stack(self) -> bool:
         """Whether this is a restored copy, every part restored too (their
@@ -103,55 +167,82 @@ class MergedWeight:
         return out
 
     def can_stack(self) -> bool:
-        """Whether the parts share one device and dtype (not so while a
-        ``.to()`` is half done)."""
-        return (len({p.weight.device for p in self.parts}) == 1
+        """Whether the parts' tensors share one device and their weights one
+        dtype (not so while a ``.to()`` is half done)."""
+        tensors = [t for p in self.parts for t in (p.weight, p.fp8_scale) if t is not None]
+        return (len({t.device for t in tensors}) == 1
                 and len({p.weight.dtype for p in self.parts}) == 1)
 
     def stack(self):
-        """Stack the parts' current weights (and biases) into new storage and
-        make each part's Parameters views of it."""
+        """Stack the parts' current weights (and biases, and scales) into new
+        storage and make each part's Parameters views of it."""
         self.columns = self.offsets()
         self.weight = torch.cat([p.weight.detach() for p in self.parts])
         has_bias = self.parts[0].bias is not None
         self.bias = torch.cat([p.bias.detach() for p in self.parts]) if has_bias else None
-        for part, (start, end) in zip(self.parts, self.columns):
-            part._parameters["weight"] = nn.Parameter(self.weight[start:end],
-                                                      requires_grad=part.weight.requires_grad)
+        self.scale, self.scale_rows = self._stacked_scales()
+        for i, part in enumerate(self.parts):
+            start, end = self.columns[i]
+            views = {"weight": self.weight[start:end]}
             if has_bias:
-                part._parameters["bias"] = nn.Parameter(self.bias[start:end],
-                                                        requires_grad=part.bias.requires_grad)
-        self._views = [(part._parameters["weight"], part._parameters["bias"])
-                       for part in self.parts]
+                views["bias"] = self.bias[start:end]
+            if self.scale is not None:
+                start, end = self.scale_rows[i]
+                views[self.scale_name] = self.scale[start:end].view(part.fp8_scale.shape)
+            for name, view in views.items():
+                part._parameters[name] = nn.Parameter(
+                    view, requires_grad=part._parameters[name].requires_grad)
+        self._views = [tuple(part._parameters[n] for n in self.names()) for part in self.parts]
+
+    def _stacked_scales(self):
+        """``(scales, each part's (start, end) rows of them)`` of an FP8
+        group, else ``(None, [])``: per-row scales flattened and
+        concatenated; 128 x 128 block scales concatenated by block rows
+        (``merge_refusal``: every part but the last whole blocks of rows)."""
+        if self.scale_name is None:
+            return None, []
+        first = self.parts[0]
+        blocks = contract.fp8_scale_kind(first.fp8_scale, first.out_features,
+                                         first.in_features) == "block128"
+        scales = [p.fp8_scale.detach() for p in self.parts]
+        scales = scales if blocks else [s.reshape(-1) for s in scales]
+        rows = list(accumulate((s.shape[0] for s in scales), initial=0))
+        return torch.cat(scales), list(zip(rows[:-1], rows[1:]))
 
     def merged(self) -> bool:
-        """Whether every part's weight (and bias) is still its view of the
-        storage (``.to()`` or ``load_state_dict(assign=True)`` give parts
-        tensors of their own)."""
+        """Whether every part's weight (and bias, and scales) is still its
+        view of the storage (``.to()`` or ``load_state_dict(assign=True)``
+        give parts tensors of their own)."""
         if torch.compiler.is_compiling():
             # fake tensors have no addresses: the Parameters stack() made
             # (Dynamo guards the identities, so a replaced one recompiles)
-            return all(part._parameters["weight"] is weight and part._parameters["bias"] is bias
-                       for part, (weight, bias) in zip(self.parts, self._views))
-        weight, bias = self.weight, self.bias
-        row_bytes = weight.stride(0) * weight.element_size()
-        for part, (start, _) in zip(self.parts, self.columns):
-            if part.weight.device != weight.device \
-                    or part.weight.data_ptr() != weight.data_ptr() + start * row_bytes:
-                return False
-            if bias is not None and \
-                    part.bias.data_ptr() != bias.data_ptr() + start * bias.element_size():
+            return all(part._parameters[n] is view for part, views in zip(self.parts, self._views)
+                       for n, view in zip(self.names(), views))
+        for i, part in enumerate(self.parts):
+            start = self.columns[i][0]
+            rows = [(part.weight, self.weight, start)]
+            if self.bias is not None:
+                rows.append((part.bias, self.bias, start))
+            if self.scale is not None:
+                rows.append((part.fp8_scale, self.scale, self.scale_rows[i][0]))
+            if not all(_view_at(t, merged, row) for t, merged, row in rows):
                 return False
         return True
+
+
+def _view_at(t, merged, row) -> bool:
+    """Whether ``t`` starts at row ``row`` of ``merged`` (on its device)."""
+    return (t is not None and t.device == merged.device and t.data_ptr()
+            == merged.data_ptr() + row * merged.stride(0) * merged.element_size())
 
 
 class MergedGroup:
     """The dispatch of a merged group: a ``DecodeLinear`` of its
     :class:`MergedWeight` whose output serves every part called with the same
     input (the kernel where it accepts x, else ``F.linear`` on the merged
-    weight), each part's own ``F.linear`` where the storage is no longer
-    merged or has no kernel; for a ``[gate; up]`` group also the kernel with
-    the SwiGLU epilogue."""
+    weight, dequantized for FP8), each part's own ``fallback_linear`` where
+    the storage is no longer merged or has no kernel; for a ``[gate; up]``
+    group also the kernel with the SwiGLU epilogue."""
 
     def __init__(self, storage: MergedWeight, plan, ms):
         self.storage = storage
@@ -175,6 +266,11 @@ class MergedGroup:
     @property
     def bias(self):
         return self.storage.bias
+
+    @property
+    def scale(self):
+        """An FP8 group's merged scales, or None."""
+        return self.storage.scale
 
     def merged(self) -> bool:
         """Whether the parts are still views of the storage (``MergedWeight.merged``)."""
@@ -206,11 +302,13 @@ class MergedGroup:
         """The ``DecodeLinear`` of the merged weight (it falls back, and the
         parts with it, where the kernel cannot take the weight); for a
         ``swiglu`` group also the kernel with the SwiGLU epilogue."""
-        self.linear = DecodeLinear(self.weight, self.bias, self.plan, self.ms)
+        fp8 = ({} if self.scale is None
+               else {"weight_scale": self.scale, "scale_name": self.storage.scale_name})
+        self.linear = DecodeLinear(self.weight, self.bias, self.plan, self.ms, **fp8)
         self._release_swiglu()
         if self.swiglu and self.linear.prepared is not None:
             self.swiglu_prepared, self._swiglu_handle = swiglu_kernel(
-                self.weight, self.bias, self.plan, self.ms)
+                self.weight, self.bias, self.plan, self.ms, weight_scale=self.scale)
 
     def _release_swiglu(self):
         release_swiglu(self._swiglu_handle)
@@ -225,7 +323,7 @@ class MergedGroup:
             # no kernel for the merged weight (or storage replaced): exactly
             # the unmerged linear
             self._stash = None
-            return F.linear(x, part.weight, part.bias)
+            return fallback_linear(x, part.weight, part.bias, part.fp8_scale)
         stash = self._stash
         if stash is None or stash[0] is not x or part_index in stash[2]:
             stash = self._stash = (x, self.linear(x), set())
@@ -241,7 +339,7 @@ class MergedGroup:
         packed 32-byte aligned BF16 tensor on the weight's device with M
         prepared, or autograd needing a graph: the caller then runs the parts
         and the activation as the model would). Under torch.compile, the
-        ``warpsplitk::decode_swiglu`` op."""
+        ``warpsplitk::decode_swiglu`` op (``decode_swiglu_fp8`` for FP8)."""
         if self.swiglu_prepared is None or not self.merged():
             return None
         if torch.is_grad_enabled() and (x.requires_grad or self.parts[0].weight.requires_grad):
@@ -249,10 +347,12 @@ class MergedGroup:
         return swiglu_launch(self.linear, self.swiglu_prepared, self._swiglu_handle, x)
 
 
-def swiglu_kernel(weight, bias, plan, ms):
+def swiglu_kernel(weight, bias, plan, ms, weight_scale=None):
     """``(prepared, handle)``: the SwiGLU kernel of a ``[gate; up]`` weight
-    (compiled, or loaded from the disk cache) and its custom-op handle."""
-    prepared = plans.prepare(weight, plan, ms, bias, swiglu=True)
+    (an e4m3 one with its ``weight_scale``) (compiled, or loaded from the
+    disk cache) and its custom-op handle."""
+    fp8 = {} if weight_scale is None else {"weight_scale": weight_scale}
+    prepared = plans.prepare(weight, plan, ms, bias, swiglu=True, **fp8)
     return prepared, ops.register(prepared)
 
 
@@ -267,11 +367,15 @@ def swiglu_launch(linear, prepared, handle, x):
     ``linear``'s ``[gate; up]`` weight, registered as ``handle``) in one
     launch, or None where ``linear`` (prepared for the same Ms) would not run
     the kernel on x: device, dtype, K, M, packed, aligned. Under
-    torch.compile, the ``warpsplitk::decode_swiglu`` op."""
+    torch.compile, the ``warpsplitk::decode_swiglu`` op (an FP8 ``linear``:
+    ``decode_swiglu_fp8``)."""
     if not linear.accepts(x):
         return None
     x2d = x.reshape(-1, linear.in_features)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and linear.fp8_scale is not None:
+        out = torch.ops.warpsplitk.decode_swiglu_fp8(x2d, linear.weight, linear.fp8_scale,
+                                                     linear.bias, handle)
+    elif torch.compiler.is_compiling():
         # the DecodeLinear's Parameters: static addresses for CUDA graph trees
         out = torch.ops.warpsplitk.decode_swiglu(x2d, linear.weight, linear.bias, handle)
     else:
@@ -282,19 +386,28 @@ def swiglu_launch(linear, prepared, handle, x):
 
 
 class MergedPart(nn.Module):
-    """One linear of a merged group: ``weight`` and ``bias`` are views into
-    the group's storage; ``forward`` is the linear's (see the module
-    docstring)."""
+    """One linear of a merged group: ``weight`` and ``bias`` (an FP8
+    linear's scales too, under their own name) are views into the group's
+    storage; ``forward`` is the linear's (see the module docstring)."""
 
     def __init__(self, linear: nn.Linear, group: MergedGroup, index: int):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight
-        self.register_parameter("bias", linear.bias)
+        # in the linear's order: the state_dict keys come out as they were
+        for name, param in linear._parameters.items():
+            if name in group.storage.names():
+                self.register_parameter(name, param)
         # kept out of the submodules (state_dict, .to(), named_modules)
         object.__setattr__(self, "group", group)
         object.__setattr__(self, "index", index)
         object.__setattr__(self, "_original", linear)
+
+    @property
+    def fp8_scale(self):
+        """An FP8 part's scales (the Parameter under the group's
+        ``scale_name``), or None."""
+        name = self.group.storage.scale_name
+        return None if name is None else self._parameters[name]
 
     def forward(self, x):
         return self.group.output(self.index, x)
@@ -327,25 +440,26 @@ class MergedPart(nn.Module):
             self.remerge()
 
     def to_linear(self) -> nn.Linear:
-        """An ``nn.Linear`` (the original object) holding this part's current
-        values in storage of its own."""
+        """An ``nn.Linear`` (the original object, an FP8 linear's class
+        included) holding this part's current values in storage of its own."""
         linear = self._original
-        linear.weight = nn.Parameter(self.weight.detach().clone(),
-                                     requires_grad=self.weight.requires_grad)
-        if self.bias is not None:
-            linear.bias = nn.Parameter(self.bias.detach().clone(),
-                                       requires_grad=self.bias.requires_grad)
+        for name, param in self._parameters.items():
+            if param is not None:
+                setattr(linear, name, nn.Parameter(param.detach().clone(),
+                                                   requires_grad=param.requires_grad))
         return linear
 
     def extra_repr(self):
+        fp8 = "" if self.fp8_scale is None else "fp8 weight, "
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, part {self.index + 1} of "
+                f"bias={self.bias is not None}, {fp8}part {self.index + 1} of "
                 f"{len(self.group.parts)} merged")
 
 
 def merge_linears(linears, plan=None, ms=None, prepare=True) -> list[MergedPart]:
-    """``linears`` (``nn.Linear`` reading the same input) as merged parts,
-    in order; ``ValueError`` (:func:`merge_refusal`) when they cannot be.
+    """``linears`` (``nn.Linear``, or FP8 linears of one class, reading the
+    same input) as merged parts, in order; ``ValueError``
+    (:func:`merge_refusal`) when they cannot be.
     With ``prepare=False`` the kernel is left to ``parts[0].group.prepare()``
     (``patch_model`` compiles every group's kernels in parallel first)."""
     plans.check_plan(plan)
@@ -354,15 +468,16 @@ def merge_linears(linears, plan=None, ms=None, prepare=True) -> list[MergedPart]
     reason = merge_refusal(linears)
     if reason is not None:
         raise ValueError(f"cannot merge these linears: {reason}")
-    storage = MergedWeight([])
+    scale_name = None if type(linears[0]) is nn.Linear else fp8_linear_scale(linears[0])[0]
+    storage = MergedWeight([], scale_name)
     group = MergedGroup(storage, plan, ms)
     storage.parts = [MergedPart(lin, group, i) for i, lin in enumerate(linears)]
     storage.stack()
     if prepare:
         group.prepare()
     for lin in linears:  # the original modules keep no second copy of the weights
-        lin._parameters["weight"] = None
-        lin._parameters["bias"] = None
+        for name in storage.names():
+            lin._parameters[name] = None
     return list(storage.parts)
 
 

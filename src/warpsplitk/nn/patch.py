@@ -97,7 +97,8 @@ def patch_model(model: nn.Module, plan=None, ms=range(1, MAX_M + 1), filter=None
     ``merge=True``: each module's ``q_proj``, ``k_proj``, ``v_proj`` and
     ``gate_proj``, ``up_proj`` (transformers' Llama-family names) become
     parts of one merged weight run in one launch (:mod:`warpsplitk.nn.merge`),
-    keeping their parameter names; ``report.merged`` lists the groups. A
+    keeping their parameter names; ``report.merged`` lists the groups (FP8
+    linears merge too where their scales stack: ``merge_refusal``). A
     Llama-family MLP's merged gate/up, and an MLP's own ``[gate; up]``
     ``gate_up_proj`` (Phi-3, GLM: :mod:`warpsplitk.nn.gate_up`), run with the
     SwiGLU epilogue; ``report.swiglu`` lists those MLPs."""
@@ -189,13 +190,16 @@ def _collect(model, ms, filter, merge, report) -> _Found:
 
 def _precompile(found, plan, ms, jobs, progress):
     """Step 2: the plan (``"auto"``: tuned first for the shapes it lacks, the
-    FP8 linears' as FP8), every kernel compiled in parallel workers into the
-    disk cache, the merged groups prepared from it. Returns the plan."""
+    FP8 linears' and FP8 merged groups' as FP8), every kernel compiled in
+    parallel workers into the disk cache (an FP8 group's SwiGLU kernel
+    compiles as it is prepared), the merged groups prepared from it.
+    Returns the plan."""
     linears = list(found.linears.values())
     shapes = [tuple(lin.weight.shape) for lin in linears]
     shapes += [tuple(g.weight.shape) for g in found.groups
                if ineligibility(g.weight, g.bias, ms) is None]
     fp8 = {id(m): (m.weight, getattr(m, fp8_linear_scale(m)[0])) for m in found.fp8.values()}
+    fp8.update({id(g): (g.weight, g.scale) for g in found.groups if g.scale is not None})
     plan = plans.resolve_plan(plan, shapes, ms, progress=progress, jobs=jobs,
                               fp8_shapes=plans.fp8_tuning_shapes(fp8))
     _precompile_weights(linears + found.groups, plan, ms, jobs)
@@ -296,7 +300,7 @@ def _shared_refusal(linears, places, holders):
     if any(len(places[id(lin)]) > 1 for lin in linears):
         return "a linear is also used elsewhere in the model"
     if any(holders[id(p)] != {id(lin)} for lin in linears
-           for p in (lin.weight, lin.bias) if p is not None):
+           for p in lin._parameters.values() if p is not None):
         return "a Parameter is also held by another module (tied)"
     return None
 
