@@ -417,3 +417,32 @@ def test_prepare_model_takes_fp8_weights_with_their_scales(fp8_world, monkeypatc
         plans.prepare_model({"q": weight}, ms=(1,), progress=None)
     with pytest.raises(ValueError, match=r"weight_scales names weights not in weights: \['k'\]"):
         plans.prepare_model({"q": weight}, ms=(1,), progress=None, weight_scales={"k": scale})
+
+
+def test_precompile_fp8_lists_each_weights_kernels_with_bias_and_epilogue(monkeypatch):
+    """The worker compiles ``precompile_fp8`` asks for: per weight and M its
+    plan's (or default's) tactic with its scales' kind and its bias; with
+    ``swiglu``, the epilogue's FP8 choice."""
+    from warpsplitk.planning import plans
+    from warpsplitk.planning.choose import default_tactic
+    asked = []
+    monkeypatch.setattr(plans, "precompile", lambda kernels, arch, jobs, progress:
+                        asked.append((arch, kernels)))
+    monkeypatch.setattr(plans, "device_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    n, k = 512, 1024
+    weight = torch.zeros(n, k).to(torch.float8_e4m3fn)
+    blocks = torch.ones(n // 128, k // 128)
+    plans.precompile_fp8({"a": (weight, blocks, torch.zeros(n, dtype=torch.bfloat16)),
+                          "b": (weight, torch.ones(n))}, ms=(1, 32))
+    assert asked == [("sm_90a", [
+        (n, k, default_tactic(m, n, k, fp8=True, fp8_scales="block128"), True, True, False,
+         "block128") for m in (1, 32)] + [
+        (n, k, default_tactic(m, n, k, fp8=True), False, True, False, "channel")
+        for m in (1, 32)])]
+    asked.clear()
+    plans.precompile_fp8({"gate_up": (weight, blocks, None)}, ms=(8,), swiglu=True)
+    tactic = default_tactic(8, n, k, fp8=True, fp8_scales="block128", swiglu=True)
+    assert asked == [("sm_90a", [(n, k, tactic, False, True, True, "block128")])]
+    assert tactic.output_tile >= 32

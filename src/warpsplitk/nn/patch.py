@@ -191,22 +191,26 @@ def _collect(model, ms, filter, merge, report) -> _Found:
 def _precompile(found, plan, ms, jobs, progress):
     """Step 2: the plan (``"auto"``: tuned first for the shapes it lacks, the
     FP8 linears' and FP8 merged groups' as FP8), every kernel compiled in
-    parallel workers into the disk cache (an FP8 group's SwiGLU kernel
-    compiles as it is prepared), the merged groups prepared from it.
+    parallel workers into the disk cache, the merged groups prepared from it.
     Returns the plan."""
     linears = list(found.linears.values())
     shapes = [tuple(lin.weight.shape) for lin in linears]
     shapes += [tuple(g.weight.shape) for g in found.groups
                if ineligibility(g.weight, g.bias, ms) is None]
-    fp8 = {id(m): (m.weight, getattr(m, fp8_linear_scale(m)[0])) for m in found.fp8.values()}
-    fp8.update({id(g): (g.weight, g.scale) for g in found.groups if g.scale is not None})
+    fp8 = {id(m): (m.weight, getattr(m, fp8_linear_scale(m)[0]), m.bias)
+           for m in found.fp8.values()}
+    fp8.update({id(g): (g.weight, g.scale, g.bias) for g in found.groups if g.scale is not None})
     plan = plans.resolve_plan(plan, shapes, ms, progress=progress, jobs=jobs,
-                              fp8_shapes=plans.fp8_tuning_shapes(fp8))
-    _precompile_weights(linears + found.groups, plan, ms, jobs)
-    _precompile_weights([g for g in found.groups if g.swiglu]
+                              fp8_shapes=plans.fp8_tuning_shapes(
+                                  {key: value[:2] for key, value in fp8.items()}))
+    bf16_groups = [g for g in found.groups if g.scale is None]
+    _precompile_weights(linears + bf16_groups, plan, ms, jobs)
+    _precompile_weights([g for g in bf16_groups if g.swiglu]
                         + [m.gate_up_proj for m in found.gate_up_mlps], plan, ms, jobs,
                         swiglu=True)
     plans.precompile_fp8(fp8, ms, jobs, plan=plan)
+    plans.precompile_fp8({id(g): (g.weight, g.scale, g.bias) for g in found.groups
+                          if g.scale is not None and g.swiglu}, ms, jobs, plan=plan, swiglu=True)
     for group in found.groups:
         group.plan = plan
         group.prepare()

@@ -241,27 +241,30 @@ def precompile_for(weights, plan: DecodePlan | None = None, ms=range(1, MAX_M + 
 
 
 def precompile_fp8(weights, ms=range(1, MAX_M + 1), jobs=None, progress=None, *,
-                   plan: DecodePlan | None = None):
-    """As :func:`precompile_for`, for ``{name: (fp8 weight, scale)}``: the
-    kernels of ``plan``'s FP8 entries for each weight's scales (the FP8
-    default's where it has none), compiled in worker processes into the disk
-    cache."""
+                   plan: DecodePlan | None = None, swiglu: bool = False):
+    """As :func:`precompile_for`, for ``{name: (fp8 weight, scale)}`` or
+    ``{name: (fp8 weight, scale, bias)}``: the kernels of ``plan``'s FP8
+    entries for each weight's scales (the FP8 default's where it has none;
+    ``swiglu``: :func:`swiglu_tactic`'s, with the epilogue), compiled in
+    worker processes into the disk cache."""
     import torch  # as in prepare
 
     plan = plan if plan is not None else DecodePlan()
     by_arch = {}
-    for weight, scale in weights.values():
+    for weight, scale, *bias in weights.values():
         if not is_fp8(weight) or not weight.is_cuda or weight.dim() != 2:
             continue  # prepare says what is wrong
         n, k = weight.shape
         kind = fp8_scale_kind(scale, n, k) if hasattr(scale, "shape") else None
         if kind is None:
             continue  # as above
+        has_bias = bool(bias) and bias[0] is not None
         try:
             arch = device_arch(weight.device.index if weight.device.index is not None
                                else torch.cuda.current_device())
-            kernels = [(n, k, plan.tactic_for(n, k, m, fp8_scales=kind), False, True, False,
-                        kind) for m in ms]
+            kernels = [(n, k, swiglu_tactic(plan, m, n, k, fp8_scales=kind) if swiglu
+                        else plan.tactic_for(n, k, m, fp8_scales=kind), has_bias, True,
+                        swiglu, kind) for m in ms]
         except ValueError:
             continue
         by_arch.setdefault(arch, []).extend(kernels)
