@@ -23,8 +23,8 @@ def cpu_kernel(monkeypatch):
                         FakePrepared(weight, plan, ms, bias, swiglu))
 
 
-def tiny_phi3(act="silu"):
-    config = transformers.Phi3Config(hidden_size=128, intermediate_size=64,
+def tiny_phi3(act="silu", intermediate=64):
+    config = transformers.Phi3Config(hidden_size=128, intermediate_size=intermediate,
                                      num_attention_heads=4, num_key_value_heads=4,
                                      num_hidden_layers=2, vocab_size=96, pad_token_id=0,
                                      hidden_act=act)
@@ -75,3 +75,36 @@ def test_refusals(cpu_kernel):
     assert patch_model(model, merge=False, ms=[1], progress=None).swiglu == []
     with pytest.raises(ValueError, match="a GateUpSwiGLUMLP wraps a"):
         GateUpSwiGLUMLP(gelu.model.layers[0].mlp)
+
+
+@pytest.fixture
+def cpu_fp8_kernel(monkeypatch):
+    monkeypatch.setattr(contract, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(plans, "prepare",
+                        lambda weight, plan=None, ms=range(1, 33), bias=None, swiglu=False,
+                        weight_scale=None, scale_kind=None:
+                        FakePrepared(weight, plan, ms, bias, swiglu, weight_scale))
+
+
+def test_an_fp8_gate_up_proj_runs_with_the_swiglu_epilogue(cpu_fp8_kernel):
+    """A Phi-3 MLP whose ``gate_up_proj`` is transformers' FP8Linear (128 x
+    128 blocks): the FP8 SwiGLU kernel with its scales, ``silu(gate) * up``
+    of the dequantized halves; ``unpatch`` gives the FP8Linear back."""
+    from fakes import quantize_fp8
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+    from warpsplitk.nn.ops import dequantized
+    model = tiny_phi3(intermediate=128)
+    quantize_fp8(model, only=("gate_up_proj",))
+    original = model.model.layers[0].mlp.gate_up_proj
+    report = patch_model(model, merge=True, ms=[1, 2], progress=None)
+    assert report.swiglu == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    mlp = model.model.layers[0].mlp
+    assert mlp.prepared.swiglu and mlp.prepared.weight_scale is not None
+    x = torch.randn(2, 128, dtype=torch.bfloat16)
+    w = dequantized(original.weight, original.weight_scale_inv, torch.bfloat16)
+    with torch.no_grad():
+        expected = F.silu(F.linear(x, w[:128]).float()) * F.linear(x, w[128:]).float()
+        torch.testing.assert_close(mlp.fused(x).float(), expected, rtol=2e-2, atol=2e-2)
+        unpatch(model)
+    assert model.model.layers[0].mlp.gate_up_proj is original
+    assert isinstance(original, FP8Linear)

@@ -3,8 +3,8 @@
 Phi-3 and GLM name it ``gate_up_proj``: one ``nn.Linear`` whose first half
 of rows is the gate and second half the up projection, then
 ``up * act(gate)`` and ``down_proj``. That is the weight layout the
-SwiGLU epilogue reads (``PreparedWarpSplitK(..., swiglu=True)``), so no
-merging is needed: :class:`GateUpSwiGLUMLP` runs ``silu(gate) * up`` in the
+SwiGLU epilogue reads (``PreparedWarpSplitK(..., swiglu=True)``, an e4m3
+one with its scales too), so no merging is needed: :class:`GateUpSwiGLUMLP` runs ``silu(gate) * up`` in the
 projection's one launch, where Llama-style MLPs need ``patch_model(merge=True)``
 to stack ``gate_proj`` and ``up_proj`` first (:class:`~warpsplitk.nn.merge.SwiGLUMLP`).
 """
@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .linear import DecodeLinear, ineligibility
+from .. import contract
+from .linear import DecodeLinear, fp8_linear_scale, ineligibility
 from .merge import SILU_ACTIVATIONS, release_swiglu, swiglu_kernel, swiglu_launch
 
 #: transformers MLPs computing ``down(up * silu(gate))`` from one
@@ -31,12 +32,24 @@ def gate_up_refusal(mlp, ms) -> str | None:
     if mlp._forward_hooks or mlp._forward_pre_hooks or "forward" in mlp.__dict__:
         return "has forward hooks or an overridden forward"
     gate_up = getattr(mlp, "gate_up_proj", None)
-    if type(gate_up) not in (nn.Linear, DecodeLinear):
-        return "its gate_up_proj is not a plain nn.Linear"
+    fp8 = isinstance(gate_up, nn.Linear) and contract.is_fp8(getattr(gate_up, "weight", None))
+    if type(gate_up) not in (nn.Linear, DecodeLinear) and not fp8:
+        return "its gate_up_proj is not a plain nn.Linear or an FP8 linear"
     if gate_up.out_features % 32:
         return (f"gate_up_proj has {gate_up.out_features} rows: not two halves of whole "
                 "16-row tiles")
-    return ineligibility(gate_up.weight, gate_up.bias, ms)
+    return ineligibility(gate_up.weight, gate_up.bias, ms, gate_up_scale(gate_up))
+
+
+def gate_up_scale(gate_up):
+    """An FP8 ``gate_up_proj``'s scales (a ``DecodeLinear``'s, or an FP8
+    linear's under their own name), else None."""
+    if isinstance(gate_up, DecodeLinear):
+        return gate_up.fp8_scale
+    if not contract.is_fp8(getattr(gate_up, "weight", None)):
+        return None
+    name, _ = fp8_linear_scale(gate_up)
+    return None if name is None else getattr(gate_up, name)
 
 
 class GateUpSwiGLUMLP(nn.Module):
@@ -66,8 +79,10 @@ class GateUpSwiGLUMLP(nn.Module):
         self._release()
         gate_up = self.gate_up_proj
         if isinstance(gate_up, DecodeLinear) and gate_up.prepared is not None:
-            self.prepared, self._handle = swiglu_kernel(gate_up.weight, gate_up.bias, self.plan,
-                                                        self.ms)
+            scale = gate_up.fp8_scale
+            self.prepared, self._handle = swiglu_kernel(
+                gate_up.weight, gate_up.bias, self.plan, self.ms,
+                None if scale is None else scale.detach())
 
     def _release(self):
         release_swiglu(self._handle)
@@ -108,4 +123,4 @@ class GateUpSwiGLUMLP(nn.Module):
         return mlp
 
 
-__all__ = ["GATE_UP_MLPS", "GateUpSwiGLUMLP", "gate_up_refusal"]
+__all__ = ["GATE_UP_MLPS", "GateUpSwiGLUMLP", "gate_up_refusal", "gate_up_scale"]

@@ -19,7 +19,7 @@ from .. import contract
 from ..contract import MAX_M
 from ..planning import plans
 from ..tactics import check_ms
-from .gate_up import GateUpSwiGLUMLP, gate_up_refusal
+from .gate_up import GateUpSwiGLUMLP, gate_up_refusal, gate_up_scale
 from .linear import DecodeLinear, fp8_linear_scale, ineligibility
 from .merge import (MERGED_GROUPS, MergedPart, SwiGLUMLP, merge_linears, merge_refusal,
                     swiglu_refusal)
@@ -204,13 +204,16 @@ def _precompile(found, plan, ms, jobs, progress):
                               fp8_shapes=plans.fp8_tuning_shapes(
                                   {key: value[:2] for key, value in fp8.items()}))
     bf16_groups = [g for g in found.groups if g.scale is None]
+    gate_ups = [m.gate_up_proj for m in found.gate_up_mlps]
     _precompile_weights(linears + bf16_groups, plan, ms, jobs)
     _precompile_weights([g for g in bf16_groups if g.swiglu]
-                        + [m.gate_up_proj for m in found.gate_up_mlps], plan, ms, jobs,
+                        + [g for g in gate_ups if gate_up_scale(g) is None], plan, ms, jobs,
                         swiglu=True)
     plans.precompile_fp8(fp8, ms, jobs, plan=plan)
     plans.precompile_fp8({id(g): (g.weight, g.scale, g.bias) for g in found.groups
-                          if g.scale is not None and g.swiglu}, ms, jobs, plan=plan, swiglu=True)
+                          if g.scale is not None and g.swiglu}
+                         | {id(g): (g.weight, gate_up_scale(g), g.bias) for g in gate_ups
+                            if gate_up_scale(g) is not None}, ms, jobs, plan=plan, swiglu=True)
     for group in found.groups:
         group.plan = plan
         group.prepare()
