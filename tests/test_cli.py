@@ -517,6 +517,37 @@ def test_bench_records_its_command_line(tmp_path, monkeypatch, capsys):
     assert seen["plan"].entries == builtin_plan("h200").entries
 
 
+def test_bench_fp8_times_the_named_plans_entries(tmp_path, monkeypatch, capsys):
+    """``bench --dtype fp8``: the defaults unless ``--plan`` names a plan (its
+    FP8 entries then time, as ``tune --dtype fp8`` wrote them); no
+    --chain, --layer or --plot with it."""
+    from warpsplitk.measure import fp8_bench
+    from warpsplitk.planning.plans import DecodePlan
+    seen = {}
+
+    def run_fp8_bench(shapes, ms, plan=None, **kwargs):
+        seen.update(shapes=shapes, plan=plan, scales=kwargs["scales"])
+        return {"gpu": "fake", "read_TBps": 3.1, "datasheet_TBps": 3.35, "torch": "t",
+                "cutlass_dsl": "c", "date": "d"}, []
+
+    monkeypatch.setattr(fp8_bench, "run_fp8_bench", run_fp8_bench)
+    monkeypatch.setattr(cli.checks, "require_gpu", lambda command: None)
+    monkeypatch.setattr(cli.bench, "_device_gpu", lambda: ("NVIDIA H200", 132))
+    assert main(["bench", "--dtype", "fp8", "--shapes", "4096,4096"]) == 0
+    assert seen["plan"] is None  # not the GPU's built-in BF16 plan: the defaults
+    plan = DecodePlan()
+    plan.set(4096, 4096, 1, WarpSplitKTactic(32, 8, 256, 4, 2), fp8_scales="block128")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert main(["bench", "--dtype", "fp8", "--scales", "block128", "--plan", str(path),
+                 "--shapes", "4096,4096"]) == 0
+    assert seen["plan"].lookup(4096, 4096, 1, fp8_scales="block128") == \
+        WarpSplitKTactic(32, 8, 256, 4, 2) and seen["scales"] == "block128"
+    capsys.readouterr()
+    assert main(["bench", "--dtype", "fp8", "--chain"]) == 2
+    _one_error(capsys, "bench", "--chain", "not with --dtype fp8")
+
+
 # ------------------------------------------------------------ plan view
 
 

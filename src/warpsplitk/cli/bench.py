@@ -32,7 +32,8 @@ def add_parser(sub):
                         "or with --model one layer's projections in order, against the reference "
                         "heuristic and cuBLAS")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
-                   help="fp8: e4m3 weights with per-channel scales, our FP8 kernel against our "
+                   help="fp8: e4m3 weights with per-channel scales, our FP8 kernel (--plan's FP8 "
+                        "entries, else the FP8 default) against our "
                         "BF16 kernel, cuBLAS and torch._scaled_mm (row-wise, x quantized in the "
                         "call) on each shape (default bf16)")
     p.add_argument("--scales", choices=("channel", "tensor", "block128"), default="channel",
@@ -55,8 +56,8 @@ def run(args, argv):
     if plan is None:  # no --plan: this GPU's built-in plan, if one was measured on it
         plan, _ = checks.resolve_plan(checks.default_plan(_device_gpu()))
     command = "warpsplitk " + shlex.join(argv)
-    if args.dtype == "fp8":
-        return _run_fp8(args, shapes, command)
+    if args.dtype == "fp8":  # --plan's entries, else the defaults (as the records)
+        return _run_fp8(args, shapes, command, plan if args.plan is not None else None)
     if args.layer:
         return _run_layer_path(args, plan, command)
     if args.chain:
@@ -111,10 +112,10 @@ def _check_modes(args):
         _check_hf_kernel(args)
     if args.dtype == "fp8":
         for flag, given in (("--chain", args.chain), ("--layer", args.layer),
-                            ("--plan", args.plan is not None), ("--plot", args.plot)):
+                            ("--plot", args.plot)):
             if given:
                 raise UsageError(f"argument {flag}: not with --dtype fp8 (it times each shape's "
-                                 "FP8 default)")
+                                 "FP8 call alone)")
 
 
 def _check_hf_kernel(args):
@@ -194,12 +195,12 @@ def _environment_line(env, command):
           f"torch {env['torch']}  cutlass-dsl {env['cutlass_dsl']}  {env['date']}")
 
 
-def _run_fp8(args, shapes, command):
+def _run_fp8(args, shapes, command, plan):
     hf_kernel = (hf_fp8.use_local_kernel(args.hf_fp8_kernel)
                  if args.hf_fp8_kernel is not None else None)
     print(fp8_bench.HEADER, flush=True)
     env, rows = fp8_bench.run_fp8_bench(shapes, args.m, progress=_progress, rounds=args.rounds,
-                                        scales=args.scales)
+                                        scales=args.scales, plan=plan)
     if hf_kernel is not None:
         env["hf_fp8_kernel"] = hf_kernel
     _environment_line(env, command)

@@ -18,8 +18,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from ..contract import fp8_scale_factors
-from ..planning.choose import default_tactic
-from ..planning.plans import CUBLAS, default_choice, prepare, prepare_choices
+from ..planning.plans import CUBLAS, DecodePlan, prepare, prepare_choices
 from ..runtime import timing
 from ..runtime.timing import random_fp8
 from ..runtime.compile import device_arch
@@ -36,10 +35,10 @@ class Fp8Row:
     n: int
     k: int
     m: int
-    tactic: str          # our FP8 tactic (default_tactic(fp8=True))
+    tactic: str          # our FP8 tactic (the plan's FP8 entry, else the FP8 default)
     fp8_us: float
     fp8_spread: float
-    bf16_tactic: str     # our BF16 kernel's choice (default_choice), or "cublas"
+    bf16_tactic: str     # our BF16 kernel's choice (the plan's, else default_choice), or "cublas"
     bf16_us: float
     cublas_us: float     # torch.matmul on the BF16 weight
     scaled_mm_us: float  # torch._scaled_mm, row-wise scales, x quantized in the call
@@ -133,16 +132,18 @@ def scaled_mm_pad(m, k, w8, w_scale_row):
 
 
 def bench_fp8_shape(n, k, ms, read_tbps, sheet_tbps, rounds=None, progress=print,
-                    scales_kind="channel"):
-    """``Fp8Row``s of one ``[n, k]`` e4m3 weight with ``scales_kind`` scales."""
+                    scales_kind="channel", plan=None):
+    """``Fp8Row``s of one ``[n, k]`` e4m3 weight with ``scales_kind`` scales:
+    ``plan``'s FP8 and BF16 entries (its defaults where it has none)."""
+    plan = plan if plan is not None else DecodePlan()
     import torch
     rounds = timing.resolve_rounds(rounds)
     w8s, scales = random_fp8(n, k, timing.copies_for(n * k), seed=n + k, scales=scales_kind)
     # the same products in BF16 (half as many copies fill the same bytes)
     bf16s = [(w.float() * fp8_scale_factors(s, n, k)).to(torch.bfloat16)
              for w, s in list(zip(w8s, scales))[:timing.copies_for(n * k * 2)]]
-    ours = [prepare(w, ms=ms, weight_scale=s) for w, s in zip(w8s, scales)]
-    bf16_choice = {m: default_choice(m, n, k) for m in ms}
+    ours = [prepare(w, plan, ms, weight_scale=s) for w, s in zip(w8s, scales)]
+    bf16_choice = {m: plan.tactic_for(n, k, m) for m in ms}
     bf16 = [prepare_choices(w, bf16_choice) for w in bf16s]
     rows_scale = [row_scales(s, n, k) for s in scales]
     hf = hf_fp8_linears(w8s, scales) if scales_kind == "block128" else None
@@ -218,9 +219,11 @@ def format_row(r: Fp8Row) -> str:
 
 
 def run_fp8_bench(shapes, ms=DEFAULT_MS, *, read_tbps=None, progress=print, rounds=None,
-                  scales="channel"):
-    """Benchmark FP8 weights with ``scales`` on every (shape, M); returns
+                  scales="channel", plan=None):
+    """Benchmark FP8 weights with ``scales`` on every (shape, M), on
+    ``plan``'s FP8 and BF16 entries (None: the defaults); returns
     (environment, rows)."""
+    plan = plan if plan is not None else DecodePlan()
     import torch
     rounds = timing.resolve_rounds(rounds)
     timing.require_cuda("run_fp8_bench")
@@ -230,16 +233,15 @@ def run_fp8_bench(shapes, ms=DEFAULT_MS, *, read_tbps=None, progress=print, roun
         read_tbps = timing.measured_read_bandwidth() / 1e12
     env["read_TBps"] = round(read_tbps, 3)
     arch = device_arch(torch.cuda.current_device())
-    kernels = [(n, k, default_tactic(m, n, k, fp8=True, fp8_scales=scales), False, True, False,
-                scales)
+    kernels = [(n, k, plan.tactic_for(n, k, m, fp8_scales=scales), False, True, False, scales)
                for n, k in shapes for m in ms]
     kernels += [(n, k, t, False, True) for n, k in shapes for m in ms
-                for t in (default_choice(m, n, k),) if t != CUBLAS]
+                for t in (plan.tactic_for(n, k, m),) if t != CUBLAS]
     precompile(kernels, arch, progress=progress)
     rows = []
     for n, k in shapes:
         rows += bench_fp8_shape(n, k, ms, read_tbps, env["datasheet_TBps"], rounds, progress,
-                                scales)
+                                scales, plan)
     return env, rows
 
 
