@@ -220,6 +220,7 @@ class DecodeLinear(nn.Module):
         self._prepared = plans.prepare(weight, self.plan, self.ms, bias=bias, **fp8)
         self._handle = ops.register(self._prepared)
         self._ptrs = self._current_ptrs()
+        self._device = self.weight.device
         return True
 
     def _release(self):
@@ -229,8 +230,12 @@ class DecodeLinear(nn.Module):
         self._handle = None
 
     def _current_ptrs(self):
+        # from _parameters: nn.Module.__getattr__ costs a microsecond a name
+        # on the eager path, which runs this every call
+        params = self._parameters
         return tuple(None if t is None else t.data_ptr()
-                     for t in (self.weight, self.bias, self.fp8_scale))
+                     for t in (params["weight"], params["bias"],
+                               params[self._scale_name] if self._scale_name else None))
 
     @property
     def prepared(self):
@@ -301,7 +306,7 @@ class DecodeLinear(nn.Module):
         if self._current_ptrs() != self._ptrs:
             return "weight or bias replaced since preparation; call reprepare()"
         k = self.in_features
-        return contract.operand_refusal("x", x.reshape(m, k), (m, k), self.weight.device)
+        return contract.operand_refusal("x", x.reshape(m, k), (m, k), self._device)
 
     def _needs_grad(self, x):
         return torch.is_grad_enabled() and (
@@ -310,13 +315,14 @@ class DecodeLinear(nn.Module):
 
     def forward(self, x):
         reason = self.fallback_reason(x)
+        compiling = torch.compiler.is_compiling()
         if reason is None:
             x2d = x.reshape(-1, self.in_features)
-            if self.fp8_scale is not None and (torch.compiler.is_compiling()
-                                                  or self._needs_grad(x)):
+            as_op = compiling or self._needs_grad(x)
+            if as_op and self._scale_name is not None:
                 out = torch.ops.warpsplitk.decode_linear_fp8(x2d, self.weight, self.fp8_scale,
                                                              self.bias, self._handle)
-            elif torch.compiler.is_compiling() or self._needs_grad(x):
+            elif as_op:
                 out = torch.ops.warpsplitk.decode_linear(x2d, self.weight, self.bias, self._handle)
             else:
                 # Eager inference: the op would only add dispatcher time (more
@@ -327,7 +333,7 @@ class DecodeLinear(nn.Module):
             out = out.view(*x.shape[:-1], self.out_features)
         else:
             out = fallback_linear(x, self.weight, self.bias, self.fp8_scale)
-        if not torch.compiler.is_compiling():
+        if not compiling:
             # Python side effects would force graph breaks or recompiles under
             # torch.compile: count and log eager calls only.
             self._count(reason)
