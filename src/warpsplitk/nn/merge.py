@@ -142,11 +142,12 @@ class MergedWeight:
         self.columns = []  # each part's (start, end) rows of the merged weight
         self.scale_rows = []  # each part's (start, end) rows of the merged scales
         self._views = []  # each part's Parameters (names()) as stack() made them
+        self._addresses = []  # (Parameter dict, name, address, device) of each view
 
     def __getstate__(self):
         # a copy's parts get Parameters of their own: it stacks them again
         return {**self.__dict__, "weight": None, "bias": None, "scale": None, "columns": [],
-                "scale_rows": [], "_views": []}
+                "scale_rows": [], "_views": [], "_addresses": []}
 
     def names(self) -> tuple:
         """The names of the Parameters each part holds a view for."""
@@ -193,6 +194,11 @@ class MergedWeight:
                 part._parameters[name] = nn.Parameter(
                     view, requires_grad=part._parameters[name].requires_grad)
         self._views = [tuple(part._parameters[n] for n in self.names()) for part in self.parts]
+        # what merged() compares on every eager call: each part's Parameter
+        # dict, and the name, address and device each view was made at
+        self._addresses = [(part._parameters, name, view.data_ptr(), view.device)
+                           for part, views in zip(self.parts, self._views)
+                           for name, view in zip(self.names(), views) if view is not None]
 
     def _stacked_scales(self):
         """``(scales, each part's (start, end) rows of them)`` of an FP8
@@ -218,22 +224,15 @@ class MergedWeight:
             # (Dynamo guards the identities, so a replaced one recompiles)
             return all(part._parameters[n] is view for part, views in zip(self.parts, self._views)
                        for n, view in zip(self.names(), views))
-        for i, part in enumerate(self.parts):
-            start = self.columns[i][0]
-            rows = [(part.weight, self.weight, start)]
-            if self.bias is not None:
-                rows.append((part.bias, self.bias, start))
-            if self.scale is not None:
-                rows.append((part.fp8_scale, self.scale, self.scale_rows[i][0]))
-            if not all(_view_at(t, merged, row) for t, merged, row in rows):
+        if self.weight is None:
+            return False  # a copy not stacked yet
+        # the addresses stack() made the views at: nn.Module attribute
+        # lookups would cost a microsecond a name on every part's call
+        for params, name, address, device in self._addresses:
+            t = params[name]
+            if t is None or t.data_ptr() != address or t.device != device:
                 return False
         return True
-
-
-def _view_at(t, merged, row) -> bool:
-    """Whether ``t`` starts at row ``row`` of ``merged`` (on its device)."""
-    return (t is not None and t.device == merged.device and t.data_ptr()
-            == merged.data_ptr() + row * merged.stride(0) * merged.element_size())
 
 
 class MergedGroup:
