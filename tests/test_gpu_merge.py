@@ -192,3 +192,32 @@ def test_fp8_llama_merges_qkv_and_runs_the_fp8_swiglu_epilogue():
     torch._dynamo.reset()
     assert sum(g.count("warpsplitk.decode_swiglu_fp8") for g in graphs) == 2
     assert ((compiled - plain).norm() / plain.norm()).item() < 1e-2
+
+
+def test_fp8_phi3_gate_up_proj_runs_the_fp8_swiglu_epilogue():
+    """A Phi-3 whose own ``gate_up_proj`` is transformers' FP8Linear (128 x
+    128 blocks): patch_model(merge=True) runs it with the FP8 SwiGLU
+    epilogue, the logits within 1e-2 of the model patched without it."""
+    import copy
+
+    from fakes import quantize_fp8
+    from warpsplitk.nn.gate_up import GateUpSwiGLUMLP
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Phi3Config(hidden_size=256, intermediate_size=512,
+                                     num_attention_heads=4, num_key_value_heads=4,
+                                     num_hidden_layers=2, vocab_size=512, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.Phi3ForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    quantize_fp8(model, only=("gate_up_proj",))
+    unfused = copy.deepcopy(model)
+    patch_model(unfused, ms=range(1, 9), progress=None)
+    report = patch_model(model, merge=True, ms=range(1, 9), progress=None)
+    assert report.swiglu == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    mlp = model.model.layers[0].mlp
+    assert isinstance(mlp, GateUpSwiGLUMLP) and mlp.prepared.fp8_scales == "block128"
+    ids = torch.randint(0, 512, (8, 1), device="cuda")
+    with torch.no_grad():
+        plain = unfused(ids, use_cache=False).logits.double()
+        fused = model(ids, use_cache=False).logits.double()
+    assert ((fused - plain).norm() / plain.norm()).item() < 1e-2
+    assert mlp.gate_up_proj.kernel_calls == 0  # the epilogue's kernel ran instead
