@@ -30,7 +30,8 @@
         --NAME-only (NAME in CASE_FILTERS: clusters, x-copies, aliased,
         narrow, past-16) keeps the cases that pass every one given.
         --fp8 KIND: the cases an e4m3 weight with KIND scales takes, each
-        with such a weight (with --subset shipped: the FP8 default's tactics).
+        with such a weight (with --subset shipped: the FP8 default's tactics;
+        with --swiglu: those the epilogue takes, and its FP8 default's).
     python3 scripts/reliability.py soak [--projections 64] [--replays 100000]
         A captured graph of a decode-layer-like chain of projections (each
         output feeds the next input, PDL on), replayed many times; outputs
@@ -91,10 +92,11 @@ def _deepest_past_16(o, t, kt, b, c, bulk, tma=False):
     return None
 
 
-def shipped_tactics(fp8=False):
+def shipped_tactics(fp8=False, swiglu=False):
     """Every distinct tactic of the built-in H200 plan and of the default
     heuristic over the built-in shape table, for M 1..32 (``fp8``: the FP8
-    default's over the table, for channel and block scales)."""
+    default's over the table, for channel and block scales; with ``swiglu``
+    also its choice for the epilogue)."""
     from warpsplitk import builtin_plan
     from warpsplitk.shapes import load
     found = set() if fp8 else {tactic for entries in builtin_plan("h200").entries.values()
@@ -104,16 +106,20 @@ def shipped_tactics(fp8=False):
     for shape in load()["shapes"]:
         found |= {default_tactic(m, shape["n"], shape["k"], sm_count=132, fp8=fp8,
                                  fp8_scales=kind) for m in range(1, 33) for kind in kinds}
+        if fp8 and swiglu:
+            found |= {default_tactic(m, shape["n"], shape["k"], sm_count=132, fp8=True,
+                                     fp8_scales=kind, swiglu=True)
+                      for m in range(1, 33) for kind in kinds}
     return sorted(found)
 
 
-def shipped_cases(fp8=False):
+def shipped_cases(fp8=False, swiglu=False):
     """``shipped_tactics`` on small weights: two output tiles (a mixed
     grid: one full tile and its half tiles), K one K tile per CTA past what
     the ring and a bounded prefetch hold, so every stage is refilled (a
     one-stage ring: one K tile)."""
     cases = []
-    for t in shipped_tactics(fp8):
+    for t in shipped_tactics(fp8, swiglu):
         n = (2 * t.output_tile if not t.half_tiles
              else t.output_tile + t.half_tiles * (t.output_tile // 2))
         # a one-stage ring holds exactly one K tile per CTA (check_tactic)
@@ -127,18 +133,18 @@ def shipped_cases(fp8=False):
 
 
 def family_cases(subset, offset=0, k_splits=(1,), bulk_xs=(False,), l2_prefetch=False,
-                 deep_rings=False, tma_xs=(False,), half_tiles=False, fp8=None):
+                 deep_rings=False, tma_xs=(False,), half_tiles=False, fp8=None, swiglu=False):
     """The cases ``(tactic, n, k, ms)`` of a subset; ``fp8`` (a scale kind):
     those an FP8 weight with those scales takes (and the FP8 default's
-    shipped tactics)."""
+    shipped tactics), with ``swiglu`` those it takes with the epilogue."""
     if subset == "shipped":
-        cases = shipped_cases(fp8 is not None)
+        cases = shipped_cases(fp8 is not None, swiglu)
     else:
         cases = _family_cases(subset, offset, k_splits, bulk_xs, l2_prefetch, deep_rings,
                               tma_xs, half_tiles)
     if fp8 is None:
         return cases
-    return [(t, n, k, ms) for t, n, k, ms in cases if is_legal(t, n, k, fp8=True)
+    return [(t, n, k, ms) for t, n, k, ms in cases if is_legal(t, n, k, fp8=True, swiglu=swiglu)
             and not (fp8 == "block128" and t.half_tiles)]
 
 
@@ -219,7 +225,7 @@ def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), only=(), progr
     torch.manual_seed(0)
     results = []
     cases = family_cases(subset, offset, k_splits, bulk_xs, l2_prefetch, deep_rings, tma_xs,
-                         half_tiles, fp8)
+                         half_tiles, fp8, swiglu)
     for name in only:
         cases = [case for case in cases if CASE_FILTERS[name][1](case[0])]
     if swiglu:
@@ -232,7 +238,8 @@ def run_cases(subset, offset=0, shard=0, shards=1, k_splits=(1,), only=(), progr
             prepared = PreparedWarpSplitK(w, {m: tactic for m in ms}, swiglu=swiglu)
         else:
             w8, scale, w = fp8_operands(n, k, fp8)
-            prepared = PreparedWarpSplitK(w8, {m: tactic for m in ms}, weight_scale=scale)
+            prepared = PreparedWarpSplitK(w8, {m: tactic for m in ms}, weight_scale=scale,
+                                          swiglu=swiglu)
         columns = n // 2 if swiglu else n
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -30,6 +30,7 @@
 #   SWIGLU=1         every case (but mixed grids) with the SwiGLU epilogue
 #   FP8=KIND         every case an e4m3 weight with KIND scales takes (tensor,
 #                    channel, block128); with SUBSET=shipped the FP8 default's
+#                    (with SWIGLU=1: the epilogue's cases on e4m3 weights)
 #   CASE_LIMIT       seconds each tool's shard may run (default 600)
 set -u
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}

@@ -137,3 +137,18 @@ def test_fp8_cases_are_legal_for_fp8_weights(reliability, kind):
     shipped = reliability.family_cases("shipped", fp8=kind)
     assert {t for t, *_ in shipped} == {t for t in reliability.shipped_tactics(fp8=True)
                                         if kind != "block128" or not t.half_tiles}
+
+
+@pytest.mark.parametrize("kind", ["channel", "block128"])
+def test_fp8_swiglu_cases_are_legal_and_hold_the_epilogues_default(reliability, kind):
+    """``--fp8 KIND --swiglu``: only tiles the FP8 epilogue takes (32 rows and
+    more), and the shipped subset holds the FP8 default for the epilogue."""
+    from warpsplitk.planning.choose import default_tactic
+    from warpsplitk.tactics import is_legal
+    cases = reliability.family_cases("all", k_splits=(1, 2), fp8=kind, swiglu=True)
+    assert cases and all(is_legal(t, n, k, fp8=True, swiglu=True) for t, n, k, _ in cases)
+    assert min(t.output_tile for t, *_ in cases) == 32
+    shipped = {t for t, *_ in reliability.family_cases("shipped", fp8=kind, swiglu=True)}
+    assert default_tactic(32, 28672, 4096, sm_count=132, fp8=True, fp8_scales=kind,
+                          swiglu=True) in shipped
+    assert all(t.output_tile >= 32 for t in shipped)
