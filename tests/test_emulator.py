@@ -573,6 +573,7 @@ FP8_SWIGLU_CASES = [
     (WarpSplitKTactic(32, 16, 256, 2, 2, 2), 13, 256, 1024, "block128"),  # gate, up: own blocks
     (WarpSplitKTactic(64, 32, 128, 2, 2), 32, 384, 512, "block128"),      # I = 192 mid-block
     (WarpSplitKTactic(32, 1, 256, 2, 1), 1, 32, 512, "tensor"),
+    (WarpSplitKTactic(32, 8, 128, 3, 2, 2), 5, 256, 65 * 128, "block128"),  # uneven split
 ]
 
 

@@ -150,7 +150,8 @@ def test_compiles_for_sm90a_and_passes_the_audit(tactic, n, k, with_bias):
 
 FP8_SM90 = [(T(32, 8, 256, 5, 2, 2), 2048, 4096, "block128", True),
             (T(64, 8, 128, 5, 2), 2048, 4096, "channel", False),
-            (T(32, 32, 256, 2, 2), 1024, 2048, "tensor", True)]
+            (T(32, 32, 256, 2, 2), 1024, 2048, "tensor", True),
+            (T(32, 8, 128, 3, 2, 2), 1024, 65 * 128, "block128", False)]  # uneven split
 
 
 @pytest.mark.parametrize("tactic,n,k,scales,with_bias", FP8_SM90,
