@@ -65,6 +65,22 @@ def cuda_llama(layers):
     return transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
 
 
+def inductor_logits(model, ids):
+    """``model(ids)``'s logits (float64) compiled by Inductor, and the code of
+    the graphs Dynamo handed it."""
+    graphs = []
+    inductor = torch._dynamo.lookup_backend("inductor")
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return inductor(gm, example_inputs)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        logits = torch.compile(model, backend=backend)(ids, use_cache=False).logits.double()
+    torch._dynamo.reset()
+    return logits, graphs
+
+
 def test_patch_model_merge_on_a_llama():
     model = cuda_llama(layers=2)
     ids = torch.randint(0, 512, (1, 6), device="cuda")
@@ -122,17 +138,9 @@ def test_compiled_merged_llama_runs_the_swiglu_op():
     model = cuda_llama(layers=2)
     patch_model(model, merge=True, ms=range(1, 9), progress=None)
     ids = torch.randint(0, 512, (8, 1), device="cuda")  # 8 decode rows
-    graphs = []
-    inductor = torch._dynamo.lookup_backend("inductor")
-
-    def backend(gm, example_inputs):
-        graphs.append(gm.code)
-        return inductor(gm, example_inputs)
-    torch._dynamo.reset()
     with torch.no_grad():
         eager = model(ids, use_cache=False).logits.double()
-        compiled = torch.compile(model, backend=backend)(ids, use_cache=False).logits.double()
-    torch._dynamo.reset()
+    compiled, graphs = inductor_logits(model, ids)
     assert sum(g.count("warpsplitk.decode_swiglu") for g in graphs) == 2
     assert ((compiled - eager).norm() / eager.norm()).item() < 1e-2
 
@@ -180,16 +188,7 @@ def test_fp8_llama_merges_qkv_and_runs_the_fp8_swiglu_epilogue():
         merged = model(ids, use_cache=False).logits.double()
     assert ((merged - plain).norm() / plain.norm()).item() < 1e-2
     assert group.linear.kernel_calls == 1 and mlp.group.linear.kernel_calls == 0
-    graphs = []
-    inductor = torch._dynamo.lookup_backend("inductor")
-
-    def backend(gm, example_inputs):
-        graphs.append(gm.code)
-        return inductor(gm, example_inputs)
-    torch._dynamo.reset()
-    with torch.no_grad():
-        compiled = torch.compile(model, backend=backend)(ids, use_cache=False).logits.double()
-    torch._dynamo.reset()
+    compiled, graphs = inductor_logits(model, ids)
     assert sum(g.count("warpsplitk.decode_swiglu_fp8") for g in graphs) == 2
     assert ((compiled - plain).norm() / plain.norm()).item() < 1e-2
 

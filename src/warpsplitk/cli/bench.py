@@ -9,6 +9,7 @@ import shlex
 from dataclasses import asdict
 
 from .. import models
+from ..contract import FP8_SCALE_KINDS
 from ..measure import bench as measure_bench
 from ..measure import fp8_bench, hf_fp8, layer_bench, plot
 from ..runtime.timing import ROUNDS
@@ -36,7 +37,7 @@ def add_parser(sub):
                         "entries, else the FP8 default) against our "
                         "BF16 kernel, cuBLAS and torch._scaled_mm (row-wise, x quantized in the "
                         "call) on each shape (default bf16)")
-    p.add_argument("--scales", choices=("channel", "tensor", "block128"), default="channel",
+    p.add_argument("--scales", choices=FP8_SCALE_KINDS, default="channel",
                    help="with --dtype fp8: the weight's FP32 scales, one per row (default), one, "
                         "or one per 128x128 block (then also against transformers' FP8Linear)")
     p.add_argument("--hf-fp8-kernel", metavar="DIR",

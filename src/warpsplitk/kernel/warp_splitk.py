@@ -647,21 +647,16 @@ class WarpSplitKKernel:
         of K tile ``tile`` for the 16 rows of ``m_iter`` (one load, the same
         for every lane: ``layout.fp8_block_scale_index``)."""
         t = self.tactic
-        k_blocks = layout.fp8_scale_blocks(self.n, self.k)[1]
-        block = layout.FP8_SCALE_BLOCK
-        # this CTA's first K block, and this warp's within every tile
-        first = (Int32(rank) * (self.k_cta // block) if self.k_first is None
-                 else Int32(self.k_first // block)) + layout.warp_k_start(warp, t.k_tile) // block
-        rows = Int32(tile_n) * layout.output_rows(t.output_tile, self.swiglu)
+        # this warp's first k: its CTA's share of K, its quarter of a tile
+        k_start = (Int32(rank) * self.k_cta if self.k_first is None
+                   else Int32(self.k_first)) + layout.warp_k_start(warp, t.k_tile)
 
         def scale_of(m_iter, tile):
-            # the weight rows of the 16 (layout.weight_row: with the SwiGLU
-            # epilogue a tile's second half holds up rows, N / 2 further)
-            row = m_iter * layout.MMA_M
-            if self.swiglu:
-                row += layout.swiglu_row_shift(row, t.output_tile, self.n)
-            row_block = (rows + row) // block
-            index = row_block * k_blocks + first + tile * t.k_tile // block
+            # the weight row of the 16 (with the SwiGLU epilogue a tile's
+            # second half holds up rows) and k of the warp's quarter
+            row = layout.weight_row(Int32(tile_n), m_iter * layout.MMA_M, t.output_tile,
+                                    self.n, self.swiglu)
+            index = layout.fp8_block_scale_index(row, k_start + tile * t.k_tile, self.k)
             return ptx.ld_global_f32(self.scale.toint() + Int64(index) * 4)
         return scale_of
 

@@ -152,6 +152,22 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight, bias)
 
 
+def _check_matrices(x, weight):
+    """The fake implementations' first checks: ``x`` ``[M, K]``, ``weight`` ``[N, K]``."""
+    torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
+    torch._check(weight.dim() == 2, lambda: f"weight must be [N, K], got {weight.dim()}-D")
+
+
+def _fake_output(x, weight, bias, out_columns):
+    """After the dtypes: K and the bias checked, and the output the op
+    returns (``out_columns(weight)`` BF16 columns)."""
+    torch._check(x.shape[1] == weight.shape[1],
+                 lambda: f"x [M, {x.shape[1]}] and weight [N, {weight.shape[1]}] disagree on K")
+    torch._check(bias is None or tuple(bias.shape) == (weight.shape[0],),
+                 lambda: f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    return x.new_empty((x.shape[0], out_columns(weight)), dtype=torch.bfloat16)
+
+
 def _define(name, implementation, out_columns, backward):
     """The custom op ``warpsplitk::<name>``; its fake implementation's output
     has ``out_columns(weight)`` columns."""
@@ -160,16 +176,10 @@ def _define(name, implementation, out_columns, backward):
 
     def fake(x, weight, bias, handle):
         # Shapes only: no registry lookup, handle may be symbolic while tracing.
-        torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
-        torch._check(weight.dim() == 2, lambda: f"weight must be [N, K], got {weight.dim()}-D")
+        _check_matrices(x, weight)
         torch._check(x.dtype == weight.dtype == torch.bfloat16,
                      lambda: f"x and weight must be bfloat16, got {x.dtype} and {weight.dtype}")
-        torch._check(x.shape[1] == weight.shape[1],
-                     lambda: f"x [M, {x.shape[1]}] and weight [N, {weight.shape[1]}] disagree "
-                             "on K")
-        torch._check(bias is None or tuple(bias.shape) == (weight.shape[0],),
-                     lambda: f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
-        return x.new_empty((x.shape[0], out_columns(weight)), dtype=torch.bfloat16)
+        return _fake_output(x, weight, bias, out_columns)
 
     op.register_fake(fake)
     op.register_autograd(backward, setup_context=_setup_context)
@@ -209,17 +219,11 @@ def _define_fp8(name, implementation, out_columns, backward):
                                  device_types="cuda")
 
     def fake(x, weight, weight_scale, bias, handle):
-        torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
-        torch._check(weight.dim() == 2, lambda: f"weight must be [N, K], got {weight.dim()}-D")
+        _check_matrices(x, weight)
         torch._check(x.dtype == torch.bfloat16 and weight.dtype == torch.float8_e4m3fn,
                      lambda: f"x must be bfloat16 and weight float8_e4m3fn, got {x.dtype} and "
                              f"{weight.dtype}")
-        torch._check(x.shape[1] == weight.shape[1],
-                     lambda: f"x [M, {x.shape[1]}] and weight [N, {weight.shape[1]}] disagree "
-                             "on K")
-        torch._check(bias is None or tuple(bias.shape) == (weight.shape[0],),
-                     lambda: f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
-        return x.new_empty((x.shape[0], out_columns(weight)), dtype=torch.bfloat16)
+        return _fake_output(x, weight, bias, out_columns)
 
     op.register_fake(fake)
     op.register_autograd(backward, setup_context=_fp8_setup_context)

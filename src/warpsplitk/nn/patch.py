@@ -201,19 +201,15 @@ def _precompile(found, plan, ms, jobs, progress):
            for m in found.fp8.values()}
     fp8.update({id(g): (g.weight, g.scale, g.bias) for g in found.groups if g.scale is not None})
     plan = plans.resolve_plan(plan, shapes, ms, progress=progress, jobs=jobs,
-                              fp8_shapes=plans.fp8_tuning_shapes(
-                                  {key: value[:2] for key, value in fp8.items()}))
-    bf16_groups = [g for g in found.groups if g.scale is None]
-    gate_ups = [m.gate_up_proj for m in found.gate_up_mlps]
-    _precompile_weights(linears + bf16_groups, plan, ms, jobs)
-    _precompile_weights([g for g in bf16_groups if g.swiglu]
-                        + [g for g in gate_ups if gate_up_scale(g) is None], plan, ms, jobs,
-                        swiglu=True)
+                              fp8_shapes=plans.fp8_tuning_shapes(fp8))
+    # the SwiGLU kernels: merged [gate; up] groups and MLPs' own gate_up_proj
+    swiglu = [(g, g.scale) for g in found.groups if g.swiglu]
+    swiglu += [(m.gate_up_proj, gate_up_scale(m.gate_up_proj)) for m in found.gate_up_mlps]
+    _precompile_weights(linears + [g for g in found.groups if g.scale is None], plan, ms, jobs)
+    _precompile_weights([g for g, scale in swiglu if scale is None], plan, ms, jobs, swiglu=True)
     plans.precompile_fp8(fp8, ms, jobs, plan=plan)
-    plans.precompile_fp8({id(g): (g.weight, g.scale, g.bias) for g in found.groups
-                          if g.scale is not None and g.swiglu}
-                         | {id(g): (g.weight, gate_up_scale(g), g.bias) for g in gate_ups
-                            if gate_up_scale(g) is not None}, ms, jobs, plan=plan, swiglu=True)
+    plans.precompile_fp8({id(g): (g.weight, scale, g.bias) for g, scale in swiglu
+                          if scale is not None}, ms, jobs, plan=plan, swiglu=True)
     for group in found.groups:
         group.plan = plan
         group.prepare()

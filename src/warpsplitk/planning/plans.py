@@ -61,11 +61,12 @@ def resolve_plan(plan, shapes, ms=range(1, MAX_M + 1), *, progress=print, jobs=N
 
 def fp8_tuning_shapes(weights) -> list:
     """``[(n, k, scale kind)]`` of the FP8 weights of ``{name: (weight,
-    scale)}`` the kernel takes with their scales, each once: what
+    scale)}`` (or ``(weight, scale, bias)``, as :func:`precompile_fp8`
+    takes them) the kernel takes with their scales, each once: what
     ``plan="auto"`` tunes as FP8. The others are left to ``prepare``, which
     says what is wrong."""
     found = []
-    for weight, scale in weights.values():
+    for weight, scale, *_ in weights.values():
         if is_fp8(weight) and fp8_refusal(weight, scale) is None:
             n, k = weight.shape
             found.append((int(n), int(k), fp8_scale_kind(scale, n, k)))
