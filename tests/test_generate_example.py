@@ -38,3 +38,17 @@ def test_generate_runs_both_variants_and_reports_honestly(tmp_path, capsys, conf
     # the patched model falls back to F.linear on a CPU: the same greedy tokens
     assert all(r["tokens_agree_plain"] == 1.0 for r in data["rows"] if r["variant"] == "patched")
     assert all(r["proj_separated_us"] >= 0 and r["proj_us"] > 0 for r in data["rows"])
+
+
+def test_compare_pairs_each_round_of_the_two_models():
+    """``speedup`` is the ratio of the medians; ``speedup_paired`` the median
+    of each round's ratio, which a slow spell of the host (both models of
+    round 2 slow) leaves alone."""
+    plain = {"variant": "plain", "mode": "eager", "batch": 1, "ms_per_token": 10.0,
+             "samples_ms": [10.0, 20.0, 10.0], "proj_us": 0.0, "proj_separated_us": 0.0,
+             "tokens": [[1]]}
+    patched = dict(plain, variant="patched", ms_per_token=18.0, samples_ms=[9.0, 18.0, 9.5])
+    load_example().compare([plain, patched])
+    assert patched["speedup"] == pytest.approx(10.0 / 18.0)
+    assert patched["speedup_paired"] == pytest.approx(10.0 / 9.0)
+    assert patched["tokens_agree_plain"] == 1.0

@@ -29,7 +29,7 @@ from warpsplitk.tactics import (
     legal_tactics,
     shape_refusal,
 )
-from warpsplitk.planning.choose import default_tactic
+from warpsplitk.planning.choose import FP8_MIN_RESIDENT, default_tactic
 
 T = WarpSplitKTactic
 GOOD = T(16, 8, 128, 4, 1)
@@ -770,16 +770,34 @@ def test_the_fp8_default_is_legal_for_fp8_weights_at_every_m(n, k):
                      fp8=True)
 
 
+@pytest.mark.parametrize("m, n, k, expected", [
+    (1, 2560, 9728, "32,8,256,8,2,2"),   # no narrow token tile; two CTAs per SM
+    (8, 2624, 6144, "32,8,256,8,2,2"),   # fewer CTAs than SMs: K split in two
+    (1, 4608, 4096, "16,8,256,9,2+early"),  # < 1.5x the SMs: 16 rows; > 2 per SM: early
+    (8, 8192, 4608, "32,8,256,9,2"),     # 64-row tiles of 128 -> 32 rows of 256
+    (1, 30720, 3840, "32,8,256,4,2+early"),  # many waves: four per SM at most
+])
+def test_the_fp8_default_keeps_several_ctas_on_each_sm(m, n, k, expected):
+    """``choose.fp8_resident`` on cells of the tune that set it: the fastest
+    tactics measured there have this shape, never one CTA per SM."""
+    tactic = default_tactic(m, n, k, 132, fp8=True)
+    assert tactic.short() == expected
+    assert ctas_per_sm(tactic, fp8=True) >= FP8_MIN_RESIDENT
+
+
 @pytest.mark.parametrize("m, n, k, channel, block", [
-    (16, 4096, 14336, "32,16,256,9,2,2", "32,16,256,4,2,2"),  # M > 8: at most 4 stages
+    (16, 4096, 14336, "32,16,256,5,2,2", "32,16,256,5,2,2"),  # 8 < M <= 16: two per SM
+    (16, 16384, 3072, "32,16,256,2,2+early", "32,16,256,5,2+early"),  # not 4, <= 5 deep
     (32, 4096, 14336, "32,32,256,2,2,2", "16,32,256,2,2,2"),  # M > 16: 16-row tiles
-    (32, 6144, 4096, "48,32,128,11,2", "16,32,128,4,2"),      # ...narrowed: a short ring
-    (32, 2112, 7168, "16,32,256,9,2", "16,32,256,9,2"),       # already 16 rows: as it is
-    (8, 4096, 14336, "32,8,256,11,2,2", "32,8,256,11,2,2"),   # M <= 8: as channel scales
+    (32, 6144, 4096, "16,32,256,2,2", "16,32,128,4,2"),       # ...narrowed: a short ring
+    (32, 2112, 7168, "16,32,256,5,2", "16,32,256,9,2"),       # already 16 rows: as it is
+    (32, 3216, 7168, "48,32,128,4,2,2", "16,32,128,4,2"),     # channel: K split, 2 per SM
+    (8, 4096, 14336, "32,8,256,8,2,2", "32,8,256,8,2,2"),     # M <= 8: as channel scales
 ])
 def test_the_fp8_default_for_block_scales_narrows_tiles_and_rings(m, n, k, channel, block):
-    """The measured block-scale rules (``choose.FP8_BLOCK_STAGES``) on the
-    sweep's cells; tensor scales choose as channel ones."""
+    """The measured block-scale rules (``choose.FP8_BLOCK_STAGES``,
+    ``FP8_BLOCK_MID_STAGES``) on the sweeps' cells; tensor scales choose as
+    channel ones."""
     from warpsplitk.planning.choose import default_tactic
     assert default_tactic(m, n, k, 132, fp8=True).short() == channel
     assert default_tactic(m, n, k, 132, fp8=True, fp8_scales="tensor").short() == channel

@@ -85,39 +85,47 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
     return choose_tactic(m, n, k, sm_count, swiglu=swiglu)
 
 
-#: The FP8 default's rules (:func:`fp8_tactic`), from a sweep on an H100 of
+#: The FP8 default's rules (:func:`fp8_tactic`), from sweeps on an H100 of
 #: e4m3 weights around the BF16 choice. The FP8 call is bound by its compute
-#: warps' conversion of the weight, not the ring's depth, so it wants more
-#: CTAs per SM: one CTA per SM streamed 4096x14336 at 1.68 TB/s at M = 1,
-#: two CTAs along K 2.62 TB/s (and 8192x8192 alike). A split pays where each
-#: CTA keeps at least 16 tiles of 256 (K >= FP8_SPLIT_MIN_K); 4096x4096
-#: gained nothing.
-FP8_SPLIT_MIN_K = 8192
-#: ...at M > 16 (token tiles of 32) the 64-row tiles and deep rings of the
-#: BF16 choice measured 1.75-2.3x slower than 32-row tiles of 256 with a
-#: two-stage ring and two activation-loader warps (28672x4096: 105 -> 46 us),
-#: where the grid has more CTAs than SMs (several resident per SM).
-FP8_WIDE_M_STAGES = 2
+#: warps' conversion of the weight, not the ring's depth (design notes), so
+#: it wants several CTAs on each SM (:func:`fp8_resident`): a ring no deeper
+#: than leaves room for ``FP8_MIN_RESIDENT`` CTAs per SM, or as many as the
+#: grid puts on one up to ``FP8_MAX_RESIDENT``; tiles of 256 along K and at
+#: most 32 rows; two CTAs along K where the grid has fewer CTAs than SMs,
+#: else 16-row tiles where it has fewer than ``FP8_NARROW_GRID`` times the
+#: SMs. A tune of 10 shapes of 16-340 MB at M = 1 and 8 found the fastest
+#: tactics so (they streamed at 77-103% of the measured read bandwidth, the
+#: BF16-derived choice with one CTA per SM at 58-91%): 2560x9728 13.3 -> 10.0
+#: us, 4608x4096 9.0 -> 7.2 us; at M = 32, 3216x7168 32.6 -> 14.9 us.
+FP8_MIN_RESIDENT = 2
+FP8_MAX_RESIDENT = 4
+FP8_NARROW_GRID = 1.5
 #: With 128 x 128 block scales (every tile's partial sums rescaled into the
-#: accumulators) at M > 8, rings of at most this many stages, and at M > 16
-#: 16-row tiles for wider ones: one H100 sweep of 119 kernels on four shapes
-#: at M = 16 and 32 (4096x14336: 33.4 -> 22.3 us at M = 16, 56.7 -> 36.7 at
-#: M = 32; 6144x4096 at M = 32: 21.4 -> 14.6; 2112x7168 at M = 16: 9.1 ->
-#: 7.5). The per-channel default's deeper rings and wider tiles measured
-#: best with channel scales on the same shapes.
+#: accumulators) at 8 < M <= 16, two CTAs per SM and rings of at most
+#: ``FP8_BLOCK_MID_STAGES``: of rings 2 to 8 deep on eight shapes, the
+#: fastest or within 4% on all but two (14336x4096: 25.7 -> 22.2 us against
+#: four CTAs per SM on two stages). At M > 16 (:func:`fp8_block_wide`),
+#: 16-row tiles with rings of at most ``FP8_BLOCK_STAGES``: one H100 sweep of
+#: 119 kernels on four shapes (6144x4096: 21.4 -> 14.6 us; 4096x14336: 56.7
+#: -> 36.7), where ``fp8_resident``'s 32-row tiles measured up to 1.7x
+#: slower; and from the BF16 choice's rules two CTAs along K where the grid
+#: would leave one CTA per SM on a long K (``FP8_SPLIT_MIN_K``), a two-stage
+#: ring where it has more CTAs than SMs (``FP8_WIDE_M_STAGES``).
+FP8_BLOCK_MID_STAGES = 5
 FP8_BLOCK_STAGES = 4
+FP8_SPLIT_MIN_K = 8192
+FP8_WIDE_M_STAGES = 2
 
 
 @functools.lru_cache(maxsize=8192)
 def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
                scales: str = "channel", *, swiglu: bool = False) -> WarpSplitKTactic:
-    """The FP8-weight default, the BF16 choice adapted by measured rules
-    (``FP8_SPLIT_MIN_K``, ``FP8_WIDE_M_STAGES``): 16-byte activation copies
-    (the FP8 kernel's only kind) by two loader warps, no L2 prefetch, early
-    trigger or mixed grid (measured on BF16 weights); at token tiles of 32,
-    32-row tiles for 64-row ones; two CTAs along K where the grid would leave
-    one CTA per SM on a long K; at token tiles of 32 and more CTAs than SMs,
-    a two-stage ring; with ``scales`` "block128", ``FP8_BLOCK_STAGES``'s rules.
+    """The FP8-weight default, the BF16 choice adapted by measured rules:
+    16-byte activation copies (the FP8 kernel's only kind) by two loader
+    warps, no L2 prefetch or mixed grid (measured on BF16 weights), several
+    CTAs per SM (:func:`fp8_resident`; the early PDL trigger only at
+    M <= 16); with ``scales`` "block128" at 8 < M <= 16 two CTAs per SM on
+    rings of at most ``FP8_BLOCK_MID_STAGES``, past 16 :func:`fp8_block_wide`.
     ``swiglu``: for the SwiGLU epilogue, from its BF16 choice.
     A rule whose tactic breaks ``check_tactic`` is skipped;
     where even the first breaks one, the first of :func:`ranked`'s order
@@ -136,6 +144,22 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         changed = dataclasses.replace(tactic, **changes)
         return changed if legal(changed) else tactic
 
+    if scales == "block128" and m > 16:
+        return fp8_block_wide(base, m, n, k, sm_count, step)
+    block_mid = scales == "block128" and m > 8
+    tactic = fp8_resident(base, m, n, sm_count, step,
+                          FP8_MIN_RESIDENT if block_mid else FP8_MAX_RESIDENT,
+                          FP8_BLOCK_MID_STAGES if block_mid else MAX_STAGES, early=m <= 16)
+    return step(tactic, b_loader_warps=2)
+
+
+def fp8_block_wide(base: WarpSplitKTactic, m: int, n: int, k: int, sm_count: int,
+                   step) -> WarpSplitKTactic:
+    """The FP8 default for 128 x 128 block scales at M > 16: at token tiles of 32, 32-row tiles for 64-row ones, then 16-row tiles
+    with rings of at most ``FP8_BLOCK_STAGES``; two CTAs along K where the
+    grid would leave one CTA per SM on a long K (``FP8_SPLIT_MIN_K``); a
+    two-stage ring where it has more CTAs than SMs (``FP8_WIDE_M_STAGES``).
+    ``step`` as :func:`fp8_resident`'s."""
     tactic = step(base, b_loader_warps=2)
     wide_m = tactic.token_tile == max(MMA_TOKEN_TILES)
     if wide_m and tactic.output_tile == 64:
@@ -146,13 +170,50 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         tactic = step(tactic, k_split=2)
     if wide_m and grid_ctas(tactic, m, n) > sm_count:
         tactic = step(tactic, stages=FP8_WIDE_M_STAGES)
-    if scales == "block128" and tactic.token_tile > 8:
-        # at M > 16 only a narrowed tile takes the short ring (2112x7168's
-        # 16-row tiles measured slower with it: 12.4 -> 14.4 us)
-        narrowed = step(tactic, output_tile=16) if wide_m and tactic.output_tile > 16 else tactic
-        narrowed, tactic = narrowed != tactic, narrowed
-        if tactic.stages > FP8_BLOCK_STAGES and (not wide_m or narrowed):
-            tactic = step(tactic, stages=FP8_BLOCK_STAGES)
+    # only a narrowed tile takes the short ring (2112x7168's 16-row tiles
+    # measured slower with it: 12.4 -> 14.4 us)
+    narrowed = step(tactic, output_tile=16) if wide_m and tactic.output_tile > 16 else tactic
+    narrowed, tactic = narrowed != tactic, narrowed
+    if tactic.stages > FP8_BLOCK_STAGES and (not wide_m or narrowed):
+        tactic = step(tactic, stages=FP8_BLOCK_STAGES)
+    return tactic
+
+
+def fp8_resident(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int, step,
+                 most: int = FP8_MAX_RESIDENT, deepest: int = MAX_STAGES,
+                 early: bool = True) -> WarpSplitKTactic:
+    """The FP8 default's shape (``FP8_MIN_RESIDENT``): an
+    MMA-wide token tile (narrow ones measured 1.1-1.3x slower on e4m3
+    weights), at most 32 rows and tiles of 256 along K, two CTAs along K
+    where the grid has fewer CTAs than SMs or else 16-row tiles where it has
+    fewer than ``FP8_NARROW_GRID`` times them, with ``early`` the early PDL
+    trigger where the grid has more CTAs than ``FP8_MIN_RESIDENT`` per SM,
+    then the deepest ring that
+    leaves room for the CTAs each SM should hold (at most ``most``), of at
+    most ``deepest`` stages. ``step(tactic, **changes)`` is the change where
+    legal, else ``tactic``."""
+    cover = min(t for t in MMA_TOKEN_TILES if t >= m)
+    # the shape first on a short ring (a deep one would refuse wider tiles
+    # or a split K), the ring last
+    tactic = step(tactic, stages=2)
+    tactic = step(tactic, token_tile=max(tactic.token_tile, cover))
+    tactic = step(tactic, output_tile=min(tactic.output_tile, 32))
+    tactic = step(tactic, k_tile=256)  # (64-row tiles take only 128)
+    if grid_ctas(tactic, m, n) < sm_count:
+        tactic = step(tactic, k_split=2)
+    elif grid_ctas(tactic, m, n) < FP8_NARROW_GRID * sm_count:
+        tactic = step(tactic, output_tile=16)
+    if early and grid_ctas(tactic, m, n) > FP8_MIN_RESIDENT * sm_count:
+        # CTAs that wait for a slot start sooner: 1.04-1.16x on the tune's
+        # three such cells (4608x4096, 16384x3072, 30720x3840) at M <= 8
+        # (at M = 32 it measured 0.95-1.0x)
+        tactic = step(tactic, early_launch=True)
+    wanted = -(-grid_ctas(tactic, m, n) // sm_count)
+    resident = min(max(wanted, FP8_MIN_RESIDENT), most)
+    for stages in range(deepest, 0, -1):
+        deeper = step(tactic, stages=stages)
+        if deeper.stages == stages and ctas_per_sm(deeper, fp8=True) >= resident:
+            return deeper
     return tactic
 
 
