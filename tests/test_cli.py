@@ -17,7 +17,7 @@ from warpsplitk.runtime import compile as compile_module
 from warpsplitk.runtime import disk_cache
 from warpsplitk.cli import main
 from warpsplitk.planning.plans import DecodePlan, builtin_plan
-from warpsplitk.tactics import WarpSplitKTactic
+from warpsplitk.tactics import WarpSplitKTactic, ctas_per_sm
 from warpsplitk.planning.choose import default_tactic
 from warpsplitk.tactics import register_estimate
 
@@ -631,8 +631,9 @@ def test_plan_view_registers_from_the_disk_cache_without_compiling(tmp_path, mon
 def test_plan_view_compiles_what_the_cache_lacks_and_keeps_it(capsys, monkeypatch):
     calls = []
 
-    def fake_resources(n, k, tactic, arch="sm_90a", has_bias=False, use_pdl=True):
-        calls.append((n, k, tactic, arch))
+    def fake_resources(n, k, tactic, arch="sm_90a", has_bias=False, use_pdl=True,
+                       fp8_scales=None):
+        calls.append((n, k, tactic, arch) + ((fp8_scales,) if fp8_scales else ()))
         return {"registers": 42, "spill_bytes": 0, "local_bytes": 0}
 
     from warpsplitk.runtime import precompile
@@ -645,6 +646,41 @@ def test_plan_view_compiles_what_the_cache_lacks_and_keeps_it(capsys, monkeypatc
     assert _rows(captured.out)[0][-6:-4] == ["42", "0"]  # registers, local frame
     assert calls == [(256, 1024, default_tactic(1, 256, 1024, 148), "sm_100a")]  # a B200
     assert "compiling 1/1" in captured.err
+    calls.clear()  # e4m3 weights: the FP8 default, the FP8 kernel compiled
+    assert main(["plan", "--shapes", "256,1024", "--m", "1", "--plan", "none",
+                 "--dtype", "fp8", "--scales", "block128"]) == 0
+    fp8 = default_tactic(1, 256, 1024, 132, fp8=True, fp8_scales="block128")
+    assert calls == [(256, 1024, fp8, "sm_90a", "block128")]
+
+
+def test_plan_view_of_fp8_weights(capsys, tmp_path):
+    """--dtype fp8: the plan's FP8 entries for --scales, else the FP8
+    default; the FP8 kernel's shared memory and CTAs per SM; the floor at
+    one byte a weight. Without --dtype fp8 the plan line points at them."""
+    plan = DecodePlan(meta={"gpu": "NVIDIA H100 80GB HBM3", "sm_count": 132})
+    tuned = WarpSplitKTactic.parse("16,8,256,6,2")
+    plan.set(4096, 4096, 1, tuned, 5.0, fp8_scales="block128")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    argv = ["plan", "--no-compile", "--plan", str(path), "--shapes", "4096,4096", "--m", "1,8",
+            "--gpu", "h100"]
+    assert main(argv + ["--dtype", "fp8", "--scales", "block128"]) == 0
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    assert [r[-16] for r in rows] == ["plan", "default"]
+    assert rows[0][-12] == "16,8,256,6,2"
+    default = default_tactic(8, 4096, 4096, 132, fp8=True, fp8_scales="block128")
+    assert rows[1][-12] == default.short()
+    assert rows[0][-8] == str(ctas_per_sm(tuned, fp8=True))
+    assert rows[0][-7] == str(tuned.smem_plan_for(True).total)
+    assert rows[0][-3:] == ["5.01", "5.00", "100"]  # 16.8 MB at 3.35 TB/s, as measured
+    assert "e4m3 weights with block128 scales" in out and "1 of 2 rows" in out
+    assert main(argv) == 0  # BF16 rows: the FP8 entries are named, not shown
+    assert "the plan's FP8 entries (1 shapes) show with --dtype fp8" in capsys.readouterr().out
+    assert main(argv + ["--dtype", "fp8"]) == 0  # channel scales: no entry of that kind
+    assert [r[-16] for r in _rows(capsys.readouterr().out)] == ["default", "default"]
+    assert main(argv + ["--scales", "tensor"]) == 2
+    assert "argument --scales: only with --dtype fp8" in capsys.readouterr().err
 
 
 def test_plan_view_shows_the_local_frame_where_compiled(capsys, monkeypatch):

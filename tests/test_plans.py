@@ -437,14 +437,14 @@ def test_merge_takes_the_other_plans_entries_of_every_kind():
     assert plan.lookup(768, 128, 32) == T(16, 32, 128, 1, 2)
 
 
-def test_plan_view_says_it_shows_bf16_tactics_of_a_plan_with_fp8_entries(tmp_path, capsys):
+def test_plan_view_says_where_a_plan_with_fp8_entries_shows_them(tmp_path, capsys):
     from warpsplitk.cli import main
     path = tmp_path / "plan.json"
     fp8_plan().save(path)
     argv = ["plan", "--no-compile", "--shapes", "4224,7168", "--m", "1", "--plan"]
     assert main(argv + [str(path)]) == 0
     out = capsys.readouterr().out
-    assert "BF16 weights only: the plan's FP8 entries (2 shapes) are not shown" in out
+    assert "BF16 weights: the plan's FP8 entries (2 shapes) show with --dtype fp8" in out
     row = next(line for line in out.splitlines() if " 4224  7168   1 " in line)
     assert small_plan().lookup(4224, 7168, 1).short() in row.split()
     small_plan().save(path)

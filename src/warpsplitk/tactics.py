@@ -641,20 +641,24 @@ def grid_ctas(tactic: WarpSplitKTactic, m: int, n: int) -> int:
     return (full + half) * -(-m // tactic.token_tile) * tactic.k_split
 
 
-def waves(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int = DEFAULT_SM_COUNT) -> float:
-    """Grid CTAs over the CTAs the whole GPU holds at once."""
-    return grid_ctas(tactic, m, n) / (sm_count * max(1, ctas_per_sm(tactic)))
+def waves(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int = DEFAULT_SM_COUNT,
+          fp8: bool = False) -> float:
+    """Grid CTAs over the CTAs the whole GPU holds at once (``fp8``: the
+    FP8-weight kernel's)."""
+    return grid_ctas(tactic, m, n) / (sm_count * max(1, ctas_per_sm(tactic, fp8)))
 
 
 def sm_balance(tactic: WarpSplitKTactic, m: int, n: int,
-               sm_count: int = DEFAULT_SM_COUNT) -> float:
+               sm_count: int = DEFAULT_SM_COUNT, fp8: bool = False) -> float:
     """Bytes the busiest SM reads through L2 over the mean per SM (1.0: all
     equal), with CTAs dealt to SMs in launch order, one wave: a CTA reads its
     weight rows and its token rows inside M, each K long (its K share with
     k_split). 3216x7168 at M = 32, 201 CTAs of 16 rows: 69 SMs read two
     CTAs' (2 x (16 + 32) rows), 1.31; the mixed grid of 69 x 32 and 63 x 16
     rows, one CTA per SM: 1.13. Idle SMs count in the mean (82 CTAs of 32
-    rows: 1.61), so a grid smaller than the GPU shows as unbalanced too."""
+    rows: 1.61), so a grid smaller than the GPU shows as unbalanced too.
+    ``fp8``: weight rows of one byte per element, x rows of two."""
+    weight_row = 0.5 if fp8 else 1.0  # a weight row's bytes per x row's
     full, half = layout.row_tiles(n, tactic.output_tile, tactic.half_tiles)
     load = [0.0] * sm_count
     cta = 0
@@ -663,22 +667,23 @@ def sm_balance(tactic: WarpSplitKTactic, m: int, n: int,
             tokens = min(tactic.token_tile, m - token_tile * tactic.token_tile)
             for tile_n in range(full + half):
                 rows, _ = layout.cta_rows(tile_n, tactic.output_tile, full)
-                load[cta % sm_count] += (rows + tokens) / tactic.k_split
+                load[cta % sm_count] += (rows * weight_row + tokens) / tactic.k_split
                 cta += 1
     return max(load) / (sum(load) / sm_count)
 
 
-def l2_read_factor(tactic: WarpSplitKTactic, m: int) -> float:
+def l2_read_factor(tactic: WarpSplitKTactic, m: int, fp8: bool = False) -> float:
     """Bytes the grid reads through L2 per byte of weight streamed from HBM.
 
     Each of the ``ceil(M / token_tile)`` CTAs of an output tile reads the
     whole weight tile, and every CTA reads its tokens' rows of x (rows past M
     are zero-filled, not read): ``ceil(M / token_tile) + M / output_tile``.
     At 1 the weight stream is all there is; at M = 32 with 16-row tiles x
-    alone is twice the weight, and L2, not HBM, sets the time.
+    alone is twice the weight, and L2, not HBM, sets the time. ``fp8``: a
+    weight of one byte per element, so x counts twice.
     """
     m = check_m(m)
-    return -(-m // tactic.token_tile) + m / tactic.output_tile
+    return -(-m // tactic.token_tile) + (2 if fp8 else 1) * m / tactic.output_tile
 
 
 def _device_sm_count():

@@ -9,7 +9,6 @@ import shlex
 from dataclasses import asdict
 
 from .. import models
-from ..contract import FP8_SCALE_KINDS
 from ..measure import bench as measure_bench
 from ..measure import fp8_bench, hf_fp8, layer_bench, plot
 from ..runtime.timing import ROUNDS
@@ -32,14 +31,12 @@ def add_parser(sub):
                    help="dependent chains (each output feeds the next input): table shape pairs, "
                         "or with --model one layer's projections in order, against the reference "
                         "heuristic and cuBLAS")
-    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
-                   help="fp8: e4m3 weights with per-channel scales, our FP8 kernel (--plan's FP8 "
-                        "entries, else the FP8 default) against our "
-                        "BF16 kernel, cuBLAS and torch._scaled_mm (row-wise, x quantized in the "
-                        "call) on each shape (default bf16)")
-    p.add_argument("--scales", choices=FP8_SCALE_KINDS, default="channel",
-                   help="with --dtype fp8: the weight's FP32 scales, one per row (default), one, "
-                        "or one per 128x128 block (then also against transformers' FP8Linear)")
+    options.add_weight_dtype(
+        p, "fp8: e4m3 weights with per-channel scales, our FP8 kernel (--plan's FP8 entries, "
+           "else the FP8 default) against our BF16 kernel, cuBLAS and torch._scaled_mm "
+           "(row-wise, x quantized in the call) on each shape (default bf16)",
+        "with --dtype fp8: the weight's FP32 scales, one per row (default), one, or one per "
+        "128x128 block (then also against transformers' FP8Linear)")
     p.add_argument("--hf-fp8-kernel", metavar="DIR",
                    help="with --scales block128 where the Hub cannot be reached: a checkout of "
                         "kernels-community's finegrained-fp8, the Triton kernel transformers' "
@@ -107,8 +104,7 @@ def _check_modes(args):
         raise UsageError("argument --plot: not with --chain (it plots the per-shape rows)")
     if args.layer:
         _check_layer(args)
-    if args.dtype != "fp8" and args.scales != "channel":
-        raise UsageError("argument --scales: only with --dtype fp8")
+    args.scales = options.fp8_scales(args)
     if args.hf_fp8_kernel is not None:
         _check_hf_kernel(args)
     if args.dtype == "fp8":

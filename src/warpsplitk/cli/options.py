@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .. import models, shapes as shape_table
-from ..contract import ARCH_GPUS, SUPPORTED_ARCHS as ARCHS
+from ..contract import ARCH_GPUS, FP8_SCALE_KINDS, SUPPORTED_ARCHS as ARCHS
 from ..tactics import WarpSplitKTactic
 
 DEFAULT_M_TEXT = ",".join(map(str, shape_table.DEFAULT_MS))
@@ -120,6 +120,22 @@ def add_shapes(p):
     p.add_argument("--tp", type=int_at_least(1), metavar="P",
                    help="with --model: the shards one rank of P holds (column-parallel N / P, "
                         "row-parallel K / P; default 1)")
+
+
+def add_weight_dtype(p, dtype_help, scales_help):
+    """--dtype (bf16 or fp8) and --scales (an FP8 weight's scale kind,
+    ``fp8_scales`` reads them)."""
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help=dtype_help)
+    p.add_argument("--scales", choices=FP8_SCALE_KINDS, help=scales_help)
+
+
+def fp8_scales(args) -> str | None:
+    """The FP8 scale kind --dtype and --scales ask for ("channel" unless
+    given), None for BF16 weights; ``UsageError`` for --scales without
+    --dtype fp8."""
+    if args.scales is not None and args.dtype != "fp8":
+        raise UsageError(f"argument --scales: only with --dtype fp8, got --dtype {args.dtype}")
+    return (args.scales or "channel") if args.dtype == "fp8" else None
 
 
 def add_ms(p, text=M_HELP):

@@ -10,6 +10,7 @@ import textwrap
 
 from ..contract import GPUS
 from ..kernel import layout
+from ..planning.choose import default_tactic
 from ..planning.plans import CUBLAS, default_choice
 from ..runtime import compile as compiler
 from ..runtime import disk_cache, precompile
@@ -86,6 +87,12 @@ def add_parser(sub):
                    help="registers from the model, local memory unknown, instead of compiled "
                         "for --arch (compiled ones are kept in the disk cache)")
     options.add_jobs(p, "the kernels the disk cache lacks")
+    options.add_weight_dtype(
+        p, "fp8: e4m3 weights (W8A16): the plan's FP8 entries for --scales, else the FP8 "
+           "default; the FP8 kernel's rings and registers; the floor at one byte a weight "
+           "(default bf16)",
+        "with --dtype fp8: the weights' FP32 scales, one (tensor), one per row (channel, the "
+        "default) or one per 128x128 block (block128)")
     p.set_defaults(func=run)
 
 
@@ -95,19 +102,22 @@ def run(args, argv):
     gpu = checks.target_gpu(args)
     default = checks.default_plan(gpu[:2]) if args.plan is None else None
     plan, source = checks.resolve_plan(args.plan or default)
-    rows = _rows(plan, checks.shape_entries(args), args.m, args.sm_count)
-    resources = _compiled_resources(rows, args.arch, args.jobs) if args.compile else None
+    args.scales = options.fp8_scales(args)
+    rows = _rows(plan, checks.shape_entries(args), args.m, args.sm_count, args.scales)
+    resources = (_compiled_resources(rows, args.arch, args.jobs, args.scales) if args.compile
+                 else None)
     print(_target_line(gpu, given, args))
-    print(_plan_line(plan, source, rows, default == "none" and gpu[0]))
+    print(_plan_line(plan, source, rows, default == "none" and gpu[0], args.scales))
     print("\n".join(_table([_cells(row, plan, resources, args) for row in rows])))
     print("\n".join("# " + line for line in LEGEND_LINES))
     return 0
 
 
-def _rows(plan, entries, ms, sm_count) -> list[tuple]:
+def _rows(plan, entries, ms, sm_count, fp8_scales=None) -> list[tuple]:
     """``(shape, m, tactic, origin)`` per shape and M: the plan's tactic
     ("plan"), else the default's ("default"); no tactic ("cublas") for a
-    shape the kernel refuses."""
+    shape the kernel refuses. ``fp8_scales``: of e4m3 weights with those
+    scales (the plan's FP8 entries, the FP8 default)."""
     rows = []
     for shape in entries:
         n, k = shape["n"], shape["k"]
@@ -116,25 +126,29 @@ def _rows(plan, entries, ms, sm_count) -> list[tuple]:
             if refusal is not None:  # no tactic: the shape runs on cuBLAS
                 rows.append((shape, m, None, "cublas"))
                 continue
-            tactic = plan.lookup(n, k, m)
+            tactic = plan.lookup(n, k, m, fp8_scales=fp8_scales)
             origin = "plan"
-            if tactic is None:
+            if tactic is None and fp8_scales is not None:
+                tactic, origin = default_tactic(m, n, k, sm_count, fp8=True,
+                                                fp8_scales=fp8_scales), "default"
+            elif tactic is None:
                 tactic, origin = default_choice(m, n, k, sm_count=sm_count), "default"
             rows.append((shape, m, tactic, origin))
     return rows
 
 
-def _compiled_resources(rows, arch, jobs) -> dict:
+def _compiled_resources(rows, arch, jobs, fp8_scales=None) -> dict:
     """``{(n, k, tactic): {"registers", "spill_bytes", "local_bytes"}}`` of
-    the rows' kernels compiled for ``arch``: read from the disk cache,
-    compiling first what it lacks."""
-    kernels = [(s["n"], s["k"], t, False, True) for s, _, t, _ in rows
+    the rows' kernels (``fp8_scales``: the FP8-weight kernel's) compiled for
+    ``arch``: read from the disk cache, compiling first what it lacks."""
+    kernels = [(s["n"], s["k"], t, False, True, False, fp8_scales) for s, _, t, _ in rows
                if t is not None and t != CUBLAS]
     precompile.precompile_resources(kernels, arch, jobs, _progress_line(arch))
     resources = {}
-    for n, k, tactic, _, _ in kernels:
+    for n, k, tactic, *_ in kernels:
         if (n, k, tactic) not in resources:
-            resources[(n, k, tactic)] = compiler.arch_resources(n, k, tactic, arch)
+            resources[(n, k, tactic)] = compiler.arch_resources(n, k, tactic, arch,
+                                                                fp8_scales=fp8_scales)
     return resources
 
 
@@ -163,19 +177,24 @@ def _target_line(gpu, given, args) -> str:
             f"registers {registers}")
 
 
-def _plan_line(plan, source, rows, unmeasured_gpu) -> str:
+def _plan_line(plan, source, rows, unmeasured_gpu, fp8_scales=None) -> str:
     """Where the tactics come from; ``unmeasured_gpu``: the GPU with no
-    built-in plan whose default is no plan (else False)."""
+    built-in plan whose default is no plan (else False); ``fp8_scales``:
+    the rows are of e4m3 weights with those scales."""
     from_plan = sum(1 for *_, origin in rows if origin == "plan")
-    where = " where the plan has none" if plan.entries else ""
-    line = (f"# tactics from {source} ({from_plan} of {len(rows)} rows; 'default': the cost "
-            f"model's choice{where}; 'cublas': a shape the kernel does not take)")
+    where = " where the plan has none" if plan.table(fp8_scales) else ""
+    default = "the FP8 default" if fp8_scales else "the cost model's choice"
+    line = (f"# tactics from {source} ({from_plan} of {len(rows)} rows; 'default': "
+            f"{default}{where}; 'cublas': a shape the kernel does not take)")
+    if fp8_scales:
+        line += f"; e4m3 weights with {fp8_scales} scales"
     if unmeasured_gpu:
         line += (f"; no plan was measured on the {unmeasured_gpu.removeprefix('NVIDIA ')}: "
                  "--plan h200 shows the H200's")
     fp8_shapes = sum(map(len, plan.fp8_entries.values()))
-    if fp8_shapes:
-        line += f"; BF16 weights only: the plan's FP8 entries ({fp8_shapes} shapes) are not shown"
+    if fp8_shapes and not fp8_scales:
+        line += (f"; BF16 weights: the plan's FP8 entries ({fp8_shapes} shapes) show with "
+                 "--dtype fp8")
     return line
 
 
@@ -202,7 +221,8 @@ def _cells(row, plan, resources, args) -> list[str]:
     lead = [_name(shape), origin, str(n), str(k), str(m)]
     if tactic is None:
         return lead + [shape_refusal(n, k)]
-    floor = n * k * layout.ELEMENT_BYTES / (args.tbps * 1e6)
+    fp8 = args.scales is not None
+    floor = n * k * (1 if fp8 else layout.ELEMENT_BYTES) / (args.tbps * 1e6)
     if tactic == CUBLAS:  # measured (plan) or predicted (default) faster for this M
         measured = _measured(plan, n, k, m)
         shown = "-" if measured is None else f"{measured:.2f}"
@@ -213,15 +233,15 @@ def _cells(row, plan, resources, args) -> list[str]:
         found = resources[(n, k, tactic)]
         regs, local = found["registers"], found["spill_bytes"]
     # the time the tuner measured for this M, where it measured this M
-    measured = _measured(plan, n, k, m) if origin == "plan" else None
+    measured = _measured(plan, n, k, m, args.scales) if origin == "plan" else None
     shown = ["-", "-"] if measured is None else [f"{measured:.2f}",
                                                  f"{100 * floor / measured:.0f}"]
     return lead + [
         tactic.short(), str(grid_ctas(tactic, m, n)),
-        f"{waves(tactic, m, n, args.sm_count):.2f}",
-        f"{sm_balance(tactic, m, n, args.sm_count):.2f}", str(ctas_per_sm(tactic)),
-        str(tactic.smem_bytes), "-" if regs is None else str(regs),
-        "-" if local is None else str(local), f"{l2_read_factor(tactic, m):.2f}",
+        f"{waves(tactic, m, n, args.sm_count, fp8):.2f}",
+        f"{sm_balance(tactic, m, n, args.sm_count, fp8):.2f}", str(ctas_per_sm(tactic, fp8)),
+        str(tactic.smem_plan_for(fp8).total), "-" if regs is None else str(regs),
+        "-" if local is None else str(local), f"{l2_read_factor(tactic, m, fp8):.2f}",
         f"{floor:.2f}"] + shown
 
 
@@ -243,6 +263,7 @@ def _table(rows) -> list[str]:
     return [line(HEADINGS)] + [line(cells) for cells in rows]
 
 
-def _measured(plan, n, k, m):
-    """The time the plan's entry for ``(n, k)`` records at ``m``, or None."""
-    return plan.entries.get((n, k), {}).get(m, (None, None))[1]
+def _measured(plan, n, k, m, fp8_scales=None):
+    """The time the plan's entry for ``(n, k)`` (``fp8_scales``: its FP8
+    entry for those scales) records at ``m``, or None."""
+    return plan.table(fp8_scales).get((n, k), {}).get(m, (None, None))[1]

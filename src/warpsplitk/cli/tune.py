@@ -5,7 +5,6 @@ plan's entries are FP8 entries."""
 from __future__ import annotations
 
 from .. import shapes as shape_table
-from ..contract import FP8_SCALE_KINDS
 from ..planning import choose, selection, tune, tune_log
 from . import checks, options
 from .options import UsageError
@@ -30,13 +29,12 @@ def add_parser(sub):
     p.add_argument("--exhaustive", action="store_true",
                    help="measure the whole tactic space of each cell, not only the cost "
                         "model's shortlist (minutes per shape instead of seconds)")
-    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
-                   help="fp8: tune for e4m3 weights (W8A16) into the plan's FP8 entries, each "
-                        "cell's pruned FP8 space measured, no cuBLAS (default bf16)")
-    p.add_argument("--scales", choices=FP8_SCALE_KINDS,
-                   help="with --dtype fp8: the FP32 scales the weights are timed with, and the "
-                        "plan's entries are for: one (tensor), one per row (channel, the "
-                        "default) or one per 128x128 block (block128)")
+    options.add_weight_dtype(
+        p, "fp8: tune for e4m3 weights (W8A16) into the plan's FP8 entries, each cell's pruned "
+           "FP8 space measured, no cuBLAS (default bf16)",
+        "with --dtype fp8: the FP32 scales the weights are timed with, and the plan's entries "
+        "are for: one (tensor), one per row (channel, the default) or one per 128x128 block "
+        "(block128)")
     p.set_defaults(func=run)
 
 
@@ -45,9 +43,7 @@ def run(args, argv):
     if args.from_log and args.fresh:
         raise UsageError("argument --fresh: not with --from-log (which reads the log --fresh "
                          "would ignore)")
-    if args.scales is not None and args.dtype != "fp8":
-        raise UsageError(f"argument --scales: only with --dtype fp8, got --dtype {args.dtype}")
-    fp8_scales = (args.scales or "channel") if args.dtype == "fp8" else None
+    fp8_scales = options.fp8_scales(args)
     records = _read_log(args.log, required=args.from_log) if (args.from_log or not args.fresh) \
         else []
     ms = _planned_ms(args.m)

@@ -221,17 +221,19 @@ def compile_for_arch(n: int, k: int, tactic: WarpSplitKTactic, arch: str = "sm_9
 
 
 def arch_resources(n: int, k: int, tactic, arch: str = "sm_90a", has_bias: bool = False,
-                   use_pdl: bool = True) -> dict:
+                   use_pdl: bool = True, fp8_scales: str | None = None) -> dict:
     """Registers per thread, spilled and local bytes of the kernel for
-    ``[n, k]`` with ``tactic``, compiled for ``arch`` (no GPU needed):
-    ``{"registers", "spill_bytes", "local_bytes"}``. From the disk cache
-    when it has the record (the CuTe DSL is then not imported), else
-    compiled with :func:`compile_for_arch` and stored."""
-    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl)
+    ``[n, k]`` with ``tactic`` (``fp8_scales``: the FP8-weight kernel),
+    compiled for ``arch`` (no GPU needed): ``{"registers", "spill_bytes",
+    "local_bytes"}``. From the disk cache when it has the record (the CuTe
+    DSL is then not imported), else compiled with :func:`compile_for_arch`
+    and stored."""
+    stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, fp8_scales=fp8_scales)
     found = disk_cache.load_resources(stem)
     if found is not None:
         return found
-    report = compile_for_arch(n, k, tactic, arch, has_bias=has_bias, use_pdl=use_pdl)
+    report = compile_for_arch(n, k, tactic, arch, has_bias=has_bias, use_pdl=use_pdl,
+                              fp8_scales=fp8_scales)
     found = {"registers": report.registers, "spill_bytes": report.spill_bytes,
              "local_bytes": report.local_bytes}
     disk_cache.store_resources(stem, found, describe=(n, k, tactic, arch))

@@ -94,7 +94,7 @@ def _compile_job(job: dict):
 def _resources_job(job: dict):
     """Compile one kernel (in a worker) for its arch and store its resource record."""
     compile.arch_resources(job["n"], job["k"], WarpSplitKTactic.parse(job["tactic"]),
-                              job["arch"], job["bias"], job["pdl"])
+                           job["arch"], job["bias"], job["pdl"], job.get("fp8_scales"))
     return None
 
 
@@ -179,7 +179,8 @@ def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
                          progress=None) -> dict:
     """Compile for ``arch``, ``jobs`` worker processes at a time (default:
     ``default_jobs()``), the kernels of ``kernels`` (``(n, k, tactic, has_bias,
-    use_pdl)``) whose resource records the disk cache lacks, storing their
+    use_pdl)``, a seventh field naming the scales of an FP8-weight kernel as
+    ``missing``'s) whose resource records the disk cache lacks, storing their
     records (``compile.arch_resources``). ``progress(done, total)`` after
     each. Returns ``{kernel: error}`` of those that failed (left to the
     caller's own ``arch_resources``, which raises). Nothing is done with the
@@ -187,11 +188,14 @@ def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
     if not disk_cache.enabled():
         return {}
     todo, seen = [], set()
-    for n, k, tactic, has_bias, use_pdl in kernels:
-        item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl))
+    for n, k, tactic, has_bias, use_pdl, *rest in kernels:
+        fp8_scales = _options((None,) * 5 + tuple(rest))[1]
+        item = ((int(n), int(k), tactic, bool(has_bias), bool(use_pdl))
+                + ((False, fp8_scales) if fp8_scales is not None else ()))
         if item not in seen:
             seen.add(item)
-            if not disk_cache.resource_path(disk_cache.key(arch, *item)).is_file():
+            stem = disk_cache.key(arch, *item[:5], fp8_scales=fp8_scales)
+            if not disk_cache.resource_path(stem).is_file():
                 todo.append(item)
     if not todo:
         return {}
@@ -206,7 +210,7 @@ def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
     failures = {}
     for count, item in enumerate(todo, 1):
         try:
-            compile.arch_resources(item[0], item[1], item[2], arch, item[3], item[4])
+            compile.arch_resources(*item[:3], arch, *item[3:5], _options(item)[1])
         except Exception as exc:  # the caller's own arch_resources raises it again
             failures[item] = f"{type(exc).__name__}: {exc}"
         if progress:
