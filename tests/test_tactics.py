@@ -27,6 +27,7 @@ from warpsplitk.tactics import (
     grid_ctas,
     is_legal,
     legal_tactics,
+    needed_k_split,
     shape_refusal,
 )
 from warpsplitk.planning.choose import FP8_MIN_RESIDENT, default_tactic
@@ -804,3 +805,10 @@ def test_the_fp8_default_for_block_scales_narrows_tiles_and_rings(m, n, k, chann
     assert default_tactic(m, n, k, 132, fp8=True, fp8_scales="block128").short() == block
     with pytest.raises(ValueError, match="fp8_scales must be one of .* got 'row'"):
         default_tactic(m, n, k, 132, fp8=True, fp8_scales="row")
+
+
+def test_needed_k_split_names_the_k_rule_past_what_any_split_takes():
+    assert [needed_k_split(k) for k in (128, 16384, 16640, 32768)] == [1, 1, 2, 2]
+    with pytest.raises(ValueError, match="K must be a positive multiple of 128 up to 16384, or "
+                                         "of 256 up to 32768; got 36864"):
+        needed_k_split(36864)

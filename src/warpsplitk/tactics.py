@@ -545,8 +545,12 @@ def legal_tactics(m: int, n: int, k: int, k_splits=(1,), early_launches=(False,)
 
 def needed_k_split(k: int) -> int:
     """The fewest CTAs along K any tactic for K needs: 1 up to ``MAX_K_TILES``
-    tiles of 256, 2 past them (a shape ``shape_refusal`` accepts)."""
-    return min(s for s in (min_k_split(k, width) for width in K_TILES) if s)
+    tiles of 256, 2 past them; ``ValueError`` (``shape_refusal``'s reason)
+    for a K no tactic takes."""
+    splits = [s for s in (min_k_split(k, width) for width in K_TILES) if s]
+    if not splits:
+        raise ValueError(f"warp split-K: {shape_refusal(layout.MMA_M, k)}")
+    return min(splits)
 
 
 def check_m(m) -> int:
