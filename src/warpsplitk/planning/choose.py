@@ -155,11 +155,12 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
 
 def fp8_block_wide(base: WarpSplitKTactic, m: int, n: int, k: int, sm_count: int,
                    step) -> WarpSplitKTactic:
-    """The FP8 default for 128 x 128 block scales at M > 16: at token tiles of 32, 32-row tiles for 64-row ones, then 16-row tiles
-    with rings of at most ``FP8_BLOCK_STAGES``; two CTAs along K where the
-    grid would leave one CTA per SM on a long K (``FP8_SPLIT_MIN_K``); a
-    two-stage ring where it has more CTAs than SMs (``FP8_WIDE_M_STAGES``).
-    ``step`` as :func:`fp8_resident`'s."""
+    """The FP8 default for 128 x 128 block scales at M > 16: at token tiles
+    of 32, 32-row tiles for 64-row ones, then 16-row tiles with rings of at
+    most ``FP8_BLOCK_STAGES``; two CTAs along K where the grid would leave
+    one CTA per SM on a long K (``FP8_SPLIT_MIN_K``); a two-stage ring where
+    it has more CTAs than SMs (``FP8_WIDE_M_STAGES``). ``step`` as
+    :func:`fp8_resident`'s."""
     tactic = step(base, b_loader_warps=2)
     wide_m = tactic.token_tile == max(MMA_TOKEN_TILES)
     if wide_m and tactic.output_tile == 64:
@@ -182,16 +183,15 @@ def fp8_block_wide(base: WarpSplitKTactic, m: int, n: int, k: int, sm_count: int
 def fp8_resident(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int, step,
                  most: int = FP8_MAX_RESIDENT, deepest: int = MAX_STAGES,
                  early: bool = True) -> WarpSplitKTactic:
-    """The FP8 default's shape (``FP8_MIN_RESIDENT``): an
-    MMA-wide token tile (narrow ones measured 1.1-1.3x slower on e4m3
-    weights), at most 32 rows and tiles of 256 along K, two CTAs along K
-    where the grid has fewer CTAs than SMs or else 16-row tiles where it has
-    fewer than ``FP8_NARROW_GRID`` times them, with ``early`` the early PDL
-    trigger where the grid has more CTAs than ``FP8_MIN_RESIDENT`` per SM,
-    then the deepest ring that
-    leaves room for the CTAs each SM should hold (at most ``most``), of at
-    most ``deepest`` stages. ``step(tactic, **changes)`` is the change where
-    legal, else ``tactic``."""
+    """The FP8 default's shape (``FP8_MIN_RESIDENT``): an MMA-wide token
+    tile (narrow ones measured 1.1-1.3x slower on e4m3 weights), at most 32
+    rows and tiles of 256 along K, two CTAs along K where the grid has fewer
+    CTAs than SMs or else 16-row tiles where it has fewer than
+    ``FP8_NARROW_GRID`` times them, with ``early`` the early PDL trigger
+    where the grid has more CTAs than ``FP8_MIN_RESIDENT`` per SM, then the
+    deepest ring (at most ``deepest`` stages) that leaves room for the CTAs
+    each SM should hold (at most ``most``). ``step(tactic, **changes)`` is
+    the change where legal, else ``tactic``."""
     cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     # the shape first on a short ring (a deep one would refuse wider tiles
     # or a split K), the ring last
@@ -206,7 +206,7 @@ def fp8_resident(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int, step,
     if early and grid_ctas(tactic, m, n) > FP8_MIN_RESIDENT * sm_count:
         # CTAs that wait for a slot start sooner: 1.04-1.16x on the tune's
         # three such cells (4608x4096, 16384x3072, 30720x3840) at M <= 8
-        # (at M = 32 it measured 0.95-1.0x)
+        # (at M = 32 it measured 0.95-1.02x)
         tactic = step(tactic, early_launch=True)
     wanted = -(-grid_ctas(tactic, m, n) // sm_count)
     resident = min(max(wanted, FP8_MIN_RESIDENT), most)
