@@ -33,14 +33,18 @@ def small_plan():
     return plan
 
 
-def test_round_trip(tmp_path):
-    plan = small_plan()
+def saved_and_loaded(plan, tmp_path):
+    """``plan`` saved to a file and loaded back, and the file's JSON."""
     path = tmp_path / "plan.json"
     plan.save(path)
-    loaded = load_plan(path)
+    return load_plan(path), json.loads(path.read_text())
+
+
+def test_round_trip(tmp_path):
+    plan = small_plan()
+    loaded, data = saved_and_loaded(plan, tmp_path)
     assert loaded.entries == plan.entries
     assert loaded.meta == plan.meta
-    data = json.loads(path.read_text())
     assert data["format"] == PLAN_FORMAT and data["version"] == PLAN_VERSION
 
 
@@ -323,12 +327,9 @@ def fp8_plan():
 
 def test_fp8_entries_round_trip_as_version_2(tmp_path):
     plan = fp8_plan()
-    path = tmp_path / "plan.json"
-    plan.save(path)
-    loaded = load_plan(path)
+    loaded, data = saved_and_loaded(plan, tmp_path)
     assert loaded == plan and loaded.fp8_entries == plan.fp8_entries
     assert loaded.entries == small_plan().entries  # the BF16 entries as they were
-    data = json.loads(path.read_text())
     assert data["version"] == FP8_PLAN_VERSION == 2
     assert data["shapes"] == small_plan().to_json()["shapes"]
     assert {kind: [(s["n"], s["k"], sorted(s["entries"])) for s in shapes]

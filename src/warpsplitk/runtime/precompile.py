@@ -123,23 +123,29 @@ def _options(item) -> tuple[bool, str | None]:
     return bool(rest and rest[0]), (rest[1] if len(rest) > 1 else None)
 
 
-def missing(kernels, arch: str) -> list:
-    """The distinct kernels of ``kernels`` the disk cache does not hold
-    (``(n, k, tactic, has_bias, use_pdl)``, a sixth field True for the
-    SwiGLU epilogue, a seventh naming the scales of an FP8-weight kernel)."""
-    seen, todo = set(), []
+def _distinct(kernels):
+    """Each kernel of ``kernels`` once, as ``(item, swiglu, fp8_scales)``:
+    the item ``(n, k, tactic, has_bias, use_pdl)`` with ints and bools, and
+    ``(True,)`` for the SwiGLU epilogue or ``(swiglu, fp8_scales)`` for an
+    FP8-weight kernel after it."""
+    seen = set()
     for n, k, tactic, has_bias, use_pdl, *rest in kernels:
         swiglu, fp8_scales = _options((None,) * 5 + tuple(rest))
         extra = ((swiglu, fp8_scales) if fp8_scales is not None
                  else (True,) if swiglu else ())
         item = (int(n), int(k), tactic, bool(has_bias), bool(use_pdl)) + extra
-        if item in seen:
-            continue
-        seen.add(item)
-        stem = disk_cache.key(arch, n, k, tactic, has_bias, use_pdl, swiglu, fp8_scales)
-        if not disk_cache.path_for(stem).is_file():
-            todo.append(item)
-    return todo
+        if item not in seen:
+            seen.add(item)
+            yield item, swiglu, fp8_scales
+
+
+def missing(kernels, arch: str) -> list:
+    """The distinct kernels of ``kernels`` the disk cache does not hold
+    (``(n, k, tactic, has_bias, use_pdl)``, a sixth field True for the
+    SwiGLU epilogue, a seventh naming the scales of an FP8-weight kernel)."""
+    return [item for item, swiglu, fp8_scales in _distinct(kernels)
+            if not disk_cache.path_for(disk_cache.key(arch, *item[:5], swiglu,
+                                                      fp8_scales)).is_file()]
 
 
 def precompile(kernels, arch: str, jobs: int | None = None, progress=None) -> dict:
@@ -187,16 +193,9 @@ def precompile_resources(kernels, arch: str = "sm_90a", jobs: int | None = None,
     cache off; with one job the kernels are compiled in this process."""
     if not disk_cache.enabled():
         return {}
-    todo, seen = [], set()
-    for n, k, tactic, has_bias, use_pdl, *rest in kernels:
-        fp8_scales = _options((None,) * 5 + tuple(rest))[1]
-        item = ((int(n), int(k), tactic, bool(has_bias), bool(use_pdl))
-                + ((False, fp8_scales) if fp8_scales is not None else ()))
-        if item not in seen:
-            seen.add(item)
-            stem = disk_cache.key(arch, *item[:5], fp8_scales=fp8_scales)
-            if not disk_cache.resource_path(stem).is_file():
-                todo.append(item)
+    todo = [item for item, _, fp8_scales in _distinct(kernels)
+            if not disk_cache.resource_path(disk_cache.key(
+                arch, *item[:5], fp8_scales=fp8_scales)).is_file()]
     if not todo:
         return {}
     require_dsl()
