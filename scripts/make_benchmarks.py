@@ -67,7 +67,8 @@ DECODE_FP8 = sorted(RESULTS.glob("*-llama-decode-fp8.json"))
 #: `bench` on weights whose K needs the cluster split (each names its GPU)
 LONG_K = sorted(RESULTS.glob("*-bench-long-k.json"))
 #: ``bench --dtype fp8`` records: e4m3 weights against our BF16, cuBLAS, torch._scaled_mm
-FP8 = sorted(RESULTS.glob("*-bench-fp8*.json"))
+#: (those on long K go with the long-K section)
+FP8 = sorted(p for p in RESULTS.glob("*-bench-fp8*.json") if not p.stem.endswith("-long-k"))
 COST_MODEL = ROOT / "src" / "warpsplitk" / "data" / "cost-model-h200.json"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 README = ROOT / "README.md"
@@ -437,17 +438,38 @@ def decode_md(record: dict, path: Path, heading: bool = True) -> list[str]:
 
 
 def long_k_md(record: dict, path: Path) -> list[str]:
-    """``bench`` on weights whose K is past 64 tiles of 256: two CTAs per
-    output tile share K (``k_split`` 2)."""
+    """``bench`` on weights whose K is past 64 tiles of 256: a cluster's
+    CTAs share K (``k_split`` 2, 3 or 4)."""
     env = record["environment"]
     rows = record["rows"]
     big = [r for r in rows if r["n"] * r["k"] * 2 >= BIG]
-    return ["", "## K past 64 tiles", "",
-            f"Data: `{_rel(path)}` (`{env['command']}`). The default tactic (cost model) "
-            "splits K over the two CTAs of a cluster; µs warpsplitk/cuBLAS (speedup).", "",
-            *environment_lines(env)[1:3], "", *grid(rows), "",
-            f"Weights ≥ 16 MB stream at {min(weight_tbps(big)):.2f}–{max(weight_tbps(big)):.2f} "
-            f"TB/s (measured read: {env['read_TBps']} TB/s)."]
+    out = ["", "## K past 64 tiles", "",
+           f"Data: `{_rel(path)}` (`{env['command']}`). The default splits K over a "
+           "cluster's CTAs (3 or 4 past 128 tiles, else 2; with 4, M > 8 runs cuBLAS unless a plan "
+           "says otherwise); µs warpsplitk/cuBLAS (speedup).", "",
+           *environment_lines(env)[1:3], "", *grid(rows), "",
+           f"Weights ≥ 16 MB stream at {min(weight_tbps(big)):.2f}–{max(weight_tbps(big)):.2f} "
+           f"TB/s (measured read: {env['read_TBps']} TB/s)."]
+    fp8 = path.with_name(path.name.replace("-bench-long-k", "-bench-fp8-long-k"))
+    if fp8.exists():
+        ratios = {m: [r["fp8_over_bf16"] for r in load(fp8)["rows"] if r["m"] == m]
+                  for m in (1, 8, 32)}
+        out += ["", f"e4m3 weights, channel scales (`{_rel(fp8)}`, same GPU): over our BF16 "
+                "call " + ", ".join(f"{min(v):.2f}–{max(v):.2f}× at M = {m}"
+                                    for m, v in ratios.items() if v) + "."]
+    log = path.with_name(path.name.replace("-bench-long-k.json", "-tune-log-long-k.jsonl"))
+    if log.exists():
+        best = {}
+        for line in log.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("ok") and "us" in r:
+                cell = best.setdefault((r["n"], r["k"], r["m"]), {})
+                side = "cublas" if r["tactic"] == "cublas" else "ours"
+                cell[side] = min(cell.get(side, float("inf")), r["us"])
+        out += ["", f"Quick tune (`{_rel(log)}`), fastest/cuBLAS µs: " + "; ".join(
+            f"{n}×{k} M={m} {c['ours']:.1f}/{c['cublas']:.1f}"
+            for (n, k, m), c in sorted(best.items())) + "."]
+    return out
 
 
 def fp8_summary(record: dict) -> dict:
@@ -550,13 +572,11 @@ def generate_md(records: list[dict]) -> list[str]:
     out = ["", "## transformers `generate()`", "",
            "Data: " + ", ".join(f"`{_rel(p)}`" for p in GENERATE) + " (`examples/generate.py`). "
            "Greedy decoding, static KV cache, random BF16 weights; plain and patched "
-           "(`merge=True`) timed in turn, eager and with the decode step compiled "
-           "(`reduce-overhead`, `fullgraph=True`). ms/token: the difference of two generate "
-           "lengths, median of rounds; paired: the median of each round's ratio (a slow "
-           "spell of the host meets both models of a round). Projections: each launch once "
-           "in a CUDA graph. "
-           "Bound: the speedup if only the projections changed, each timed after a small "
-           "kernel as in the step (no overlap with the one before). "
+           "(`merge=True`) in turn, eager and compiled (`reduce-overhead`, "
+           "`fullgraph=True`). ms/token: the difference of two generate lengths, median of "
+           "rounds; paired: the median of each round's ratio. Projections: each launch once "
+           "in a CUDA graph, after a small kernel as in the step. "
+           "Bound: the speedup if only the projections changed. "
            "Compiled = eager: greedy tokens unchanged by compiling (plain / patched).", ""]
     for record in records:
         m = record["model"]

@@ -129,7 +129,23 @@ def shipped_cases(fp8=False, swiglu=False):
             raise ValueError(f"shipped case {t.short()} N={n} K={k} is not legal")
         ms = sorted({1, max(1, t.token_tile - 1), t.token_tile, min(32, t.token_tile + 1), 32})
         cases.append((t, n, k, ms))
-    return cases
+    return cases + long_k_cases(fp8)
+
+
+#: K past two CTAs of 64 tiles (Qwen2.5-72B's and Gemma-2-27B's ``down`` at
+#: TP 1): the default splits it over four and three CTAs.
+LONG_KS = (29568, 36864)
+
+
+def long_k_cases(fp8=False):
+    """The default's tactics for K of ``LONG_KS`` (a 64-row weight's) at M
+    1, 8 and 32 (with ``fp8``: channel and block scales), on two output
+    tiles and the whole K."""
+    kinds = ("channel", "block128") if fp8 else ("channel",)
+    found = {default_tactic(m, 64, k, sm_count=132, fp8=fp8, fp8_scales=kind): k
+             for k in LONG_KS for m in (1, 8, 32) for kind in kinds}
+    return [(t, 2 * t.output_tile, k, sorted({1, t.token_tile, 32}))
+            for t, k in sorted(found.items())]
 
 
 def family_cases(subset, offset=0, k_splits=(1,), bulk_xs=(False,), l2_prefetch=False,

@@ -17,7 +17,7 @@
 #                    as errors though no kernel is involved; MEMCHECK_FLAGS=
 #                    counts them again
 #   K_SPLIT=1        add every family's cluster split of K (k_split 2)
-#   CLUSTERS_ONLY=1  with K_SPLIT: only those cluster cases
+#   CLUSTERS_ONLY=1  only the cases with k_split > 1 (with K_SPLIT: every family's)
 #   BULK_X=1         add every one-warp family with bulk activation copies
 #   TMA_X=1          add every one-warp family with TMA activation boxes
 #   HALF_TILES=1     add every 32/64-row case as a mixed grid (half_tiles 3)

@@ -149,11 +149,13 @@ def test_compile_sm90a_long_k_split_over_two_ctas():
 @pytest.mark.parametrize("n,k,tactic", [
     (256, 65 * 128, WarpSplitKTactic(16, 8, 128, 5, 2, 2)),                  # 33 + 32 tiles
     (256, 67 * 256, WarpSplitKTactic(32, 8, 256, 4, 1, 2, x_copy="tma")),    # 34 + 33, TMA
-], ids=["65x128", "67x256-tma"])
+    (256, 231 * 128, WarpSplitKTactic(16, 8, 128, 2, 1, 4)),                 # 58 + 3 x 57
+], ids=["65x128", "67x256-tma", "231x128-four"])
 def test_compile_sm90a_uneven_split_of_k(n, k, tactic):
-    """An odd count of K tiles past 64: each rank's K loop traced with its own
-    share (the first one tile more); audited (the TMA ring's release fences
-    loop by loop), no spills, every tile's MMAs once."""
+    """K tiles that the split's CTAs cannot share evenly: each rank's K loop
+    traced with its own share (the first ones one tile more); audited (the
+    TMA ring's release fences loop by loop), no spills, every tile's MMAs
+    once (so no rank runs another's share)."""
     report = report_for(n, k, tactic)
     check_facts(facts(report), "sm_90a", n, k, tactic)
 
@@ -162,7 +164,10 @@ def test_fp8_block_scales_on_an_uneven_split():
     tactic = WarpSplitKTactic(16, 8, 128, 3, 2, 2)
     report = compile_for_arch(256, 65 * 128, tactic, "sm_90a", fp8_scales="block128")
     assert report.audit() == [] and report.spill_bytes == 0
-    assert report.ptx.count("fma.rn.f32") == 65 * 4  # a scaled partial per tile and register
+    # one multiplier per tile and 16 rows (scale * 2 ** 120 to BF16x2), folded
+    # into the tile's conversions: no FP32 rescale of the partial sums
+    assert report.ptx.count("0f7B800000") == 65 and "fma.rn.f32" not in report.ptx
+    assert report.ptx.count("mul.rn.bf16x2") == 65 * 8
 
 
 def test_compile_rejects_illegal_tactic_and_arch():
@@ -667,7 +672,7 @@ FP8_COMPILES = [
     (WarpSplitKTactic(64, 8, 128, 12, 2, 2), 1024, 4096, "channel", False),
     (WarpSplitKTactic(32, 32, 256, 2, 2, 2), 1024, 4096, "tensor", True),
     (WarpSplitKTactic(16, 16, 256, 8, 2, 2), 1024, 4096, "channel", False),
-    # 128 x 128 block scales: per tile and 16 rows a scale load and an FMA per accumulator
+    # 128 x 128 block scales: per tile and 16 rows a scale load, folded into the conversion
     (WarpSplitKTactic(16, 8, 128, 4, 1), 4096, 4096, "block128", False),
     (WarpSplitKTactic(32, 8, 256, 5, 2, 2), 1024, 8192, "block128", True),
     (WarpSplitKTactic(32, 32, 256, 2, 2), 2048, 4096, "block128", False),
@@ -703,12 +708,14 @@ def test_fp8_kernel_compiles_audited_with_its_conversion(tactic, n, k, scales, b
                  for o in (tactic.output_tile, tactic.output_tile // 2)[:paths])
     channel, blocks = scales == "channel", scales == "block128"
     assert count(r"ld\.global\.nc\.v4\.b32") == rounds * (2 * channel + bias)
-    # block scales: one load per tile and 16 rows, an FMA per accumulator, in the K loop
+    # block scales: one load per tile and 16 rows, in the K loop, made the
+    # multiplier of that tile's conversions (scale * 2 ** 120 to BF16x2)
     assert count(r"ld\.global\.nc\.f32") == (m_iters * tiles if blocks
                                               else 0 if channel else rounds)
-    # (and, with a bias, the epilogue's scale-then-bias per output, contracted)
-    assert count(r"fma\.rn\.f32") == (m_iters * n_iters * 4 * tiles if blocks
-                                       else layout.CHUNK * rounds * bias)
+    assert count(r"0f7B800000") == (m_iters * tiles if blocks else 0)
+    # the epilogue's scale-then-bias per output, contracted (block scales:
+    # nothing to scale there)
+    assert count(r"fma\.rn\.f32") == (0 if blocks else layout.CHUNK * rounds * bias)
 
 
 def test_block_scales_take_no_mixed_grid():

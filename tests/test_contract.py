@@ -71,8 +71,10 @@ def test_weight_refusal_adds_the_bias_and_the_shape_rules(cpu_kernel):
 @pytest.mark.parametrize("n, k, ok", [(16, 128, True), (17, 128, False), (0, 128, False),
                                       (16, 100, False), (16, 64 * 128, True),
                                       (16, 64 * 128 + 128, True), (16, 64 * 256, True),
-                                      (16, 64 * 256 + 256, True), (16, 128 * 128 + 128, False),
-                                      (16, 128 * 256 + 256, False), (2 ** 30, 128, False),
+                                      (16, 64 * 256 + 256, True), (16, 128 * 128 + 128, True),
+                                      (16, 256 * 128, True), (16, 256 * 128 + 128, False),
+                                      (16, 256 * 256, True), (16, 256 * 256 + 256, False),
+                                      (2 ** 30, 128, False),
                                       (True, 128, False)])
 def test_shape_rules(n, k, ok):
     assert (shape_refusal(n, k) is None) == ok
@@ -109,6 +111,24 @@ def test_fp8_operands(cpu_kernel):
         one = weight.clone()
         one.view(torch.uint8)[0, 0] = code
         assert (fp8_value_refusal(one, scale) is not None) == bool(nan[code])
+
+
+def test_block_scales_are_bounded_for_the_bf16_fold():
+    """Block scales become BF16 multipliers of ``scale * 2 ** 120``: below
+    ``FP8_BLOCK_SCALE_BOUND`` in magnitude, either sign; per-channel and
+    tensor scales (applied in FP32) are not bounded."""
+    from warpsplitk.contract import FP8_BLOCK_SCALE_BOUND, fp8_value_refusal
+    weight = torch.ones(256, 256).to(torch.float8_e4m3fn)
+    blocks = torch.full((2, 2), 0.5)
+    assert fp8_value_refusal(weight, blocks) is None
+    blocks[1, 0] = -FP8_BLOCK_SCALE_BOUND * 0.99
+    assert fp8_value_refusal(weight, blocks) is None
+    blocks[1, 0] = -FP8_BLOCK_SCALE_BOUND
+    assert fp8_value_refusal(weight, blocks) == (
+        "block scales must be below 128 in magnitude (the kernel folds them into BF16 "
+        "weights), got 128")
+    assert fp8_value_refusal(weight, torch.full((256,), 1e6)) is None
+    assert fp8_value_refusal(weight, torch.tensor(1e6)) is None
 
 
 def test_fp8_scale_factors_expand_as_the_kernel_reads_them():

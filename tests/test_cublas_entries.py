@@ -184,3 +184,16 @@ def test_cublas_records_are_current_and_never_stale():
     chosen = prefer_cublas(best, {(1, 1, 1): 9.0, (1, 1, 8): 9.9, (1, 1, 16): 1.0})
     assert chosen == {(1, 1, 1): (CUBLAS, 9.0), (1, 1, 8): (TACTIC, 10.0),
                       (1, 1, 16): (TACTIC, None)}
+
+
+def test_a_k_that_needs_four_ctas_runs_cublas_past_m_8_without_a_plan():
+    """8192x29568 (K past 128 tiles of 128) measured the default slower than
+    cuBLAS at M = 16 and 32, faster at M <= 8; a K split over three CTAs
+    (4608x36864) measured faster at every M and stays on the kernel."""
+    from warpsplitk.planning.choose import FOUR_CTA_CUBLAS_MIN_M
+    from warpsplitk.planning.plans import default_choice
+    assert FOUR_CTA_CUBLAS_MIN_M == 8
+    assert [default_choice(m, 8192, 29568, 132) == CUBLAS for m in (1, 8, 9, 16, 32)] \
+        == [False, False, True, True, True]
+    assert default_choice(32, 8192, 29568, 132, chained=True) == CUBLAS
+    assert all(default_choice(m, 4608, 36864, 132) != CUBLAS for m in (1, 8, 16, 32))

@@ -75,6 +75,8 @@ def test_emulate_exact_on_integers(tactic, m, n, k):
     (WarpSplitKTactic(16, 16, 256, 6, 2, 2), 16, 16, 66 * 256),  # K past 64 tiles: 33 per CTA
     (WarpSplitKTactic(16, 8, 128, 5, 2, 2), 3, 32, 65 * 128),    # uneven: 33 + 32 tiles
     (WarpSplitKTactic(32, 8, 256, 4, 1, 2, x_copy="tma"), 5, 32, 67 * 256),  # uneven, TMA
+    (WarpSplitKTactic(16, 8, 256, 3, 2, 3), 3, 16, 144 * 256),   # K = 36864: three CTAs of 48
+    (WarpSplitKTactic(16, 8, 128, 2, 1, 4), 2, 16, 231 * 128),   # K = 29568: 58 + 3 x 57 tiles
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_cluster_split_of_k_exact(tactic, m, n, k):
     """k_split 2: each CTA of the cluster takes half of K; the eight warps'
@@ -488,6 +490,8 @@ FP8_CASES += [  # 128 x 128 block scales: a warp's quarter of a tile is in one K
     (WarpSplitKTactic(32, 32, 256, 2, 2, 2), 32, 32, 2048, "block128"),
     (WarpSplitKTactic(16, 8, 128, 3, 2, 2), 5, 32, 65 * 128, "block128"),  # uneven split
     (WarpSplitKTactic(16, 8, 128, 3, 2, 2), 5, 32, 65 * 128, "channel"),
+    (WarpSplitKTactic(16, 8, 256, 3, 2, 3), 3, 32, 144 * 256, "block128"),  # three CTAs along K
+    (WarpSplitKTactic(16, 8, 128, 2, 2, 4), 2, 16, 231 * 128, "channel"),   # four, uneven
 ]
 
 
@@ -514,6 +518,28 @@ def test_fp8_block_scales_apply_per_k_block_not_per_column():
                               WarpSplitKTactic(32, 1, 256, 2, 1, half_tiles=1), bias.repeat(3)[:48])
     with pytest.raises(ValueError, match=r"the block scales \(1, 4\)"):
         _emulator.emulate_fp8(x, w, np.ones((2, 4), np.float32), tactic, bias)
+
+
+def test_fp8_block_scales_fold_into_bf16_weights():
+    """A block scale that is no power of two: each weight times it, both
+    rounded to BF16 as the kernel's fold (``block_multiplier``) makes them,
+    then summed (in FP32: to its rounding); within 2 ** -7 of the exact
+    dequantized weight, and measurably not it."""
+    tactic = WarpSplitKTactic(32, 8, 256, 2, 2, 2)
+    x, w, _, bias = fp8_problem(5, 256, 1024, 9, "tensor")
+    scale = np.array([[1.3, 0.7, 3.1, 0.11, 1.0, 2.9, 0.3, 5.7]] * 2, dtype=np.float32)
+    scale[1] *= 0.37
+    out = _emulator.emulate_fp8(x, w, scale, tactic, bias, round_output=False)
+    folded = np.vectorize(_emulator.block_multiplier)(scale)
+    assert not np.array_equal(folded, scale.astype(np.float64))  # 1.3 is no BF16
+    assert np.array_equal(folded, _emulator.round_bf16(scale))
+    values = _emulator.e4m3_value(w) * np.repeat(np.repeat(folded, 128, 0), 128, 1)
+    weights = _emulator.round_bf16(values.astype(np.float32)).astype(np.float64)
+    folded_reference = x.astype(np.float64) @ weights.T + bias
+    np.testing.assert_allclose(out, folded_reference, rtol=1e-5, atol=1e-3)
+    exact = fp8_reference(x, w, scale, bias).astype(np.float64)
+    assert not np.allclose(out, exact, rtol=1e-5, atol=1e-3)
+    assert np.abs(out - exact).max() <= 2.0 ** -7 * (np.abs(x) @ np.abs(values.T)).max()
 
 
 def test_fp8_layouts_have_no_bank_conflicts():

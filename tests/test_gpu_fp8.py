@@ -1,6 +1,7 @@
 """FP8 weights on a real GPU, through the public API (``PreparedWarpSplitK``
-with ``weight_scale``, ``prepare``): e4m3 weights with tensor and channel
-scales against a float64 reference of the dequantized weight, against the
+with ``weight_scale``, ``prepare``): e4m3 weights with tensor, channel and
+block scales against a float64 reference of the dequantized weight (block
+scales: also within the fold's rounding bound of the exact one), against the
 emulator on a small problem, e4m3's special codes (both zeros, subnormals,
 448), refusals that leave ``out`` untouched, and CUDA-graph replay."""
 
@@ -24,6 +25,8 @@ CASES = [  # tactic, N, K
     (T(32, 32, 256, 3, 2), 2048, 4096),
     (T(32, 8, 256, 5, 2, 2), 8192, 28672),                # K past 64 tiles
     (T(32, 32, 128, 2, 2, 2), 4096, 13696),               # uneven split: 54 + 53 tiles
+    (T(16, 8, 256, 6, 2, 3, early_launch=True), 4608, 36864),  # three CTAs along K
+    (T(16, 32, 128, 2, 2, 4), 4608, 29568),               # four, uneven: 58 + 3 x 57 tiles
 ]
 MS = (1, 5, 8, 16, 32)
 
@@ -59,18 +62,38 @@ def _scales(kind, n, k, generator):
     return scale.cuda(), full.double().cuda()
 
 
-def _runs_match_float64(prepared, dequant, ms, generator, bias=None):
+def _dequantized(w8, factor, kind):
+    """The weight the kernel multiplies, in float64: each e4m3 weight times
+    its scale; with block scales folded into the conversion
+    (``ptx.block_multiplier``) the scale and each product rounded to BF16."""
+    if kind != "block128":
+        return w8.double() * factor
+    return (w8.double() * factor.to(torch.bfloat16).double()).to(torch.bfloat16).double()
+
+
+def _runs_match_float64(prepared, dequant, ms, generator, bias=None, exact=None):
     """``prepared`` at each M of fresh x, its output NaN-poisoned first,
-    within 1e-2 of float64 ``x @ dequant^T (+ bias)``, no NaN left."""
+    within 1e-2 of float64 ``x @ dequant^T (+ bias)``, no NaN left. With
+    ``exact`` (block scales: the weight times its exact scale), also within
+    the fold's bound of ``x @ exact^T`` element by element: 2 ** -8 of
+    ``|x| @ |exact|^T`` (the scale and the product rounded to BF16) plus
+    the output's BF16 rounding."""
     n, k = dequant.shape
     for m in ms:
         x = torch.randn(m, k, generator=generator).to(torch.bfloat16).cuda()
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         prepared.run(x, out)
         torch.cuda.synchronize()
-        ref = x.double() @ dequant.t() + (bias.double() if bias is not None else 0)
+        offset = bias.double() if bias is not None else 0
+        ref = x.double() @ dequant.t() + offset
         err = ((out.double() - ref).norm() / ref.norm()).item()
         assert not out.isnan().any() and err < 1e-2, (m, bias is not None, err)
+        if exact is not None:
+            ref = x.double() @ exact.t() + offset
+            bound = (2 ** -8 + k * 2 ** -24) * (x.double().abs() @ exact.abs().t()) \
+                + 2 ** -8 * ref.abs()
+            worst = ((out.double() - ref).abs() / bound).max().item()
+            assert worst <= 1.0, (m, bias is not None, worst)
 
 
 @pytest.mark.parametrize("tactic,n,k", CASES, ids=[f"{t.short()}-{n}x{k}" for t, n, k in CASES])
@@ -80,10 +103,11 @@ def test_fp8_weights_against_float64(tactic, n, k, scales):
     w8 = _special_codes(n, k, g).cuda()
     scale, factor = _scales(scales, n, k, g)
     bias = torch.randn(n, generator=g).to(torch.bfloat16).cuda()
-    dequant = w8.double() * factor
+    exact = w8.double() * factor
+    dequant = _dequantized(w8, factor, scales)
     for with_bias in (None, bias):
         _runs_match_float64(_prepared(w8, tactic, MS, with_bias, scale), dequant, MS, g,
-                            with_bias)
+                            with_bias, exact if scales == "block128" else None)
 
 
 @pytest.mark.parametrize("blocks", [False, True], ids=["channel", "block128"])
@@ -118,7 +142,8 @@ def test_block_scales_on_the_fp8_default(n, k):
     scale, factor = _scales("block128", n, k, g)
     prepared = prepare(w8, ms=range(1, 33), weight_scale=scale)
     assert prepared.fp8_scales == "block128"
-    _runs_match_float64(prepared, w8.double() * factor, (1, 2, 4, 8, 13, 16, 32), g)
+    _runs_match_float64(prepared, _dequantized(w8, factor, "block128"),
+                        (1, 2, 4, 8, 13, 16, 32), g, exact=w8.double() * factor)
 
 
 DEFAULT_SHAPES = [(28672, 4096), (1024, 4096), (6144, 4096), (4096, 14336), (768, 128),
@@ -202,7 +227,7 @@ def test_fp8_gate_up_with_the_swiglu_epilogue(n, k, scales):
     bias = torch.randn(n, generator=g).to(torch.bfloat16).cuda()
     prepared = prepare(w8, ms=range(1, 33), bias=bias, weight_scale=scale, swiglu=True)
     assert prepared.swiglu and prepared.fp8_scales == scales
-    dequant, half = w8.double() * factor, n // 2
+    dequant, half = _dequantized(w8, factor, scales), n // 2
     for m in (1, 3, 8, 16, 17, 32):
         x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
         out = torch.full((m, half), float("nan"), dtype=torch.bfloat16, device="cuda")

@@ -35,6 +35,9 @@ K_SPLIT_CASES = [
     (WarpSplitKTactic(64, 8, 128, 11, 2, 2), 4096, 13696),  # GLM-4's down: 54 + 53 tiles
     (WarpSplitKTactic(32, 8, 256, 4, 1, 2, x_copy="tma", l2_prefetch=2), 256, 67 * 256),
     (WarpSplitKTactic(32, 1, 128, 6, 1, 2, x_copy="bulk"), 256, 65 * 128),
+    # past two CTAs of 64 tiles: clusters of three and four (the default's)
+    (WarpSplitKTactic(16, 8, 256, 8, 2, 3), 4608, 36864),   # Gemma-2-27B's down: 3 x 48 tiles
+    (WarpSplitKTactic(48, 8, 128, 6, 2, 4), 4608, 29568),   # Qwen2.5-72B's: 58 + 3 x 57 tiles
 ]
 
 

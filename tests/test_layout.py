@@ -334,7 +334,7 @@ def test_ring_simulation_catches_a_wrong_parity():
             simulate_ring(8, 2, seed, empty_parity=no_wait)
 
 
-# ------------------------------------------- the cluster protocol (k_split 2)
+# ------------------------------------------- the cluster protocol (k_split > 1)
 #
 # warp_splitk.py's program order for k_split > 1, per thread role, as events.
 # Shipped ("mbarrier"):
@@ -425,9 +425,11 @@ def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
     return problems
 
 
-def test_cluster_protocol_is_safe_and_live():
-    """k_split 2 (K_SPLITS' only split), the shipped mbarrier hand-over."""
-    assert explore_cluster(CLUSTER_ROLES, ctas=2) == set()
+@pytest.mark.parametrize("ctas", [2, 3, 4])
+def test_cluster_protocol_is_safe_and_live(ctas):
+    """Every shipped k_split (3 and 4 only where K needs them), the shipped
+    mbarrier hand-over."""
+    assert explore_cluster(CLUSTER_ROLES, ctas=ctas) == set()
 
 
 def _with(roles, role, program, cta=None):
@@ -455,8 +457,9 @@ def _with(roles, role, program, cta=None):
     (_with(CLUSTER_ROLES, "activation loader", ("arrive", "work", "arrive")),
      "arrives twice without a wait"),
 ])
-def test_cluster_protocol_model_catches_broken_protocols(roles, problem):
-    problems = explore_cluster(roles)
+@pytest.mark.parametrize("ctas", [2, 3])
+def test_cluster_protocol_model_catches_broken_protocols(roles, problem, ctas):
+    problems = explore_cluster(roles, ctas=ctas)
     assert any(problem in p for p in problems), problems
 
 

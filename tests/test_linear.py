@@ -238,7 +238,7 @@ def test_fallback_reasons_layout(cpu_kernel):
 
 def test_ineligible_weight_falls_back(meta_kernel):
     for weight, words in [(meta(100, 256), "multiple of 16"), (meta(64, 200), "multiple of 128"),
-                          (meta(64, 32768 + 256), "32768"), (meta(64, 16384 + 128), "16384"),
+                          (meta(64, 65536 + 256), "65536"), (meta(64, 32768 + 128), "32768"),
                           (meta(64, 256).float(), "float32"),
                           (meta(64, 512)[:, :256], "packed row-major")]:
         mod = DecodeLinear(weight)

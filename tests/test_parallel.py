@@ -83,7 +83,7 @@ def test_table_splits_over_two_ranks():
      ["column-parallel", "N/2=1608", "multiple of 16", "1608"]),
     (lambda: row_shard(768, 128, 0, 2), ["row-parallel", "K/2=64", "multiple of 128"]),
     (lambda: row_shard(7168, 384, 1, 2), ["K/2=192", "multiple of 128"]),
-    (lambda: column_shard(64, 33280, 0, 2), ["K must be", "up to"]),  # full K too long
+    (lambda: column_shard(64, 65792, 0, 2), ["K must be", "up to"]),  # full K too long
     (lambda: row_shard(40, 512, 0, 2), ["N must be a positive multiple of 16", "40"]),
     (lambda: column_shard(64, 256, 2, 2), ["rank must be in 0..1"]),
     (lambda: column_shard(64, 256, 0, 0), ["world size must be a positive integer"]),

@@ -84,7 +84,9 @@ def test_shipped_cases_cover_every_shipped_tactic_and_refill_every_stage(reliabi
     plan = {t for e in builtin_plan("h200").entries.values() for t, _ in e.values()}
     heuristic = {default_tactic(m, s["n"], s["k"], sm_count=132)
                  for s in load()["shapes"] for m in range(1, 33)}
-    assert set(tactics) == plan | heuristic
+    long_k = {t for t, *_ in reliability.long_k_cases()}  # K split over 3 and 4 CTAs
+    assert {t.k_split for t in long_k} == {3, 4}
+    assert set(tactics) == plan | heuristic | long_k
     # the shipped plan's features all reach the sanitizer
     for feature in (lambda t: t.k_split == 2, lambda t: t.early_launch,
                     lambda t: t.x_copy == "bulk", lambda t: t.x_copy == "tma",
@@ -96,6 +98,9 @@ def test_shipped_cases_cover_every_shipped_tactic_and_refill_every_stage(reliabi
         rows = (2 * t.output_tile if not t.half_tiles
                 else t.output_tile + t.half_tiles * (t.output_tile // 2))
         assert n == rows
+        if t in long_k:  # the whole of a K that needs the split
+            assert k in reliability.LONG_KS
+            continue
         tiles = k // (t.k_split * t.k_tile)
         assert tiles == (1 if t.stages == 1 else t.stages + max(t.l2_prefetch, 0) + 1)
         assert 1 in ms and 32 in ms and t.token_tile in ms
@@ -135,8 +140,9 @@ def test_fp8_cases_are_legal_for_fp8_weights(reliability, kind):
     assert any(t.k_split == 2 for t, *_ in cases) and any(t.token_tile < 8 for t, *_ in cases)
     assert any(t.half_tiles for t, *_ in cases) == (kind != "block128")
     shipped = reliability.family_cases("shipped", fp8=kind)
-    assert {t for t, *_ in shipped} == {t for t in reliability.shipped_tactics(fp8=True)
-                                        if kind != "block128" or not t.half_tiles}
+    long_k = {t for t, *_ in reliability.long_k_cases(fp8=True)}
+    assert {t for t, *_ in shipped} == {t for t in set(reliability.shipped_tactics(fp8=True))
+                                        | long_k if kind != "block128" or not t.half_tiles}
 
 
 @pytest.mark.parametrize("kind", ["channel", "block128"])

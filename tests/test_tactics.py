@@ -198,10 +198,10 @@ def test_default_tactic_single_k_tile_uses_one_stage():
     (0, 256, 1024, r"M must be in 1\.\.32, got 0$"),
     (33, 256, 1024, r"M must be in 1\.\.32, got 33$"),
     (1, 40, 1024, r"N must be a positive multiple of 16, got 40$"),
-    (1, 256, 1000, r"K must be a positive multiple of 128 up to 16384, or of 256 up to 32768; "
+    (1, 256, 1000, r"K must be a positive multiple of 128 up to 32768, or of 256 up to 65536; "
                    r"got 1000$"),
-    (1, 256, 129 * 128, r"K must be .*; got 16512$"),
-    (1, 256, 33280, r"K must be .*; got 33280$"),
+    (1, 256, 257 * 128, r"K must be .*; got 32896$"),
+    (1, 256, 65792, r"K must be .*; got 65792$"),
     (1, 0, 1024, r"N must be a positive multiple of 16, got 0$"),
     (1, 2 ** 30, 1024, r"N must be below 1073741824 \(32-bit output offsets\), got N=1073741824$")])
 def test_default_tactic_rejects_bad_shapes(m, n, k, message):
@@ -220,8 +220,10 @@ def test_shape_refusal_names_the_rule():
     assert shape_refusal(4096, 8320) is None  # 65 tiles of 128: 33 + 32
     assert shape_refusal(4096, 13696) is None  # GLM-4's down: 107 tiles of 128, 54 + 53
     assert shape_refusal(4096, 16640) is None  # 65 tiles of 256
-    assert "got 16512" in shape_refusal(4096, 16512)  # 129 tiles of 128: 65 + 64
-    assert "of 256 up to 32768; got 33280" in shape_refusal(4096, 33280)  # 2 x 65 tiles of 256
+    assert shape_refusal(4096, 16512) is None  # 129 tiles of 128: 43 x 3
+    assert shape_refusal(4096, 33280) is None  # 130 tiles of 256: 44 + 43 + 43
+    assert "got 32896" in shape_refusal(4096, 32896)  # 257 tiles of 128: 65 + 64 x 3
+    assert "of 256 up to 65536; got 65792" in shape_refusal(4096, 65792)  # 4 x 65 tiles
     assert "below 1073741824" in shape_refusal(2 ** 30, 128)
 
 
@@ -231,8 +233,8 @@ def test_shape_refusal_names_the_rule():
     (16.0, 128.0, "N must be a positive multiple of 16, got 16.0"),
     ("16", 128, "N must be a positive multiple of 16, got '16'"),
     (True, 128, "N must be a positive multiple of 16, got True"),
-    (16, 0, "K must be a positive multiple of 128 up to 16384, or of 256 up to 32768; got 0"),
-    (16, 128.0, "K must be a positive multiple of 128 up to 16384, or of 256 up to 32768; "
+    (16, 0, "K must be a positive multiple of 128 up to 32768, or of 256 up to 65536; got 0"),
+    (16, 128.0, "K must be a positive multiple of 128 up to 32768, or of 256 up to 65536; "
                 "got 128.0")])
 def test_shape_refusal_of_what_is_no_size(n, k, reason):
     assert shape_refusal(n, k) == reason
@@ -241,7 +243,7 @@ def test_shape_refusal_of_what_is_no_size(n, k, reason):
 def test_default_tactic_takes_exactly_the_shapes_shape_refusal_takes():
     for n in (16, 32, 48, 1000, 4096, 2 ** 30 - 16, 2 ** 30):
         for k in (128, 384, 8192, 8320, 8448, 13696, 16384, 16512, 16640, 16896, 28672,
-                  32768, 33280):
+                  32768, 33280, 32896, 36864, 65536, 65792):
             if shape_refusal(n, k) is None:
                 assert check_tactic(default_tactic(1, n, k, sm_count=132), n, k) is None
             else:
@@ -250,9 +252,9 @@ def test_default_tactic_takes_exactly_the_shapes_shape_refusal_takes():
 
 
 def test_default_tactic_unsupported_k_is_a_value_error():
-    # 129 tiles of 128: a multiple of 128 past 16384 that is not one of 256
-    with pytest.raises(ValueError, match=r"K must be .*; got 16512$"):
-        default_tactic(1, 256, 129 * 128, sm_count=132)
+    # 257 tiles of 128: a multiple of 128 past 32768 that is not one of 256
+    with pytest.raises(ValueError, match=r"K must be .*; got 32896$"):
+        default_tactic(1, 256, 257 * 128, sm_count=132)
 
 
 def test_uneven_splits_only_past_64_tiles_and_without_mixed_grids():
@@ -290,7 +292,7 @@ def test_legal_tactics(m, n, k):
         assert t.token_tile <= need
     assert any(t.token_tile == need for t in tactics)
     # nothing legal is left out
-    splits = K_SPLITS if k > 16384 else (1,)  # a long K takes the split it needs
+    splits = {1, needed_k_split(k)}  # a long K takes the split it needs
     expected = {t for t in all_tactics(splits) if is_legal(t, n, k) and t.token_tile <= need}
     assert set(tactics) == expected
 
@@ -354,9 +356,11 @@ def test_tactics_sort_by_fields_then_options():
 def test_k_split_rules():
     t = T(16, 8, 256, 4, 1, 2)
     check_tactic(t, 1536, 7168)                  # 28 tiles: 14 per CTA
-    for c in (3, 4):  # a split in four is retired: K_SPLITS is (1, 2)
-        with pytest.raises(ValueError, match=r"k_split must be one of \(1, 2\)"):
+    for c in (3, 4):  # wider clusters only where K needs them
+        with pytest.raises(ValueError, match=f"k_split {c} (must divide|only where K needs)"):
             check_tactic(T(16, 8, 256, 4, 1, c), 1536, 7168)
+    with pytest.raises(ValueError, match=r"k_split must be one of \(1, 2, 3, 4\)"):
+        check_tactic(T(16, 8, 256, 4, 1, 5), 1536, 7168)
     with pytest.raises(ValueError, match="k_split 2 must divide the 3 K tiles"):
         check_tactic(T(16, 8, 128, 1, 1, 2), 1536, 384)
     with pytest.raises(ValueError, match="exceeds the 2 K tiles per CTA"):
@@ -702,7 +706,7 @@ def test_sizes_of_any_integral_type_are_their_int():
 
 
 @pytest.mark.parametrize("n,k", [(4095, 4096), (4096, 4000), (2 ** 30, 128), (16.0, 128),
-                                 (16, 16512), (16, 33280)])
+                                 (16, 32896), (16, 65792)])
 def test_legal_tactics_refuses_what_default_tactic_refuses(n, k):
     with pytest.raises(ValueError) as refused:
         default_tactic(1, n, k, sm_count=132)
@@ -786,29 +790,38 @@ def test_the_fp8_default_keeps_several_ctas_on_each_sm(m, n, k, expected):
     assert ctas_per_sm(tactic, fp8=True) >= FP8_MIN_RESIDENT
 
 
-@pytest.mark.parametrize("m, n, k, channel, block", [
-    (16, 4096, 14336, "32,16,256,5,2,2", "32,16,256,5,2,2"),  # 8 < M <= 16: two per SM
-    (16, 16384, 3072, "32,16,256,2,2+early", "32,16,256,5,2+early"),  # not 4, <= 5 deep
-    (32, 4096, 14336, "32,32,256,2,2,2", "16,32,256,2,2,2"),  # M > 16: 16-row tiles
-    (32, 6144, 4096, "16,32,256,2,2", "16,32,128,4,2"),       # ...narrowed: a short ring
-    (32, 2112, 7168, "16,32,256,5,2", "16,32,256,9,2"),       # already 16 rows: as it is
-    (32, 3216, 7168, "48,32,128,4,2,2", "16,32,128,4,2"),     # channel: K split, 2 per SM
-    (8, 4096, 14336, "32,8,256,8,2,2", "32,8,256,8,2,2"),     # M <= 8: as channel scales
+@pytest.mark.parametrize("m, n, k, expected", [
+    (16, 4096, 14336, "32,16,256,5,2,2"),
+    (16, 16384, 3072, "32,16,256,2,2+early"),
+    (32, 6144, 4096, "16,32,256,2,2"),      # no early trigger past 16 tokens
+    (32, 3216, 7168, "48,32,128,4,2,2"),    # 48-row tiles: K split, two per SM
 ])
-def test_the_fp8_default_for_block_scales_narrows_tiles_and_rings(m, n, k, channel, block):
-    """The measured block-scale rules (``choose.FP8_BLOCK_STAGES``,
-    ``FP8_BLOCK_MID_STAGES``) on the sweeps' cells; tensor scales choose as
-    channel ones."""
-    from warpsplitk.planning.choose import default_tactic
-    assert default_tactic(m, n, k, 132, fp8=True).short() == channel
-    assert default_tactic(m, n, k, 132, fp8=True, fp8_scales="tensor").short() == channel
-    assert default_tactic(m, n, k, 132, fp8=True, fp8_scales="block128").short() == block
+def test_every_scale_kind_takes_the_same_fp8_default(m, n, k, expected):
+    """Block scales cost the kernel no more than channel or tensor ones (each
+    is folded into its block's conversion): one default for all three."""
+    for kind in ("channel", "tensor", "block128"):
+        assert default_tactic(m, n, k, 132, fp8=True, fp8_scales=kind).short() == expected
     with pytest.raises(ValueError, match="fp8_scales must be one of .* got 'row'"):
         default_tactic(m, n, k, 132, fp8=True, fp8_scales="row")
 
 
 def test_needed_k_split_names_the_k_rule_past_what_any_split_takes():
-    assert [needed_k_split(k) for k in (128, 16384, 16640, 32768)] == [1, 1, 2, 2]
-    with pytest.raises(ValueError, match="K must be a positive multiple of 128 up to 16384, or "
-                                         "of 256 up to 32768; got 36864"):
-        needed_k_split(36864)
+    assert [needed_k_split(k) for k in (128, 16384, 16640, 32768, 36864)] == [1, 1, 2, 2, 3]
+    with pytest.raises(ValueError, match="K must be a positive multiple of 128 up to 32768, or "
+                                         "of 256 up to 65536; got 65792"):
+        needed_k_split(65792)
+
+
+def test_wider_k_splits_only_where_k_needs_them():
+    """Clusters of three or four CTAs along K take K past two CTAs of 64
+    tiles (Gemma-2-27B's and Qwen2.5-72B's ``down`` at TP 1), and only there:
+    a K two CTAs take refuses them."""
+    check_tactic(T(16, 8, 256, 8, 2, 3), 4608, 144 * 256)
+    check_tactic(T(48, 8, 128, 6, 2, 4), 4608, 231 * 128)     # uneven: 58 + 3 x 57
+    assert needed_k_split(144 * 256) == 3 and needed_k_split(231 * 128) == 4
+    with pytest.raises(ValueError, match="k_split 4 only where K needs it .* takes 3"):
+        check_tactic(T(16, 8, 256, 6, 2, 4), 4608, 144 * 256)
+    with pytest.raises(ValueError, match="k_split 3 only where K needs it .* takes 2"):
+        check_tactic(T(16, 8, 256, 6, 2, 3), 4608, 66 * 256)
+    assert shape_refusal(4608, 256 * 256) is None and shape_refusal(4608, 257 * 256) is not None
+    assert shape_refusal(4608, 256 * 128) is None and shape_refusal(4608, 257 * 128) is not None

@@ -285,8 +285,8 @@ def test_plan_from_log_lets_an_unmeasured_inner_m_inherit(tmp_path):
 
 def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     """A log holds what any run measured; the plan counts narrow token tiles
-    (and rings past 16 stages) unless told not to, and never the retired
-    split of K in four, however fast it was."""
+    (and rings past 16 stages) unless told not to, and never a split of K in
+    four where K does not need it (illegal there), however fast it was."""
     from warpsplitk.planning.selection import in_default_space, plan_from_log
     wide, narrow, deep, four = ("32,8,256,4,1", "32,1,256,13,1", "16,8,256,18,1",
                                 "32,8,256,4,1,4")
@@ -296,8 +296,7 @@ def test_plan_from_log_counts_the_default_space_unless_asked(tmp_path):
     assert not in_default_space(WarpSplitKTactic.parse(narrow), narrow=False)
     assert in_default_space(WarpSplitKTactic.parse(deep))
     assert not in_default_space(WarpSplitKTactic.parse(deep), narrow=False)
-    assert not in_default_space(WarpSplitKTactic.parse(four))
-    assert not in_default_space(WarpSplitKTactic.parse(four), narrow=False)
+    assert in_default_space(WarpSplitKTactic.parse(four))  # where K needs it
     records = [(2112, 7168, r, wide, 9.0) for r in REPRESENTATIVE_MS]
     records += [(2112, 7168, 1, narrow, 7.0), (2112, 7168, 4, deep, 7.0),
                 (2112, 7168, 8, four, 7.0)]

@@ -43,8 +43,13 @@ BUILTIN_PLAN_GPUS = {"h200": GPUS["h200"][:2]}
 MAX_K_TILES = 64
 #: CTAs of a cluster that may share one output tile's K at most: a split of
 #: 2 halves each CTA's K tiles, so K up to 2 x 64 tiles of 256 (32768: a
-#: 70B model's ``down`` at TP 1) stays within ``MAX_K_TILES`` per CTA.
-MAX_K_SPLIT = 2
+#: 70B model's ``down`` at TP 1) stays within ``MAX_K_TILES`` per CTA; 3 and
+#: 4 only where K needs them (``OPTIONAL_K_SPLIT``): Qwen2.5-72B's ``down``
+#: (K = 29568, 231 tiles of 128) and Gemma-2-27B's (K = 36864) at TP 1.
+MAX_K_SPLIT = 4
+#: The largest split a K that a smaller one takes may have: wider clusters
+#: measured 1.2-4x slower than a split in two (docs/design-notes.md).
+OPTIONAL_K_SPLIT = 2
 #: The K tile widths (elements) of the kernel's pipeline stages.
 K_TILE_WIDTHS = (128, 256)
 #: Weight rows at most, exclusive: the epilogue's byte offsets of output
@@ -62,6 +67,10 @@ FP8_DTYPE_NAME = "float8_e4m3fn"
 FP8_SCALE_KINDS = ("tensor", "channel", "block128")
 #: The block scales' block edge (the address math's: ``kernel.layout``).
 FP8_SCALE_BLOCK = layout.FP8_SCALE_BLOCK
+#: Block scales must be below this in magnitude: the kernel folds each into
+#: its block's weights as BF16 ``scale * 2 ** 120``, finite below 2 ** 8
+#: (e4m3 weights up to 448 then reach 57344, past any model's).
+FP8_BLOCK_SCALE_BOUND = 2.0 ** 7
 
 #: The device type the kernel runs on. Read at call time, so CPU tests can
 #: set it to "cpu" and exercise the kernel paths on CPU tensors.
@@ -108,8 +117,8 @@ def shape_refusal(n, k) -> str | None:
     """Why no tactic takes an ``[n, k]`` weight, or None when some does: N a
     positive multiple of 16 below ``MAX_N``; K whole tiles of 128 or 256,
     at most ``MAX_K_TILES`` of them per CTA with K split over up to
-    ``MAX_K_SPLIT`` CTAs (``min_k_split``): a multiple of 128 up to 16384, or
-    of 256 up to 32768. The one statement of these
+    ``MAX_K_SPLIT`` CTAs (``min_k_split``): a multiple of 128 up to 32768, or
+    of 256 up to 65536. The one statement of these
     rules: ``default_tactic`` raises it, the model tables and the CLI leave
     such a weight to cuBLAS with it. N and K may be any integral type."""
     n, k = as_integer(n, n), as_integer(k, k)
@@ -280,8 +289,9 @@ def fp8_refusal(weight, scale, bias=None, scale_kind=None) -> str | None:
 def fp8_value_refusal(weight, scale) -> str | None:
     """Why the values of an FP8 weight and its scales cannot run, or None:
     e4m3 has NaN codes (``0x7F``, ``0xFF``), which the kernel's exact
-    conversion would read as ±480, and a scale must be finite. Reads the
-    tensors (a device synchronisation: preparation only)."""
+    conversion would read as ±480, a scale must be finite, and a block scale
+    below ``FP8_BLOCK_SCALE_BOUND`` in magnitude. Reads the tensors (a device
+    synchronisation: preparation only)."""
     import torch
 
     bits = weight.view(torch.uint8)
@@ -290,12 +300,18 @@ def fp8_value_refusal(weight, scale) -> str | None:
         return f"weight holds {nan_codes} NaN code(s) (0x7F or 0xFF); e4m3 weights must be finite"
     if not bool(torch.isfinite(scale).all()):
         return "weight_scale must be finite, got a NaN or infinity"
+    if fp8_scale_kind(scale, *weight.shape) == "block128":
+        largest = float(scale.abs().max())
+        if largest >= FP8_BLOCK_SCALE_BOUND:
+            return (f"block scales must be below {FP8_BLOCK_SCALE_BOUND:g} in magnitude (the "
+                    f"kernel folds them into BF16 weights), got {largest:g}")
     return None
 
 
 __all__ = ["MAX_M", "ALIGN_BYTES", "SUPPORTED_ARCHS", "GPUS", "ARCH_GPUS", "BUILTIN_PLAN_GPUS",
-           "MAX_K_TILES", "MAX_N", "DTYPE_NAME", "FP8_DTYPE_NAME", "FP8_SCALE_KINDS",
-           "FP8_SCALE_BLOCK", "as_integer", "shape_refusal",
+           "MAX_K_TILES", "MAX_K_SPLIT", "OPTIONAL_K_SPLIT", "MAX_N", "DTYPE_NAME",
+           "FP8_DTYPE_NAME", "FP8_SCALE_KINDS", "FP8_SCALE_BLOCK", "FP8_BLOCK_SCALE_BOUND",
+           "as_integer", "shape_refusal",
            "n_bound_refusal", "DEVICE_TYPE", "describe", "operand_refusal", "matrix_refusal",
            "weight_refusal", "weight_tensors_refusal", "is_fp8", "fp8_scale_shape",
            "fp8_scale_factors",

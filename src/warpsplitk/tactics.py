@@ -11,8 +11,8 @@ import itertools
 import operator
 from dataclasses import dataclass
 
-from .contract import (K_TILE_WIDTHS, MAX_K_SPLIT, MAX_K_TILES, MAX_M, MAX_N, as_integer,
-                       min_k_split, n_bound_refusal, shape_refusal)
+from .contract import (K_TILE_WIDTHS, MAX_K_SPLIT, MAX_K_TILES, MAX_M, MAX_N, OPTIONAL_K_SPLIT,
+                       as_integer, min_k_split, n_bound_refusal, shape_refusal)
 from .kernel import layout
 
 OUTPUT_TILES = (16, 32, 48, 64)
@@ -38,9 +38,12 @@ MAX_STAGES = 32
 DEFAULT_MAX_STAGES = 16
 B_LOADER_WARPS = (1, 2)
 #: CTAs of a cluster that share one output tile's K (each streams 1/k_split
-#: of K; the second's partial sums meet the first's in its shared memory):
+#: of K; the others' partial sums meet the first's in its shared memory):
 #: for weights whose N leaves SMs idle, and for K past ``MAX_K_TILES`` tiles.
 K_SPLITS = tuple(range(1, MAX_K_SPLIT + 1))
+#: The splits a tuner or the default may choose; wider ones only where K
+#: needs them (``check_tactic``, ``needed_k_split``).
+OPTIONAL_K_SPLITS = tuple(range(1, OPTIONAL_K_SPLIT + 1))
 #: Where the kernel lets the next PDL kernel launch: False after its last
 #: activation tile is issued, True before its griddepcontrol.wait (see
 #: WarpSplitKTactic.early_launch).
@@ -107,7 +110,8 @@ class WarpSplitKTactic:
     k_split: CTAs of a cluster splitting K, 1 or 2 (doubles the grid for
         shapes whose N leaves SMs idle; the default takes it where the
         nearest measured cells gained from it,
-        ``warpsplitk.planning.measured_options``).
+        ``warpsplitk.planning.measured_options``); 3 or 4 only where K needs
+        them (past 2 x ``MAX_K_TILES`` tiles).
     early_launch: where the kernel triggers the next PDL kernel's launch.
         False: once its last activation tile is issued (late in the CTA's
         life when the ring is shallower than K). True: before its
@@ -404,6 +408,10 @@ def _k_fills_tiles(t, n, k, swiglu):
         raise ValueError(f"warp split-K: k_split {t.k_split} must divide the {k_tiles} "
                          f"K tiles of K={k} (k_tile {t.k_tile}); an uneven split only past "
                          f"{MAX_K_TILES} tiles")
+    if t.k_split > OPTIONAL_K_SPLIT and min_k_split(k, t.k_tile) != t.k_split:
+        raise ValueError(f"warp split-K: k_split {t.k_split} only where K needs it (more than "
+                         f"{OPTIONAL_K_SPLIT} x {MAX_K_TILES} tiles); K={k} in tiles of "
+                         f"{t.k_tile} takes {min_k_split(k, t.k_tile) or 'no split'}")
     if -(-k_tiles // t.k_split) > MAX_K_TILES:
         per_cta = "" if t.k_split == 1 else f" per CTA, k_split {t.k_split}"
         raise ValueError(f"warp split-K: K={k} is {-(-k_tiles // t.k_split)} tiles of {t.k_tile}"
@@ -545,8 +553,9 @@ def legal_tactics(m: int, n: int, k: int, k_splits=(1,), early_launches=(False,)
 
 def needed_k_split(k: int) -> int:
     """The fewest CTAs along K any tactic for K needs: 1 up to ``MAX_K_TILES``
-    tiles of 256, 2 past them; ``ValueError`` (``shape_refusal``'s reason)
-    for a K no tactic takes."""
+    tiles of 256, then as many as keep each CTA's share within them (up to
+    ``MAX_K_SPLIT``); ``ValueError`` (``shape_refusal``'s reason) for a K no
+    tactic takes."""
     splits = [s for s in (min_k_split(k, width) for width in K_TILES) if s]
     if not splits:
         raise ValueError(f"warp split-K: {shape_refusal(layout.MMA_M, k)}")

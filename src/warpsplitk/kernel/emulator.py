@@ -188,13 +188,27 @@ def fp8_to_bf16(codes) -> np.ndarray:
     return bits.astype(np.uint32).view(np.float32) * np.float32(2.0 ** layout.FP8_BF16_SHIFT)
 
 
-def fp8x4_to_bf16x2(codes) -> tuple[np.ndarray, np.ndarray]:
+def fp8x4_to_bf16x2(codes, multiplier=None) -> tuple[np.ndarray, np.ndarray]:
     """The two BF16x2 registers the kernel makes of one 32-bit register of
     four e4m3 bytes (``ptx.fp8x4_to_bf16x2``, ``codes[..., 4]``): the even
     bytes ``(0, 2)`` and the odd ``(1, 3)``, each pair's first in the low
-    half. They become the mma's a0/a1 and a2/a3 registers as they are."""
+    half. They become the mma's a0/a1 and a2/a3 registers as they are.
+    ``multiplier``: a block scale as ``block_multiplier`` makes it, each
+    weight times it rounded to BF16 (the product of a 4-bit and an 8-bit
+    significand is exact in FP32, so one rounding, as the BF16x2 multiply)."""
     values = fp8_to_bf16(codes)
+    if multiplier is not None:
+        values = round_bf16((values.astype(np.float64) * multiplier).astype(np.float32))
     return values[..., [0, 2]], values[..., [1, 3]]
+
+
+def block_multiplier(scale) -> np.float64:
+    """The block scale the kernel folds into a conversion
+    (``ptx.block_multiplier``): ``scale * 2 ** 120`` rounded to BF16, so the
+    scale to BF16's 8 significant bits (``contract.FP8_BLOCK_SCALE_BOUND``
+    keeps it finite)."""
+    shifted = np.float32(np.float64(np.float32(scale)) * 2.0 ** layout.FP8_BF16_SHIFT)
+    return np.float64(round_bf16(shifted.reshape(1))[0]) * 2.0 ** -layout.FP8_BF16_SHIFT
 
 
 def e4m3_value(codes) -> np.ndarray:
@@ -214,9 +228,10 @@ def ld_shared_v2(view: np.ndarray, lane_offsets) -> np.ndarray:
     return np.stack([view[o:o + 4] for o in lane_offsets])
 
 
-def _fp8_mma_tile(acc, a_view, b_view, t):
+def _fp8_mma_tile(acc, a_view, b_view, t, multipliers=None):
     """``_mma_tile`` for FP8 weights: one ``ldmatrix.x4`` of weight bytes per
-    16 rows and K pair, converted (``fp8_to_bf16``) into the permuted k slots
+    16 rows and K pair, converted (``fp8x4_to_bf16x2``; ``multipliers[warp,
+    m_iter]``: the block scale folded in) into the permuted k slots
     (``layout.fp8_k_of_slot``); the activations of each step by 8-byte loads,
     their B registers permuted alike."""
     lanes = range(layout.WARP)
@@ -240,7 +255,8 @@ def _fp8_mma_tile(acc, a_view, b_view, t):
                 # lane 4g + t of matrix j: row g's bytes 4t .. 4t + 3
                 codes = np.stack([[a_view[offs[8 * j + lane // 4] + 4 * (lane % 4):][:4]
                                    for j in range(4)] for lane in lanes])
-                even, odd = fp8x4_to_bf16x2(codes)  # [lane, matrix, 2] each
+                even, odd = fp8x4_to_bf16x2(  # [lane, matrix, 2] each
+                    codes, None if multipliers is None else multipliers[warp][mi])
                 for step in range(2):
                     top, bottom = 2 * step, 2 * step + 1  # rows 0-7, rows 8-15
                     a_regs = np.stack([even[:, top], even[:, bottom],
@@ -256,8 +272,8 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False,
     compute warps' FP32 accumulators ``[warp, m_iter, n_iter, lane, reg]``.
     ``fp8``: ``weight`` holds e4m3 bytes (uint8). ``blocks``: ``(block
     scales [N / 128, K / 128], k of this share's first column)``: each
-    warp's partial sums of a tile start from zero and accumulate times
-    their block's scale, in FP32 with one rounding (the kernel's FMA)."""
+    warp's conversion of 16 rows of a tile folds in their block's scale
+    (``_tile_multipliers``)."""
     t = tactic
     m, k = x.shape
     k_tiles = k // t.k_tile
@@ -302,9 +318,8 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False,
         if check_coverage:
             _check_stage_coverage(i, a_writes, b_writes, token_rows, t, bulk)
         if blocks is not None:
-            part = np.zeros_like(acc)
-            _fp8_mma_tile(part, a_view, b_view, t)
-            _accumulate_blocks(acc, part, blocks, t, tile_n, i, n, swiglu)
+            _fp8_mma_tile(acc, a_view, b_view, t,
+                          _tile_multipliers(blocks, t, tile_n, i, n, swiglu, acc.shape[1]))
         elif fp8:
             _fp8_mma_tile(acc, a_view, b_view, t)
         else:
@@ -339,8 +354,8 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
     up`` of the tile's gate rows and the up rows half a tile further. With
     ``scale`` (float32 ``[N]``), ``weight`` is e4m3 bytes and each output
     column's sum is multiplied by its scale before the bias; with a 2-D
-    ``scale`` (block scales, ``layout.fp8_scale_blocks``) each K block's
-    partial sums are, before they accumulate."""
+    ``scale`` (block scales, ``layout.fp8_scale_blocks``) each weight is,
+    in its conversion."""
     blocks = scale if scale is not None and scale.ndim == 2 else None
     buf = _reduction_buffer(x, weight, tactic, tile_n, tile_t, swiglu, check_coverage,
                             scale is not None, blocks)
@@ -348,21 +363,22 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
                      None if blocks is not None else scale)
 
 
-def _accumulate_blocks(acc, part, blocks, t, tile_n, tile, n, swiglu):
-    """``acc += part * scale`` per warp and 16 rows, ``scale`` the block
-    scale of the warp's quarter of K tile ``tile`` (``blocks``: the scales
-    and this share's first k) and of the weight rows the 16 hold (``n``
-    rows; ``swiglu``: gate or up rows), rounded once to FP32 as the
-    kernel's FMA."""
+def _tile_multipliers(blocks, t, tile_n, tile, n, swiglu, m_iters):
+    """``[warp][m_iter]``: the ``block_multiplier`` of each warp's quarter of
+    K tile ``tile`` and of the weight rows its 16 hold (``blocks``: the
+    scales and this share's first k; ``n`` rows; ``swiglu``: gate or up
+    rows)."""
     scales, k_first = blocks
     k_total = scales.shape[1] * layout.FP8_SCALE_BLOCK
+    flat = scales.reshape(-1)
+    out = []
     for warp in range(layout.COMPUTE_WARPS):
         k0 = k_first + tile * t.k_tile + layout.warp_k_start(warp, t.k_tile)
-        for mi in range(acc.shape[1]):
-            row = layout.weight_row(tile_n, mi * layout.MMA_M, t.output_tile, n, swiglu)
-            scale = np.float64(scales.reshape(-1)[layout.fp8_block_scale_index(row, k0, k_total)])
-            acc[warp, mi] = (part[warp, mi].astype(np.float64) * scale
-                             + acc[warp, mi]).astype(np.float32)
+        rows = [layout.weight_row(tile_n, mi * layout.MMA_M, t.output_tile, n, swiglu)
+                for mi in range(m_iters)]
+        out.append([block_multiplier(flat[layout.fp8_block_scale_index(row, k0, k_total)])
+                    for row in rows])
+    return out
 
 
 def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage, fp8=False,
@@ -541,7 +557,7 @@ def emulate_fp8(x, weight, scale, tactic: WarpSplitKTactic, bias=None, *, swiglu
     ``x`` and ``bias`` rounded to BF16 as for ``emulate``.
     The weights go through the kernel's conversion (``fp8_to_bf16``), its
     k permutation and its loads; the scale multiplies each column's FP32
-    sum (a block scale: each warp's partial sums of each K tile), then the
+    sum (a block scale: each weight in its conversion, rounded to BF16), then the
     bias is added; with ``swiglu`` (``weight`` is ``[gate; up]``) the gate
     and up sums, each so, make ``silu(gate) * up`` as ``emulate``'s."""
     x = round_bf16(_float32("x", x))

@@ -255,29 +255,44 @@ def mma_m16n8k16_bf16(a, b, c, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def fp8x4_to_bf16x2(word, *, loc=None, ip=None):
-    """Four e4m3 bytes -> two BF16x2, exactly: ``(even, odd)``, bytes (0, 2)
-    and (1, 3), each pair's first in the low half. Per half: the sign to bit
-    15, the 7 exponent and mantissa bits shifted right by 4 from the byte's
-    place (``layout.fp8_to_bf16_bits``: the weight times 2 ** -120, subnormals
-    too), then one BF16x2 multiply by 2 ** 120 (0x7B80)."""
+def fp8x4_to_bf16x2(word, multiplier=None, *, loc=None, ip=None):
+    """Four e4m3 bytes -> two BF16x2: ``(even, odd)``, bytes (0, 2) and
+    (1, 3), each pair's first in the low half. Per half: the sign to bit 15,
+    the 7 exponent and mantissa bits shifted right by 4 from the byte's place
+    (``layout.fp8_to_bf16_bits``: the weight times 2 ** -120, subnormals
+    too), then one BF16x2 multiply: by 2 ** 120 (0x7B80: exact), or by
+    ``multiplier`` (``block_multiplier``: a block scale folded in, rounded
+    to nearest even)."""
     i32 = Int32.mlir_type
-    res = _asm(_struct(i32, 2), [Int32(word)],
-               "{\n.reg .b32 s, m, w, two120;\n"
-               "mov.b32 two120, 0x7B807B80;\n"
+    operands = [Int32(word)] + ([] if multiplier is None else [Int32(multiplier)])
+    factor = "mov.b32 f, 0x7B807B80;\n" if multiplier is None else "mov.b32 f, $3;\n"
+    res = _asm(_struct(i32, 2), operands,
+               "{\n.reg .b32 s, m, w, f;\n"
+               + factor +
                "shl.b32 w, $2, 8;\n"
                "and.b32 s, w, 0x80008000;\n"
                "and.b32 m, w, 0x7f007f00;\n"
                "shr.b32 m, m, 4;\n"
                "or.b32 $0, s, m;\n"
-               "mul.rn.bf16x2 $0, $0, two120;\n"
+               "mul.rn.bf16x2 $0, $0, f;\n"
                "and.b32 s, $2, 0x80008000;\n"
                "and.b32 m, $2, 0x7f007f00;\n"
                "shr.b32 m, m, 4;\n"
                "or.b32 $1, s, m;\n"
-               "mul.rn.bf16x2 $1, $1, two120;\n}",
-               "=r,=r,r", loc, ip, side_effects=False)
+               "mul.rn.bf16x2 $1, $1, f;\n}",
+               "=r,=r,r" + ("" if multiplier is None else ",r"), loc, ip, side_effects=False)
     return _unpack(res, i32, 2, Int32, loc, ip)
+
+
+@dsl_user_op
+def block_multiplier(scale, *, loc=None, ip=None):
+    """A 128 x 128 block scale as ``fp8x4_to_bf16x2``'s multiplier: ``scale
+    * 2 ** 120`` (exact in FP32 below ``contract.FP8_BLOCK_SCALE_BOUND``)
+    rounded to nearest-even BF16, in both halves."""
+    return Int32(_asm(Int32.mlir_type, [Float32(scale)],
+                      "{\n.reg .f32 t;\nmul.f32 t, $1, 0f7B800000;\n"
+                      "cvt.rn.bf16x2.f32 $0, t, t;\n}",
+                      "=r,f", loc, ip, side_effects=False))
 
 
 @dsl_user_op

@@ -207,12 +207,7 @@ class WarpSplitKKernel:
         smem = storage.toint()
         if cutlass.const_expr(self.rank_views is not None):
             # an uneven split (no mixed grid): each rank its own K share
-            if rank == 0:
-                self.rank_views[0].roles(smem, weight, x, bias, out, m, tma, tidx, tile_n,
-                                         tile_t, rank)
-            else:
-                self.rank_views[1].roles(smem, weight, x, bias, out, m, tma, tidx, tile_n,
-                                         tile_t, rank)
+            self.rank_roles(0, smem, weight, x, bias, out, m, tma, tidx, tile_n, tile_t, rank)
         elif cutlass.const_expr(self.half_view is None):
             self.roles(smem, weight, x, bias, out, m, tma, tidx, tile_n, tile_t, rank)
         else:
@@ -224,6 +219,22 @@ class WarpSplitKKernel:
                 self.half_view.roles(smem, weight, x, bias, out, m, tma, tidx,
                                      layout.half_tile_index(tile_n, self.full_tiles), tile_t,
                                      rank)
+
+    @cute.jit
+    def rank_roles(self, first, smem, weight, x, bias, out, m, tma, tidx, tile_n, tile_t, rank):
+        """An uneven split: the roles of the view of ``rank`` among
+        ``rank_views[first:]``, one branch per rank (the last view takes the
+        rest: with two ranks, ``rank == 0`` or not)."""
+        if cutlass.const_expr(first == len(self.rank_views) - 1):
+            self.rank_views[first].roles(smem, weight, x, bias, out, m, tma, tidx, tile_n,
+                                         tile_t, rank)
+        else:
+            if rank == first:
+                self.rank_views[first].roles(smem, weight, x, bias, out, m, tma, tidx, tile_n,
+                                             tile_t, rank)
+            else:
+                self.rank_roles(first + 1, smem, weight, x, bias, out, m, tma, tidx, tile_n,
+                                tile_t, rank)
 
     @cute.jit
     def roles(self, smem, weight, x, bias, out, m, tma, tidx, tile_n, tile_t, rank):
@@ -594,8 +605,9 @@ class WarpSplitKKernel:
         each lane's four), and per 8 tokens and k-step one 8-byte load of
         activations (``layout.fp8_b_offset``) permuted to the same k slots
         (``layout.fp8_k_of_slot``: ``(e0, e2)`` and ``(e1, e3)``). With block
-        scales each tile's partial sums start from zero and accumulate times
-        their block's scale (``_block_scales``)."""
+        scales each 16 rows' scale of the tile is folded into their
+        conversion (``ptx.block_multiplier``: the weights times the scale,
+        rounded to BF16; ``_block_scales``)."""
         t = self.tactic
         m_iters = t.output_tile // layout.MMA_M
         n_iters = layout.mma_token_blocks(t.token_tile)
@@ -610,34 +622,32 @@ class WarpSplitKKernel:
         acc = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)]
         blocks = self.scales == "block128"
         scale_of = self._block_scales(warp, tile_n, rank) if blocks else None
-
-        ahead = {}  # block scales loaded a tile ahead: {tile: [scale per m_iter]}
+        # block scales loaded a tile ahead, {tile: [scale per m_iter]}: the
+        # first tile's before the ring's first wait, each next one's while
+        # the tile before converts (its L2 latency then hides behind a whole
+        # tile's work; the ring wait between tiles ends the span the
+        # compiler schedules in)
+        ahead = {0: [scale_of(mi, 0) for mi in range(m_iters)]} if blocks else {}
 
         def consume(a_off, b_off, tile):
-            part = [[[zero] * 4 for _ in range(n_iters)] for _ in range(m_iters)] if blocks else acc
+            multipliers = [None] * m_iters
             if blocks:
-                # the next tile's scales now, before this tile's MMAs: their
-                # L2 latency then hides behind a whole tile's work (the ring
-                # wait between tiles ends the span the compiler schedules in)
-                for i in ([tile] if tile == 0 else []) + ([tile + 1] if tile + 1 < self.k_tiles
-                                                          else []):
-                    ahead[i] = [scale_of(mi, i) for mi in range(m_iters)]
+                if tile + 1 < self.k_tiles:
+                    ahead[tile + 1] = [scale_of(mi, tile + 1) for mi in range(m_iters)]
+                # each 16 rows' block scale folded into their conversion
+                multipliers = [ptx.block_multiplier(x) for x in ahead.pop(tile)]
             for p in range(pairs):
                 b = [[self._fp8_b_step(b_addr[ni][p][s] + b_off) for s in range(2)]
                      for ni in range(n_iters)]
                 for mi in range(m_iters):
                     regs = ptx.ldmatrix_x4(a_addr[mi][p] + a_off)
-                    converted = [ptx.fp8x4_to_bf16x2(r) for r in regs]  # (even, odd) each
+                    converted = [ptx.fp8x4_to_bf16x2(r, multipliers[mi])
+                                 for r in regs]  # (even, odd) each
                     for s in range(2):
                         top, bottom = converted[2 * s], converted[2 * s + 1]
                         a = (top[0], bottom[0], top[1], bottom[1])
                         for ni in range(n_iters):
-                            part[mi][ni] = ptx.mma_m16n8k16_bf16(a, b[ni][s], part[mi][ni])
-            if blocks:
-                scales = ahead.pop(tile)
-                for mi, scale in enumerate(scales):
-                    for ni in range(n_iters):
-                        acc[mi][ni] = [part[mi][ni][r] * scale + acc[mi][ni][r] for r in range(4)]
+                            acc[mi][ni] = ptx.mma_m16n8k16_bf16(a, b[ni][s], acc[mi][ni])
 
         self._stages_in_turn(smem, consume)
         return acc

@@ -24,7 +24,8 @@ prefetch. Bulk activation rows are left to the tuner.
 
 Where no plan entry exists, ``plans.default_choice`` runs cuBLAS for an M
 whose predicted cuBLAS time is ``CUBLAS_MARGIN`` below the chosen tactic's,
-on a weight of K <= ``CUBLAS_MAX_K`` (:func:`prefers_cublas`); between
+on a weight of K <= ``CUBLAS_MAX_K``, and past M = 8 where K needs four
+CTAs (:func:`prefers_cublas`); between
 kernel calls of a dependent chain only where it also makes up the PDL
 overlap it forfeits (``CHAIN_CUBLAS_US``). :func:`shortlist` is what the
 quick tuner measures instead of the whole space.
@@ -100,21 +101,8 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
 FP8_MIN_RESIDENT = 2
 FP8_MAX_RESIDENT = 4
 FP8_NARROW_GRID = 1.5
-#: With 128 x 128 block scales (every tile's partial sums rescaled into the
-#: accumulators) at 8 < M <= 16, two CTAs per SM and rings of at most
-#: ``FP8_BLOCK_MID_STAGES``: of rings 2 to 8 deep on eight shapes, the
-#: fastest or within 4% on all but two (14336x4096: 25.7 -> 22.2 us against
-#: four CTAs per SM on two stages). At M > 16 (:func:`fp8_block_wide`),
-#: 16-row tiles with rings of at most ``FP8_BLOCK_STAGES``: one H100 sweep of
-#: 119 kernels on four shapes (6144x4096: 21.4 -> 14.6 us; 4096x14336: 56.7
-#: -> 36.7), where ``fp8_resident``'s 32-row tiles measured up to 1.7x
-#: slower; and from the BF16 choice's rules two CTAs along K where the grid
-#: would leave one CTA per SM on a long K (``FP8_SPLIT_MIN_K``), a two-stage
-#: ring where it has more CTAs than SMs (``FP8_WIDE_M_STAGES``).
-FP8_BLOCK_MID_STAGES = 5
-FP8_BLOCK_STAGES = 4
-FP8_SPLIT_MIN_K = 8192
-FP8_WIDE_M_STAGES = 2
+#: Block scales take the same rules: the kernel folds each into its
+#: block's conversion (``ptx.block_multiplier``), at no cost per weight.
 
 
 @functools.lru_cache(maxsize=8192)
@@ -124,8 +112,7 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     16-byte activation copies (the FP8 kernel's only kind) by two loader
     warps, no L2 prefetch or mixed grid (measured on BF16 weights), several
     CTAs per SM (:func:`fp8_resident`; the early PDL trigger only at
-    M <= 16); with ``scales`` "block128" at 8 < M <= 16 two CTAs per SM on
-    rings of at most ``FP8_BLOCK_MID_STAGES``, past 16 :func:`fp8_block_wide`.
+    M <= 16); the same for every kind of ``scales``.
     ``swiglu``: for the SwiGLU epilogue, from its BF16 choice.
     A rule whose tactic breaks ``check_tactic`` is skipped;
     where even the first breaks one, the first of :func:`ranked`'s order
@@ -144,54 +131,20 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         changed = dataclasses.replace(tactic, **changes)
         return changed if legal(changed) else tactic
 
-    if scales == "block128" and m > 16:
-        return fp8_block_wide(base, m, n, k, sm_count, step)
-    block_mid = scales == "block128" and m > 8
-    tactic = fp8_resident(base, m, n, sm_count, step,
-                          FP8_MIN_RESIDENT if block_mid else FP8_MAX_RESIDENT,
-                          FP8_BLOCK_MID_STAGES if block_mid else MAX_STAGES, early=m <= 16)
+    tactic = fp8_resident(base, m, n, sm_count, step, early=m <= 16)
     return step(tactic, b_loader_warps=2)
 
 
-def fp8_block_wide(base: WarpSplitKTactic, m: int, n: int, k: int, sm_count: int,
-                   step) -> WarpSplitKTactic:
-    """The FP8 default for 128 x 128 block scales at M > 16: at token tiles
-    of 32, 32-row tiles for 64-row ones, then 16-row tiles with rings of at
-    most ``FP8_BLOCK_STAGES``; two CTAs along K where the grid would leave
-    one CTA per SM on a long K (``FP8_SPLIT_MIN_K``); a two-stage ring where
-    it has more CTAs than SMs (``FP8_WIDE_M_STAGES``). ``step`` as
-    :func:`fp8_resident`'s."""
-    tactic = step(base, b_loader_warps=2)
-    wide_m = tactic.token_tile == max(MMA_TOKEN_TILES)
-    if wide_m and tactic.output_tile == 64:
-        tactic = step(tactic, output_tile=32, k_tile=256)
-        if tactic.output_tile == 64:  # K takes no tiles of 256
-            tactic = step(tactic, output_tile=32)
-    if grid_ctas(tactic, m, n) <= sm_count and k >= FP8_SPLIT_MIN_K and tactic.k_split == 1:
-        tactic = step(tactic, k_split=2)
-    if wide_m and grid_ctas(tactic, m, n) > sm_count:
-        tactic = step(tactic, stages=FP8_WIDE_M_STAGES)
-    # only a narrowed tile takes the short ring (2112x7168's 16-row tiles
-    # measured slower with it: 12.4 -> 14.4 us)
-    narrowed = step(tactic, output_tile=16) if wide_m and tactic.output_tile > 16 else tactic
-    narrowed, tactic = narrowed != tactic, narrowed
-    if tactic.stages > FP8_BLOCK_STAGES and (not wide_m or narrowed):
-        tactic = step(tactic, stages=FP8_BLOCK_STAGES)
-    return tactic
-
-
 def fp8_resident(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int, step,
-                 most: int = FP8_MAX_RESIDENT, deepest: int = MAX_STAGES,
                  early: bool = True) -> WarpSplitKTactic:
-    """The FP8 default's shape (``FP8_MIN_RESIDENT``): an MMA-wide token
-    tile (narrow ones measured 1.1-1.3x slower on e4m3 weights), at most 32
-    rows and tiles of 256 along K, two CTAs along K where the grid has fewer
-    CTAs than SMs or else 16-row tiles where it has fewer than
-    ``FP8_NARROW_GRID`` times them, with ``early`` the early PDL trigger
-    where the grid has more CTAs than ``FP8_MIN_RESIDENT`` per SM, then the
-    deepest ring (at most ``deepest`` stages) that leaves room for the CTAs
-    each SM should hold (at most ``most``). ``step(tactic, **changes)`` is
-    the change where legal, else ``tactic``."""
+    """The FP8 default's shape (``FP8_MIN_RESIDENT``): an
+    MMA-wide token tile (narrow ones measured 1.1-1.3x slower on e4m3
+    weights), at most 32 rows and tiles of 256 along K, two CTAs along K
+    where the grid has fewer CTAs than SMs or else 16-row tiles where it has
+    fewer than ``FP8_NARROW_GRID`` times them, with ``early`` the early PDL
+    trigger where the grid has more CTAs than ``FP8_MIN_RESIDENT`` per SM,
+    then the deepest ring that leaves room for the CTAs each SM should hold.
+    ``step(tactic, **changes)`` is the change where legal, else ``tactic``."""
     cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     # the shape first on a short ring (a deep one would refuse wider tiles
     # or a split K), the ring last
@@ -209,8 +162,8 @@ def fp8_resident(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int, step,
         # (at M = 32 it measured 0.95-1.02x)
         tactic = step(tactic, early_launch=True)
     wanted = -(-grid_ctas(tactic, m, n) // sm_count)
-    resident = min(max(wanted, FP8_MIN_RESIDENT), most)
-    for stages in range(deepest, 0, -1):
+    resident = min(max(wanted, FP8_MIN_RESIDENT), FP8_MAX_RESIDENT)
+    for stages in range(MAX_STAGES, 0, -1):
         deeper = step(tactic, stages=stages)
         if deeper.stages == stages and ctas_per_sm(deeper, fp8=True) >= resident:
             return deeper
@@ -229,8 +182,8 @@ def reference_tactic(m: int, n: int, k: int, sm_count: int | None = None) -> War
     - token_tile: 8, 16 or 32, the smallest covering M, then halved (not
       below 8) while the doubled grid still fits in one wave;
     - k_tile: 256 when K holds two of them and the tile takes it, else 128;
-    - k_split: 1, or 2 where K needs it (``needed_k_split``: past 64 tiles
-      of 256);
+    - k_split: 1, or what K needs (``needed_k_split``: 2 past 64 tiles
+      of 256, 3-4 past 128);
     - b_loader_warps: 2 from 16 token rows or 8 K tiles on, else 1;
     - stages: the deepest ring that keeps 2 CTAs per SM when the grid
       exceeds the SMs, else the deepest legal one.
@@ -503,15 +456,24 @@ CUBLAS_MAX_K = 6144
 #: (qwen3-4b TP2's layer at M = 32 on the H200, cuBLAS for gate_up: the chain
 #: took 4.1 us more than the sum of its calls' independent times).
 CHAIN_CUBLAS_US = 4.0
+#: Past this M, a weight whose K needs four CTAs (``needed_k_split``: K past
+#: 128 tiles of 128, no tiles of 256) runs cuBLAS without a plan entry:
+#: 8192x29568 (Qwen2.5-72B's down at TP 1, H100) measured the default 0.96x
+#: and 0.93x cuBLAS at M = 16 and 32, the fastest of a quick tune 0.93x at
+#: M = 32; 1.04-1.05x at M <= 8.
+FOUR_CTA_CUBLAS_MIN_M = 8
 
 
 @functools.lru_cache(maxsize=8192)
 def prefers_cublas(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, *,
                    chained: bool = False) -> bool:
     """Whether the shipped model predicts cuBLAS ``CUBLAS_MARGIN`` faster
-    than its choice, on a weight of K <= ``CUBLAS_MAX_K``; ``chained``: a call
+    than its choice, on a weight of K <= ``CUBLAS_MAX_K`` (and past
+    ``FOUR_CTA_CUBLAS_MIN_M`` on a K that needs four CTAs); ``chained``: a call
     between kernel calls of a dependent chain, where cuBLAS must also make up
     the PDL overlap it forfeits (``CHAIN_CUBLAS_US``)."""
+    if m > FOUR_CTA_CUBLAS_MIN_M and needed_k_split(k) == 4:
+        return True
     penalty = CHAIN_CUBLAS_US if chained else 0.0
     return k <= CUBLAS_MAX_K and (shipped_model().predict_cublas_us(m, n, k) + penalty
                                   < _shipped_choice(m, n, k, sm_count, False)[1]

@@ -54,7 +54,7 @@ from ..runtime.prepared import stream_handle
 from ..tactics import (
     DEFAULT_MAX_STAGES,
     DEFAULT_SM_COUNT,
-    K_SPLITS,
+    OPTIONAL_K_SPLITS,
     WarpSplitKTactic,
     is_legal,
 )
@@ -171,7 +171,7 @@ class TuneOptions:
     """What ``tune`` measures and how it chooses (its keyword arguments)."""
     check: bool = True
     tolerance: float = TOLERANCE
-    k_splits: tuple = K_SPLITS
+    k_splits: tuple = OPTIONAL_K_SPLITS
     early_launches: tuple = (False, True)
     confirm: int = CONFIRM
     bulk_xs: tuple = (False, True)
@@ -552,7 +552,7 @@ class Tuner:
 
 
 def tune(shapes, ms, *, log_path=None, resume=True, progress=print, sm_count=None,
-         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=K_SPLITS,
+         check=True, time_budget_s=None, tolerance=TOLERANCE, k_splits=OPTIONAL_K_SPLITS,
          early_launches=(False, True), jobs=None,
          confirm=None, bulk_xs=(False, True), l2_prefetch=True, tma=True,
          mixed=True, narrow=True, bounded_prefetch=True, cublas=True,
