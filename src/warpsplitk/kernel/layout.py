@@ -286,8 +286,8 @@ def fp8_b_offset(lane, warp, n_iter, pair, step, k_tile, token_tile=MMA_N):
 #: block of the weight (DeepSeek's and transformers' ``weight_scale_inv``),
 #: row-major ``[ceil(N / 128), ceil(K / 128)]``. A compute warp's quarter of
 #: a K tile (32 or 64 K) never straddles two K blocks, nor its 16-row mma
-#: block two row blocks: each warp scales its partial sum of a tile by one
-#: scale per mma row block before it accumulates.
+#: block two row blocks: each warp converts a tile's weights with one scale
+#: per mma row block folded in (``ptx.block_multiplier``).
 FP8_SCALE_BLOCK = 128
 
 

@@ -37,10 +37,11 @@ consuming activation tiles, hence after the previous grid has completed: the
 overlap is safe for chained projections. (A weight rewritten by the kernel
 right before is not ordered; decode weights are constants.)
 
-``k_split`` 2: a cluster of two CTAs shares each output tile, each streaming
-half of K. The second stores its partial sums into the first one's shared
-memory with ``st.async``, whose bytes complete an mbarrier there; only the
-first CTA waits, adds all eight warps' partials and stores.
+``k_split`` c: a cluster of c CTAs shares each output tile, each streaming
+its share of K (uneven shares: a traced view per rank). The others store
+their partial sums into the first one's shared memory with ``st.async``,
+whose bytes complete an mbarrier there; only the first CTA waits, adds all
+4c warps' partials and stores.
 
 ``half_tiles``: a mixed grid whose last CTAs along N run the same roles for
 half as many weight rows (:meth:`~WarpSplitKKernel.body` traces both).

@@ -137,9 +137,10 @@ class PreparedWarpSplitK:
         reference): one (shape ``()`` or ``(1,)``, ``scale_kind="tensor"``),
         one per output row (``[N]`` or ``[N, 1]``, ``"channel"``), applied to
         each column's FP32 sum, or one per 128 x 128 block (``[ceil(N / 128),
-        ceil(K / 128)]``, ``"block128"``), applied to each K block's partial
-        sums; ``out = x @ (weight * scale)^T (+ bias)``. ``scale_kind``
-        None: by the scale's shape.
+        ceil(K / 128)]``, ``"block128"``, each below 128), folded into the
+        weight's conversion (each weight times its scale rounded to BF16:
+        <= 2 ** -8 relative); ``out = x @ (weight * scale)^T (+ bias)``.
+        ``scale_kind`` None: by the scale's shape.
         e4m3 NaN codes in the weight are refused here (a read of the weight).
 
     Raises ``ValueError`` for anything the kernel cannot run.
