@@ -39,8 +39,8 @@ LEGEND = (
     ("N K M", "out[M, N] = x[M, K] @ W[N, K]^T: the weight's rows and columns, the tokens"),
     ("from", "plan: the plan's tactic for this cell; default: the cost model's (the plan has "
              "none); cublas: a shape the kernel does not take"),
-    ("tactic", "o,t,k,s,b[,c] and options (README, Tactics); cublas: the plan measured (or "
-               "the model predicts) cuBLAS faster at this M"),
+    ("tactic", "o,t,k,s,b[,c] and options (README, Tactics); cublas: the plan measured (or, "
+               "without an entry, the default expects) cuBLAS faster at this M"),
     ("CTAs", "thread blocks in the grid"),
     ("waves", "CTAs over the CTAs the whole GPU holds at once (SMs x CTA/SM)"),
     ("SM load", "L2 bytes the busiest SM reads over the mean per SM (1.00: even; idle SMs "
