@@ -103,14 +103,16 @@ def test_auto_tunes_an_fp8_weight_as_fp8_and_keeps_it(tmp_path, monkeypatch):
     _fp8_runs_match_float64(prepared, w8, scale, (1,))
 
 
-def test_default_choice_runs_cublas_where_the_model_says_so():
-    # a 48-row weight over K = 16384: three CTAs of the kernel; the model
-    # predicts cuBLAS faster at small M
-    n, k = 48, 16384
-    cublas_ms = [m for m in (1, 8, 32) if default_choice(m, n, k) == CUBLAS]
+@pytest.mark.parametrize("n,k,ms,expected", [
+    (48, 16384, (1, 8, 32), None),        # the model's prediction (K past CUBLAS_MAX_K: the kernel)
+    (64, 29568, (1, 8, 9, 32), (9, 32)),  # K that needs four CTAs: cuBLAS past M = 8
+], ids=["model", "four-ctas"])
+def test_default_choice_runs_cublas_where_the_default_says_so(n, k, ms, expected):
+    cublas_ms = [m for m in ms if default_choice(m, n, k) == CUBLAS]
+    assert expected is None or tuple(cublas_ms) == expected
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    prepared = prepare(w, DecodePlan(), (1, 8, 32))
-    for m in (1, 8, 32):
+    prepared = prepare(w, DecodePlan(), ms)
+    for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         prepared.run(x, out)
