@@ -442,11 +442,13 @@ def long_k_md(record: dict, path: Path) -> list[str]:
     CTAs share K (``k_split`` 2, 3 or 4)."""
     env = record["environment"]
     rows = record["rows"]
+    from warpsplitk.planning.choose import FOUR_CTA_CUBLAS_MIN_M
     big = [r for r in rows if r["n"] * r["k"] * 2 >= BIG]
     out = ["", "## K past 64 tiles", "",
            f"Data: `{_rel(path)}` (`{env['command']}`). The default splits K over a "
-           "cluster's CTAs (3 or 4 past 128 tiles, else 2; with 4, M > 8 runs cuBLAS unless a plan "
-           "says otherwise); µs warpsplitk/cuBLAS (speedup).", "",
+           "cluster's CTAs (2; 3 past 128 tiles, 4 past 192, where M > "
+           f"{FOUR_CTA_CUBLAS_MIN_M} then runs cuBLAS unless a plan says otherwise); "
+           "µs warpsplitk/cuBLAS (speedup).", "",
            *environment_lines(env)[1:3], "", *grid(rows), "",
            f"Weights ≥ 16 MB stream at {min(weight_tbps(big)):.2f}–{max(weight_tbps(big)):.2f} "
            f"TB/s (measured read: {env['read_TBps']} TB/s)."]

@@ -79,9 +79,9 @@ def test_emulate_exact_on_integers(tactic, m, n, k):
     (WarpSplitKTactic(16, 8, 128, 2, 1, 4), 2, 16, 231 * 128),   # K = 29568: 58 + 3 x 57 tiles
 ], ids=lambda v: v.short() if isinstance(v, WarpSplitKTactic) else str(v))
 def test_cluster_split_of_k_exact(tactic, m, n, k):
-    """k_split 2: each CTA of the cluster takes half of K; the eight warps'
-    partials meet in the first CTA's buffer (each word written once, none
-    read unwritten)."""
+    """k_split c: each CTA of the cluster takes its share of K; the 4c
+    warps' partials meet in the first CTA's buffer (each word written once,
+    none read unwritten)."""
     x, w, bias = integer_problem(m, n, k, seed=m + n + k, with_bias=True)
     out = emulate(x, w, tactic, bias, round_output=False, check_coverage=True)
     np.testing.assert_array_equal(out, reference(x, w, bias))

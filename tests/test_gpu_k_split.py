@@ -1,4 +1,4 @@
-"""The cluster split of K (k_split 2) on the GPU.
+"""The cluster split of K (k_split 2-4) on the GPU.
 
 Its own module so that the GPU check runs it in its own process with its
 own time limit: a protocol fault in the cluster hand-over would hang, and
@@ -16,7 +16,7 @@ from test_gpu_kernel import check_tactic_with_and_without_bias  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-# k_split 2: two CTAs of a cluster share K and meet in the first one's
+# k_split c: the c CTAs of a cluster share K and meet in the first one's
 # shared memory. Correctness, a graph, PDL back to back.
 K_SPLIT_CASES = [
     (WarpSplitKTactic(16, 8, 256, 8, 1, 2), 1536, 7168),
@@ -31,7 +31,7 @@ K_SPLIT_CASES = [
      2112, 7168),
     (WarpSplitKTactic(32, 8, 256, 5, 2, 2), 8192, 28672),  # K past 64 tiles: 56 per CTA
     (WarpSplitKTactic(16, 16, 256, 6, 2, 2), 48, 16896),   # 33 per CTA
-    # uneven: an odd count of K tiles past 64, the first CTA one tile more
+    # uneven: K tiles past 64 the split does not divide, the first CTAs one tile more
     (WarpSplitKTactic(64, 8, 128, 11, 2, 2), 4096, 13696),  # GLM-4's down: 54 + 53 tiles
     (WarpSplitKTactic(32, 8, 256, 4, 1, 2, x_copy="tma", l2_prefetch=2), 256, 67 * 256),
     (WarpSplitKTactic(32, 1, 128, 6, 1, 2, x_copy="bulk"), 256, 65 * 128),

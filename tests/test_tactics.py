@@ -66,7 +66,7 @@ REJECTIONS = [
     (T(16, 8, 128, 2, 1), 256, 0, r"K must be a positive multiple of k_tile"),
     (T(16, 8, 128, 4, 1), 256, 65 * 128, r"65 tiles of 128.*at most 64"),
     (T(16, 8, 256, 4, 1), 256, 65 * 256, r"65 tiles of 256;.*at most 64 \(K <= 16384; a k_split of 2"),
-    (T(16, 8, 256, 4, 1, 2), 256, 130 * 256, r"65 tiles of 256 per CTA, k_split 2;.*\(K <= 32768\)"),
+    (T(16, 8, 256, 4, 1, 2), 256, 130 * 256, r"65 tiles of 256 per CTA, k_split 2;.*\(K <= 32768; a k_split of 3 takes it\)"),
     (T(16, 8, 256, 4, 1, 2), 256, 9 * 256, r"k_split 2 must divide the 9 K tiles.*only past 64"),
     (T(16, 8, 128, 5, 1), 256, 512, r"stages=5 exceeds the 4 K tiles of K=512"),
     (T(16, 8, 256, 2, 1), 256, 256, r"stages=2 exceeds the 1 K tiles"),
@@ -819,9 +819,15 @@ def test_wider_k_splits_only_where_k_needs_them():
     check_tactic(T(16, 8, 256, 8, 2, 3), 4608, 144 * 256)
     check_tactic(T(48, 8, 128, 6, 2, 4), 4608, 231 * 128)     # uneven: 58 + 3 x 57
     assert needed_k_split(144 * 256) == 3 and needed_k_split(231 * 128) == 4
-    with pytest.raises(ValueError, match="k_split 4 only where K needs it .* takes 3"):
+    with pytest.raises(ValueError, match="k_split 4 only where K needs .* K=36864 needs 3"):
         check_tactic(T(16, 8, 256, 6, 2, 4), 4608, 144 * 256)
-    with pytest.raises(ValueError, match="k_split 3 only where K needs it .* takes 2"):
+    with pytest.raises(ValueError, match="k_split 3 only where K needs .* K=16896 needs 2"):
         check_tactic(T(16, 8, 256, 6, 2, 3), 4608, 66 * 256)
+    # in tiles of 128 K = 28672 would take four, but tiles of 256 take it in
+    # two: the rule is needed_k_split's, whatever the tactic's tile
+    with pytest.raises(ValueError, match="k_split 4 only where K needs .* K=28672 needs 2"):
+        check_tactic(T(16, 8, 128, 4, 1, 4), 256, 28672)
+    with pytest.raises(ValueError, match="a k_split of 3 takes it"):
+        check_tactic(T(16, 8, 256, 4, 1, 2), 256, 130 * 256)
     assert shape_refusal(4608, 256 * 256) is None and shape_refusal(4608, 257 * 256) is not None
     assert shape_refusal(4608, 256 * 128) is None and shape_refusal(4608, 257 * 128) is not None

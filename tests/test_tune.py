@@ -348,6 +348,11 @@ def test_timings_of_changed_kernels_are_stale(tmp_path):
     assert is_stale({"tactic": split, "rev": 2}) and not is_stale({"tactic": split, "rev": 3})
     assert not is_stale({"tactic": split, "rev": 2}, revision=2)
     assert is_stale({"tactic": split + "+tma", "rev": 1}, revision=2)
+    # block-scaled e4m3 timings changed at revision 4 (the fold); other kinds did not
+    assert is_stale({"tactic": plain, "rev": 3, "fp8": "block128"})
+    assert not is_stale({"tactic": plain, "rev": 4, "fp8": "block128"})
+    assert not is_stale({"tactic": plain, "rev": 3, "fp8": "channel"})
+    assert not is_stale({"tactic": plain, "rev": 3, "fp8": "block128"}, revision=3)
     log = tmp_path / "log.jsonl"
     _log(log, [(1024, 4096, r, plain, 5.0) for r in REPRESENTATIVE_MS]
          + [(1024, 4096, r, tma, 4.0) for r in REPRESENTATIVE_MS])

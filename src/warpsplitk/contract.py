@@ -102,8 +102,9 @@ def _size(value):
 def min_k_split(k, k_tile) -> int | None:
     """The fewest CTAs (1..``MAX_K_SPLIT``) that can share K, whole tiles of
     ``k_tile``, so each streams at most ``MAX_K_TILES`` of them, or None
-    where none can. Past ``MAX_K_TILES`` tiles an odd count splits unevenly,
-    the first CTA taking one tile more (``kernel.layout.k_share``)."""
+    where none can. Past ``MAX_K_TILES`` tiles a count the split does not
+    divide splits unevenly, the first CTAs taking one tile more
+    (``kernel.layout.k_share``)."""
     if k % k_tile:
         return None
     tiles = k // k_tile

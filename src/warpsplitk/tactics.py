@@ -408,16 +408,27 @@ def _k_fills_tiles(t, n, k, swiglu):
         raise ValueError(f"warp split-K: k_split {t.k_split} must divide the {k_tiles} "
                          f"K tiles of K={k} (k_tile {t.k_tile}); an uneven split only past "
                          f"{MAX_K_TILES} tiles")
-    if t.k_split > OPTIONAL_K_SPLIT and min_k_split(k, t.k_tile) != t.k_split:
-        raise ValueError(f"warp split-K: k_split {t.k_split} only where K needs it (more than "
-                         f"{OPTIONAL_K_SPLIT} x {MAX_K_TILES} tiles); K={k} in tiles of "
-                         f"{t.k_tile} takes {min_k_split(k, t.k_tile) or 'no split'}")
+    if t.k_split > OPTIONAL_K_SPLIT:
+        # needed_k_split's rule (any tile width), so the tuner's space and
+        # check_tactic agree
+        needs = [s for s in (min_k_split(k, width) for width in K_TILES) if s]
+        if not needs or min(needs) != t.k_split:
+            raise ValueError(f"warp split-K: k_split {t.k_split} only where K needs that many "
+                             f"CTAs (at most {MAX_K_TILES} tiles each, in the widest tile "
+                             f"that divides K); K={k} needs "
+                             f"{min(needs) if needs else f'more than {MAX_K_SPLIT}'}")
     if -(-k_tiles // t.k_split) > MAX_K_TILES:
         per_cta = "" if t.k_split == 1 else f" per CTA, k_split {t.k_split}"
         raise ValueError(f"warp split-K: K={k} is {-(-k_tiles // t.k_split)} tiles of {t.k_tile}"
                          f"{per_cta}; the unrolled compute loop takes at most {MAX_K_TILES} "
                          f"(K <= {MAX_K_TILES * t.k_tile * t.k_split}"
-                         f"{'' if t.k_split > 1 else '; a k_split of 2 halves the tiles'})")
+                         f"{_wider_split_hint(k, t)})")
+
+
+def _wider_split_hint(k, t):
+    """The split that takes K in ``t``'s tiles, for a refusal's message."""
+    split = min_k_split(k, t.k_tile)
+    return f"; a k_split of {split} takes it" if split and split > t.k_split else ""
 
 
 def _cta_tiles(t, k):

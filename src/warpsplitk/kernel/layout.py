@@ -505,7 +505,7 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, b_layout="swiz
 def k_share(rank, k_tiles, k_split):
     """``(first tile, tiles)`` of K that CTA ``rank`` of a split streams:
     ``k_tiles // k_split`` each, the first ``k_tiles % k_split`` CTAs one
-    more (an uneven split: K past 64 tiles, an odd count of them)."""
+    more (an uneven split: K tiles past 64 that ``k_split`` does not divide)."""
     base, extra = divmod(k_tiles, k_split)
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 

@@ -119,7 +119,8 @@ class WarpSplitKKernel:
             half = copy.copy(self)
             half.tactic = dataclasses.replace(t, output_tile=t.output_tile // 2, half_tiles=0)
             self.half_view = half
-        # an uneven split (an odd count of K tiles past 64; no mixed grid):
+        # an uneven split (K tiles past 64 that k_split does not divide; no
+        # mixed grid):
         # each rank runs a view of this kernel with its own static K share
         # (layout.k_share), in the same shared memory plan and barriers
         self.rank_views = None
@@ -682,7 +683,7 @@ class WarpSplitKKernel:
     def store_partials(self, smem, acc, lane, warp, rank):
         """The accumulators into the reduction buffer (slot ``warp``), then a
         barrier of the compute warps. K split: the first CTA (rank 0) stores
-        its own partials (slot ``warp``); the other sends its partials (slot
+        its own partials (slot ``warp``); the others send theirs (slot
         ``rank * 4 + warp``) into the first's buffer by ``st.async``, each
         completing 4 bytes of the first's ``partials`` mbarrier, and is done:
         no barrier holds it (only the first CTA's buffer is written
@@ -718,14 +719,14 @@ class WarpSplitKKernel:
         ptx.named_barrier(1, self.compute_threads)
         if self.split:
             # the first CTA: its own warps' partials are in (the barrier
-            # above), then the other's bytes (acquire at cluster scope)
+            # above), then the others' bytes (acquire at cluster scope)
             ptx.mbarrier_wait(smem + self.smem.partials, 0, cluster=True,
                               predicate=cutlass.select_(rank == 0, Int32(1), Int32(0)))
 
     def epilogue(self, smem, tidx, tile_n, tile_t, m, bias, out, rank):
         """Each compute thread sums one 16-byte output vector over every
         warp's partials in warp order (bitwise reproducible), adds the bias
-        and stores 8 BF16; rows past M and (K split) the second CTA store
+        and stores 8 BF16; rows past M and (K split) the other CTAs store
         nothing. With ``swiglu`` it sums the gate rows and the up rows half
         a tile further, adds their biases, and stores ``silu(gate) * up``
         (FP32 until the one BF16 rounding) into the ``[M, N / 2]`` output."""
@@ -755,7 +756,7 @@ class WarpSplitKKernel:
             store = (cutlass.select_(vector < vectors, Int32(1), Int32(0))
                      * cutlass.select_(global_token < m, Int32(1), Int32(0)))
             if self.split:
-                # only the first CTA holds the sums; the other reads its own
+                # only the first CTA holds the sums; the others read their own
                 # (unused) buffer and stores nothing
                 store = store * cutlass.select_(rank == 0, Int32(1), Int32(0))
             if cutlass.const_expr(self.swiglu):

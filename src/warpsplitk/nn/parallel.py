@@ -17,7 +17,7 @@ its own GPU (``cuda:<local rank>``; kernels are compiled per device index):
 Shards split evenly: N (column) or K (row) must be divisible by the world
 size, and the shard must be a shape the kernel takes
 (``contract.shape_refusal``: N a multiple of 16; K a multiple of 128 up to
-16384, or of 256 up to 32768). Anything else is a ``ValueError`` naming the
+32768, or of 256 up to 65536). Anything else is a ``ValueError`` naming the
 rule, at construction.
 
 The forwards are CUDA-graph capturable: one kernel launch per rank, the

@@ -456,11 +456,13 @@ CUBLAS_MAX_K = 6144
 #: (qwen3-4b TP2's layer at M = 32 on the H200, cuBLAS for gate_up: the chain
 #: took 4.1 us more than the sum of its calls' independent times).
 CHAIN_CUBLAS_US = 4.0
-#: Past this M, a weight whose K needs four CTAs (``needed_k_split``: K past
-#: 128 tiles of 128, no tiles of 256) runs cuBLAS without a plan entry:
-#: 8192x29568 (Qwen2.5-72B's down at TP 1, H100) measured the default 0.96x
-#: and 0.93x cuBLAS at M = 16 and 32, the fastest of a quick tune 0.93x at
-#: M = 32; 1.04-1.05x at M <= 8.
+#: Past this M, a weight whose K needs four CTAs (``needed_k_split``: past
+#: 3 x 64 tiles of the widest tile that divides K) runs cuBLAS without a
+#: plan entry: 8192x29568 (Qwen2.5-72B's down at TP 1, H100) measured the
+#: default 0.96x and 0.93x cuBLAS at M = 16 and 32, 1.04-1.05x at M <= 8. A
+#: quick tune found nothing faster than cuBLAS at M = 32, but 1.07x at M =
+#: 16 (the default's tactic misses there); M 9-15 and K in tiles of 256 are
+#: not measured.
 FOUR_CTA_CUBLAS_MIN_M = 8
 
 

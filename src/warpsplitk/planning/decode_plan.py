@@ -12,8 +12,8 @@ prepared weight runs ``torch.matmul`` (cuBLAS), where it measured faster.
 
 Those are the entries of BF16 weights. A plan may also hold entries for FP8
 (e4m3) weights, tuned on them (``tune(..., fp8_scales=...)``) per kind of
-their FP32 scales (``contract.FP8_SCALE_KINDS``: the fastest tactic differs
-between per-channel and block scales): version 2, the same as version 1 plus
+their FP32 scales (``contract.FP8_SCALE_KINDS``: each kind tuned on its
+own): version 2, the same as version 1 plus
 ``"fp8": {"channel": [...], "block128": [...], ...}``, each list in the
 form of ``"shapes"``. An FP8 entry is always a tactic (no cuBLAS call takes
 an FP8 weight and its scales). A plan is written as version 1 while it has
@@ -87,8 +87,9 @@ def check_plan(plan):
 def default_choice(m: int, n: int, k: int, sm_count: int | None = None, *,
                    chained: bool = False) -> WarpSplitKTactic | str:
     """What runs M tokens on an ``[n, k]`` weight without a plan entry:
-    ``default_tactic``, or ``CUBLAS`` where the cost model predicts
-    ``torch.matmul`` faster than that tactic (M = 32 on some large weights).
+    ``default_tactic``, or ``CUBLAS`` where ``choose.prefers_cublas`` says so
+    (the cost model predicts ``torch.matmul`` faster, at M = 32 on some large
+    weights; or M > 8 on a K that needs four CTAs).
     ``chained``: the call sits between kernel calls of a dependent chain
     (``bench --chain --model``), where cuBLAS must also make up the PDL
     overlap it forfeits (``choose.CHAIN_CUBLAS_US``)."""

@@ -57,7 +57,10 @@ ASYNC_RING_REVISION = 2
 #: 3: a K split's partial sums handed over by st.async into an mbarrier of
 #: the first CTA instead of a cluster barrier every CTA waits on; faster.
 SPLIT_MBARRIER_REVISION = 3
-KERNEL_REVISION = SPLIT_MBARRIER_REVISION
+#: 4: an e4m3 weight's 128 x 128 block scales folded into its conversion
+#: instead of rescaling each tile's partial sums; faster at M > 8.
+FOLDED_BLOCK_REVISION = 4
+KERNEL_REVISION = FOLDED_BLOCK_REVISION
 
 
 def is_stale(rec, revision=KERNEL_REVISION) -> bool:
@@ -68,7 +71,8 @@ def is_stale(rec, revision=KERNEL_REVISION) -> bool:
     tactic = WarpSplitKTactic.parse(rec["tactic"])
     rev = rec.get("rev", 1)
     return ((tactic.async_activation_ring and rev < ASYNC_RING_REVISION <= revision)
-            or (tactic.k_split > 1 and rev < SPLIT_MBARRIER_REVISION <= revision))
+            or (tactic.k_split > 1 and rev < SPLIT_MBARRIER_REVISION <= revision)
+            or (rec.get("fp8") == "block128" and rev < FOLDED_BLOCK_REVISION <= revision))
 
 
 def new_record(**fields):

@@ -139,7 +139,7 @@ class PreparedWarpSplitK:
         each column's FP32 sum, or one per 128 x 128 block (``[ceil(N / 128),
         ceil(K / 128)]``, ``"block128"``, each below 128), folded into the
         weight's conversion (each weight times its scale rounded to BF16:
-        <= 2 ** -8 relative); ``out = x @ (weight * scale)^T (+ bias)``.
+        <= 2 ** -7 relative); ``out = x @ (weight * scale)^T (+ bias)``.
         ``scale_kind`` None: by the scale's shape.
         e4m3 NaN codes in the weight are refused here (a read of the weight).
 
