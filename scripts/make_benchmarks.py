@@ -461,9 +461,9 @@ def long_k_md(record: dict, path: Path) -> list[str]:
                                     for m, v in ratios.items() if v) + "."]
     log = path.with_name(path.name.replace("-bench-long-k.json", "-tune-log-long-k.jsonl"))
     if log.exists():
+        from warpsplitk.planning.tune_log import read_log
         best = {}
-        for line in log.read_text().splitlines():
-            r = json.loads(line)
+        for r in read_log(str(log)).values():
             if r.get("ok") and "us" in r:
                 cell = best.setdefault((r["n"], r["k"], r["m"]), {})
                 side = "cublas" if r["tactic"] == "cublas" else "ours"

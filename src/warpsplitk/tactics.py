@@ -408,15 +408,12 @@ def _k_fills_tiles(t, n, k, swiglu):
         raise ValueError(f"warp split-K: k_split {t.k_split} must divide the {k_tiles} "
                          f"K tiles of K={k} (k_tile {t.k_tile}); an uneven split only past "
                          f"{MAX_K_TILES} tiles")
-    if t.k_split > OPTIONAL_K_SPLIT:
-        # needed_k_split's rule (any tile width), so the tuner's space and
-        # check_tactic agree
-        needs = [s for s in (min_k_split(k, width) for width in K_TILES) if s]
-        if not needs or min(needs) != t.k_split:
-            raise ValueError(f"warp split-K: k_split {t.k_split} only where K needs that many "
-                             f"CTAs (at most {MAX_K_TILES} tiles each, in the widest tile "
-                             f"that divides K); K={k} needs "
-                             f"{min(needs) if needs else f'more than {MAX_K_SPLIT}'}")
+    # wider splits only where K needs them, whatever the tile (the tuner's
+    # space and check_tactic agree); needed_k_split refuses a K none takes
+    if t.k_split > OPTIONAL_K_SPLIT and needed_k_split(k) != t.k_split:
+        raise ValueError(f"warp split-K: k_split {t.k_split} only where K needs that many "
+                         f"CTAs (at most {MAX_K_TILES} tiles each, in the widest tile that "
+                         f"divides K); K={k} needs {needed_k_split(k)}")
     if -(-k_tiles // t.k_split) > MAX_K_TILES:
         per_cta = "" if t.k_split == 1 else f" per CTA, k_split {t.k_split}"
         raise ValueError(f"warp split-K: K={k} is {-(-k_tiles // t.k_split)} tiles of {t.k_tile}"
