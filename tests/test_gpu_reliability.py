@@ -338,7 +338,8 @@ def compile_calls(monkeypatch):
 def test_prepare_control_case_is_valid(compile_calls):
     """The table's weight, tactics and bias are good: each case breaks one thing."""
     p = PreparedWarpSplitK(_w(), {1: T128, 8: T128}, bias=_bias())
-    assert compile_calls == [((0, N, KP, T128), {"has_bias": True, "swiglu": False})]
+    assert compile_calls == [((0, N, KP, T128), {"has_bias": True, "swiglu": False,
+                                                         "fp8_scales": None})]
     assert p.ms == (1, 8)
 
 

@@ -30,7 +30,7 @@ from warpsplitk.tactics import (
     needed_k_split,
     shape_refusal,
 )
-from warpsplitk.planning.choose import FP8_MIN_RESIDENT, default_tactic
+from warpsplitk.planning.choose import FP8_CLUSTER_RESIDENT, FP8_MIN_RESIDENT, default_tactic
 
 T = WarpSplitKTactic
 GOOD = T(16, 8, 128, 4, 1)
@@ -788,6 +788,24 @@ def test_the_fp8_default_keeps_several_ctas_on_each_sm(m, n, k, expected):
     tactic = default_tactic(m, n, k, 132, fp8=True)
     assert tactic.short() == expected
     assert ctas_per_sm(tactic, fp8=True) >= FP8_MIN_RESIDENT
+
+
+@pytest.mark.parametrize("m, n, k, expected", [
+    (1, 8192, 231 * 128, "32,8,128,4,2,4"),     # five per SM, not four at a ring of 6
+    (8, 8192, 231 * 128, "32,8,128,4,2,4"),
+    (16, 8192, 231 * 128, "32,16,128,2,2,4"),   # no early trigger on a cluster
+    (32, 8192, 231 * 128, "32,32,128,2,2,4"),
+    (1, 4608, 144 * 256, "16,8,256,4,2,3"),
+])
+def test_the_fp8_default_on_a_k_cluster_holds_one_cta_more_per_sm(m, n, k, expected):
+    """Where K takes three or four CTAs the FP8 default keeps
+    ``FP8_CLUSTER_RESIDENT`` CTAs on an SM where the grid has them, without
+    the early trigger: the fastest tactics of an H100 sweep of 8192x29568."""
+    tactic = default_tactic(m, n, k, 132, fp8=True)
+    assert tactic.short() == expected
+    if m <= 8:
+        assert ctas_per_sm(tactic, fp8=True) == FP8_CLUSTER_RESIDENT
+    assert tactic.k_split == needed_k_split(k) and not tactic.early_launch
 
 
 @pytest.mark.parametrize("m, n, k, expected", [

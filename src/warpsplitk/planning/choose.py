@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from ..contract import FP8_SCALE_KINDS, min_k_split
+from ..contract import FP8_SCALE_KINDS, OPTIONAL_K_SPLIT, min_k_split
 from ..kernel import layout
 from ..tactics import (
     CP_ASYNC,
@@ -101,6 +101,11 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
 FP8_MIN_RESIDENT = 2
 FP8_MAX_RESIDENT = 4
 FP8_NARROW_GRID = 1.5
+#: Where K takes a cluster of three or four CTAs (``needed_k_split``), one
+#: CTA more per SM and no early trigger: on an H100, 8192x29568 at M = 1 and
+#: 8 ran 102.3 -> 89.6 us (a ring of 4 for 5 CTAs per SM, against 6 for 4,
+#: or 101.4 at 6 per SM), and every early trigger of the sweep lost 1-11%.
+FP8_CLUSTER_RESIDENT = FP8_MAX_RESIDENT + 1
 #: Block scales take the same rules: the kernel folds each into its
 #: block's conversion (``ptx.block_multiplier``), at no cost per weight.
 
@@ -131,19 +136,22 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         changed = dataclasses.replace(tactic, **changes)
         return changed if legal(changed) else tactic
 
-    tactic = fp8_resident(base, m, n, sm_count, step, early=m <= 16)
+    cluster = base.k_split > OPTIONAL_K_SPLIT
+    tactic = fp8_resident(base, m, n, sm_count, step, early=m <= 16 and not cluster,
+                          most=FP8_CLUSTER_RESIDENT if cluster else FP8_MAX_RESIDENT)
     return step(tactic, b_loader_warps=2)
 
 
 def fp8_resident(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int, step,
-                 early: bool = True) -> WarpSplitKTactic:
+                 early: bool = True, most: int = FP8_MAX_RESIDENT) -> WarpSplitKTactic:
     """The FP8 default's shape (``FP8_MIN_RESIDENT``): an
     MMA-wide token tile (narrow ones measured 1.1-1.3x slower on e4m3
     weights), at most 32 rows and tiles of 256 along K, two CTAs along K
     where the grid has fewer CTAs than SMs or else 16-row tiles where it has
     fewer than ``FP8_NARROW_GRID`` times them, with ``early`` the early PDL
     trigger where the grid has more CTAs than ``FP8_MIN_RESIDENT`` per SM,
-    then the deepest ring that leaves room for the CTAs each SM should hold.
+    then the deepest ring that leaves room for the CTAs each SM should hold
+    (at most ``most``).
     ``step(tactic, **changes)`` is the change where legal, else ``tactic``."""
     cover = min(t for t in MMA_TOKEN_TILES if t >= m)
     # the shape first on a short ring (a deep one would refuse wider tiles
@@ -162,7 +170,7 @@ def fp8_resident(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int, step,
         # (at M = 32 it measured 0.95-1.02x)
         tactic = step(tactic, early_launch=True)
     wanted = -(-grid_ctas(tactic, m, n) // sm_count)
-    resident = min(max(wanted, FP8_MIN_RESIDENT), FP8_MAX_RESIDENT)
+    resident = min(max(wanted, FP8_MIN_RESIDENT), most)
     for stages in range(MAX_STAGES, 0, -1):
         deeper = step(tactic, stages=stages)
         if deeper.stages == stages and ctas_per_sm(deeper, fp8=True) >= resident:
