@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from ..contract import FP8_SCALE_KINDS, OPTIONAL_K_SPLIT, min_k_split
+from ..contract import FP8_SCALE_KINDS, MAX_K_SPLIT, min_k_split
 from ..kernel import layout
 from ..tactics import (
     CP_ASYNC,
@@ -101,10 +101,12 @@ def default_tactic(m: int, n: int, k: int, sm_count: int | None = None, *,
 FP8_MIN_RESIDENT = 2
 FP8_MAX_RESIDENT = 4
 FP8_NARROW_GRID = 1.5
-#: Where K takes a cluster of three or four CTAs (``needed_k_split``), one
-#: CTA more per SM and no early trigger: on an H100, 8192x29568 at M = 1 and
-#: 8 ran 102.3 -> 89.6 us (a ring of 4 for 5 CTAs per SM, against 6 for 4,
-#: or 101.4 at 6 per SM), and every early trigger of the sweep lost 1-11%.
+#: Where K takes a cluster of four CTAs (``needed_k_split``), one CTA more
+#: per SM and no early trigger: on an H100, 8192x29568 at M = 1 and 8 ran
+#: 102.3 -> 89.6 us (a ring of 4 for 5 CTAs per SM, against 6 for 4, or
+#: 101.4 at 6 per SM), and every early trigger of the sweep lost 1-11%.
+#: Three CTAs keep the rules (unmeasured; 4608x36864 streams at 94% of the
+#: read bandwidth at M = 1 with them).
 FP8_CLUSTER_RESIDENT = FP8_MAX_RESIDENT + 1
 #: Block scales take the same rules: the kernel folds each into its
 #: block's conversion (``ptx.block_multiplier``), at no cost per weight.
@@ -136,7 +138,7 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         changed = dataclasses.replace(tactic, **changes)
         return changed if legal(changed) else tactic
 
-    cluster = base.k_split > OPTIONAL_K_SPLIT
+    cluster = base.k_split == MAX_K_SPLIT
     tactic = fp8_resident(base, m, n, sm_count, step, early=m <= 16 and not cluster,
                           most=FP8_CLUSTER_RESIDENT if cluster else FP8_MAX_RESIDENT)
     return step(tactic, b_loader_warps=2)
