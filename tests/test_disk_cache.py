@@ -262,6 +262,25 @@ def test_an_untrusted_folder_is_not_used(cache, compiled, monkeypatch, how):
     assert not disk_cache.path_for("cd" * 20).exists()
 
 
+def test_each_untrusted_folder_is_named_once(cache, monkeypatch, tmp_path):
+    """A process sent to a second untrusted folder (another cache dir, one
+    another user owns) is warned of that one too, once each."""
+    cache.mkdir(mode=0o700)
+    cache.chmod(0o777)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    with pytest.warns(RuntimeWarning) as caught:
+        assert disk_cache.load("ab" * 20) is None
+        _as_another_user(monkeypatch)
+        for folder in (theirs, cache, theirs):
+            monkeypatch.setenv("WARPSPLITK_CACHE_DIR", str(folder))
+            assert disk_cache.load("ab" * 20) is None
+    said = [str(w.message) for w in caught]
+    assert len(said) == 2, said
+    assert f"not using {cache}: writable by" in said[0]
+    assert f"not using {theirs}: owned by uid" in said[1]
+
+
 def test_a_file_others_can_write_or_another_user_owns_is_not_loaded(cache, compiled,
                                                                      monkeypatch):
     stem = disk_cache.key("sm_90a", N, K, TACTIC, False, True)

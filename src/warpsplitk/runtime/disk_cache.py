@@ -92,8 +92,11 @@ def _warn_once(kind: str, message: str) -> None:
 
 
 def _untrusted(error: UntrustedPath) -> None:
-    _warn_once("untrusted", f"not using {error.path}: {error.reason}; compiled kernels are "
-                            "kept in this process only (docs/reliability.md, Security model)")
+    # once per cache folder: a process pointed at a second untrusted folder
+    # (another WARPSPLITK_CACHE_DIR, another user's) hears of that one too
+    _warn_once(f"untrusted {cache_dir()}",
+               f"not using {error.path}: {error.reason}; compiled kernels are "
+               "kept in this process only (docs/reliability.md, Security model)")
 
 
 _SWITCH = {"1": True, "on": True, "true": True, "yes": True, "enable": True, "enabled": True,
