@@ -160,42 +160,6 @@ def test_compile_sm90a_uneven_split_of_k(n, k, tactic):
     check_facts(facts(report), "sm_90a", n, k, tactic)
 
 
-def _hand_over_order(ptx):
-    """The cluster hand-over's instructions in PTX order, one letter each:
-    M an MMA, B the compute warps' barrier, F a remote ring_free arrival,
-    W a cluster-scoped wait, S a partial sent by st.async."""
-    import re
-    kinds = (("M", r"mma\.sync\.aligned"), ("B", r"bar\.sync\s+1,\s*128;"),
-             ("F", r"mbarrier\.arrive\.release\.cluster\.shared::cluster"),
-             ("W", r"try_wait\.parity\.acquire\.cluster"), ("S", r"st\.async\.shared::cluster"))
-    found = sorted((m.start(), letter) for letter, pattern in kinds
-                   for m in re.finditer(pattern, ptx))
-    return re.sub(r"(.)\1+", r"\1", "".join(letter for _, letter in found))
-
-
-def test_a_wide_cluster_sends_only_once_cta_0_has_read_its_ring():
-    """k_split 4 (the reduction buffer over the rings, ``layout.ALIASED_SPLIT``):
-    each rank's traced K loop, then the compute warps' barrier, CTA 0's
-    arrival on each other CTA's ``ring_free`` (predicated: one thread of CTA
-    0), their wait, and only then the partials; the audit requires the
-    arrival with such a split and refuses it with a split in two."""
-    n, k, tactic = 256, 231 * 128, WarpSplitKTactic(16, 8, 128, 2, 1, 4)
-    report = report_for(n, k, tactic)
-    # four ranks' views (an uneven split), three arrivals each
-    assert _hand_over_order(report.ptx) == "MBFWSBW" * 4
-    assert report.ptx.count("mbarrier.arrive.release.cluster.shared::cluster") == 4 * 3
-    tiles = tuple(layout.k_share(r, 231, 4)[1] for r in range(4))
-    assert audit_ptx(report.ptx, k_tiles=tiles, k_split=4) == []
-    assert any("with k_split 2" in p for p in audit_ptx(report.ptx, k_tiles=tiles, k_split=2))
-    unfreed = report.ptx.replace("mbarrier.arrive.release.cluster.shared::cluster",
-                                 "mbarrier.arrive.shared::cluster")
-    problems = audit_ptx(unfreed, k_tiles=tiles, k_split=4)
-    assert any("missing the first CTA frees" in p for p in problems)
-    assert any("unordered arrival" in p for p in problems)
-    two = report_for(256, 65 * 128, WarpSplitKTactic(16, 8, 128, 5, 2, 2))
-    assert "shared::cluster.b64" not in two.ptx.replace("mbarrier::complete_tx", "")
-
-
 def test_fp8_block_scales_on_an_uneven_split():
     tactic = WarpSplitKTactic(16, 8, 128, 3, 2, 2)
     report = compile_for_arch(256, 65 * 128, tactic, "sm_90a", fp8_scales="block128")
