@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -113,6 +113,13 @@ def chain_table(rows, tbps: float) -> list[str]:
                 f"{100 * floor / r['ours_us']:.0f}%)")
     return m_grid(rows, lambda r: (tuple(r["first"]), tuple(r["second"])), ["first → second"],
                   lambda pair: [" → ".join("×".join(map(str, shape)) for shape in pair)], cell)
+
+
+def _shown(command: str) -> str:
+    """A record's command as the docs show it: without its ``--json`` target
+    (the record named beside it), the kernels-community checkout as DIR."""
+    command = re.sub(r" --json \S+", "", command)
+    return re.sub(r" --hf-fp8-kernel \S+", " --hf-fp8-kernel DIR", command)
 
 
 def _rel(path: Path) -> str:
@@ -407,7 +414,7 @@ def decode_md(record: dict, path: Path, heading: bool = True) -> list[str]:
     out = [
         "",
         *(["## A model's decode step", ""] if heading else []),
-        f"Data: `{_rel(path)}` (`{record['command']}`): a {family}-style model of "
+        f"Data: `{_rel(path)}` (`{_shown(record['command'])}`): a {family}-style model of "
         f"{c['num_hidden_layers']} layers, hidden {c['hidden_size']}, intermediate "
         f"{c['intermediate_size']}, {c['num_attention_heads']}/{c['num_key_value_heads']} heads, "
         f"vocab {c['vocab_size']}, transformers {record['transformers']}"
@@ -445,7 +452,7 @@ def long_k_md(record: dict, path: Path) -> list[str]:
     from warpsplitk.planning.choose import FOUR_CTA_CUBLAS_MIN_M
     big = [r for r in rows if r["n"] * r["k"] * 2 >= BIG]
     out = ["", "## K past 64 tiles", "",
-           f"Data: `{_rel(path)}` (`{env['command']}`). The default splits K over a "
+           f"Data: `{_rel(path)}` (`{_shown(env['command'])}`). The default splits K over a "
            "cluster's CTAs (2; 3 past 128 tiles, 4 past 192, where M > "
            f"{FOUR_CTA_CUBLAS_MIN_M} then runs cuBLAS unless a plan says otherwise); "
            "µs warpsplitk/cuBLAS (speedup).", "",
@@ -505,7 +512,7 @@ def fp8_md(record: dict, path: Path) -> list[str]:
     other = ("transformers' fine-grained `FP8Linear` on the same weight and scales" if hf
              else "`torch._scaled_mm` with row-wise scales, x quantized in the call")
     out = ["", "## FP8 weights" + ("" if kind == "channel" else f", {kind} scales"), "",
-           f"Data: `{_rel(path)}` (`{env['command'].split(' --shapes')[0]}`), "
+           f"Data: `{_rel(path)}` (`{_shown(env['command'].split(' --shapes')[0])}`), "
            f"{env['gpu']}, {env['date'][:10]}. e4m3 weights with {kind} scales on the "
            "FP8 default. Cells: FP8 µs (its speedup over our BF16 call on the dequantized "
            f"weight / over {other}).", ""]
@@ -538,7 +545,7 @@ def decode_fp8_md(record: dict, path: Path) -> list[str]:
                if n.startswith("plain model:")),
               "transformers' FP8Linear")
     out = ["", "## An FP8 model's decode step", "",
-           f"Data: `{_rel(path)}` (`{record['command']}`): {c['num_hidden_layers']} Llama "
+           f"Data: `{_rel(path)}` (`{_shown(record['command'])}`): {c['num_hidden_layers']} Llama "
            f"layers, hidden {c['hidden_size']}, decoder linears quantized as "
            f"`FineGrainedFP8Config` does (e4m3, 128 × 128 blocks). Plain: {hf} (x quantized, "
            "W8A8); patched: `patch_model`, x in BF16 (W8A16). One CUDA graph per step; error "
