@@ -119,7 +119,8 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
     16-byte activation copies (the FP8 kernel's only kind) by two loader
     warps, no L2 prefetch or mixed grid (measured on BF16 weights), several
     CTAs per SM (:func:`fp8_resident`; the early PDL trigger only at
-    M <= 16); the same for every kind of ``scales``.
+    M <= 16; where K takes four CTAs, ``FP8_CLUSTER_RESIDENT`` and no
+    early trigger); the same for every kind of ``scales``.
     ``swiglu``: for the SwiGLU epilogue, from its BF16 choice.
     A rule whose tactic breaks ``check_tactic`` is skipped;
     where even the first breaks one, the first of :func:`ranked`'s order
