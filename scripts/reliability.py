@@ -132,18 +132,19 @@ def shipped_cases(fp8=False, swiglu=False):
     return cases + long_k_cases(fp8)
 
 
-#: K past two CTAs of 64 tiles (Qwen2.5-72B's and Gemma-2-27B's ``down`` at
-#: TP 1): the default splits it over four and three CTAs.
-LONG_KS = (29568, 36864)
+#: K past two CTAs of 64 tiles: Qwen2.5-72B's and Gemma-2-27B's ``down`` at
+#: TP 1 (N, K), which the default splits over four and three CTAs.
+LONG_K_SHAPES = ((8192, 29568), (4608, 36864))
+LONG_KS = tuple(k for _, k in LONG_K_SHAPES)
 
 
 def long_k_cases(fp8=False):
-    """The default's tactics for K of ``LONG_KS`` (a 64-row weight's) at M
-    1, 8 and 32 (with ``fp8``: channel and block scales), on two output
-    tiles and the whole K."""
+    """The default's tactics for the weights of ``LONG_K_SHAPES`` at M 1, 8,
+    16 and 32 (with ``fp8``: channel and block scales), each run on two
+    output tiles and the whole K."""
     kinds = ("channel", "block128") if fp8 else ("channel",)
-    found = {default_tactic(m, 64, k, sm_count=132, fp8=fp8, fp8_scales=kind): k
-             for k in LONG_KS for m in (1, 8, 32) for kind in kinds}
+    found = {default_tactic(m, n, k, sm_count=132, fp8=fp8, fp8_scales=kind): k
+             for n, k in LONG_K_SHAPES for m in (1, 8, 16, 32) for kind in kinds}
     return [(t, 2 * t.output_tile, k, sorted({1, t.token_tile, 32}))
             for t, k in sorted(found.items())]
 

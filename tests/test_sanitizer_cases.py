@@ -86,6 +86,8 @@ def test_shipped_cases_cover_every_shipped_tactic_and_refill_every_stage(reliabi
                  for s in load()["shapes"] for m in range(1, 33)}
     long_k = {t for t, *_ in reliability.long_k_cases()}  # K split over 3 and 4 CTAs
     assert {t.k_split for t in long_k} == {3, 4}
+    # the tactics the default gives those models' weights, not a small weight's
+    assert default_tactic(1, 8192, 29568, sm_count=132) in long_k
     assert set(tactics) == plan | heuristic | long_k
     # the shipped plan's features all reach the sanitizer
     for feature in (lambda t: t.k_split == 2, lambda t: t.early_launch,
@@ -132,6 +134,7 @@ def test_fp8_cases_are_legal_for_fp8_weights(reliability, kind):
     """``--fp8``: the families an e4m3 weight takes (16-byte activation
     copies; block scales without mixed grids), K splits and narrow tiles
     among them; the shipped subset is the FP8 default's tactics."""
+    from warpsplitk.planning.choose import default_tactic
     from warpsplitk.tactics import is_legal
     cases = reliability.family_cases("all", k_splits=(1, 2), bulk_xs=(False, True),
                                      tma_xs=(False, True), half_tiles=True, fp8=kind)
@@ -141,6 +144,7 @@ def test_fp8_cases_are_legal_for_fp8_weights(reliability, kind):
     assert any(t.half_tiles for t, *_ in cases) == (kind != "block128")
     shipped = reliability.family_cases("shipped", fp8=kind)
     long_k = {t for t, *_ in reliability.long_k_cases(fp8=True)}
+    assert default_tactic(1, 8192, 29568, 132, fp8=True, fp8_scales=kind) in long_k
     assert {t for t, *_ in shipped} == {t for t in set(reliability.shipped_tactics(fp8=True))
                                         | long_k if kind != "block128" or not t.half_tiles}
 
