@@ -139,7 +139,7 @@ def fp8_tactic(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT,
         changed = dataclasses.replace(tactic, **changes)
         return changed if legal(changed) else tactic
 
-    cluster = base.k_split == MAX_K_SPLIT
+    cluster = needed_k_split(k) == MAX_K_SPLIT
     tactic = fp8_resident(base, m, n, sm_count, step, early=m <= 16 and not cluster,
                           most=FP8_CLUSTER_RESIDENT if cluster else FP8_MAX_RESIDENT)
     return step(tactic, b_loader_warps=2)
@@ -485,7 +485,7 @@ def prefers_cublas(m: int, n: int, k: int, sm_count: int = DEFAULT_SM_COUNT, *,
     ``FOUR_CTA_CUBLAS_MIN_M`` on a K that needs four CTAs); ``chained``: a call
     between kernel calls of a dependent chain, where cuBLAS must also make up
     the PDL overlap it forfeits (``CHAIN_CUBLAS_US``)."""
-    if m > FOUR_CTA_CUBLAS_MIN_M and needed_k_split(k) == 4:
+    if m > FOUR_CTA_CUBLAS_MIN_M and needed_k_split(k) == MAX_K_SPLIT:
         return True
     penalty = CHAIN_CUBLAS_US if chained else 0.0
     return k <= CUBLAS_MAX_K and (shipped_model().predict_cublas_us(m, n, k) + penalty
