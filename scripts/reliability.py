@@ -135,7 +135,6 @@ def shipped_cases(fp8=False, swiglu=False):
 #: K past two CTAs of 64 tiles: Qwen2.5-72B's and Gemma-2-27B's ``down`` at
 #: TP 1 (N, K), which the default splits over four and three CTAs.
 LONG_K_SHAPES = ((8192, 29568), (4608, 36864))
-LONG_KS = tuple(k for _, k in LONG_K_SHAPES)
 
 
 def long_k_cases(fp8=False):
