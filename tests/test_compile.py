@@ -160,6 +160,49 @@ def test_compile_sm90a_uneven_split_of_k(n, k, tactic):
     check_facts(facts(report), "sm_90a", n, k, tactic)
 
 
+def _hand_over_order(ptx):
+    """The cluster hand-over's instructions in PTX order, one letter each:
+    M an MMA, B the compute warps' barrier, F a remote ring_free arrival,
+    W a cluster-scoped wait, S a partial sent by st.async."""
+    import re
+    kinds = (("M", r"mma\.sync\.aligned"), ("B", r"bar\.sync\s+1,\s*128;"),
+             ("F", r"mbarrier\.arrive\.release\.cluster\.shared::cluster"),
+             ("W", r"try_wait\.parity\.acquire\.cluster"), ("S", r"st\.async\.shared::cluster"))
+    found = sorted((m.start(), letter) for letter, pattern in kinds
+                   for m in re.finditer(pattern, ptx))
+    return re.sub(r"(.)\1+", r"\1", "".join(letter for _, letter in found))
+
+
+def test_a_wide_fp8_cluster_sends_only_once_cta_0_has_read_its_ring():
+    """FP8 on k_split 4 (the reduction buffer over the rings,
+    ``layout.split_over_rings``): each rank's traced K loop, then the compute
+    warps' barrier, CTA 0's arrival on each other CTA's ``ring_free``
+    (predicated: one thread of CTA 0), their wait, and only then the
+    partials; the audit requires the arrival there and refuses it in a
+    kernel without that layout (BF16 on four CTAs, a split in two)."""
+    n, k, tactic = 256, 231 * 128, WarpSplitKTactic(16, 8, 128, 2, 1, 4)
+    report = compile_for_arch(n, k, tactic, "sm_90a", fp8_scales="channel")
+    assert tactic.smem_plan_for(fp8=True).ring_free is not None
+    # four ranks' views (an uneven split), three arrivals each
+    assert _hand_over_order(report.ptx) == "MBFWSBW" * 4
+    assert report.ptx.count("mbarrier.arrive.release.cluster.shared::cluster") == 4 * 3
+    assert report.audit() == []
+    tiles = tuple(layout.k_share(r, 231, 4)[1] for r in range(4))
+    assert any("without a split over the rings" in p
+               for p in audit_ptx(report.ptx, k_tiles=tiles, k_split=4))
+    unfreed = report.ptx.replace("mbarrier.arrive.release.cluster.shared::cluster",
+                                 "mbarrier.arrive.shared::cluster")
+    problems = audit_ptx(unfreed, k_tiles=tiles, k_split=4, ring_free=True)
+    assert any("missing the first CTA frees" in p for p in problems)
+    assert any("unordered arrival" in p for p in problems)
+    # BF16 on the same four CTAs keeps its buffer beside the rings: no hand-over
+    bf16 = report_for(n, k, tactic)
+    assert tactic.smem_plan.ring_free is None
+    assert "mbarrier.arrive.release.cluster" not in bf16.ptx and bf16.audit() == []
+    assert any("missing the first CTA frees" in p
+               for p in audit_ptx(bf16.ptx, k_tiles=tiles, k_split=4, ring_free=True))
+
+
 def test_fp8_block_scales_on_an_uneven_split():
     tactic = WarpSplitKTactic(16, 8, 128, 3, 2, 2)
     report = compile_for_arch(256, 65 * 128, tactic, "sm_90a", fp8_scales="block128")

@@ -347,6 +347,11 @@ def test_ring_simulation_catches_a_wrong_parity():
 #            mbarrier) and runs the epilogue; every other CTA sends its
 #            partials into CTA 0 (st.async, completing that mbarrier) and
 #            runs an epilogue that stores nothing; exit.
+# An FP8 cluster of layout.ALIASED_SPLIT CTAs or more (layout.split_over_rings)
+# has its reduction buffer over the rings: CTA 0's compute warps, past the phase-0 wait, read their last
+# tile (the named barrier), then free each other CTA (a remote arrival on its
+# ring_free mbarrier) and store; every other CTA waits to be freed before it
+# sends (ALIASED_ROLES).
 # (A hand-over by a second cluster barrier phase instead of the mbarrier is
 # retired and not modelled: docs/design-notes.md.)
 # One thread stands for each role of each CTA (a role's threads run the same
@@ -361,10 +366,17 @@ CLUSTER_ROLES = {
 }
 
 
-def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
+ALIASED_ROLES = dict(CLUSTER_ROLES, compute={
+    "first": ("arrive", "work", "wait", "free", "store", "recv", "epilogue"),
+    "peer": ("arrive", "work", "wait", "freed", "send", "epilogue")})
+
+
+def explore_cluster(roles=CLUSTER_ROLES, ctas=2, aliased=False):
     """Every reachable state of the cluster's threads; returns the problems
     found (deadlocks, partials sent into a CTA not yet running or already
-    gone, epilogue reads before all partials are in)."""
+    gone, epilogue reads before all partials are in; ``aliased``: partials
+    sent over CTA 0's ring before its compute warps have read it, a CTA
+    freed before it runs)."""
     threads = [(cta, role) for cta in range(ctas) for role in roles]
 
     def program(cta, role):
@@ -387,6 +399,10 @@ def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
     def running(pcs, cta):
         return all(pcs[t] >= 1 for t in range(len(threads)) if threads[t][0] == cta)
 
+    def done(pcs, cta, role, event):
+        t = threads.index((cta, role))
+        return event in programs[t][:pcs[t]]
+
     def exited(pcs, cta):
         return all(pcs[t] == len(programs[t]) for t in range(len(threads)) if threads[t][0] == cta)
 
@@ -408,10 +424,18 @@ def explore_cluster(roles=CLUSTER_ROLES, ctas=2):
                     continue  # blocked: someone has not arrived for this phase
             if event == "recv" and not partials_in(pcs) >= set(range(1, ctas)):
                 continue  # blocked: the mbarrier still expects bytes
+            if event == "freed" and not done(pcs, 0, "compute", "free"):
+                continue  # blocked: its ring_free mbarrier has no arrival yet
+            if event == "free":
+                for peer in range(1, ctas):
+                    if not running(pcs, peer):
+                        problems.add(f"CTA 0 frees CTA {peer} before it runs")
             if event == "arrive" and arrivals(pcs, t) > waits_done(pcs, t):
                 # PTX: a thread waits on the cluster barrier between arrivals
                 problems.add(f"{role} of CTA {cta} arrives twice without a wait")
             if event == "send":
+                if aliased and not done(pcs, 0, "compute", "work"):
+                    problems.add(f"CTA {cta} sends over CTA 0's ring before it is read")
                 if not running(pcs, 0):
                     problems.add(f"CTA {cta} sends into CTA 0 before it runs")
                 if exited(pcs, 0):
@@ -430,6 +454,34 @@ def test_cluster_protocol_is_safe_and_live(ctas):
     """Every shipped k_split (3 and 4 only where K needs them), the shipped
     mbarrier hand-over."""
     assert explore_cluster(CLUSTER_ROLES, ctas=ctas) == set()
+
+
+@pytest.mark.parametrize("ctas", [3, 4])
+def test_aliased_cluster_protocol_is_safe_and_live(ctas):
+    """The wide clusters' hand-over over the rings (``ALIASED_ROLES``)."""
+    assert explore_cluster(ALIASED_ROLES, ctas=ctas, aliased=True) == set()
+
+
+@pytest.mark.parametrize("first,problem", [
+    # CTA 0 frees the others before its own K loop ends
+    (("arrive", "wait", "free", "work", "store", "recv", "epilogue"),
+     "sends over CTA 0's ring before it is read"),
+    # ... or before they run (an arrival on a barrier not yet initialised)
+    (("arrive", "free", "work", "wait", "store", "recv", "epilogue"), "before it runs"),
+    # CTA 0 never frees them: every other CTA waits forever
+    (("arrive", "work", "wait", "store", "recv", "epilogue"), "deadlock"),
+])
+def test_aliased_cluster_model_catches_broken_hand_overs(first, problem):
+    roles = _with(ALIASED_ROLES, "compute", first, "first")
+    problems = explore_cluster(roles, ctas=3, aliased=True)
+    assert any(problem in p for p in problems), problems
+
+
+def test_the_split_in_two_hand_over_is_unsafe_over_the_rings():
+    """Why a wide cluster needs ``ring_free``: without it a CTA may send
+    while CTA 0 still reads its ring."""
+    problems = explore_cluster(CLUSTER_ROLES, ctas=3, aliased=True)
+    assert any("sends over CTA 0's ring before it is read" in p for p in problems)
 
 
 def _with(roles, role, program, cta=None):
@@ -525,6 +577,45 @@ def test_reduction_buffer_over_the_rings_only_where_it_would_not_fit():
         else:
             assert p.reduction >= rings_end and p.full_a >= p.reduction + buffer
     assert seen > 20
+
+
+@pytest.mark.parametrize("k_split", [3, 4])
+def test_a_wide_fp8_cluster_lays_its_reduction_buffer_over_the_rings(k_split):
+    """FP8 clusters of ``ALIASED_SPLIT`` CTAs or more: the buffer (every
+    CTA's warps' partials) starts at the weight ring whatever the ring's
+    depth, the mbarriers follow the longer of the two, and each CTA has its
+    ``ring_free`` barrier besides ``partials``. Splits in two, and BF16
+    clusters of any width, keep the buffer beside the rings."""
+    assert layout.ALIASED_SPLIT == 3
+    for o, t, kt, s, fp8 in itertools.product((16, 32, 48, 64), (8, 16, 32), (128, 256),
+                                              range(1, 17), (False, True)):
+        if o >= 48 and kt == 256:
+            continue
+        weight_bytes = layout.FP8_BYTES if fp8 else layout.ELEMENT_BYTES
+        b_layout = layout.FP8_ACTIVATION_LAYOUT if fp8 else "swizzle"
+        p = layout.smem_plan(o, t, kt, s, k_split, b_layout, weight_bytes)
+        rings_end = p.b_ring + s * p.b_stage_bytes
+        buffer = (k_split * layout.COMPUTE_WARPS * layout.reduction_tokens(t)
+                  * layout.reduction_row_words(o) * 4)
+        assert layout.split_over_rings(k_split, weight_bytes) == fp8
+        if fp8:
+            assert p.reduction_aliased and p.reduction == p.a_ring == 0
+            assert p.full_a >= max(rings_end, buffer) and p.full_a % 128 == 0
+            assert p.partials is not None and p.ring_free is not None
+            assert p.total == p.ring_free + layout.MBARRIER_BYTES
+        else:
+            assert not p.reduction_aliased and p.ring_free is None
+            assert p.reduction >= rings_end and p.partials is not None
+        two = layout.smem_plan(o, t, kt, s, 2, b_layout, weight_bytes)
+        assert two.ring_free is None and not two.reduction_aliased
+
+
+def test_a_wide_cluster_at_32_tokens_holds_three_ctas_per_sm():
+    """The point of the layout: a 32 x 32 FP8 tile on four CTAs of K
+    (8192 x 29568 at M = 32) took 96 KB beside its two-stage ring, two CTAs
+    per SM; over the rings a six-stage ring fits three."""
+    from warpsplitk.tactics import WarpSplitKTactic, ctas_per_sm
+    assert ctas_per_sm(WarpSplitKTactic(32, 32, 128, 6, 2, 4), fp8=True) == 3
 
 
 # ------------------------------------------------------------ TMA boxes

@@ -791,10 +791,10 @@ def test_the_fp8_default_keeps_several_ctas_on_each_sm(m, n, k, expected):
 
 
 @pytest.mark.parametrize("m, n, k, expected", [
-    (1, 8192, 231 * 128, "32,8,128,4,2,4"),     # five per SM, not four at a ring of 6
-    (8, 8192, 231 * 128, "32,8,128,4,2,4"),
-    (16, 8192, 231 * 128, "32,16,128,2,2,4"),   # no early trigger on a cluster
-    (32, 8192, 231 * 128, "32,32,128,2,2,4"),
+    (1, 8192, 231 * 128, "32,8,128,7,2,4"),     # five per SM, the ring under the buffer
+    (8, 8192, 231 * 128, "32,8,128,7,2,4"),
+    (16, 8192, 231 * 128, "32,16,128,5,2,4"),   # no early trigger on four CTAs
+    (32, 8192, 231 * 128, "32,32,128,6,2,4"),   # three per SM, as many as any ring leaves
 ])
 def test_the_fp8_default_on_four_ctas_of_k_holds_one_cta_more_per_sm(m, n, k, expected):
     """Where K takes four CTAs the FP8 default keeps ``FP8_CLUSTER_RESIDENT``
@@ -806,8 +806,8 @@ def test_the_fp8_default_on_four_ctas_of_k_holds_one_cta_more_per_sm(m, n, k, ex
         assert ctas_per_sm(tactic, fp8=True) == FP8_CLUSTER_RESIDENT
     assert tactic.k_split == needed_k_split(k) == 4 and not tactic.early_launch
     assert default_tactic(m, 4608, 144 * 256, 132, fp8=True).short() == {
-        1: "16,8,256,6,2,3+early", 8: "16,8,256,6,2,3+early", 16: "32,16,256,2,2,3+early",
-        32: "32,32,256,2,2,3"}[m]
+        1: "16,8,256,6,2,3+early", 8: "16,8,256,6,2,3+early", 16: "32,16,256,3,2,3+early",
+        32: "32,32,256,4,2,3"}[m]
 
 
 @pytest.mark.parametrize("m, n, k, expected", [

@@ -425,6 +425,21 @@ def half_tile_index(tile_n, full_tiles):
 # ---------------------------------------------------------- shared memory
 
 
+#: FP8 clusters of this many CTAs or more lay the reduction buffer over the
+#: rings (``split_over_rings``): beside them its ``k_split * 4`` slots held
+#: 72 of the 96 KB of a 32 x 32 FP8 tile on four CTAs, two CTAs per SM.
+#: Splits in two keep their layout (and the shipped kernels theirs).
+ALIASED_SPLIT = 3
+
+
+def split_over_rings(k_split, weight_bytes):
+    """Whether a K split's reduction buffer lies over the rings, the first
+    CTA freeing it for the others (``SmemPlan.ring_free``): FP8 weights on
+    ``ALIASED_SPLIT`` CTAs or more. BF16 keeps its buffer beside the rings
+    (its rings are twice the bytes; the design notes give the A/B)."""
+    return k_split >= ALIASED_SPLIT and weight_bytes == FP8_BYTES
+
+
 def _align(value, alignment):
     return (value + alignment - 1) // alignment * alignment
 
@@ -447,6 +462,10 @@ class SmemPlan:
     #: k_split > 1: one mbarrier, the other CTAs' partial sums landed in the
     #: first CTA's buffer (their bytes complete it); None without a split
     partials: int | None = None
+    #: a split whose buffer lies over the rings (``split_over_rings``): one
+    #: mbarrier in each CTA, the first CTA's ring read to the end (its one
+    #: remote arrival), which the others wait for before they send
+    ring_free: int | None = None
 
 
 @functools.lru_cache(maxsize=65536)  # a pure function of a few ints: ranking asks often
@@ -464,11 +483,15 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, b_layout="swiz
 
     A ring too deep to fit beside the reduction buffer in one block
     (``SMEM_PER_BLOCK``) gets the buffer laid over its start instead
-    (``reduction_aliased``; k_split 1 only, where no other CTA writes into
+    (``reduction_aliased``; without a split, where no other CTA writes into
     it): the rings are dead once every compute warp has read its last tile,
     which the kernel makes sure of with a barrier of the compute warps
     before the first partial is stored. Only then: a ring that fits either
-    way keeps its own buffer, and with it the kernel the tuner measured."""
+    way keeps its own buffer, and with it the kernel the tuner measured.
+    An FP8 cluster of ``ALIASED_SPLIT`` CTAs or more (``split_over_rings``)
+    always lays the buffer over the rings (it holds ``k_split * 4`` warps'
+    partials, more than the ring of a short K share), and the first CTA
+    tells the others when its ring is dead (``ring_free``)."""
     a_stage = output_tile * k_tile * weight_bytes
     b_row = k_tile + (B_ROW_PAD if b_layout == "padded" else 0)
     # 16-byte aligned rows either way (a multiple of 128 B from 8 rows on)
@@ -486,12 +509,16 @@ def smem_plan(output_tile, token_tile, k_tile, stages, k_split=1, b_layout="swiz
         full_b = full_a + stages * MBARRIER_BYTES
         empty = full_b + stages * MBARRIER_BYTES
         total = empty + stages * MBARRIER_BYTES
-        partials = None
+        partials = ring_free = None
         if k_split > 1:
             partials, total = total, total + MBARRIER_BYTES
+            if aliased:
+                ring_free, total = total, total + MBARRIER_BYTES
         return SmemPlan(a_stage, b_stage, a_ring, b_ring, reduction, full_a, full_b, empty, total,
-                        aliased, partials)
+                        aliased, partials, ring_free)
 
+    if split_over_rings(k_split, weight_bytes):
+        return plan(a_ring, _align(max(rings_end, reduction_bytes), REGION_ALIGN), True)
     separate = plan(rings_end, _align(rings_end + reduction_bytes, REGION_ALIGN), False)
     if separate.total <= SMEM_PER_BLOCK or k_split > 1 or reduction_bytes > rings_end:
         return separate

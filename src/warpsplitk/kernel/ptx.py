@@ -180,6 +180,18 @@ def map_shared_to_rank(address, rank, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def mbarrier_arrive_remote_if(remote_barrier, predicate, *, loc=None, ip=None):
+    """If ``predicate`` (non-zero): arrive on another CTA's mbarrier at
+    ``remote_barrier`` (shared::cluster), releasing at cluster scope what
+    this CTA did before (its waiter acquires it with ``mbarrier_wait(...,
+    cluster=True)``)."""
+    _asm(None, [Int32(remote_barrier), Int32(predicate)],
+         "{\n.reg .pred P1;\nsetp.ne.u32 P1, $1, 0;\n"
+         "@P1 mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];\n}",
+         "r,r,~{memory}", loc, ip)
+
+
+@dsl_user_op
 def st_partial_f32(local, remote, remote_barrier, value, is_remote, *, loc=None, ip=None):
     """One partial sum of a K split: if ``is_remote`` (non-zero), into another
     CTA's shared memory at ``remote`` (shared::cluster) by ``st.async``, its 4

@@ -288,6 +288,10 @@ class WarpSplitKKernel:
             ptx.mbarrier_init(self._barrier(smem, self.smem.empty, stage), self.compute_threads)
         if self.split:
             ptx.mbarrier_init(smem + self.smem.partials, 1)
+        if cutlass.const_expr(self.smem.ring_free is not None):
+            # the first CTA's one remote arrival: its ring is read (only the
+            # others wait on theirs)
+            ptx.mbarrier_init(smem + self.smem.ring_free, 1)
         ptx.fence_mbarrier_init()
         if self.split:
             # the first CTA expects every other CTA's partials: one arrival
@@ -688,7 +692,9 @@ class WarpSplitKKernel:
         completing 4 bytes of the first's ``partials`` mbarrier, and is done:
         no barrier holds it (only the first CTA's buffer is written
         remotely, and the first CTA cannot exit before the barrier
-        completes), and the first waits for those bytes."""
+        completes), and the first waits for those bytes. A cluster whose
+        buffer lies over the rings (``layout.split_over_rings``) sends only once
+        the first CTA has freed it (``ring_free``)."""
         t = self.tactic
         red = smem + self.smem.reduction
         if self.split:
@@ -698,6 +704,22 @@ class WarpSplitKKernel:
             ptx.cluster_wait()  # phase 0: every CTA of the cluster is running
             slot = rank * layout.COMPUTE_WARPS + warp
             remote = cutlass.select_(rank != 0, Int32(1), Int32(0))
+            if cutlass.const_expr(self.smem.reduction_aliased):
+                # the first CTA's buffer lies over its rings: no partial may
+                # land there before its compute warps have all read their
+                # last tile (the barrier; every copy into the rings completed
+                # before those reads). Then one of its threads frees each
+                # other CTA (release at cluster scope), and those wait for it
+                # (acquire) before they send.
+                ptx.named_barrier(1, self.compute_threads)
+                first_thread = (cutlass.select_(rank == 0, Int32(1), Int32(0))
+                                * cutlass.select_(warp == 0, Int32(1), Int32(0))
+                                * cutlass.select_(lane == 0, Int32(1), Int32(0)))
+                for peer in range(1, self.k_split):
+                    ptx.mbarrier_arrive_remote_if(
+                        ptx.map_shared_to_rank(smem + self.smem.ring_free, Int32(peer)),
+                        first_thread)
+                ptx.mbarrier_wait(smem + self.smem.ring_free, 0, cluster=True, predicate=remote)
         else:
             slot = warp
             if self.smem.reduction_aliased:

@@ -174,6 +174,13 @@ def fp8_resident(tactic: WarpSplitKTactic, m: int, n: int, sm_count: int, step,
         tactic = step(tactic, early_launch=True)
     wanted = -(-grid_ctas(tactic, m, n) // sm_count)
     resident = min(max(wanted, FP8_MIN_RESIDENT), most)
+    if layout.split_over_rings(tactic.k_split, layout.FP8_BYTES):
+        # the ring lies under the reduction buffer: up to the buffer's size
+        # a deeper ring costs no CTA, so the deepest one at the most CTAs
+        # the shortest ring leaves (H100, against the layout beside the
+        # rings: 8192x29568 M 16/32 1.06/1.21x, 4608x36864 M 16 1.33x,
+        # M <= 8 0.98-0.99x)
+        resident = min(resident, ctas_per_sm(tactic, fp8=True))
     for stages in range(MAX_STAGES, 0, -1):
         deeper = step(tactic, stages=stages)
         if deeper.stages == stages and ctas_per_sm(deeper, fp8=True) >= resident:

@@ -173,11 +173,12 @@ class CompileReport:
         # an uneven split traces one K loop per rank, of its own length
         k_tiles = (tuple(layout.k_share(r, tiles, t.k_split)[1] for r in range(t.k_split))
                    if tiles % t.k_split else tiles // t.k_split)
+        ring_free = t.smem_plan_for(self.fp8_scales is not None).ring_free is not None
         return audit_ptx(self.ptx, k_tiles=k_tiles, k_split=t.k_split,
                          l2_prefetch=bool(t.l2_prefetch), bulk_x=t.x_copy == BULK,
                          tma_x=t.x_copy == TMA,
                          prefetch_bytes=self.prefetch_bytes, stages=t.stages,
-                         swiglu=self.swiglu)
+                         swiglu=self.swiglu, ring_free=ring_free)
 
     @property
     def prefetch_bytes(self) -> int | None:
@@ -271,8 +272,9 @@ PTX_FORBIDDEN = (
     (r"\bld\.local|\bst\.local", "local memory (a register array indexed at run time)"),
     # no kernel shares activation stages across a cluster
     (r"\.multicast::cluster", "a copy multicast into a cluster"),
-    (r"mbarrier\.arrive(\.release\.cluster)?\.shared::cluster\.b64",
-     "an arrival on another CTA's barrier"),
+    # (the one remote arrival, a wide cluster's ring_free, releases:
+    # PTX_AUDIT_RING_FREE)
+    (r"mbarrier\.arrive\.shared::cluster\.b64", "an unordered arrival on another CTA's barrier"),
 )
 
 
@@ -295,6 +297,13 @@ PTX_AUDIT_SPLIT = (
     PTX_SPLIT_STORES,
     (r"mbarrier\.arrive\.expect_tx\.shared::cta", "the partials' bytes expected"),
     (r"mbarrier\.try_wait\.parity\.acquire\.cluster", "the first CTA waits for them"),
+)
+#: A cluster whose reduction buffer lies over the rings
+#: (``layout.split_over_rings``): the first CTA's remote arrival
+#: on each other CTA's ``ring_free`` barrier, which they wait for.
+PTX_AUDIT_RING_FREE = (
+    (r"mbarrier\.arrive\.release\.cluster\.shared::cluster\.b64",
+     "the first CTA frees the others' partials (its ring read)"),
 )
 #: No cluster barrier after the partials (only the first CTA of a K split
 #: waits, on its mbarrier) and no plain remote stores.
@@ -349,7 +358,7 @@ def prefetch_sizes(ptx_text: str) -> list[int | None]:
 def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
               l2_prefetch: bool = False, bulk_x: bool = False, tma_x: bool = False,
               prefetch_bytes: int | None = None, stages: int | None = None,
-              swiglu: bool = False) -> list[str]:
+              swiglu: bool = False, ring_free: bool = False) -> list[str]:
     """Problems with a kernel's PTX: required instructions missing, forbidden ones
     present. ``k_tiles`` (per CTA) ``== 1`` waives the L2 hint (a one-tile
     weight has only the unhinted prologue copy); ``k_split > 1`` requires the
@@ -361,8 +370,11 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
     ``k_tiles`` and ``stages``, the release fences of an async activation
     ring (``release_fence_problems``) are checked tile by tile. ``swiglu``
     requires the SwiGLU epilogue's exponential and division, forbidden
-    without it."""
-    required = _required_patterns(k_tiles, k_split, l2_prefetch, bulk_x, tma_x, swiglu)
+    without it. ``ring_free`` (a split over the rings,
+    ``layout.split_over_rings``) requires the first CTA's remote arrivals,
+    forbidden without it."""
+    required = _required_patterns(k_tiles, k_split, l2_prefetch, bulk_x, tma_x, swiglu,
+                                  ring_free)
     problems = [f"missing {why} ({pattern})" for pattern, why in required
                 if not re.search(pattern, ptx_text)]
     problems += [f"found {why} ({pattern})" for pattern, why in PTX_FORBIDDEN
@@ -379,10 +391,11 @@ def audit_ptx(ptx_text: str, k_tiles: int | None = None, k_split: int = 1,
     return problems
 
 
-def _required_patterns(k_tiles, k_split, l2_prefetch, bulk_x, tma_x, swiglu):
+def _required_patterns(k_tiles, k_split, l2_prefetch, bulk_x, tma_x, swiglu, ring_free):
     """``(pattern, why)`` the PTX must contain: the base audit and each feature's."""
     required = [(p, why) for p, why in PTX_AUDIT if not (k_tiles == 1 and p in HINT_PATTERNS)]
     for on, patterns in ((k_split > 1, PTX_AUDIT_CLUSTER + PTX_AUDIT_SPLIT),
+                         (ring_free, PTX_AUDIT_RING_FREE),
                          (tma_x, PTX_AUDIT_TMA_X), (l2_prefetch, PTX_AUDIT_PREFETCH),
                          (bulk_x, PTX_AUDIT_BULK_X), (swiglu, PTX_AUDIT_SWIGLU)):
         if on:
@@ -401,6 +414,7 @@ def _features_absent(ptx_text, allowed, k_split, l2_prefetch, bulk_x, tma_x, swi
         # (the split's expect_tx and cluster-scoped wait serve other features
         # too: only its st.async stores are its own)
         problems += found(PTX_AUDIT_CLUSTER + (PTX_SPLIT_STORES,), " without k_split")
+    problems += found(PTX_AUDIT_RING_FREE, " without a split over the rings")
     problems += [f"found {why} ({pattern})"
                  for pattern, why in PTX_FORBIDDEN_CLUSTER if re.search(pattern, ptx_text)]
     if tma_x:  # the boxes replace every other way activations arrive
