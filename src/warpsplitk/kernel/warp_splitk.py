@@ -704,7 +704,7 @@ class WarpSplitKKernel:
             ptx.cluster_wait()  # phase 0: every CTA of the cluster is running
             slot = rank * layout.COMPUTE_WARPS + warp
             remote = cutlass.select_(rank != 0, Int32(1), Int32(0))
-            if cutlass.const_expr(self.smem.reduction_aliased):
+            if cutlass.const_expr(self.smem.ring_free is not None):
                 # the first CTA's buffer lies over its rings: no partial may
                 # land there before its compute warps have all read their
                 # last tile (the barrier; every copy into the rings completed
