@@ -692,3 +692,32 @@ def test_k_split_hand_over_sizes(output_tile):
                 * layout.reduction_row_words(output_tile) * 4)
         assert two.full_a >= two.reduction + 2 * half and one.full_a >= one.reduction + half
         assert half >= partial
+
+
+@pytest.mark.parametrize("k_split", [2, 3, 4])
+def test_one_loop_split_runs_each_share_once_with_zero_tiles_past_it(k_split):
+    """One loop for every rank of an uneven split: the run-time first tile is
+    ``k_share``'s, the present tiles of each rank are its share, and the
+    ranks together cover every K tile once; only the last tile of a
+    shorter rank is absent."""
+    for k_tiles in range(65, 260):
+        longest = k_tiles // k_split + (1 if k_tiles % k_split else 0)
+        covered = []
+        for rank in range(k_split):
+            first, tiles = layout.k_share(rank, k_tiles, k_split)
+            assert layout.split_first_tile(rank, k_tiles, k_split) == first
+            present = [i for i in range(longest)
+                       if layout.split_tile_present(rank, i, k_tiles, k_split)]
+            assert present == list(range(tiles))
+            assert all(i == longest - 1 for i in range(longest) if i not in present)
+            covered += [first + i for i in present]
+        assert covered == list(range(k_tiles))
+
+
+def test_one_loop_split_only_for_uneven_fp8_row_copies_without_prefetch():
+    assert layout.one_loop_split(231, 4, 0, True, True)
+    assert not layout.one_loop_split(232, 4, 0, True, True)  # even: one loop anyway
+    assert not layout.one_loop_split(231, 1, 0, True, True)
+    assert not layout.one_loop_split(231, 4, 3, True, True)  # L2 prefetch: per-rank spans
+    assert not layout.one_loop_split(231, 4, 0, False, True)  # bulk or TMA copies of x
+    assert not layout.one_loop_split(231, 4, 0, True, False)  # BF16

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from . import layout
-from ..tactics import BULK, MAX_M, TMA, WarpSplitKTactic, check_tactic
+from ..tactics import BULK, CP_ASYNC, MAX_M, TMA, WarpSplitKTactic, check_tactic
 
 # ----------------------------------------------------------- primitives
 
@@ -271,7 +271,8 @@ def _accumulate(x, weight, tactic, tile_n, tile_t, check_coverage, swiglu=False,
     """One CTA's K loop over ``x`` and ``weight`` (its share of K): the four
     compute warps' FP32 accumulators ``[warp, m_iter, n_iter, lane, reg]``.
     ``fp8``: ``weight`` holds e4m3 bytes (uint8). ``blocks``: ``(block
-    scales [N / 128, K / 128], k of this share's first column)``: each
+    scales [N / 128, K / 128], k of this share's first column, its K
+    tiles)``: each
     warp's conversion of 16 rows of a tile folds in their block's scale
     (``_tile_multipliers``)."""
     t = tactic
@@ -366,14 +367,16 @@ def emulate_cta(x, weight, tactic, tile_n, tile_t, bias=None, *, swiglu=False,
 def _tile_multipliers(blocks, t, tile_n, tile, n, swiglu, m_iters):
     """``[warp][m_iter]``: the ``block_multiplier`` of each warp's quarter of
     K tile ``tile`` and of the weight rows its 16 hold (``blocks``: the
-    scales and this share's first k; ``n`` rows; ``swiglu``: gate or up
-    rows)."""
-    scales, k_first = blocks
+    scales, this share's first k and its tile count (a tile past it, a
+    zero tile of one loop for every rank, reads the scale at k = 0); ``n``
+    rows; ``swiglu``: gate or up rows)."""
+    scales, k_first, share_tiles = blocks
     k_total = scales.shape[1] * layout.FP8_SCALE_BLOCK
     flat = scales.reshape(-1)
     out = []
     for warp in range(layout.COMPUTE_WARPS):
-        k0 = k_first + tile * t.k_tile + layout.warp_k_start(warp, t.k_tile)
+        k0 = (k_first + tile * t.k_tile + layout.warp_k_start(warp, t.k_tile)
+              if tile < share_tiles else 0)
         rows = [layout.weight_row(tile_n, mi * layout.MMA_M, t.output_tile, n, swiglu)
                 for mi in range(m_iters)]
         out.append([block_multiplier(flat[layout.fp8_block_scale_index(row, k0, k_total)])
@@ -389,12 +392,21 @@ def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage, fp8=
     slots = t.k_split * layout.COMPUTE_WARPS
     words = slots * layout.reduction_tokens(t.token_tile) * layout.reduction_row_words(t.output_tile)
     buf = np.full(words, np.nan, dtype=np.float32)
+    k_tiles = x.shape[1] // t.k_tile
+    one_loop = layout.one_loop_split(k_tiles, t.k_split, t.l2_prefetch, t.x_copy == CP_ASYNC,
+                                     fp8)
     for rank in range(t.k_split):
-        # this CTA's K tiles (an uneven split: the first CTA one more)
-        first, tiles = layout.k_share(rank, x.shape[1] // t.k_tile, t.k_split)
+        # this CTA's K tiles (an uneven split: the first CTAs one more)
+        first, tiles = layout.k_share(rank, k_tiles, t.k_split)
         share = slice(first * t.k_tile, (first + tiles) * t.k_tile)
-        acc = _accumulate(x[:, share], weight[:, share], t, tile_n, tile_t, check_coverage,
-                          swiglu, fp8, None if blocks is None else (blocks, share.start))
+        xs, ws = x[:, share], weight[:, share]
+        if one_loop and not layout.split_tile_present(rank, tiles, k_tiles, t.k_split):
+            # one loop for every rank: a shorter rank's last tile, past its
+            # share, is copied as zeros (its block scale read at k = 0)
+            xs = np.concatenate([xs, np.zeros((xs.shape[0], t.k_tile), xs.dtype)], axis=1)
+            ws = np.concatenate([ws, np.zeros((ws.shape[0], t.k_tile), ws.dtype)], axis=1)
+        acc = _accumulate(xs, ws, t, tile_n, tile_t, check_coverage, swiglu, fp8,
+                          None if blocks is None else (blocks, share.start, tiles))
         for warp, mi, ni, lane, reg in np.ndindex(acc.shape):
             row, token = layout.accumulator_coords(lane, mi, ni, reg)
             off = layout.reduction_offset(rank * layout.COMPUTE_WARPS + warp, token, row,

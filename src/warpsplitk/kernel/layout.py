@@ -537,6 +537,39 @@ def k_share(rank, k_tiles, k_split):
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 
 
+def one_loop_split(k_tiles, k_split, l2_prefetch, row_copies, fp8):
+    """Whether an uneven split of ``k_tiles`` over ``k_split`` CTAs traces
+    one K loop for every rank, of the longest share (``k_tiles // k_split +
+    1``), the shorter ranks' last tile zero-filled (``split_tile_present``),
+    rather than one loop per rank of its own length: a third to a quarter
+    of the code (8192 x 29568 FP8: 148 KB, not 557 KB), the same for every
+    rank. Per-rank loops measured 1.09-1.71x the time of one loop (H100,
+    8192 x 24448 and 8192 x 29568, M 1-32; an even split of the same code
+    size, 8192 x 24192, streams per byte as fast as one loop): the
+    instructions of four loops, not the weight, set their pace. Only with
+    16-byte activation copies (``row_copies``: a row is zero-filled by
+    reading nothing; bulk and TMA copies of a tile past the share would
+    read the next rank's K), no L2 prefetch (its span is a rank's own
+    tiles), and for FP8 weights (``fp8``; the BF16 kernel's uneven splits
+    keep their measured loops per rank)."""
+    return bool(fp8 and k_split > 1 and k_tiles % k_split and not l2_prefetch and row_copies)
+
+
+def split_first_tile(rank, k_tiles, k_split):
+    """The first K tile of ``rank``'s share (``k_share``'s first), as
+    arithmetic the kernel also evaluates at run time on its rank."""
+    base, extra = divmod(k_tiles, k_split)
+    return rank * base + (rank if rank < extra else extra)
+
+
+def split_tile_present(rank, tile, k_tiles, k_split):
+    """Whether tile ``tile`` of ``rank``'s one traced loop (``one_loop_split``)
+    is in its share: all but the last (index ``k_tiles // k_split``), which
+    only the first ``k_tiles % k_split`` ranks have; the others' is zeros."""
+    base, extra = divmod(k_tiles, k_split)
+    return tile < base or rank < extra
+
+
 def split_partial_bytes(output_tile, token_tile):
     """Bytes of partial sums one CTA of a K split sends the first CTA: each
     compute lane's accumulators, one f32 per store (the first CTA's

@@ -58,6 +58,14 @@ def cp_async_16_hinted(dst, src, policy, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def cp_async_16_hinted_zfill(dst, src, policy, src_bytes, *, loc=None, ip=None):
+    """``cp_async_16_hinted`` that reads ``src_bytes`` (16 or 0) and zero-fills
+    the rest: a weight tile past a rank's K share (``layout.one_loop_split``)."""
+    _asm(None, [Int32(dst), Int64(src), Int32(src_bytes), Int64(policy)],
+         "cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2, $3;", "r,l,r,l", loc, ip)
+
+
+@dsl_user_op
 def cp_async_16(dst, src, *, loc=None, ip=None):
     """16-byte ``cp.async.cg`` global->shared, no hint (the pre-barrier prologue)."""
     _asm(None, [Int32(dst), Int64(src)], "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", loc, ip)

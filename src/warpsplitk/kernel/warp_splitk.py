@@ -38,7 +38,9 @@ overlap is safe for chained projections. (A weight rewritten by the kernel
 right before is not ordered; decode weights are constants.)
 
 ``k_split`` c: a cluster of c CTAs shares each output tile, each streaming
-its share of K (uneven shares: a traced view per rank). The others store
+its share of K (uneven shares: for FP8 weights with row copies of x and
+no L2 prefetch one loop of the longest share, a shorter rank's last tile
+zero-filled; otherwise a traced view per rank). The others store
 their partial sums into the first one's shared memory with ``st.async``,
 whose bytes complete an mbarrier there; only the first CTA waits, adds all
 4c warps' partials and stores.
@@ -69,7 +71,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
 from . import layout, ptx
-from ..tactics import BULK, TMA, WarpSplitKTactic
+from ..tactics import BULK, CP_ASYNC, TMA, WarpSplitKTactic
 
 _BYTES = layout.ELEMENT_BYTES
 
@@ -105,6 +107,14 @@ class WarpSplitKKernel:
         self.k_tiles = self.k_cta // t.k_tile
         # k_first None: an even split, rank r's K share at r * k_cta
         self.k_first = None
+        # an uneven split of FP8 weights with row copies of x and no L2
+        # prefetch: every rank runs one loop of the longest share, a shorter
+        # rank's last tile zero-filled (layout.one_loop_split): a third of
+        # the code of a loop per rank
+        self.one_loop = layout.one_loop_split(k // t.k_tile, t.k_split, t.l2_prefetch,
+                                              t.x_copy == CP_ASYNC, self.fp8)
+        if self.one_loop:
+            self.k_tiles = k // t.k_tile // t.k_split + 1
         self.smem = t.smem_plan_for(self.fp8)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
         self.b_threads = t.b_loader_warps * layout.WARP
@@ -124,7 +134,9 @@ class WarpSplitKKernel:
         # each rank runs a view of this kernel with its own static K share
         # (layout.k_share), in the same shared memory plan and barriers
         self.rank_views = None
-        if t.k_split > 1 and (k // t.k_tile) % t.k_split:
+        if self.one_loop:
+            pass  # every rank runs one loop of the longest share (above)
+        elif t.k_split > 1 and (k // t.k_tile) % t.k_split:
             views = []
             for rank in range(t.k_split):
                 view = copy.copy(self)
@@ -314,7 +326,28 @@ class WarpSplitKKernel:
         uneven split."""
         if self.k_first is not None:
             return Int64(self.k_first * element_bytes)
+        if self.one_loop:
+            return Int64(self._one_loop_first_column(rank)) * element_bytes
         return Int64(rank) * (self.k_cta * element_bytes)
+
+    def _one_loop_first_column(self, rank):
+        """One loop for every rank (``layout.one_loop_split``): the first K
+        column of ``rank``'s share, ``layout.split_first_tile`` at run time."""
+        base, extra = divmod(self.k // self.tactic.k_tile, self.k_split)
+        r = Int32(rank)
+        return (r * base + cutlass.select_(r < extra, r, Int32(extra))) * self.tactic.k_tile
+
+    def _tile_present(self, rank, k_tile_index):
+        """None where K tile ``k_tile_index`` of the loop is in every rank's
+        share; else (the last tile of one loop for every rank) 1 where it is
+        in ``rank``'s and 0 where it is past it, at run time
+        (``layout.split_tile_present``)."""
+        if not self.one_loop:
+            return None
+        base, extra = divmod(self.k // self.tactic.k_tile, self.k_split)
+        if k_tile_index < base:
+            return None
+        return cutlass.select_(Int32(rank) < extra, Int32(1), Int32(0))
 
     # ---------------------------------------------------- weight loader
 
@@ -330,6 +363,7 @@ class WarpSplitKKernel:
         if self.split:
             base = base + self._k_base(rank, wb)
         elements = layout.FP8_CHUNK if self.fp8 else layout.CHUNK
+        present = self._tile_present(rank, k_tile_index)
         for chunk in range(layout.copies_per_thread(t.output_tile, t.k_tile, self.a_threads,
                                                     elements)):
             row, col = layout.loader_copy(thread, chunk, t.k_tile, self.a_threads, elements)
@@ -343,7 +377,12 @@ class WarpSplitKKernel:
                 first_row, _ = layout.loader_copy(0, chunk, t.k_tile, self.a_threads, elements)
                 src = src + layout.swiglu_row_shift(first_row, t.output_tile, self.n) * (
                     self.k * wb)
-            if hinted:
+            if present is not None:
+                # a tile past this rank's share: nothing read, zeros stored,
+                # the address kept at the weight's start
+                src = cutlass.select_(present != 0, src, weight.toint())
+                ptx.cp_async_16_hinted_zfill(dst, src, policy, present * 16)
+            elif hinted:
                 ptx.cp_async_16_hinted(dst, src, policy)
             else:
                 ptx.cp_async_16(dst, src)
@@ -422,15 +461,20 @@ class WarpSplitKKernel:
             parity = layout.empty_parity(i, t.stages)
             if parity is not None:
                 ptx.mbarrier_wait(self._barrier(smem, self.smem.empty, stage), parity)
+            present = self._tile_present(rank, i)
             for chunk in range(copies):
                 row, col = layout.loader_copy(thread, chunk, t.k_tile, self.b_threads)
                 token = first_token + row
                 valid = token < m
+                if present is not None:  # and the tile in this rank's share
+                    valid = cutlass.select_(valid, present, Int32(0)) != 0
                 # A row past M reads nothing (src-size 0) and points at row 0,
                 # so no address outside x is ever formed. Recomputed per tile
                 # rather than held: a register per copy would cap residency.
                 src = x_base + Int64(cutlass.select_(valid, token, Int32(0)) * (self.k * _BYTES)
                                      + (col + i * t.k_tile) * _BYTES)
+                if present is not None:  # past the share: x's start
+                    src = cutlass.select_(present != 0, src, x.toint())
                 dst = (smem + self.smem.b_ring + stage * self.smem.b_stage_bytes
                        + layout.b_offset(row, col, t.k_tile, self.b_layout) * _BYTES)
                 ptx.cp_async_16_zfill(dst, src, cutlass.select_(valid, Int32(16), Int32(0)))
@@ -664,15 +708,22 @@ class WarpSplitKKernel:
         for every lane: ``layout.fp8_block_scale_index``)."""
         t = self.tactic
         # this warp's first k: its CTA's share of K, its quarter of a tile
-        k_start = (Int32(rank) * self.k_cta if self.k_first is None
-                   else Int32(self.k_first)) + layout.warp_k_start(warp, t.k_tile)
+        if self.one_loop:
+            first = self._one_loop_first_column(rank)
+        else:
+            first = Int32(rank) * self.k_cta if self.k_first is None else Int32(self.k_first)
+        k_start = first + layout.warp_k_start(warp, t.k_tile)
 
         def scale_of(m_iter, tile):
             # the weight row of the 16 (with the SwiGLU epilogue a tile's
             # second half holds up rows) and k of the warp's quarter
             row = layout.weight_row(Int32(tile_n), m_iter * layout.MMA_M, t.output_tile,
                                     self.n, self.swiglu)
-            index = layout.fp8_block_scale_index(row, k_start + tile * t.k_tile, self.k)
+            k_of = k_start + tile * t.k_tile
+            present = self._tile_present(rank, tile)
+            if present is not None:  # a zero tile past the share: any scale, k = 0's
+                k_of = cutlass.select_(present != 0, k_of, Int32(0))
+            index = layout.fp8_block_scale_index(row, k_of, self.k)
             return ptx.ld_global_f32(self.scale.toint() + Int64(index) * 4)
         return scale_of
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..contract import FP8_SCALE_KINDS, SUPPORTED_ARCHS, as_integer
 from ..kernel import layout
-from ..tactics import BULK, MAX_M, TMA, WarpSplitKTactic, check_tactic
+from ..tactics import BULK, CP_ASYNC, MAX_M, TMA, WarpSplitKTactic, check_tactic
 from . import disk_cache
 from .dsl import build
 from .elf import read_resources
@@ -170,9 +170,15 @@ class CompileReport:
     def audit(self) -> list[str]:
         t = self.tactic
         tiles = self.k // t.k_tile
-        # an uneven split traces one K loop per rank, of its own length
-        k_tiles = (tuple(layout.k_share(r, tiles, t.k_split)[1] for r in range(t.k_split))
-                   if tiles % t.k_split else tiles // t.k_split)
+        # an uneven split traces one K loop of the longest share
+        # (layout.one_loop_split), or one per rank, of its own length
+        if layout.one_loop_split(tiles, t.k_split, t.l2_prefetch, t.x_copy == CP_ASYNC,
+                                 self.fp8_scales is not None):
+            k_tiles = tiles // t.k_split + 1
+        elif tiles % t.k_split:
+            k_tiles = tuple(layout.k_share(r, tiles, t.k_split)[1] for r in range(t.k_split))
+        else:
+            k_tiles = tiles // t.k_split
         ring_free = t.smem_plan_for(self.fp8_scales is not None).ring_free is not None
         return audit_ptx(self.ptx, k_tiles=k_tiles, k_split=t.k_split,
                          l2_prefetch=bool(t.l2_prefetch), bulk_x=t.x_copy == BULK,
