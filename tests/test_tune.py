@@ -353,6 +353,15 @@ def test_timings_of_changed_kernels_are_stale(tmp_path):
     assert not is_stale({"tactic": plain, "rev": 4, "fp8": "block128"})
     assert not is_stale({"tactic": plain, "rev": 3, "fp8": "channel"})
     assert not is_stale({"tactic": plain, "rev": 3, "fp8": "block128"}, revision=3)
+    # e4m3 uneven splits (row copies, no L2 prefetch) changed at revision 5
+    # (one K loop); BF16 ones, even ones and those with the prefetch did not
+    four = "32,8,128,7,2,4"
+    assert is_stale({"tactic": four, "k": 29568, "rev": 4, "fp8": "channel"})
+    assert not is_stale({"tactic": four, "k": 29568, "rev": 5, "fp8": "channel"})
+    assert not is_stale({"tactic": four, "k": 29568, "rev": 4, "fp8": "channel"}, revision=4)
+    assert not is_stale({"tactic": four, "k": 29568, "rev": 4})
+    assert not is_stale({"tactic": four, "k": 29696, "rev": 4, "fp8": "channel"})
+    assert not is_stale({"tactic": four + "+prefetch2", "k": 29568, "rev": 4, "fp8": "tensor"})
     log = tmp_path / "log.jsonl"
     _log(log, [(1024, 4096, r, plain, 5.0) for r in REPRESENTATIVE_MS]
          + [(1024, 4096, r, tma, 4.0) for r in REPRESENTATIVE_MS])
