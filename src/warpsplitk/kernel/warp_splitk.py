@@ -130,13 +130,11 @@ class WarpSplitKKernel:
             half.tactic = dataclasses.replace(t, output_tile=t.output_tile // 2, half_tiles=0)
             self.half_view = half
         # an uneven split (K tiles past 64 that k_split does not divide; no
-        # mixed grid):
-        # each rank runs a view of this kernel with its own static K share
-        # (layout.k_share), in the same shared memory plan and barriers
+        # mixed grid) not run as one loop (above): each rank runs a view of
+        # this kernel with its own static K share (layout.k_share), in the
+        # same shared memory plan and barriers
         self.rank_views = None
-        if self.one_loop:
-            pass  # every rank runs one loop of the longest share (above)
-        elif t.k_split > 1 and (k // t.k_tile) % t.k_split:
+        if t.k_split > 1 and (k // t.k_tile) % t.k_split and not self.one_loop:
             views = []
             for rank in range(t.k_split):
                 view = copy.copy(self)
