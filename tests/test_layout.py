@@ -696,8 +696,8 @@ def test_k_split_hand_over_sizes(output_tile):
 
 @pytest.mark.parametrize("k_split", [2, 3, 4])
 def test_one_loop_split_runs_each_share_once_with_zero_tiles_past_it(k_split):
-    """One loop for every rank of an uneven split: the run-time first tile is
-    ``k_share``'s, the present tiles of each rank are its share, and the
+    """One loop for every rank of an uneven split: the present tiles of each
+    rank are its share (``k_share``), and the
     ranks together cover every K tile once; only the last tile of a
     shorter rank is absent."""
     for k_tiles in range(65, 260):
@@ -705,7 +705,6 @@ def test_one_loop_split_runs_each_share_once_with_zero_tiles_past_it(k_split):
         covered = []
         for rank in range(k_split):
             first, tiles = layout.k_share(rank, k_tiles, k_split)
-            assert layout.split_first_tile(rank, k_tiles, k_split) == first
             present = [i for i in range(longest)
                        if layout.split_tile_present(rank, i, k_tiles, k_split)]
             assert present == list(range(tiles))

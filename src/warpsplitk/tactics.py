@@ -225,6 +225,12 @@ class WarpSplitKTactic:
         return layout.smem_plan(self.output_tile, self.token_tile, self.k_tile, self.stages,
                                 self.k_split, layout.FP8_ACTIVATION_LAYOUT, layout.FP8_BYTES)
 
+    def one_loop_split(self, k: int, fp8: bool = False) -> bool:
+        """``layout.one_loop_split`` of this tactic on ``k`` columns: every
+        rank of its uneven K split runs one loop of the longest share."""
+        return layout.one_loop_split(k // self.k_tile, self.k_split, self.l2_prefetch,
+                                     self.x_copy == CP_ASYNC, fp8)
+
     @property
     def reduction_aliased(self) -> bool:
         """The ring is too deep for the reduction buffer beside it: the buffer

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from . import layout
-from ..tactics import BULK, CP_ASYNC, MAX_M, TMA, WarpSplitKTactic, check_tactic
+from ..tactics import BULK, MAX_M, TMA, WarpSplitKTactic, check_tactic
 
 # ----------------------------------------------------------- primitives
 
@@ -393,8 +393,7 @@ def _reduction_buffer(x, weight, t, tile_n, tile_t, swiglu, check_coverage, fp8=
     words = slots * layout.reduction_tokens(t.token_tile) * layout.reduction_row_words(t.output_tile)
     buf = np.full(words, np.nan, dtype=np.float32)
     k_tiles = x.shape[1] // t.k_tile
-    one_loop = layout.one_loop_split(k_tiles, t.k_split, t.l2_prefetch, t.x_copy == CP_ASYNC,
-                                     fp8)
+    one_loop = t.one_loop_split(x.shape[1], fp8)
     for rank in range(t.k_split):
         # this CTA's K tiles (an uneven split: the first CTAs one more)
         first, tiles = layout.k_share(rank, k_tiles, t.k_split)

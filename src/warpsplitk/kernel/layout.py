@@ -555,13 +555,6 @@ def one_loop_split(k_tiles, k_split, l2_prefetch, row_copies, fp8):
     return bool(fp8 and k_split > 1 and k_tiles % k_split and not l2_prefetch and row_copies)
 
 
-def split_first_tile(rank, k_tiles, k_split):
-    """The first K tile of ``rank``'s share (``k_share``'s first), as
-    arithmetic the kernel also evaluates at run time on its rank."""
-    base, extra = divmod(k_tiles, k_split)
-    return rank * base + (rank if rank < extra else extra)
-
-
 def split_tile_present(rank, tile, k_tiles, k_split):
     """Whether tile ``tile`` of ``rank``'s one traced loop (``one_loop_split``)
     is in its share: all but the last (index ``k_tiles // k_split``), which

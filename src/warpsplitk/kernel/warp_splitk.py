@@ -71,7 +71,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
 from . import layout, ptx
-from ..tactics import BULK, CP_ASYNC, TMA, WarpSplitKTactic
+from ..tactics import BULK, TMA, WarpSplitKTactic
 
 _BYTES = layout.ELEMENT_BYTES
 
@@ -111,10 +111,9 @@ class WarpSplitKKernel:
         # prefetch: every rank runs one loop of the longest share, a shorter
         # rank's last tile zero-filled (layout.one_loop_split): a third of
         # the code of a loop per rank
-        self.one_loop = layout.one_loop_split(k // t.k_tile, t.k_split, t.l2_prefetch,
-                                              t.x_copy == CP_ASYNC, self.fp8)
-        if self.one_loop:
-            self.k_tiles = k // t.k_tile // t.k_split + 1
+        self.one_loop = t.one_loop_split(k, self.fp8)
+        if self.one_loop:  # rank 0's share is the longest
+            self.k_tiles = layout.k_share(0, k // t.k_tile, t.k_split)[1]
         self.smem = t.smem_plan_for(self.fp8)
         self.a_threads = layout.A_LOADER_WARPS * layout.WARP
         self.b_threads = t.b_loader_warps * layout.WARP
@@ -330,7 +329,7 @@ class WarpSplitKKernel:
 
     def _one_loop_first_column(self, rank):
         """One loop for every rank (``layout.one_loop_split``): the first K
-        column of ``rank``'s share, ``layout.split_first_tile`` at run time."""
+        column of ``rank``'s share, ``layout.k_share``'s first tile at run time."""
         base, extra = divmod(self.k // self.tactic.k_tile, self.k_split)
         r = Int32(rank)
         return (r * base + cutlass.select_(r < extra, r, Int32(extra))) * self.tactic.k_tile

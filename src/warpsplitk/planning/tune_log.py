@@ -23,8 +23,7 @@ import warnings
 
 from .. import jsonfile
 from ..contract import FP8_SCALE_KINDS, MAX_M
-from ..kernel import layout
-from ..tactics import CP_ASYNC, WarpSplitKTactic
+from ..tactics import WarpSplitKTactic
 from .decode_plan import CUBLAS, is_time
 
 
@@ -80,8 +79,7 @@ def is_stale(rec, revision=KERNEL_REVISION) -> bool:
             or (rec.get("fp8") == "block128" and rev < FOLDED_BLOCK_REVISION <= revision)
             or (rec.get("fp8") is not None and tactic.k_split > 1
                 and rev < ONE_LOOP_REVISION <= revision
-                and layout.one_loop_split(rec["k"] // tactic.k_tile, tactic.k_split,
-                                          tactic.l2_prefetch, tactic.x_copy == CP_ASYNC, True)))
+                and tactic.one_loop_split(rec["k"], fp8=True)))
 
 
 def new_record(**fields):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..contract import FP8_SCALE_KINDS, SUPPORTED_ARCHS, as_integer
 from ..kernel import layout
-from ..tactics import BULK, CP_ASYNC, MAX_M, TMA, WarpSplitKTactic, check_tactic
+from ..tactics import BULK, MAX_M, TMA, WarpSplitKTactic, check_tactic
 from . import disk_cache
 from .dsl import build
 from .elf import read_resources
@@ -172,9 +172,8 @@ class CompileReport:
         tiles = self.k // t.k_tile
         # an uneven split traces one K loop of the longest share
         # (layout.one_loop_split), or one per rank, of its own length
-        if layout.one_loop_split(tiles, t.k_split, t.l2_prefetch, t.x_copy == CP_ASYNC,
-                                 self.fp8_scales is not None):
-            k_tiles = tiles // t.k_split + 1
+        if t.one_loop_split(self.k, self.fp8_scales is not None):
+            k_tiles = layout.k_share(0, tiles, t.k_split)[1]  # rank 0's, the longest
         elif tiles % t.k_split:
             k_tiles = tuple(layout.k_share(r, tiles, t.k_split)[1] for r in range(t.k_split))
         else:
