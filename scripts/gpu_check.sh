@@ -64,7 +64,8 @@ for stage in $stages; do
         if [ "$(cat "${log%.log}.rc")" != 0 ]; then status=1; tail -40 "$log"; fi
       done
       python3 scripts/gpu_record.py tests "$reports" \
-        --command "bash scripts/gpu_check.sh tests" --out "$RESULTS/$GPU_NAME-gpu-tests.json" ;;
+        --command "${TESTS:+TESTS=\"$TESTS\" }bash scripts/gpu_check.sh tests" \
+        --out "$RESULTS/$GPU_NAME-gpu-tests.json" ;;
     sanitize)
       logs=$(mktemp -d)
       SUBSET=shipped SHARDS=${SHARDS:-4} LOGS_DIR=$logs/logs OUT=$logs bash scripts/sanitize.sh \

@@ -461,11 +461,13 @@ def long_k_md(record: dict, path: Path) -> list[str]:
            f"TB/s (measured read: {env['read_TBps']} TB/s)."]
     fp8 = path.with_name(path.name.replace("-bench-long-k", "-bench-fp8-long-k"))
     if fp8.exists():
-        ratios = {m: [r["fp8_over_bf16"] for r in load(fp8)["rows"] if r["m"] == m]
-                  for m in (1, 8, 32)}
+        fp8_rows = load(fp8)["rows"]
+        ratios = {m: [r["fp8_over_bf16"] for r in fp8_rows if r["m"] == m] for m in (1, 8, 32)}
         out += ["", f"e4m3 weights, channel scales (`{_rel(fp8)}`, same GPU): over our BF16 "
                 "call " + ", ".join(f"{min(v):.2f}–{max(v):.2f}× at M = {m}"
-                                    for m, v in ratios.items() if v) + "."]
+                                    for m, v in ratios.items() if v)
+                + f"; over `torch._scaled_mm` at least "
+                  f"{min(r['fp8_over_scaled_mm'] for r in fp8_rows):.2f}× in every cell."]
     log = path.with_name(path.name.replace("-bench-long-k.json", "-tune-log-long-k.jsonl"))
     if log.exists():
         from warpsplitk.planning.tune_log import read_log
