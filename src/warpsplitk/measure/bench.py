@@ -44,6 +44,9 @@ class BenchRow:
     #: the reference wave heuristic's tactic and time (tactics.reference_tactic)
     reference_tactic: str | None = None
     reference_us: float | None = None
+    #: the default's tactic (plans.default_choice) where ``default_us`` is
+    #: timed, so a record shows which choice that time belongs to
+    default_tactic: str | None = None
 
     @property
     def speedup(self):
@@ -198,7 +201,8 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
                            round(weight_bytes / (sheet * 1e12) * 1e6, 3),
                            round(weight_bytes / (read_tbps * 1e12) * 1e6, 3),
                            reference.short(),
-                           None if reference_us is None else round(reference_us, 3))
+                           None if reference_us is None else round(reference_us, 3),
+                           None if default_us is None else _short(default_choice(m, n, k)))
             rows.append(row)
             progress(format_row(row))
     return env, rows
