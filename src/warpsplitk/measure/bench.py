@@ -80,8 +80,9 @@ def bench_shape(n, k, ms, tactic_for, *, include_default=True, seed=0, check=Tru
     cuBLAS) is timed in ``rounds`` graphs (``timing.ROUNDS``), alternating,
     and counts with the median one; a configuration that is another's call
     (a heuristic whose tactic is ours, a choice of cuBLAS) takes that time.
-    Rows: ``(m, (tactic, source), ours, default_us, (reference tactic,
-    reference_us), cublas)``."""
+    Rows: ``(m, (tactic, source), ours, (default tactic, default_us),
+    (reference tactic, reference_us), cublas)``, the default's pair ``(None,
+    None)`` without ``include_default``."""
     rounds = timing.resolve_rounds(rounds)  # refused before anything is allocated
     timing.require_cuda("bench_shape")
     import torch  # torch loads only when measuring
@@ -136,9 +137,10 @@ class _ShapeRuns:
         return runs
 
     def times(self, m, timed) -> tuple:
-        """``(ours, default_us, (reference tactic, reference_us), cublas)`` at
-        ``m`` from the timings of ``calls``: a configuration that is another's
-        call (a heuristic whose tactic is ours, a choice of cuBLAS) takes its time."""
+        """``(ours, (default tactic, default_us), (reference tactic,
+        reference_us), cublas)`` at ``m`` from the timings of ``calls``: a
+        configuration that is another's call (a heuristic whose tactic is
+        ours, a choice of cuBLAS) takes its time."""
         cublas = timed["cublas"]
         ours = timed.get("ours", cublas)
         default_us = reference_us = None
@@ -150,7 +152,8 @@ class _ShapeRuns:
             else:
                 reference_us = (ours.median_us if self.references[m] == self.tactics[m]
                                 else default_us)
-        return ours, default_us, (self.references[m], reference_us), cublas
+        default = self.defaults[m] if self.include_default else None
+        return ours, (default, default_us), (self.references[m], reference_us), cublas
 
 
 def _output_check(what, x, w, out):
@@ -191,7 +194,7 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
                device_arch(torch.cuda.current_device()), progress=progress)
     rows = []
     for n, k in shapes:
-        for m, (tactic, source), ours, default_us, (reference, reference_us), cublas in \
+        for m, (tactic, source), ours, (default, default_us), (reference, reference_us), cublas in \
                 bench_shape(n, k, ms, functools.partial(tactic_for, n=n, k=k), rounds=rounds):
             weight_bytes = n * k * 2
             row = BenchRow(n, k, m, _short(tactic), source,
@@ -202,7 +205,7 @@ def run_bench(shapes, ms=DEFAULT_MS, plan=None, *, read_tbps=None, progress=prin
                            round(weight_bytes / (read_tbps * 1e12) * 1e6, 3),
                            reference.short(),
                            None if reference_us is None else round(reference_us, 3),
-                           None if default_us is None else _short(default_choice(m, n, k)))
+                           None if default is None else _short(default))
             rows.append(row)
             progress(format_row(row))
     return env, rows
