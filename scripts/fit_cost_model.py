@@ -46,7 +46,7 @@ FOLDS = 5
 #: cell's fastest without options (the tactics the default starts from)
 NEAR_BEST = 1.08
 #: The held-out models' TP shards the held-out benchmark times (single GPU
-#: and sharded, small and large): bench/results/h200-bench-heldout.json.
+#: and sharded, small and large): bench/results/h100-bench-heldout.json.
 HELD_OUT_BENCH = (("gemma-3-12b", 1), ("gemma-3-12b", 8), ("llama-3.2-3b", 1),
                   ("llama-3.2-3b", 4), ("qwen3-4b", 2), ("gemma-2-27b", 4))
 

@@ -11,13 +11,13 @@ scripts/gpu_check.sh):
 - bench/results/h200-bench-plan.json   the shipped plan, the default heuristic
                                        and cuBLAS per shape and M
 - bench/results/h200-bench-chain.json  dependent chains (`bench --chain`)
-- bench/results/h200-bench-heldout.json the held-out models' shards: the default
+- bench/results/h100-bench-heldout.json the held-out models' shards: the default
                                        (cost model), the reference heuristic, cuBLAS
-- bench/results/h200-bench-heldout-tuned.json  a quick tune of eight held-out
+- bench/results/h100-bench-heldout-tuned.json  a quick tune of eight held-out
                                        shapes against the default
 - bench/results/h200-tune-quick.json   the quick tune against the exhaustive one,
                                        and plan="auto" start times
-- bench/results/h200-bench-layers.json the held-out models' layers as dependent
+- bench/results/h100-bench-layers.json the held-out models' layers as dependent
                                        chains (when recorded)
 - bench/results/h200-bench-layer-path.json  a decode layer's GEMM path merged
                                        with the SwiGLU epilogue, unmerged, and on
@@ -51,10 +51,10 @@ BENCH = RESULTS / "h200-bench-plan.json"
 CHAIN = RESULTS / "h200-bench-chain.json"
 TUNE_LOG = RESULTS / "h200-tune-log.jsonl"
 MODELS_LOG = RESULTS / "h200-tune-log-models.jsonl"
-HELD_OUT = RESULTS / "h200-bench-heldout.json"
+HELD_OUT = RESULTS / "h100-bench-heldout.json"
 QUICK = RESULTS / "h200-tune-quick.json"
-TUNED = RESULTS / "h200-bench-heldout-tuned.json"
-LAYERS = RESULTS / "h200-bench-layers.json"
+TUNED = RESULTS / "h100-bench-heldout-tuned.json"
+LAYERS = RESULTS / "h100-bench-layers.json"
 LAYER_PATH = RESULTS / "h200-bench-layer-path.json"
 DECODE = RESULTS / "h200-llama-decode.json"
 #: examples/generate.py records, one per model (any GPU: each names its own)
@@ -629,7 +629,7 @@ def layers_md(layers: dict) -> list[str]:
         "graph over rotating copies of the layer (≥ 3× L2). Cells: default/reference",
         "heuristic/cuBLAS, µs per layer.",
         "",
-        *environment_lines(layers.get("environment", {}))[:2],
+        *environment_lines(layers.get("environment", {}))[:3],
         "",
         "| model | TP | projections | " + " | ".join(f"M={m}" for m in ms) + " |",
         "|---|---|---|" + "---|" * len(ms),
@@ -745,6 +745,19 @@ def default_md(held: dict, quick: dict | None, model: dict,
     return out
 
 
+def gpu_part(name: str) -> str:
+    """The part number of a GPU's name (``NVIDIA H100 80GB HBM3`` -> ``H100``)."""
+    part = re.search(r"\b[A-Z]{1,2}\d{2,3}\b", name)
+    return part.group(0) if part else name
+
+
+def elsewhere(record: dict, header_env: dict) -> str:
+    """", H100" for a record measured on another GPU than the header's (each
+    line's comparison stays within its own record's GPU)."""
+    gpu = record.get("environment", {}).get("gpu")
+    return f", {gpu_part(gpu)}" if gpu and gpu != header_env.get("gpu") else ""
+
+
 def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
                  quick: dict | None = None, layers: dict | None = None,
                  layer_path: dict | None = None, decode: dict | None = None,
@@ -771,7 +784,8 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
     if held:
         h = held_out_summary(held)
         line = (f"- models held out of the cost model's fit ({h['shapes']} shapes, "
-                f"{h['cells']} cells, no plan): the default is a median {h['median']:.2f}× "
+                f"{h['cells']} cells, no plan{elsewhere(held, env)}): the default is a "
+                f"median {h['median']:.2f}× "
                 f"cuBLAS, the reference heuristic {h['ref_median']:.2f}×")
         if tuned:
             line += (f"; the default's time is a median {tuned_summary(tuned)['median']:.3f} "
@@ -789,7 +803,8 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
                    f"{c['min']:.2f}–{c['max']:.2f}×")
     if layers:
         y = layers_summary(layers)
-        out.append(f"- held-out models' layers chained (default): {y['faster']}/{y['layers']} "
+        out.append(f"- held-out models' layers chained (default{elsewhere(layers, env)}): "
+                   f"{y['faster']}/{y['layers']} "
                    f"faster than cuBLAS, {y['min']:.2f}–{y['max']:.2f}×; at least as fast as the "
                    f"reference heuristic in {y['at_least_reference']}")
     if layer_path:
@@ -815,7 +830,8 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
         if compiled:
             models.append(f"{record['model']['model_type']} "
                           + "/".join(f"{compiled[b]:.2f}" for b in sorted(compiled))
-                          + f"× ({record['gpu']}, {record['model']['num_hidden_layers']} layers)")
+                          + f"× ({gpu_part(record['gpu'])}, "
+                            f"{record['model']['num_hidden_layers']} layers)")
             batches = "/".join(str(b) for b in sorted(compiled))
     if models:
         out.append(f"- transformers `generate()` with the compiled decode step, patched over "
@@ -823,7 +839,8 @@ def readme_block(bench: dict, chain: dict | None, held: dict | None = None,
     for path in FP8:
         f = fp8_summary(load(path))
         if f["big_tbps"] is not None:
-            line = (f"- FP8 (e4m3) weights, {f['kind']} scales, ≥ 16 MB at M ≤ 8 ({f['gpu']}): "
+            line = (f"- FP8 (e4m3) weights, {f['kind']} scales, ≥ 16 MB at M ≤ 8 "
+                    f"({gpu_part(f['gpu'])}): "
                     f"{f['big_tbps']:.2f} TB/s, {f['big_over_bf16']:.2f}× our BF16 call; "
                     f"{f['over_scaled_mm']:.2f}× `torch._scaled_mm`")
             if f["over_hf"] is not None:

@@ -305,12 +305,19 @@ def test_held_out_section_and_readme_line_with_a_quick_tune(tmp_path):
     page = "\n".join(make.default_md(held, None, model, tuned))
     # 10/9 = 1.111, 10/10 = 1.000, 21/20 = 1.050
     assert ("against a quick tune (`warpsplitk tune`) of 2 of these shapes, timed in one run "
-            "(`bench/results/h200-bench-heldout-tuned.json`): the default's time is a median "
+            "(`bench/results/h100-bench-heldout-tuned.json`): the default's time is a median "
             "1.050 of the tuned plan's (worst 1.111; within 7% in 2 of 3 cells).") in page
     assert "slower than cuBLAS in 1 of 3 cells" in page
     block = make.readme_block(make.load(path), None, held=held, tuned=tuned)
     assert "the reference heuristic 1.27×; the default's time is a median 1.050 of a quick " \
         "tune's" in block
+    assert "(2 shapes, 3 cells, no plan): the default" in block  # the header's GPU: unnamed
+    # measured on another GPU than the shipped plan's: the line names that GPU
+    held["environment"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    block = make.readme_block(make.load(path), None, held=held, tuned=tuned)
+    assert "(2 shapes, 3 cells, no plan, H100): the default" in block
+    assert [make.gpu_part(name) for name in ("NVIDIA H200", "NVIDIA B200", "Tesla X")] == \
+        ["H200", "B200", "Tesla X"]
 
 
 def test_measuring_needs_a_gpu(monkeypatch):

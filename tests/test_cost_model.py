@@ -266,6 +266,16 @@ def test_balanced_grid_where_the_grid_leaves_a_third_of_the_sms_idle():
     # the default takes it; with the SwiGLU epilogue (no mixed grids) not
     assert default_tactic(8, 5120, 7168, 132).half_tiles
     assert not default_tactic(8, 5120, 7168, 132, swiglu=True).half_tiles
+    # from M = 24 (TMA boxes) grids of up to 3/4 of the SMs take it too:
+    # 3072 x 3072 in 32-row tiles is 96 CTAs (73% of 132)
+    narrow = T(32, 32, 256, 7, 1)
+    assert choose.balanced_grid(narrow, 23, 3072, 3072, 132, model) == narrow
+    mixed = choose.balanced_grid(narrow, 24, 3072, 3072, 132, model)
+    check_tactic(mixed, 3072, 3072)
+    assert mixed.half_tiles and grid_ctas(mixed, 24, 3072) == 132
+    assert mixed.x_copy == "tma"
+    assert default_tactic(32, 3072, 8192, 132).half_tiles
+    assert not default_tactic(16, 3072, 8192, 132).half_tiles
     # a 48-row parent's 32-row mixed grid may take 256-wide K tiles
     assert choose.balanced_grid(T(48, 32, 128, 11, 2), 32, 3216, 7168, 132,
                                     model).k_tile == 256

@@ -102,13 +102,18 @@ def test_records_measured_what_the_package_chooses_today():
     from warpsplitk.measure.bench import layer_choices
     from warpsplitk.planning.plans import DecodePlan, default_choice
     stale = []
-    held = json.loads((RESULTS / "h200-bench-heldout.json").read_text())["rows"]
+    held = json.loads((RESULTS / "h100-bench-heldout.json").read_text())["rows"]
     assert held and all(r["source"] == "default" for r in held)
     stale += [r for r in held if r["tactic"] != _short(default_choice(r["m"], r["n"], r["k"], 132))]
+    # a plan's record times the default beside it: that time must be today's default's
+    tuned = json.loads((RESULTS / "h100-bench-heldout-tuned.json").read_text())["rows"]
+    assert tuned and all(r["default_us"] is not None for r in tuned)
+    stale += [r for r in tuned
+              if r.get("default_tactic") != _short(default_choice(r["m"], r["n"], r["k"], 132))]
     plan = builtin_plan("h200")
     table = json.loads((RESULTS / "h200-bench-plan.json").read_text())["rows"]
     stale += [r for r in table if r["tactic"] != _short(plan.tactic_for(r["n"], r["k"], r["m"], 132))]
-    for r in json.loads((RESULTS / "h200-bench-layers.json").read_text())["rows"]:
+    for r in json.loads((RESULTS / "h100-bench-layers.json").read_text())["rows"]:
         layer = models.layer_chain(r["model"], r["tp"])
         chosen = layer_choices(DecodePlan(), layer, [r["m"]])
         now = " -> ".join(_short(chosen[(p["n"], p["k"])][r["m"]]) for p in layer)

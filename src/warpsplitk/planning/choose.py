@@ -8,9 +8,9 @@ to 32 rows at M <= 16, where the split fits one wave and each CTA streams
 (``space.base_candidates``) and the reference wave heuristic's tactic
 (:func:`reference_tactic`), and keeps the reference's unless another is
 predicted ``REFERENCE_MARGIN`` faster. Where that grid leaves a third of
-the SMs idle on a large weight, its mixed grid replaces it
-(:func:`balanced_grid`). The options (K split, narrow token tiles, TMA
-boxes, bounded L2 prefetch) are then applied where the nearest measured
+the SMs idle on a large weight (a quarter from M = 24), its mixed grid
+replaces it (:func:`balanced_grid`). The options (K split, narrow token
+tiles, TMA boxes, bounded L2 prefetch) are then applied where the nearest measured
 pairs say they gain (:mod:`warpsplitk.planning.measured_options`): the
 linear terms for options are fitted on the few regimes where the tuner
 found them winning, and ranked freely they were picked far outside those
@@ -404,13 +404,25 @@ BALANCE_MIN_BYTES = 16 << 20
 #: with boxes over row copies, a median 0.82 at M = 24, 0.99-1.03 below
 #: (where :mod:`measured_options` decides the boxes).
 BALANCE_BOXES_MIN_M = 24
+#: ...and from that M on, grids keeping up to this share busy: with every
+#: row of x in a TMA box, a CTA's stream outlasts the wave's tail, and on an
+#: H100 the mixed grid timed 0.94-1.01 (median 0.98) of the tactic it
+#: replaces at M 24-32 in grids of 2/3-3/4 of the SMs; at M = 20 (row
+#: copies) up to 1.23, so below ``BALANCE_BOXES_MIN_M`` the share stays 2/3.
+BALANCE_WIDE_MAX_FILL = 3 / 4
+
+
+def balance_max_fill(m: int) -> float:
+    """The largest share of the SMs a grid may keep busy and still take its
+    mixed grid at ``m`` rows (:func:`balanced_grid`)."""
+    return BALANCE_WIDE_MAX_FILL if m >= BALANCE_BOXES_MIN_M else BALANCE_MAX_FILL
 
 
 def balanced_grid(tactic: WarpSplitKTactic, m: int, n: int, k: int,
                   sm_count: int = DEFAULT_SM_COUNT, model: CostModel | None = None
                   ) -> WarpSplitKTactic:
     """``tactic``, or where its grid (one CTA per tile along K) keeps at most
-    ``BALANCE_MAX_FILL`` of the SMs busy on a weight of
+    ``balance_max_fill(m)`` of the SMs busy on a weight of
     ``BALANCE_MIN_BYTES`` or more, the fastest-predicted of its mixed grids
     (``space.mixed_grids``: 32- or 64-row tiles, the 32-row ones with either
     K tile) with row copies, or TMA boxes from M = ``BALANCE_BOXES_MIN_M``
@@ -418,7 +430,7 @@ def balanced_grid(tactic: WarpSplitKTactic, m: int, n: int, k: int,
     have none.)"""
     if (tactic.k_split > 1 or tactic.half_tiles
             or n * k * layout.ELEMENT_BYTES < BALANCE_MIN_BYTES
-            or grid_ctas(tactic, m, n) > BALANCE_MAX_FILL * sm_count):
+            or grid_ctas(tactic, m, n) > balance_max_fill(m) * sm_count):
         return tactic
     boxes = m >= BALANCE_BOXES_MIN_M
     grids = space.mixed_grids(tactic, n, k, m, sm_count, k_tile_widths=(128, 256))
