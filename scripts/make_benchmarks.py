@@ -752,8 +752,9 @@ def gpu_part(name: str) -> str:
 
 
 def elsewhere(record: dict, header_env: dict) -> str:
-    """", H100" for a record measured on another GPU than the header's (each
-    line's comparison stays within its own record's GPU)."""
+    """``", H100"`` (the record's GPU) for a record measured on another GPU
+    than the header's, else ``""``: each line's comparison stays within its
+    own record's GPU."""
     gpu = record.get("environment", {}).get("gpu")
     return f", {gpu_part(gpu)}" if gpu and gpu != header_env.get("gpu") else ""
 

@@ -10,8 +10,8 @@ to 32 rows at M <= 16, where the split fits one wave and each CTA streams
 predicted ``REFERENCE_MARGIN`` faster. Where that grid leaves a third of
 the SMs idle on a large weight (a quarter from M = 24), its mixed grid
 replaces it (:func:`balanced_grid`). The options (K split, narrow token
-tiles, TMA boxes, bounded L2 prefetch) are then applied where the nearest measured
-pairs say they gain (:mod:`warpsplitk.planning.measured_options`): the
+tiles, TMA boxes, bounded L2 prefetch) are then applied where the nearest
+measured pairs say they gain (:mod:`warpsplitk.planning.measured_options`): the
 linear terms for options are fitted on the few regimes where the tuner
 found them winning, and ranked freely they were picked far outside those
 regimes (docs/design-notes.md). The early PDL trigger is taken where the
